@@ -1,0 +1,29 @@
+# The two quickstart commands: `make serve` and `make test`. Each creates .venv when missing
+# and installs what it needs; nothing else has to be on the machine but Python 3.11 (and Java 17
+# for the Spark parts).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+DATA   ?= ./data
+
+.PHONY: serve test install install-test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+install: $(BIN)/python
+	$(BIN)/python -m pip install -q -e .
+
+install-test: $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[test]'
+
+serve: install
+	$(BIN)/riverlog serve --data-dir $(DATA)
+
+# pytest exits 5 when it collects no tests: that is a failure here too.
+test: install-test
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

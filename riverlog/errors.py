@@ -1,0 +1,35 @@
+# Error types shared across riverlog. Each says what went wrong and what the caller should do;
+# protocol doors map them to their own error codes. No imports from the rest of the package.
+
+
+class RiverlogError(Exception):
+    """Base of every error riverlog raises on purpose."""
+
+
+class LogError(RiverlogError):
+    """A commit-log operation could not be done."""
+
+
+class LogClosedError(LogError):
+    """The commit log was closed (or deleted); open it again to use it."""
+
+
+class CorruptChunkError(LogError):
+    """A chunk read from disk failed its checks (magic, offset, length or CRC-32).
+
+    Raised by reads, never by open: open truncates a corrupt tail instead. Seeing this
+    means bytes changed under a chunk that was already trusted (disk or file damage);
+    the data before ``offset`` is still readable, and ``riverlog log verify`` reports
+    the extent of the damage.
+    """
+
+    def __init__(self, path: str, position: int, offset: int, reason: str) -> None:
+        super().__init__(f"corrupt chunk at {path}:{position} (offset {offset}): {reason}")
+        self.path = path
+        self.position = position
+        self.offset = offset
+        self.reason = reason
+
+
+class OffsetOutOfRangeError(LogError):
+    """The requested offset is not in the log (removed by retention, or not yet written)."""

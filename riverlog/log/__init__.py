@@ -1,0 +1,10 @@
+# The commit log: chunk-native, segmented, indexed, CRC-checked storage of one partition.
+# This file only re-exports the public names; see commitlog.py for the entry point.
+from .chunk import ChunkHeader, encode_entries, iter_records
+from .commitlog import CommitLog
+from .compaction import CompactionResult
+from .recovery import RecoveryReport
+from .segment import ChunkSlice
+
+__all__ = ["ChunkHeader", "ChunkSlice", "CommitLog", "CompactionResult", "RecoveryReport",
+           "encode_entries", "iter_records"]

@@ -1,0 +1,242 @@
+# The osiris chunk: the unit riverlog writes to disk and RabbitMQ consumers receive as is.
+# Owns the 48-byte header, the entry encodings inside the data section, and the checks a
+# chunk must pass (magic, lengths, CRC-32). Pure functions on bytes: no files, no asyncio.
+# Wire facts: ../shared/reference/rabbitmq-stream-protocol.md, "Osiris chunk" (osiris_log.erl).
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence
+
+import cramjam
+
+MAGIC_VERSION = 0x50
+"""Byte 0 of every chunk: magic 5 in the high nibble, version 0 in the low nibble."""
+
+CHUNK_USER = 0
+CHUNK_TRACKING_DELTA = 1
+CHUNK_TRACKING_SNAPSHOT = 2
+
+HEADER = struct.Struct(">BBHIqQQIIIB3x")
+"""magic/version u8, chunk type u8, entries u16, records u32, timestamp ms i64, epoch u64,
+chunk id (first offset) u64, CRC-32 of the data u32, data length u32, trailer length u32,
+bloom filter size u8, 3 reserved bytes: 48 bytes, big-endian."""
+HEADER_SIZE = HEADER.size
+assert HEADER_SIZE == 48
+
+MAX_ENTRIES = 0xFFFF
+_U32 = struct.Struct(">I")
+_SUB_BATCH = struct.Struct(">BHII")  # flags|codec, records u16, uncompressed length u32, length u32
+
+SUB_BATCH_NONE = 0
+SUB_BATCH_GZIP = 1
+SUB_BATCH_SNAPPY = 2
+SUB_BATCH_LZ4 = 3
+SUB_BATCH_ZSTD = 4
+
+
+class ChunkFormatError(ValueError):
+    """Bytes that are not a valid chunk (or entry); ``reason`` says which check failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkHeader:
+    """The decoded 48-byte header. ``size`` is the whole chunk on disk:
+    header + data + trailer (the bloom filter, when present, is part of the trailer)."""
+
+    chunk_type: int
+    num_entries: int
+    num_records: int
+    timestamp_ms: int
+    epoch: int
+    first_offset: int
+    crc: int
+    data_length: int
+    trailer_length: int
+    bloom_size: int
+
+    @property
+    def size(self) -> int:
+        return HEADER_SIZE + self.data_length + self.trailer_length
+
+    @property
+    def next_offset(self) -> int:
+        """Offset right after this chunk's last record."""
+        return self.first_offset + self.num_records
+
+
+def parse_header(buf: bytes | memoryview, pos: int = 0) -> ChunkHeader:
+    """Decode the header at ``buf[pos:pos+48]``.
+
+    Raises ``ChunkFormatError`` when fewer than 48 bytes remain or the magic byte is not 0x50.
+    """
+    if len(buf) - pos < HEADER_SIZE:
+        raise ChunkFormatError("short header")
+    (magic, ctype, entries, records, ts, epoch, first, crc, dlen, tlen,
+     bloom) = HEADER.unpack_from(buf, pos)
+    if magic != MAGIC_VERSION:
+        raise ChunkFormatError(f"bad magic/version byte 0x{magic:02x}")
+    return ChunkHeader(ctype, entries, records, ts, epoch, first, crc, dlen, tlen, bloom)
+
+
+def encode_chunk(data: bytes, num_entries: int, num_records: int, *, first_offset: int,
+                 timestamp_ms: int, epoch: int = 0, chunk_type: int = CHUNK_USER,
+                 trailer: bytes = b"", bloom_size: int = 0) -> bytes:
+    """Build a whole chunk (header + ``data`` + ``trailer``) ready to write.
+
+    ``data`` is the already-encoded entries (see ``encode_entries``); its CRC-32 (zlib, IEEE)
+    goes in the header. Raises ``ValueError`` for counts out of the header's ranges.
+    """
+    if not 0 < num_entries <= MAX_ENTRIES:
+        raise ValueError(f"a chunk holds 1..{MAX_ENTRIES} entries, got {num_entries}")
+    if num_records < num_entries:
+        raise ValueError("a chunk has at least one record per entry")
+    header = HEADER.pack(MAGIC_VERSION, chunk_type, num_entries, num_records, timestamp_ms,
+                         epoch, first_offset, zlib.crc32(data), len(data), len(trailer),
+                         bloom_size)
+    return b"".join((header, data, trailer))
+
+
+def encode_entries(records: Sequence[bytes]) -> bytes:
+    """Encode records as simple entries: ``0|len:31`` (u32, top bit clear) then the bytes."""
+    pack = _U32.pack
+    parts = []
+    append = parts.append
+    for record in records:
+        n = len(record)
+        if n > 0x7FFF_FFFF:
+            raise ValueError("a record is at most 2^31-1 bytes")
+        append(pack(n))
+        append(record)
+    return b"".join(parts)
+
+
+def check_chunk(buf: bytes | memoryview, header: ChunkHeader, pos: int = 0) -> None:
+    """Verify that ``buf[pos:]`` holds the whole chunk described by ``header`` and that the
+    data section's CRC-32 matches. Raises ``ChunkFormatError`` otherwise."""
+    end = pos + header.size
+    if len(buf) < end:
+        raise ChunkFormatError("truncated chunk")
+    if header.num_entries == 0 or header.num_records < header.num_entries:
+        raise ChunkFormatError("impossible entry/record counts")
+    start = pos + HEADER_SIZE
+    if zlib.crc32(memoryview(buf)[start:start + header.data_length]) != header.crc:
+        raise ChunkFormatError("CRC-32 mismatch")
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One entry of a chunk's data section.
+
+    ``records`` is the number of records it holds (1 for a simple entry); ``codec`` is
+    ``None`` for a simple entry, else the sub-batch compression codec (0 none .. 4 zstd);
+    ``payload`` is the record bytes (simple) or the sub-batch body as stored (maybe
+    compressed); ``raw`` is the entry exactly as stored, header included.
+    """
+
+    records: int
+    codec: int | None
+    payload: bytes
+    raw: bytes
+
+
+def iter_entries(data: bytes | memoryview) -> Iterator[Entry]:
+    """Walk the entries of a data section. Raises ``ChunkFormatError`` on a malformed entry."""
+    data = memoryview(data)
+    pos, end = 0, len(data)
+    while pos < end:
+        if end - pos < 4:
+            raise ChunkFormatError("truncated entry header")
+        first = data[pos]
+        if first & 0x80 == 0:
+            (n,) = _U32.unpack_from(data, pos)
+            stop = pos + 4 + n
+            if stop > end:
+                raise ChunkFormatError("entry longer than the data section")
+            yield Entry(1, None, bytes(data[pos + 4:stop]), bytes(data[pos:stop]))
+        else:
+            if end - pos < _SUB_BATCH.size:
+                raise ChunkFormatError("truncated sub-batch header")
+            flags, count, _uncompressed, n = _SUB_BATCH.unpack_from(data, pos)
+            stop = pos + _SUB_BATCH.size + n
+            if stop > end or count == 0:
+                raise ChunkFormatError("malformed sub-batch entry")
+            yield Entry(count, (flags >> 4) & 0x7, bytes(data[pos + _SUB_BATCH.size:stop]),
+                        bytes(data[pos:stop]))
+        pos = stop
+
+
+def count_entries(data: bytes | memoryview) -> tuple[int, int]:
+    """Return ``(entries, records)`` of an encoded data section, validating its structure."""
+    entries = records = 0
+    for entry in iter_entries(data):
+        entries += 1
+        records += entry.records
+    return entries, records
+
+
+def decompress_sub_batch(codec: int, body: bytes) -> bytes:
+    """Uncompress a sub-batch body (codec 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd).
+
+    Raises ``ChunkFormatError`` for an unknown codec or undecodable bytes.
+    """
+    try:
+        if codec == SUB_BATCH_NONE:
+            return body
+        if codec == SUB_BATCH_GZIP:
+            return zlib.decompress(body, 16 + zlib.MAX_WBITS)
+        if codec == SUB_BATCH_SNAPPY:
+            return bytes(cramjam.snappy.decompress_raw(body))
+        if codec == SUB_BATCH_LZ4:
+            return bytes(cramjam.lz4.decompress(body))
+        if codec == SUB_BATCH_ZSTD:
+            return bytes(cramjam.zstd.decompress(body))
+    except Exception as exc:  # the codecs raise their own types; normalise them
+        raise ChunkFormatError(f"sub-batch codec {codec}: {exc}") from exc
+    raise ChunkFormatError(f"unknown sub-batch codec {codec}")
+
+
+def split_sub_batch(codec: int, body: bytes, count: int) -> list[bytes]:
+    """The records of a sub-batch: uncompressed body is ``[len:u32, record]...``."""
+    plain = memoryview(decompress_sub_batch(codec, body))
+    out, pos = [], 0
+    for _ in range(count):
+        if len(plain) - pos < 4:
+            raise ChunkFormatError("sub-batch shorter than its record count")
+        (n,) = _U32.unpack_from(plain, pos)
+        pos += 4
+        if pos + n > len(plain):
+            raise ChunkFormatError("sub-batch record longer than the body")
+        out.append(bytes(plain[pos:pos + n]))
+        pos += n
+    return out
+
+
+def iter_records(header: ChunkHeader, data: bytes | memoryview) -> Iterator[tuple[int, bytes]]:
+    """Yield ``(offset, record bytes)`` for every record of a chunk, sub-batches unpacked.
+
+    Records are numbered from ``header.first_offset``. Raises ``ChunkFormatError`` on
+    malformed entries or a record count that disagrees with the header.
+    """
+    offset = header.first_offset
+    for entry in iter_entries(data):
+        if entry.codec is None:
+            yield offset, entry.payload
+            offset += 1
+        else:
+            for record in split_sub_batch(entry.codec, entry.payload, entry.records):
+                yield offset, record
+                offset += 1
+    if offset != header.next_offset:
+        raise ChunkFormatError("record count disagrees with the header")
+
+
+def join_entries(entries: Iterable[Entry]) -> tuple[bytes, int, int]:
+    """Concatenate stored entries into a data section: ``(data, entries, records)``."""
+    raws, n, records = [], 0, 0
+    for entry in entries:
+        raws.append(entry.raw)
+        n += 1
+        records += entry.records
+    return b"".join(raws), n, records

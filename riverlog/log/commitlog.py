@@ -1,0 +1,493 @@
+# The commit log of one partition: a folder of segments named by base offset.
+# Owns offsets (first, next, committed), appends with the durability policy, reads by offset
+# and timestamp, waking readers on new data, segment roll, retention, compaction swaps and
+# truncation. Rules: one event loop (or one thread) owns a CommitLog; blocking fsync and
+# compaction run in worker threads and hand their results back to the owner; nothing here
+# knows about protocols (records are opaque bytes; compaction gets a key function).
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import time
+from bisect import bisect_right
+from typing import Callable, Sequence
+
+from ..config import Durability, LogConfig
+from ..errors import LogClosedError, LogError, OffsetOutOfRangeError
+from . import chunk as chunkfmt
+from .compaction import CompactionResult, compact_segments, install_compacted
+from .recovery import RecoveryReport, recover_segment
+from .retention import segments_to_delete
+from .segment import SEGMENT_SUFFIX, ChunkSlice, Segment
+
+log = logging.getLogger("riverlog.log")
+
+DEFAULT_READ_BYTES = 1024 * 1024
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class CommitLog:
+    """An append-only sequence of chunks with contiguous offsets, stored in ``directory``.
+
+    Offsets: ``first_offset`` (oldest kept), ``next_offset`` (assigned to the next record),
+    ``last_offset`` (= next - 1, -1 when empty) and ``committed_offset`` (the high watermark:
+    the last offset readers may see; -1 when none). With ``auto_commit`` (single server)
+    a chunk is committed once it is durable under ``config.durability``; replication will
+    turn it off and call ``commit``.
+
+    Opening recovers the folder (see ``recovery.py``); ``report`` tells what was cut.
+    Raises ``OSError`` only for I/O errors (permissions, full disk), never for bad bytes.
+    """
+
+    def __init__(self, directory: str | os.PathLike, config: LogConfig | None = None, *,
+                 auto_commit: bool = True, clock_ms: Callable[[], int] = _now_ms) -> None:
+        self.directory = os.fspath(directory)
+        self.config = config or LogConfig()
+        self.auto_commit = auto_commit
+        self.epoch = 0
+        self._clock_ms = clock_ms
+        self._closed = False
+        self._waiter: asyncio.Future | None = None
+        self._sync_task: asyncio.Task | None = None
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._last_sync_ms = clock_ms()
+        self._compacting = False
+        os.makedirs(self.directory, exist_ok=True)
+        self.report = RecoveryReport()
+        self._segments: list[Segment] = []
+        self._open_segments()
+        self._bases = [s.base_offset for s in self._segments]
+        self._last_ts = max(s.last_timestamp_ms for s in self._segments)
+        self._synced_next = self.next_offset
+        self.committed_offset = self.next_offset - 1 if auto_commit else -1
+        if not self.report.clean:
+            for problem in self.report.problems:
+                log.warning("recovery of %s: %s", self.directory, problem)
+            log.warning("recovery of %s: dropped %d bytes and %d whole segments; log now ends "
+                        "at offset %d", self.directory, self.report.truncated_bytes,
+                        len(self.report.dropped_segments), self.next_offset - 1)
+
+    # -- open / recovery ----------------------------------------------------------------
+    def _open_segments(self) -> None:
+        names = sorted(n for n in os.listdir(self.directory) if n.endswith(SEGMENT_SUFFIX)
+                       and n[:-len(SEGMENT_SUFFIX)].isdigit())
+        for leftover in os.listdir(self.directory):
+            if leftover.endswith((".cleaned", ".tmp")):
+                os.unlink(os.path.join(self.directory, leftover))
+        expected = 0
+        cut = False
+        for n, name in enumerate(names):
+            base = int(name[:-len(SEGMENT_SUFFIX)])
+            seg = Segment(self.directory, base)
+            if cut or (n and base < expected):
+                reason = "follows a truncated segment" if cut else "overlaps the previous one"
+                self.report.problems.append(f"{seg.path}: dropped, {reason}")
+                self.report.dropped_segments.append(seg.path)
+                self.report.truncated_bytes += seg.file_size()
+                seg.delete()
+                continue
+            cut = recover_segment(seg, expected if n else base, self.config.verify_on_open,
+                                  self.report)
+            if not len(seg.index) and self._segments:
+                seg.delete()  # an empty segment that is not the first adds nothing
+                continue
+            self._segments.append(seg)
+            expected = seg.next_offset
+        if not self._segments:
+            self._segments.append(Segment(self.directory, 0))
+        for seg in self._segments:
+            seg.created_ms = seg.first_timestamp_ms or self._clock_ms()
+
+    # -- offsets ------------------------------------------------------------------------
+    @property
+    def first_offset(self) -> int:
+        """Offset of the oldest record kept (== next_offset when the log is empty)."""
+        for seg in self._segments:
+            if len(seg.index):
+                return seg.first_offset
+        return self._segments[-1].next_offset
+
+    @property
+    def next_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    @property
+    def last_offset(self) -> int:
+        """Offset of the newest record, -1 when nothing was ever written."""
+        return self.next_offset - 1
+
+    @property
+    def last_chunk_offset(self) -> int:
+        """First offset of the newest committed chunk (RabbitMQ's offset spec "last"),
+        or ``next_offset`` when no chunk is committed."""
+        for seg in reversed(self._segments):
+            idx = seg.index
+            i = bisect_right(idx.offsets, self.committed_offset) - 1
+            if i >= 0:
+                return idx.offsets[i]
+        return self.next_offset
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes on disk in segment files (indexes excluded)."""
+        return sum(s.size for s in self._segments)
+
+    @property
+    def segments(self) -> list[Segment]:
+        """The segments, oldest first (read-only view for inspection and tests)."""
+        return list(self._segments)
+
+    # -- appends ------------------------------------------------------------------------
+    def append(self, records: Sequence[bytes], *, timestamp_ms: int | None = None) -> range:
+        """Append ``records`` (opaque bytes) as one chunk of simple entries.
+
+        Returns the offsets assigned, as ``range(first, last + 1)``. Under
+        ``Durability.ALWAYS`` this blocks on fsync; from async code use ``append_async``.
+        """
+        return self.append_entries(chunkfmt.encode_entries(records), len(records),
+                                   len(records), timestamp_ms=timestamp_ms)
+
+    def append_entries(self, data: bytes, num_entries: int, num_records: int, *,
+                       timestamp_ms: int | None = None, chunk_type: int = chunkfmt.CHUNK_USER,
+                       trailer: bytes = b"", bloom_size: int = 0) -> range:
+        """Append already-encoded entries (simple entries or sub-batches, kept as given)
+        as one chunk. ``num_records`` counts the records inside sub-batches.
+        Blocking variant: see ``append``. Raises ``ValueError`` for bad counts."""
+        offsets = self._write(data, num_entries, num_records, timestamp_ms, chunk_type,
+                              trailer, bloom_size)
+        policy = self.config.durability
+        if policy is Durability.ALWAYS or (
+                policy is Durability.INTERVAL and not self._loop_running()
+                and self._clock_ms() - self._last_sync_ms >= self.config.fsync_interval_ms):
+            self.sync()
+        else:
+            self._after_write_async()
+            if self.auto_commit:
+                self.commit(offsets[-1])
+        return offsets
+
+    async def append_async(self, records: Sequence[bytes], *,
+                           timestamp_ms: int | None = None) -> range:
+        """``append`` for the event loop: the chunk is written at once; under
+        ``Durability.ALWAYS`` it returns after a (group-committed) fsync done in a thread."""
+        return await self.append_entries_async(chunkfmt.encode_entries(records), len(records),
+                                               len(records), timestamp_ms=timestamp_ms)
+
+    async def append_entries_async(self, data: bytes, num_entries: int, num_records: int, *,
+                                   timestamp_ms: int | None = None,
+                                   chunk_type: int = chunkfmt.CHUNK_USER,
+                                   trailer: bytes = b"", bloom_size: int = 0) -> range:
+        """``append_entries`` for the event loop (see ``append_async``)."""
+        offsets = self._write(data, num_entries, num_records, timestamp_ms, chunk_type,
+                              trailer, bloom_size)
+        if self.config.durability is Durability.ALWAYS:
+            await self.flush()
+        else:
+            self._after_write_async()
+            if self.auto_commit:
+                self.commit(offsets[-1])
+        return offsets
+
+    def _write(self, data: bytes, num_entries: int, num_records: int,
+               timestamp_ms: int | None, chunk_type: int, trailer: bytes,
+               bloom_size: int) -> range:
+        if self._closed:
+            raise LogClosedError(f"commit log {self.directory} is closed")
+        now = self._clock_ms()
+        ts = max(now if timestamp_ms is None else timestamp_ms, self._last_ts)
+        first = self.next_offset
+        raw = chunkfmt.encode_chunk(data, num_entries, num_records, first_offset=first,
+                                    timestamp_ms=ts, epoch=self.epoch, chunk_type=chunk_type,
+                                    trailer=trailer, bloom_size=bloom_size)
+        seg = self._segments[-1]
+        if seg.size and (seg.size + len(raw) > self.config.segment_max_bytes or (
+                self.config.segment_max_age_ms
+                and now - seg.created_ms >= self.config.segment_max_age_ms)):
+            seg = self._roll(now)
+        seg.append(raw, first, num_records, ts, self.epoch)
+        self._last_ts = ts
+        return range(first, first + num_records)
+
+    def _roll(self, now_ms: int) -> Segment:
+        old = self._segments[-1]
+        old.index.flush()
+        seg = Segment(self.directory, old.next_offset)
+        seg.created_ms = now_ms
+        self._segments.append(seg)
+        self._bases.append(seg.base_offset)
+        self.enforce_retention()
+        return seg
+
+    # -- durability ---------------------------------------------------------------------
+    @staticmethod
+    def _loop_running() -> bool:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return True
+
+    def _dirty_segments(self) -> list[Segment]:
+        return [s for s in self._segments if s.unsynced]
+
+    def sync(self) -> None:
+        """Fsync every segment with unsynced writes, now, blocking; then commit them."""
+        upto = self.next_offset
+        for seg in self._dirty_segments():
+            seg.unsynced = False
+            seg.sync()
+        self._synced(upto)
+
+    def _synced(self, upto: int) -> None:
+        self._last_sync_ms = self._clock_ms()
+        self._synced_next = max(self._synced_next, upto)
+        if self.auto_commit:
+            self.commit(upto - 1)
+
+    async def flush(self) -> None:
+        """Wait until everything written so far is fsynced (group commit: concurrent
+        callers share one fsync, run in a worker thread)."""
+        target = self.next_offset
+        while self._synced_next < target:
+            if self._closed:
+                raise LogClosedError(f"commit log {self.directory} is closed")
+            if self._sync_task is None:
+                self._sync_task = asyncio.get_running_loop().create_task(self._sync_once())
+            await asyncio.shield(self._sync_task)
+
+    async def _sync_once(self) -> None:
+        try:
+            upto = self.next_offset
+            segs = self._dirty_segments()
+            for seg in segs:
+                seg.unsynced = False
+                seg.index.flush()
+            fds = [seg.fd for seg in segs]
+            await asyncio.get_running_loop().run_in_executor(None, _fsync_all, fds)
+            self._synced(upto)
+        finally:
+            self._sync_task = None
+
+    def _after_write_async(self) -> None:
+        """Under INTERVAL, make sure an fsync is scheduled within ``fsync_interval_ms``."""
+        if (self.config.durability is not Durability.INTERVAL or self._flush_timer is not None
+                or not self._loop_running()):
+            return
+        loop = asyncio.get_running_loop()
+        self._flush_timer = loop.call_later(self.config.fsync_interval_ms / 1000,
+                                            self._interval_flush)
+
+    def _interval_flush(self) -> None:
+        self._flush_timer = None
+        if not self._closed and self._sync_task is None and self._dirty_segments():
+            self._sync_task = asyncio.get_running_loop().create_task(self._sync_once())
+
+    def commit(self, offset: int) -> None:
+        """Advance the high watermark to ``offset`` (never backwards, never past the last
+        offset) and wake readers waiting for it."""
+        offset = min(offset, self.last_offset)
+        if offset <= self.committed_offset:
+            return
+        self.committed_offset = offset
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait_for(self, offset: int) -> None:
+        """Return once ``offset`` is committed (readable). Raises ``LogClosedError`` if the
+        log closes first. No polling: appends wake the waiters."""
+        while self.committed_offset < offset:
+            if self._closed:
+                raise LogClosedError(f"commit log {self.directory} is closed")
+            if self._waiter is None:
+                self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+
+    # -- reads --------------------------------------------------------------------------
+    def read_chunks(self, offset: int, max_bytes: int = DEFAULT_READ_BYTES, *,
+                    committed_only: bool = True) -> list[ChunkSlice]:
+        """Chunks from the one holding ``offset`` on, at most ``max_bytes`` in total (but at
+        least one chunk), within one segment, oldest first. Empty when ``offset`` is past the
+        end (or the committed offset). An offset in a gap left by compaction starts at the
+        next chunk. Raises ``OffsetOutOfRangeError`` when ``offset < first_offset``
+        (retention removed it) and ``CorruptChunkError`` when a chunk fails its checks."""
+        if self._closed:
+            raise LogClosedError(f"commit log {self.directory} is closed")
+        if offset < self.first_offset:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is before the first offset {self.first_offset}")
+        limit = self.committed_offset if committed_only else self.last_offset
+        if offset > limit:
+            return []
+        s = max(bisect_right(self._bases, offset) - 1, 0)
+        while s < len(self._segments):
+            seg = self._segments[s]
+            idx = seg.index
+            i = idx.find_offset(offset)
+            if i < len(idx):
+                break
+            s += 1
+        else:
+            return []
+        if idx.offsets[i] > limit:
+            return []
+        stop = i + 1
+        start_pos = idx.positions[i]
+        while (stop < len(idx) and idx.offsets[stop] <= limit
+               and seg.chunk_end(stop) - start_pos <= max_bytes):
+            stop += 1
+        return seg.read_chunks(i, stop, self.config.verify_reads)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int:
+        """First offset of the first chunk whose timestamp is >= ``timestamp_ms`` (ms since
+        the epoch); ``next_offset`` when every chunk is older."""
+        for seg in self._segments:
+            idx = seg.index
+            if len(idx) and idx.timestamps[-1] >= timestamp_ms:
+                return idx.offsets[idx.find_timestamp(timestamp_ms)]
+        return self.next_offset
+
+    # -- housekeeping -------------------------------------------------------------------
+    def enforce_retention(self) -> int:
+        """Delete the oldest whole segments over the retention limits; returns how many.
+        Skipped while a compaction or an fsync is in flight."""
+        if self._compacting or self._sync_task is not None:
+            return 0
+        n = segments_to_delete(self._segments, self.config, self._clock_ms())
+        for seg in self._segments[:n]:
+            log.info("retention: deleting %s (offsets %d..%d)", seg.path, seg.first_offset,
+                     seg.next_offset - 1)
+            seg.delete()
+        if n:
+            del self._segments[:n]
+            del self._bases[:n]
+        return n
+
+    async def compact(self, key_of: Callable[[bytes], bytes | None]) -> CompactionResult:
+        """Keep only the newest record per key among committed records, in every segment but
+        the active one (records without a key are kept; sub-batches are kept whole).
+        ``key_of`` maps a record to its key (or None). The rewrite runs in a worker thread;
+        the swap happens here. Raises ``LogError`` if a compaction is already running."""
+        if self._compacting:
+            raise LogError("a compaction is already running")
+        self._compacting = True
+        try:
+            for seg in self._segments:
+                seg.index.flush()
+            snapshot = list(self._segments)
+            result = await asyncio.get_running_loop().run_in_executor(
+                None, compact_segments, snapshot, self.committed_offset, key_of)
+            if self._closed:
+                return result
+            self._segments = install_compacted(self._segments, result)
+            self._bases = [s.base_offset for s in self._segments]
+            return result
+        finally:
+            self._compacting = False
+
+    def truncate(self, offset: int) -> None:
+        """Remove every record at ``offset`` and after (replication's follower truncation).
+
+        The committed offset drops to ``offset - 1`` if it was higher. When ``offset`` falls
+        inside a chunk, that chunk is rewritten with its leading records; raises ``LogError``
+        if that would split a sub-batch entry. Fsyncs before returning.
+        """
+        if self._closed:
+            raise LogClosedError(f"commit log {self.directory} is closed")
+        if self._compacting:
+            raise LogError("cannot truncate while a compaction is running")
+        if offset >= self.next_offset:
+            return
+        offset = max(offset, self.first_offset)
+        while len(self._segments) > 1 and self._segments[-1].first_offset >= offset:
+            self._segments.pop().delete()
+            self._bases.pop()
+        seg = self._segments[-1]
+        idx = seg.index
+        i = idx.find_offset(offset)
+        keep: bytes | None = None
+        if i < len(idx) and idx.offsets[i] < offset:
+            (chunk,) = seg.read_chunks(i, i + 1, True)
+            keep = _leading_entries(chunk, offset)
+        seg.truncate_chunks(min(i, len(idx)))
+        if keep is not None:
+            data, n_entries, n_records = keep
+            h = chunk.header
+            raw = chunkfmt.encode_chunk(data, n_entries, n_records,
+                                        first_offset=h.first_offset, timestamp_ms=h.timestamp_ms,
+                                        epoch=h.epoch, chunk_type=h.chunk_type)
+            seg.append(raw, h.first_offset, n_records, h.timestamp_ms, h.epoch)
+        seg.index.rewrite()
+        seg.sync()
+        seg.unsynced = False
+        self._last_ts = seg.last_timestamp_ms if len(seg.index) else self._last_ts
+        self._synced_next = min(self._synced_next, self.next_offset)
+        self.committed_offset = min(self.committed_offset, self.next_offset - 1)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def close(self) -> None:
+        """Fsync (unless the policy is NEVER) and close the files. Readers waiting in
+        ``wait_for`` get ``LogClosedError``. From async code prefer ``aclose``."""
+        if self._closed:
+            return
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        if self.config.durability is not Durability.NEVER:
+            self.sync()
+        self._closed = True
+        for seg in self._segments:
+            seg.close()
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def aclose(self) -> None:
+        """Wait for an in-flight fsync, then ``close``."""
+        if self._sync_task is not None:
+            await asyncio.shield(self._sync_task)
+        self.close()
+
+    def delete(self) -> None:
+        """Close the log and remove its folder with every file in it."""
+        self.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> "CommitLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"CommitLog({self.directory!r}, first={self.first_offset}, "
+                f"next={self.next_offset}, committed={self.committed_offset})")
+
+
+def _fsync_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.fsync(fd)
+
+
+def _leading_entries(chunk: ChunkSlice, offset: int) -> tuple[bytes, int, int] | None:
+    """The entries of ``chunk`` holding the records before ``offset``, as
+    ``(data, entries, records)``, or None if there are none. Raises ``LogError`` when
+    ``offset`` falls inside a sub-batch entry."""
+    wanted = offset - chunk.header.first_offset
+    kept = []
+    records = 0
+    for entry in chunkfmt.iter_entries(chunk.data):
+        if records == wanted:
+            break
+        if records + entry.records > wanted:
+            raise LogError(f"cannot truncate at offset {offset}: it falls inside a sub-batch")
+        kept.append(entry)
+        records += entry.records
+    if not kept:
+        return None
+    return chunkfmt.join_entries(kept)

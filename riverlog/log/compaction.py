@@ -1,0 +1,166 @@
+# Compaction by key: rewrite closed segments keeping only the newest record of each key.
+# Owns the key map, the rewritten segment files and their crash-safe installation.
+# Rules: runs in a worker thread on a snapshot of the segments and touches only closed
+# segments whose records are all committed; records with no key and sub-batch entries are
+# kept; a kept run of consecutive offsets becomes one chunk (so offsets may have gaps
+# between chunks, never inside one); a chunk kept whole is copied byte for byte.
+# Crash safety: the new file is fsynced, a ".compacted" marker is written, then the new
+# file replaces the old one by rename; recovery accepts either state.
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from . import chunk as chunkfmt
+from .index import ENTRY
+from .segment import COMPACTED_SUFFIX, INDEX_SUFFIX, SEGMENT_SUFFIX, Segment, segment_name
+
+_READ_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class CompactionResult:
+    """What a compaction did: segments rewritten (by base offset) and emptied, and the
+    record and byte counts before and after over those segments."""
+
+    rewritten: list[int] = field(default_factory=list)
+    emptied: list[int] = field(default_factory=list)
+    records_before: int = 0
+    records_after: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+
+
+def _iter_chunks(seg: Segment, upto: int):
+    """Chunks of ``seg`` whose first offset is <= ``upto``, read in large batches."""
+    i, n = 0, len(seg.index)
+    while i < n and seg.index.offsets[i] <= upto:
+        stop = i + 1
+        while (stop < n and seg.index.offsets[stop] <= upto
+               and seg.chunk_end(stop) - seg.index.positions[i] <= _READ_BYTES):
+            stop += 1
+        yield from seg.read_chunks(i, stop, True)
+        i = stop
+
+
+def _latest_offsets(segments: Sequence[Segment], committed: int,
+                    key_of: Callable[[bytes], bytes | None]) -> dict[bytes, int]:
+    latest: dict[bytes, int] = {}
+    for seg in segments:
+        for chunk in _iter_chunks(seg, committed):
+            if chunk.header.chunk_type != chunkfmt.CHUNK_USER:
+                continue
+            for offset, record in chunk.records():
+                if offset > committed:
+                    break
+                key = key_of(record)
+                if key is not None:
+                    latest[key] = offset
+    return latest
+
+
+def _rewrite(seg: Segment, latest: dict[bytes, int], key_of, result: CompactionResult) -> None:
+    stem = os.path.join(seg.directory, segment_name(seg.base_offset))
+    out_path = stem + SEGMENT_SUFFIX + ".cleaned"
+    index_out = stem + INDEX_SUFFIX + ".cleaned"
+    entries_out = []  # (first offset, timestamp, epoch, position, records)
+    pos = 0
+    changed = False
+    with open(out_path, "wb") as out:
+        for chunk in _iter_chunks(seg, seg.next_offset):
+            h = chunk.header
+            result.records_before += h.num_records
+            runs: list[list] = []  # [first offset, entries, records]
+            offset = h.first_offset
+            expected = None
+            for entry in chunkfmt.iter_entries(chunk.data):
+                keep = True
+                if entry.codec is None and h.chunk_type == chunkfmt.CHUNK_USER:
+                    key = key_of(entry.payload)
+                    keep = key is None or latest.get(key, offset) == offset
+                if keep:
+                    if expected == offset:
+                        runs[-1][1].append(entry)
+                        runs[-1][2] += entry.records
+                    else:
+                        runs.append([offset, [entry], entry.records])
+                    expected = offset + entry.records
+                offset += entry.records
+            if len(runs) == 1 and runs[0][2] == h.num_records:
+                pieces = [(h.first_offset, h.num_records, chunk.raw)]
+            else:
+                changed = True
+                pieces = []
+                for first, entries, records in runs:
+                    data, n_entries, n_records = chunkfmt.join_entries(entries)
+                    raw = chunkfmt.encode_chunk(data, n_entries, n_records, first_offset=first,
+                                                timestamp_ms=h.timestamp_ms, epoch=h.epoch,
+                                                chunk_type=h.chunk_type)
+                    pieces.append((first, n_records, raw))
+            for first, records, raw in pieces:
+                out.write(raw)
+                entries_out.append((first, h.timestamp_ms, h.epoch, pos, records))
+                pos += len(raw)
+                result.records_after += records
+        out.flush()
+        os.fsync(out.fileno())
+    result.bytes_before += seg.size
+    if not changed:
+        os.unlink(out_path)
+        result.bytes_after += seg.size
+        return
+    result.bytes_after += pos
+    if not entries_out:
+        result.emptied.append(seg.base_offset)
+        os.unlink(out_path)
+        return
+    with open(index_out, "wb") as f:
+        f.write(b"".join(ENTRY.pack(*e) for e in entries_out))
+    with open(stem + COMPACTED_SUFFIX, "wb") as f:
+        os.fsync(f.fileno())
+    _fsync_dir(seg.directory)
+    os.replace(out_path, stem + SEGMENT_SUFFIX)
+    os.replace(index_out, stem + INDEX_SUFFIX)
+    _fsync_dir(seg.directory)
+    result.rewritten.append(seg.base_offset)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def compact_segments(segments: Sequence[Segment], committed: int,
+                     key_of: Callable[[bytes], bytes | None]) -> CompactionResult:
+    """Rewrite (in place, crash-safely) every closed, fully committed segment of
+    ``segments`` (oldest first, the last one being active). Blocking: run it in a thread.
+    Emptied segments are left for ``install_compacted`` to delete."""
+    result = CompactionResult()
+    closed = [s for s in segments[:-1] if len(s.index) and s.next_offset - 1 <= committed]
+    if not closed:
+        return result
+    latest = _latest_offsets(segments, committed, key_of)
+    for seg in closed:
+        _rewrite(seg, latest, key_of, result)
+    return result
+
+
+def install_compacted(segments: list[Segment], result: CompactionResult) -> list[Segment]:
+    """Swap the rewritten segments into ``segments`` (on the owner's thread) and delete the
+    emptied ones. Returns the new list."""
+    out = []
+    rewritten, emptied = set(result.rewritten), set(result.emptied)
+    for seg in segments:
+        if seg.base_offset in emptied:
+            seg.delete()
+            continue
+        if seg.base_offset in rewritten:
+            seg.close()
+            seg = Segment(seg.directory, seg.base_offset)
+            seg.load_trusted()
+        out.append(seg)
+    return out

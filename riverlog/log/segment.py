@@ -1,0 +1,180 @@
+# One segment: a file of back-to-back chunks named by its base offset, plus its chunk index.
+# Owns the file descriptors, positional writes and reads, fsync and truncation of that file.
+# Rules: bytes past ``size`` are never read (they are a torn or corrupt tail until recovery
+# removes them); reads use pread so they never move the append position; everything here
+# is synchronous and called from one thread at a time, except ``sync`` which may run in a
+# worker thread while the owner keeps appending.
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..errors import CorruptChunkError
+from . import chunk as chunkfmt
+from .index import ChunkIndex
+
+SEGMENT_SUFFIX = ".segment"
+INDEX_SUFFIX = ".index"
+COMPACTED_SUFFIX = ".compacted"
+
+
+def segment_name(base_offset: int) -> str:
+    """File stem of the segment whose base offset is ``base_offset``: 20 zero-padded digits."""
+    return f"{base_offset:020d}"
+
+
+@dataclass(slots=True)
+class ChunkSlice:
+    """A chunk as read from disk: ``raw`` is header + data + trailer, exactly as stored."""
+
+    header: chunkfmt.ChunkHeader
+    raw: bytes
+
+    @property
+    def data(self) -> memoryview:
+        """The entries (data section) of the chunk."""
+        h = self.header
+        return memoryview(self.raw)[chunkfmt.HEADER_SIZE:chunkfmt.HEADER_SIZE + h.data_length]
+
+    @property
+    def header_and_data(self) -> memoryview:
+        """What a RabbitMQ Deliver carries: the header and the data, never the trailer."""
+        return memoryview(self.raw)[:chunkfmt.HEADER_SIZE + self.header.data_length]
+
+    def records(self):
+        """``(offset, record bytes)`` pairs of this chunk (see ``chunk.iter_records``)."""
+        return chunkfmt.iter_records(self.header, self.data)
+
+
+class Segment:
+    """A segment file and its index.
+
+    ``size`` is the number of valid bytes (the append position); ``next_offset`` is the offset
+    after the last record; ``compacted`` marks a segment rewritten by compaction, whose chunks
+    may leave gaps between offsets.
+    """
+
+    __slots__ = ("directory", "base_offset", "path", "index", "fd", "size", "next_offset",
+                 "compacted", "created_ms", "unsynced")
+
+    def __init__(self, directory: str, base_offset: int) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        stem = os.path.join(directory, segment_name(base_offset))
+        self.path = stem + SEGMENT_SUFFIX
+        self.index = ChunkIndex(stem + INDEX_SUFFIX)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.size = 0
+        self.next_offset = base_offset
+        self.compacted = os.path.exists(stem + COMPACTED_SUFFIX)
+        self.created_ms = 0
+        self.unsynced = False
+
+    # -- facts --------------------------------------------------------------------------
+    @property
+    def first_offset(self) -> int:
+        """Offset of the first record kept (the base offset unless compaction removed it)."""
+        return self.index.offsets[0] if len(self.index) else self.base_offset
+
+    @property
+    def num_records(self) -> int:
+        return int(sum(self.index.records))
+
+    @property
+    def first_timestamp_ms(self) -> int:
+        return self.index.timestamps[0] if len(self.index) else 0
+
+    @property
+    def last_timestamp_ms(self) -> int:
+        return self.index.timestamps[-1] if len(self.index) else 0
+
+    def file_size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def chunk_end(self, i: int) -> int:
+        """Byte position right after chunk ``i``."""
+        idx = self.index
+        return idx.positions[i + 1] if i + 1 < len(idx) else self.size
+
+    def load_trusted(self) -> None:
+        """Load the index of a segment this process just wrote and fsynced (compaction)
+        without checking it chunk by chunk."""
+        if not self.index.load():
+            raise OSError(f"cannot load the index of {self.path}")
+        self.size = self.file_size()
+        idx = self.index
+        self.next_offset = idx.offsets[-1] + idx.records[-1] if len(idx) else self.base_offset
+        self.created_ms = self.first_timestamp_ms
+
+    # -- writes -------------------------------------------------------------------------
+    def append(self, raw: bytes, first_offset: int, num_records: int, timestamp_ms: int,
+               epoch: int) -> None:
+        """Write a whole encoded chunk at the end (one pwrite) and index it."""
+        written = os.pwrite(self.fd, raw, self.size)
+        if written != len(raw):  # a short write leaves a torn tail; recovery trims it
+            raise OSError(f"short write to {self.path}: {written} of {len(raw)} bytes")
+        self.index.append(first_offset, timestamp_ms, epoch, self.size, num_records)
+        self.size += len(raw)
+        self.next_offset = first_offset + num_records
+        self.unsynced = True
+
+    def sync(self) -> None:
+        """Write buffered index entries and fsync the segment file (blocking)."""
+        self.index.flush()
+        os.fsync(self.fd)
+
+    def truncate_chunks(self, n: int) -> None:
+        """Keep the first ``n`` chunks: shrink the file and the index."""
+        self.size = self.index.positions[n] if n < len(self.index) else self.size
+        self.index.truncate(n)
+        os.ftruncate(self.fd, self.size)
+        if len(self.index):
+            self.next_offset = self.index.offsets[-1] + self.index.records[-1]
+        else:
+            self.next_offset = self.base_offset
+        self.unsynced = True
+
+    def close(self) -> None:
+        self.index.flush()
+        self.index.close()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def delete(self) -> None:
+        """Close and remove the segment, its index and its compaction marker."""
+        self.close()
+        stem = os.path.join(self.directory, segment_name(self.base_offset))
+        for suffix in (SEGMENT_SUFFIX, INDEX_SUFFIX, COMPACTED_SUFFIX):
+            try:
+                os.unlink(stem + suffix)
+            except FileNotFoundError:
+                pass
+
+    # -- reads --------------------------------------------------------------------------
+    def read_chunks(self, start: int, stop: int, verify: bool) -> list[ChunkSlice]:
+        """Chunks ``start`` .. ``stop - 1`` (index positions), read with one pread.
+
+        With ``verify``, each chunk's header must agree with the index and its CRC-32 must
+        match; raises ``CorruptChunkError`` otherwise.
+        """
+        idx = self.index
+        pos = idx.positions[start]
+        end = self.chunk_end(stop - 1)
+        buf = os.pread(self.fd, end - pos, pos)
+        out = []
+        for i in range(start, stop):
+            at = idx.positions[i] - pos
+            size = self.chunk_end(i) - idx.positions[i]
+            try:
+                header = chunkfmt.parse_header(buf, at)
+                if verify:
+                    if (header.first_offset != idx.offsets[i]
+                            or header.num_records != idx.records[i] or header.size != size):
+                        raise chunkfmt.ChunkFormatError("header disagrees with the index")
+                    chunkfmt.check_chunk(buf, header, at)
+            except chunkfmt.ChunkFormatError as exc:
+                raise CorruptChunkError(self.path, idx.positions[i], idx.offsets[i],
+                                        str(exc)) from None
+            out.append(ChunkSlice(header, buf[at:at + size] if stop - start > 1 else buf))
+        return out
