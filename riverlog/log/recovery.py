@@ -8,9 +8,10 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from . import chunk as chunkfmt
-from .segment import Segment
+from .segment import COMPACTED_SUFFIX, SEGMENT_SUFFIX, Segment
 
 log = logging.getLogger("riverlog.log.recovery")
 
@@ -58,47 +59,63 @@ def _check_indexed_chunk(seg: Segment, i: int, file_size: int) -> bool:
     return entries == header.num_entries and records == header.num_records
 
 
-def _scan(seg: Segment, pos: int, expected: int, min_ts: int,
-          file_size: int) -> tuple[int, str | None]:
-    """Append to the index every valid chunk from byte ``pos`` on; stop at the first bad one.
+class ChunkScanner:
+    """Iterate ``(position, header)`` over the valid chunks of a segment file from byte
+    ``pos``, read-only, stopping at the first chunk that fails a check.
 
-    ``expected`` is the offset the next chunk must start at (any offset >= it in a compacted
-    segment). Returns the byte position after the last good chunk, and why the scan stopped
-    early (None when it reached the file end).
+    ``expected`` is the offset the first chunk must start at; later chunks must follow
+    without gaps unless ``allow_gaps`` (a compacted segment: any larger offset). After the
+    loop, ``end`` is the byte position after the last good chunk and ``problem`` says why
+    the scan stopped early (None when it reached ``file_size``).
     """
-    buf, buf_start = b"", pos
-    while pos < file_size:
-        if file_size - pos < chunkfmt.HEADER_SIZE:
-            return pos, f"torn chunk header at byte {pos}"
-        if pos + chunkfmt.HEADER_SIZE > buf_start + len(buf):
-            buf, buf_start = os.pread(seg.fd, _WINDOW, pos), pos
-        try:
-            header = chunkfmt.parse_header(buf, pos - buf_start)
-        except chunkfmt.ChunkFormatError as exc:
-            return pos, f"{exc} at byte {pos}"
-        if header.first_offset != expected and not (seg.compacted
-                                                    and header.first_offset > expected):
-            return pos, (f"chunk at byte {pos} starts at offset {header.first_offset}, "
-                         f"expected {expected}")
-        if pos + header.size > file_size:
-            return pos, f"torn chunk at byte {pos} ({header.size} bytes, {file_size - pos} on disk)"
-        if pos + header.size > buf_start + len(buf):
-            buf, buf_start = os.pread(seg.fd, max(_WINDOW, header.size), pos), pos
-        at = pos - buf_start
-        try:
-            chunkfmt.check_chunk(buf, header, at)
-            start = at + chunkfmt.HEADER_SIZE
-            counts = chunkfmt.count_entries(memoryview(buf)[start:start + header.data_length])
-        except chunkfmt.ChunkFormatError as exc:
-            return pos, f"{exc} in chunk at byte {pos}"
-        if counts != (header.num_entries, header.num_records):
-            return pos, f"entry/record counts disagree with the header of the chunk at byte {pos}"
-        ts = max(header.timestamp_ms, min_ts)
-        seg.index.append(header.first_offset, ts, header.epoch, pos, header.num_records)
-        min_ts = ts
-        expected = header.next_offset
-        pos += header.size
-    return pos, None
+
+    def __init__(self, fd: int, pos: int, expected: int, file_size: int,
+                 allow_gaps: bool) -> None:
+        self.fd, self.end, self.expected = fd, pos, expected
+        self.file_size, self.allow_gaps = file_size, allow_gaps
+        self.problem: str | None = None
+
+    def __iter__(self) -> Iterator[tuple[int, chunkfmt.ChunkHeader]]:
+        pos, expected, file_size = self.end, self.expected, self.file_size
+        buf, buf_start = b"", pos
+        while pos < file_size:
+            if file_size - pos < chunkfmt.HEADER_SIZE:
+                self.problem = f"torn chunk header at byte {pos}"
+                return
+            if pos + chunkfmt.HEADER_SIZE > buf_start + len(buf):
+                buf, buf_start = os.pread(self.fd, _WINDOW, pos), pos
+            try:
+                header = chunkfmt.parse_header(buf, pos - buf_start)
+            except chunkfmt.ChunkFormatError as exc:
+                self.problem = f"{exc} at byte {pos}"
+                return
+            if header.first_offset != expected and not (self.allow_gaps
+                                                        and header.first_offset > expected):
+                self.problem = (f"chunk at byte {pos} starts at offset {header.first_offset}, "
+                                f"expected {expected}")
+                return
+            if pos + header.size > file_size:
+                self.problem = (f"torn chunk at byte {pos} ({header.size} bytes, "
+                                f"{file_size - pos} on disk)")
+                return
+            if pos + header.size > buf_start + len(buf):
+                buf, buf_start = os.pread(self.fd, max(_WINDOW, header.size), pos), pos
+            at = pos - buf_start
+            try:
+                chunkfmt.check_chunk(buf, header, at)
+                start = at + chunkfmt.HEADER_SIZE
+                counts = chunkfmt.count_entries(memoryview(buf)[start:start + header.data_length])
+            except chunkfmt.ChunkFormatError as exc:
+                self.problem = f"{exc} in chunk at byte {pos}"
+                return
+            if counts != (header.num_entries, header.num_records):
+                self.problem = (f"entry/record counts disagree with the header of the chunk "
+                                f"at byte {pos}")
+                return
+            yield pos, header
+            expected = header.next_offset
+            pos += header.size
+            self.end = pos
 
 
 def recover_segment(seg: Segment, expected_base: int, full: bool,
@@ -133,7 +150,11 @@ def recover_segment(seg: Segment, expected_base: int, full: bool,
     else:
         pos, min_ts = 0, 0
         expected = expected_base if seg.compacted else max(expected_base, seg.base_offset)
-    end, why = _scan(seg, pos, expected, min_ts, file_size)
+    scan = ChunkScanner(seg.fd, pos, expected, file_size, seg.compacted)
+    for chunk_pos, header in scan:
+        min_ts = max(header.timestamp_ms, min_ts)  # keep index timestamps non-decreasing
+        idx.append(header.first_offset, min_ts, header.epoch, chunk_pos, header.num_records)
+    end, why = scan.end, scan.problem
     if len(idx) != indexed_before or not loaded:
         idx.rewrite()
     seg.size = end
@@ -148,3 +169,33 @@ def recover_segment(seg: Segment, expected_base: int, full: bool,
     os.ftruncate(seg.fd, end)
     os.fsync(seg.fd)
     return True
+
+
+def verify_partition(directory: str) -> RecoveryReport:
+    """Check every chunk (header, entries, CRC-32) of every segment in a partition folder,
+    read-only: no file is changed. ``problems`` names each damaged place and
+    ``truncated_bytes`` counts the bytes from there to the end of each damaged segment."""
+    report = RecoveryReport()
+    names = sorted(n for n in os.listdir(directory) if n.endswith(SEGMENT_SUFFIX))
+    expected = None
+    for name in names:
+        path = os.path.join(directory, name)
+        base = int(name[:-len(SEGMENT_SUFFIX)])
+        compacted = os.path.exists(path[:-len(SEGMENT_SUFFIX)] + COMPACTED_SUFFIX)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            start = expected if compacted and expected is not None else base
+            if expected is not None and start < expected:
+                report.problems.append(f"{path}: overlaps the previous segment")
+            scan = ChunkScanner(fd, 0, start, size, compacted)
+            last = None
+            for _, header in scan:
+                last = header
+        finally:
+            os.close(fd)
+        if scan.problem:
+            report.problems.append(f"{path}: {scan.problem}")
+            report.truncated_bytes += size - scan.end
+        expected = last.next_offset if last else start
+    return report

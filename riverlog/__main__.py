@@ -1,0 +1,4 @@
+# `python -m riverlog` runs the command line (same as the `riverlog` console script).
+from .cli import main
+
+main()

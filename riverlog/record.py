@@ -1,0 +1,745 @@
+# riverlog.record: how one message is stored as one record (one entry of a chunk) in the
+# commit log, and how any stored record is read back.
+#
+# What it owns: the bytes of a single record. Nothing here knows about chunks, files, sockets
+# or any front door; the log stores what encode_record returns, and every door reads through
+# decode_record. Full description with a byte diagram: docs/record-format.md.
+#
+# Rules:
+# - A record is an AMQP 1.0 message (AMQP 1.0 part 3 "Messaging", section 3.2), so a RabbitMQ
+#   Stream client (rstream, rbfly, Java, Go, .NET, Node) decodes it as a normal message whose
+#   body is the value (one `data` section), whose application-properties are the headers and
+#   whose properties carry subject, reply-to and correlation-id.
+# - What AMQP has no standard place for (key, nanosecond timestamp, ack inbox) goes into the
+#   message-annotations under `x-opt-` symbol keys, so every field a Liftbridge reader needs
+#   comes back exactly: a None key stays None, an empty key stays b"".
+# - Records published by RabbitMQ clients are stored as they came: usually AMQP 1.0 from any
+#   encoder, sometimes raw bytes. decode_record therefore reads any valid AMQP 1.0 message
+#   (every primitive encoding of part 1 "Types", described types, arrays, all nine sections in
+#   any order) and maps it best-effort, and reads anything that is not exactly an AMQP 1.0
+#   message as raw bytes. It never raises, whatever the input.
+# - Encoding is the ingest hot path (NATS and gRPC doors): hand-written, no generic encoder,
+#   no per-field dispatch. Measure before changing it (docs/record-format.md has the numbers).
+from __future__ import annotations
+
+import json
+import struct
+import uuid
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Callable, NamedTuple
+
+__all__ = [
+    "ANNOTATION_ACK_INBOX",
+    "ANNOTATION_KEY",
+    "ANNOTATION_TIMESTAMP_NS",
+    "Described",
+    "Record",
+    "Symbol",
+    "Timestamp",
+    "decode_amqp_value",
+    "decode_record",
+    "encode_record",
+]
+
+# Message-annotation keys (symbols) that riverlog writes. AMQP 1.0 part 3 section 3.2.10
+# reserves every key not starting with "x-", and tells a container to refuse keys it does not
+# understand unless they start with "x-opt-": with this prefix, any AMQP 1.0 intermediary may
+# ignore them safely.
+ANNOTATION_KEY = "x-opt-key"  # binary; absent when the key is None
+ANNOTATION_TIMESTAMP_NS = "x-opt-timestamp-ns"  # long, nanoseconds since the Unix epoch
+ANNOTATION_ACK_INBOX = "x-opt-ack-inbox"  # string; absent when there is no ack inbox
+
+
+@dataclass(slots=True)
+class Record:
+    """One message as the broker core sees it, whichever door it came through.
+
+    - value: the payload bytes (an AMQP `data` body).
+    - key: the Liftbridge message key; None (no key) is distinct from b"" (empty key).
+    - headers: Liftbridge headers, str -> bytes (AMQP application-properties).
+    - timestamp_ns: reception time, nanoseconds since the Unix epoch (signed 64-bit).
+    - subject: the NATS subject the message was published on (AMQP properties.subject).
+    - reply: the NATS reply subject (AMQP properties.reply-to).
+    - correlation_id: Liftbridge correlation id (AMQP properties.correlation-id, a string).
+    - ack_inbox: the NATS subject an ack is published to, or None.
+    """
+
+    value: bytes = b""
+    key: bytes | None = None
+    headers: dict[str, bytes] = field(default_factory=dict)
+    timestamp_ns: int = 0
+    subject: str | None = None
+    reply: str | None = None
+    correlation_id: str | None = None
+    ack_inbox: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding (the hot path)
+# ---------------------------------------------------------------------------------------------
+# Every section is a described type (part 1 section 1.2) whose descriptor is a smallulong
+# (0x53) holding the section code of part 3 section 3.2: 0x00 0x53 0x72 = message-annotations.
+
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+_pack_long = struct.Struct(">q").pack
+_pack_u32x2 = struct.Struct(">II").pack
+
+_VBIN8 = [bytes((0xA0, n)) for n in range(256)]  # vbin8 constructor + 1-octet size
+_STR8 = [bytes((0xA1, n)) for n in range(256)]  # str8-utf8 constructor + 1-octet size
+
+_MA_TIMESTAMP = b"\xa3\x12" + ANNOTATION_TIMESTAMP_NS.encode() + b"\x81"  # sym8 key, long
+_MA_KEY = b"\xa3\x09" + ANNOTATION_KEY.encode()
+_MA_ACK = b"\xa3\x0f" + ANNOTATION_ACK_INBOX.encode()
+_NULL3 = b"\x40\x40\x40"  # properties: message-id, user-id, to are null
+
+_SEC_MA = b"\x00\x53\x72"
+_SEC_PROPERTIES = b"\x00\x53\x73"
+_SEC_APP_PROPERTIES = b"\x00\x53\x74"
+_SEC_DATA = b"\x00\x53\x75"
+# message-annotations holding only the timestamp: map8 of 2 items, size = items + count octet
+_MA_TIMESTAMP_ONLY = _SEC_MA + bytes((0xC1, len(_MA_TIMESTAMP) + 8 + 1, 2)) + _MA_TIMESTAMP
+
+
+def _vbin(n: int) -> bytes:
+    return _VBIN8[n] if n < 256 else b"\xb0" + n.to_bytes(4, "big")
+
+
+def _str(s: str) -> bytes:
+    b = s.encode()
+    n = len(b)
+    return (_STR8[n] if n < 256 else b"\xb1" + n.to_bytes(4, "big")) + b
+
+
+def _compound(section: bytes, small: int, body: bytes, count: int) -> bytes:
+    # list8/map8 (size octet counts the count octet) when it fits, else list32/map32.
+    n = len(body)
+    if n < 255 and count < 256:
+        return section + bytes((small, n + 1, count)) + body
+    return section + bytes((small + 0x10,)) + _pack_u32x2(n + 4, count) + body
+
+
+def encode_record(record: Record) -> bytes:
+    """Encode ``record`` as the bytes of one commit-log record: an AMQP 1.0 message.
+
+    Sections, in the order of AMQP 1.0 part 3 section 3.2:
+
+    - message-annotations (3.2.3), always: ``x-opt-timestamp-ns`` (long, ns), then
+      ``x-opt-key`` (binary) when the key is not None, ``x-opt-ack-inbox`` (string) when set.
+    - properties (3.2.4), only when subject, reply or correlation_id is set: a list of
+      message-id, user-id, to (all null), subject, reply-to, correlation-id (strings or null),
+      trailing nulls left out.
+    - application-properties (3.2.5), only when there are headers: string -> binary.
+    - data (3.2.6), always, holding the value (also when empty).
+
+    Encodings are from AMQP 1.0 part 1 section 1.6: sym8, str8/str32, vbin8/vbin32, long,
+    null, list8/list32, map8/map32. Returns bytes. Raises ValueError when the timestamp does
+    not fit a signed 64-bit long or a string is not encodable as UTF-8; TypeError when a
+    field has the wrong type.
+    """
+    ts = record.timestamp_ns
+    if not _INT64_MIN <= ts <= _INT64_MAX:
+        raise ValueError(f"timestamp_ns {ts!r} does not fit a signed 64-bit integer")
+    key = record.key
+    ack = record.ack_inbox
+    if key is None and ack is None:
+        ma = _MA_TIMESTAMP_ONLY + _pack_long(ts)
+    else:
+        body = [_MA_TIMESTAMP, _pack_long(ts)]
+        count = 2
+        if key is not None:
+            body += (_MA_KEY, _vbin(len(key)), key)
+            count = 4
+        if ack is not None:
+            body += (_MA_ACK, _str(ack))
+            count += 2
+        ma = _compound(_SEC_MA, 0xC1, b"".join(body), count)
+    out = [ma]
+
+    subject = record.subject
+    reply = record.reply
+    corr = record.correlation_id
+    if corr is not None:
+        props = _NULL3 + (b"\x40" if subject is None else _str(subject)) + (
+            b"\x40" if reply is None else _str(reply)
+        ) + _str(corr)
+        out.append(_compound(_SEC_PROPERTIES, 0xC0, props, 6))
+    elif reply is not None:
+        props = _NULL3 + (b"\x40" if subject is None else _str(subject)) + _str(reply)
+        out.append(_compound(_SEC_PROPERTIES, 0xC0, props, 5))
+    elif subject is not None:
+        out.append(_compound(_SEC_PROPERTIES, 0xC0, _NULL3 + _str(subject), 4))
+
+    headers = record.headers
+    if headers:
+        body = []
+        for name, hval in headers.items():
+            body.append(_str(name))
+            body.append(_vbin(len(hval)))
+            body.append(hval)
+        out.append(_compound(_SEC_APP_PROPERTIES, 0xC1, b"".join(body), 2 * len(headers)))
+
+    value = record.value
+    out.append(_SEC_DATA)
+    out.append(_vbin(len(value)))
+    out.append(value)
+    return b"".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoding: a compact decoder for every AMQP 1.0 type encoding (part 1 sections 1.2 and 1.6)
+# ---------------------------------------------------------------------------------------------
+
+
+class Symbol(str):
+    """An AMQP symbol (part 1 section 1.6.21): a str that remembers it was a symbol."""
+
+    __slots__ = ()
+
+
+class Timestamp(int):
+    """An AMQP timestamp (part 1 section 1.6.17): milliseconds since the Unix epoch."""
+
+    __slots__ = ()
+
+
+class Described(NamedTuple):
+    """A described value (part 1 section 1.2) whose descriptor is not one riverlog knows."""
+
+    descriptor: Any
+    value: Any
+
+
+class _Malformed(Exception):
+    """The bytes are not exactly one valid AMQP 1.0 encoding."""
+
+
+_MAX_DEPTH = 64  # nesting deeper than this is treated as malformed (never seen in practice)
+_MAX_ZERO_WIDTH_ARRAY = 1 << 16  # arrays of 0-octet elements (e.g. null) may not claim more
+
+_u16 = struct.Struct(">H").unpack_from
+_i16 = struct.Struct(">h").unpack_from
+_u32 = struct.Struct(">I").unpack_from
+_i32 = struct.Struct(">i").unpack_from
+_u64 = struct.Struct(">Q").unpack_from
+_i64 = struct.Struct(">q").unpack_from
+_f32 = struct.Struct(">f").unpack_from
+_f64 = struct.Struct(">d").unpack_from
+_u32x2 = struct.Struct(">II").unpack_from
+
+_Body = Callable[[bytes, int, int, int], "tuple[Any, int]"]
+_BODY: list[_Body | None] = [None] * 256  # constructor -> reader of what follows it
+
+
+def _read(buf: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+    """Read one encoded value (constructor and data) at ``pos``; return (value, next pos)."""
+    if pos >= end:
+        raise _Malformed
+    code = buf[pos]
+    if code == 0xA1 or code == 0xA0 or code == 0xA3:  # str8, vbin8, sym8 inline: the common
+        start = pos + 2  # case in headers, properties and annotations
+        if start > end:
+            raise _Malformed
+        nxt = start + buf[pos + 1]
+        if nxt > end:
+            raise _Malformed
+        if code == 0xA0:
+            return buf[start:nxt], nxt
+        text = buf[start:nxt].decode("utf-8", "replace")
+        return (text if code == 0xA1 else Symbol(text)), nxt
+    if code == 0x40:
+        return None, pos + 1
+    if code == 0x00:  # described type: descriptor value, then the value
+        if depth > _MAX_DEPTH:
+            raise _Malformed
+        descriptor, pos = _read(buf, pos + 1, end, depth + 1)
+        value, pos = _read(buf, pos, end, depth + 1)
+        return Described(descriptor, value), pos
+    reader = _BODY[code]
+    if reader is None:
+        raise _Malformed
+    return reader(buf, pos + 1, end, depth)
+
+
+def _constant(value: Any) -> _Body:
+    def read(buf: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+        return value, pos
+
+    return read
+
+
+def _fixed(width: int, convert: Callable[[bytes, int], Any]) -> _Body:
+    def read(buf: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+        nxt = pos + width
+        if nxt > end:
+            raise _Malformed
+        return convert(buf, pos), nxt
+
+    return read
+
+
+def _variable(size_width: int, convert: Callable[[bytes], Any]) -> _Body:
+    if size_width == 1:
+
+        def read(buf: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+            if pos >= end:
+                raise _Malformed
+            start = pos + 1
+            nxt = start + buf[pos]
+            if nxt > end:
+                raise _Malformed
+            return convert(buf[start:nxt]), nxt
+
+    else:
+
+        def read(buf: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+            start = pos + 4
+            if start > end:
+                raise _Malformed
+            nxt = start + _u32(buf, pos)[0]
+            if nxt > end:
+                raise _Malformed
+            return convert(buf[start:nxt]), nxt
+
+    return read
+
+
+def _bounds(buf: bytes, pos: int, end: int, wide: bool) -> tuple[int, int, int]:
+    """Size and count of a compound or array: return (count, first item pos, end pos)."""
+    if wide:
+        if pos + 8 > end:
+            raise _Malformed
+        size, count = _u32x2(buf, pos)
+        first = pos + 8
+        cend = pos + 4 + size
+        if size < 4 or cend > end:
+            raise _Malformed
+    else:
+        if pos + 2 > end:
+            raise _Malformed
+        size = buf[pos]
+        count = buf[pos + 1]
+        first = pos + 2
+        cend = pos + 1 + size
+        if size < 1 or cend > end:
+            raise _Malformed
+    return count, first, cend
+
+
+def _list(wide: bool) -> _Body:
+    def read(buf: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+        count, pos, cend = _bounds(buf, pos, end, wide)
+        if count > cend - pos or depth > _MAX_DEPTH:  # each item takes >= 1 octet
+            raise _Malformed
+        items = []
+        append = items.append
+        depth += 1
+        for _ in range(count):
+            item, pos = _read(buf, pos, cend, depth)
+            append(item)
+        if pos != cend:
+            raise _Malformed
+        return items, pos
+
+    return read
+
+
+def _map(wide: bool) -> _Body:
+    def read(buf: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+        count, pos, cend = _bounds(buf, pos, end, wide)
+        if count & 1 or count > cend - pos or depth > _MAX_DEPTH:
+            raise _Malformed
+        result: dict[Any, Any] = {}
+        depth += 1
+        for _ in range(count >> 1):
+            key, pos = _read(buf, pos, cend, depth)
+            value, pos = _read(buf, pos, cend, depth)
+            try:
+                result[key] = value
+            except TypeError:  # a list or map used as a key: keep it, as its repr
+                result[repr(key)] = value
+        if pos != cend:
+            raise _Malformed
+        return result, pos
+
+    return read
+
+
+_ZERO_WIDTH = frozenset((0x40, 0x41, 0x42, 0x43, 0x44, 0x45))
+
+
+def _array(wide: bool) -> _Body:
+    def read(buf: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+        count, pos, cend = _bounds(buf, pos, end, wide)
+        if depth > _MAX_DEPTH:
+            raise _Malformed
+        depth += 1
+        if count == 0 and pos == cend:  # lenient: an empty array without element constructor
+            return [], pos
+        descriptors = []
+        while True:  # element constructor: format code, or 0x00 descriptor constructor
+            if pos >= cend:
+                raise _Malformed
+            code = buf[pos]
+            if code != 0x00:
+                break
+            if len(descriptors) > _MAX_DEPTH:
+                raise _Malformed
+            descriptor, pos = _read(buf, pos + 1, cend, depth)
+            descriptors.append(descriptor)
+        reader = _BODY[code]
+        if reader is None:
+            raise _Malformed
+        pos += 1
+        if code in _ZERO_WIDTH:
+            if count > _MAX_ZERO_WIDTH_ARRAY:
+                raise _Malformed
+        elif count > cend - pos:  # each element takes >= 1 octet
+            raise _Malformed
+        items = []
+        append = items.append
+        for _ in range(count):
+            item, pos = reader(buf, pos, cend, depth)
+            append(item)
+        if pos != cend:
+            raise _Malformed
+        for descriptor in reversed(descriptors):
+            items = [Described(descriptor, item) for item in items]
+        return items, pos
+
+    return read
+
+
+def _char(buf: bytes, pos: int) -> str:
+    cp = _u32(buf, pos)[0]
+    if cp > 0x10FFFF or 0xD800 <= cp <= 0xDFFF:
+        return "\ufffd"
+    return chr(cp)
+
+
+def _bid(bits: int, total: int, exp_bits: int, bias: int, max_coefficient: int) -> Decimal:
+    """IEEE 754-2008 decimal in the Binary Integer Decimal encoding (part 1 1.6.13-1.6.15)."""
+    sign = bits >> (total - 1)
+    if (bits >> (total - 3)) & 3 == 3:
+        if (bits >> (total - 5)) & 0xF == 0xF:  # combination field 1111x: infinity or NaN
+            if (bits >> (total - 6)) & 1:
+                return Decimal("NaN")
+            return Decimal("-Infinity" if sign else "Infinity")
+        tail = total - 3 - exp_bits
+        exponent = (bits >> tail) & ((1 << exp_bits) - 1)
+        coefficient = (0b100 << tail) | (bits & ((1 << tail) - 1))
+    else:
+        tail = total - 1 - exp_bits
+        exponent = (bits >> tail) & ((1 << exp_bits) - 1)
+        coefficient = bits & ((1 << tail) - 1)
+    if coefficient > max_coefficient:  # non-canonical: the standard reads it as zero
+        coefficient = 0
+    return Decimal((sign, tuple(map(int, str(coefficient))), exponent - bias))
+
+
+def _utf8(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace")
+
+
+def _symbol(raw: bytes) -> Symbol:
+    return Symbol(raw.decode("utf-8", "replace"))  # ASCII by the spec; be lenient
+
+
+def _install() -> None:
+    b = _BODY
+    b[0x40] = _constant(None)  # null
+    b[0x41] = _constant(True)
+    b[0x42] = _constant(False)
+    b[0x43] = _constant(0)  # uint0
+    b[0x44] = _constant(0)  # ulong0
+    b[0x45] = lambda buf, pos, end, depth: ([], pos)  # list0 (a fresh list each time)
+    b[0x56] = _fixed(1, lambda buf, pos: buf[pos] != 0)  # boolean
+    b[0x50] = _fixed(1, lambda buf, pos: buf[pos])  # ubyte
+    b[0x52] = b[0x50]  # smalluint
+    b[0x53] = b[0x50]  # smallulong
+    b[0x51] = _fixed(1, lambda buf, pos: buf[pos] - 256 if buf[pos] > 127 else buf[pos])  # byte
+    b[0x54] = b[0x51]  # smallint
+    b[0x55] = b[0x51]  # smalllong
+    b[0x60] = _fixed(2, lambda buf, pos: _u16(buf, pos)[0])  # ushort
+    b[0x61] = _fixed(2, lambda buf, pos: _i16(buf, pos)[0])  # short
+    b[0x70] = _fixed(4, lambda buf, pos: _u32(buf, pos)[0])  # uint
+    b[0x71] = _fixed(4, lambda buf, pos: _i32(buf, pos)[0])  # int
+    b[0x72] = _fixed(4, lambda buf, pos: _f32(buf, pos)[0])  # float
+    b[0x73] = _fixed(4, _char)  # char (UTF-32BE)
+    b[0x74] = _fixed(4, lambda buf, pos: _bid(_u32(buf, pos)[0], 32, 8, 101, 10**7 - 1))
+    b[0x80] = _fixed(8, lambda buf, pos: _u64(buf, pos)[0])  # ulong
+    b[0x81] = _fixed(8, lambda buf, pos: _i64(buf, pos)[0])  # long
+    b[0x82] = _fixed(8, lambda buf, pos: _f64(buf, pos)[0])  # double
+    b[0x83] = _fixed(8, lambda buf, pos: Timestamp(_i64(buf, pos)[0]))  # timestamp (ms64)
+    b[0x84] = _fixed(8, lambda buf, pos: _bid(_u64(buf, pos)[0], 64, 10, 398, 10**16 - 1))
+    b[0x94] = _fixed(
+        16,
+        lambda buf, pos: _bid(int.from_bytes(buf[pos : pos + 16], "big"), 128, 14, 6176, 10**34 - 1),
+    )
+    b[0x98] = _fixed(16, lambda buf, pos: uuid.UUID(bytes=bytes(buf[pos : pos + 16])))
+    b[0xA0] = _variable(1, bytes)  # vbin8
+    b[0xB0] = _variable(4, bytes)  # vbin32
+    b[0xA1] = _variable(1, _utf8)  # str8-utf8
+    b[0xB1] = _variable(4, _utf8)  # str32-utf8
+    b[0xA3] = _variable(1, _symbol)  # sym8
+    b[0xB3] = _variable(4, _symbol)  # sym32
+    b[0xC0] = _list(False)
+    b[0xD0] = _list(True)
+    b[0xC1] = _map(False)
+    b[0xD1] = _map(True)
+    b[0xE0] = _array(False)
+    b[0xF0] = _array(True)
+
+
+_install()
+
+
+def decode_amqp_value(data: bytes) -> Any:
+    """Decode exactly one AMQP 1.0 encoded value (part 1) that fills all of ``data``.
+
+    Python shapes: null None; boolean bool; (u)byte/short/int/long int; float/double float;
+    decimal32/64/128 decimal.Decimal; char str; timestamp Timestamp (int, ms); uuid
+    uuid.UUID; binary bytes; string str (invalid UTF-8 replaced); symbol Symbol (str); list
+    and array list; map dict (unhashable keys as their repr); described Described. Raises
+    ValueError when ``data`` is not exactly one valid encoding.
+    """
+    data = bytes(data)
+    try:
+        value, pos = _read(data, 0, len(data), 0)
+    except _Malformed:
+        raise ValueError("not a valid AMQP 1.0 encoding") from None
+    if pos != len(data):
+        raise ValueError("trailing bytes after the AMQP 1.0 value")
+    return value
+
+
+# Section codes of AMQP 1.0 part 3 section 3.2 and their symbolic descriptors.
+_HEADER, _DELIVERY_ANN, _MESSAGE_ANN, _PROPERTIES, _APP_PROPERTIES = 0x70, 0x71, 0x72, 0x73, 0x74
+_DATA, _SEQUENCE, _VALUE, _FOOTER = 0x75, 0x76, 0x77, 0x78
+_SECTION_BY_SYMBOL = {
+    "amqp:header:list": _HEADER,
+    "amqp:delivery-annotations:map": _DELIVERY_ANN,
+    "amqp:message-annotations:map": _MESSAGE_ANN,
+    "amqp:properties:list": _PROPERTIES,
+    "amqp:application-properties:map": _APP_PROPERTIES,
+    "amqp:data:binary": _DATA,
+    "amqp:amqp-sequence:list": _SEQUENCE,
+    "amqp:amqp-value:*": _VALUE,
+    "amqp:footer:map": _FOOTER,
+}
+_LIST_SECTIONS = (_HEADER, _PROPERTIES, _SEQUENCE)
+_MAP_SECTIONS = (_DELIVERY_ANN, _MESSAGE_ANN, _APP_PROPERTIES, _FOOTER)
+
+
+class _Message:
+    __slots__ = (
+        "annotations",
+        "properties",
+        "app_properties",
+        "data",
+        "sequence",
+        "has_sequence",
+        "value",
+        "has_value",
+    )
+
+    def __init__(self) -> None:
+        self.annotations: dict | None = None
+        self.properties: list | None = None
+        self.app_properties: dict | None = None
+        self.data: list[bytes] = []
+        self.sequence: list[Any] = []
+        self.has_sequence = False
+        self.value: Any = None
+        self.has_value = False
+
+
+def _parse_message(buf: bytes) -> _Message:
+    """Split ``buf`` into AMQP 1.0 sections; raise _Malformed unless all of it is sections."""
+    msg = _Message()
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        if buf[pos] != 0x00 or pos + 2 >= end:
+            raise _Malformed
+        code = buf[pos + 1]
+        if code == 0x53:  # smallulong descriptor: the usual form
+            section = buf[pos + 2]
+            pos += 3
+        elif code == 0x80:  # ulong descriptor: domain 0x00000000 in the high half
+            if pos + 10 > end:
+                raise _Malformed
+            section = _u64(buf, pos + 2)[0]
+            pos += 10
+        elif code == 0xA3 or code == 0xB3:  # symbolic descriptor, e.g. "amqp:data:binary"
+            name, pos = _BODY[code](buf, pos + 2, end, 0)  # type: ignore[misc]
+            section = _SECTION_BY_SYMBOL.get(name, -1)
+        else:
+            raise _Malformed
+        if section == _DATA:  # fast path: the body of nearly every message
+            code = buf[pos] if pos < end else -1
+            if code == 0xA0:
+                value, pos = _BODY[0xA0](buf, pos + 1, end, 0)  # type: ignore[misc]
+            elif code == 0xB0:
+                value, pos = _BODY[0xB0](buf, pos + 1, end, 0)  # type: ignore[misc]
+            else:
+                raise _Malformed
+            msg.data.append(value)
+            continue
+        if not _HEADER <= section <= _FOOTER:
+            raise _Malformed
+        value, pos = _read(buf, pos, end, 1)
+        if section in _LIST_SECTIONS:
+            if value is None and section != _SEQUENCE:
+                value = []
+            if type(value) is not list:
+                raise _Malformed
+            if section == _PROPERTIES:
+                msg.properties = value
+            elif section == _SEQUENCE:
+                msg.sequence.extend(value)
+                msg.has_sequence = True
+        elif section in _MAP_SECTIONS:
+            if value is None:
+                value = {}
+            if type(value) is not dict:
+                raise _Malformed
+            if section == _MESSAGE_ANN:
+                msg.annotations = value
+            elif section == _APP_PROPERTIES:
+                msg.app_properties = value
+        else:  # amqp-value
+            msg.value = value
+            msg.has_value = True
+    return msg
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float)):
+        return int(value) if isinstance(value, Timestamp) else value
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return value.hex()
+    if isinstance(value, (Decimal, uuid.UUID)):
+        return str(value)
+    if isinstance(value, Described):
+        return {"descriptor": _jsonable(value.descriptor), "value": _jsonable(value.value)}
+    if isinstance(value, dict):
+        return {_text(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return repr(value)
+
+
+def _to_bytes(value: Any) -> bytes:
+    """Best-effort bytes for a foreign AMQP value (a header value or a non-binary body)."""
+    if type(value) is bytes:
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if value is None:
+        return b""
+    if value is True:
+        return b"true"
+    if value is False:
+        return b"false"
+    if isinstance(value, int):
+        return str(int(value)).encode()
+    if isinstance(value, float):
+        return repr(value).encode()
+    if isinstance(value, (Decimal, uuid.UUID)):
+        return str(value).encode()
+    return json.dumps(_jsonable(value), ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _text(value: Any) -> str:
+    """Best-effort str for a foreign AMQP value (a header key, subject or correlation id)."""
+    if type(value) is str:
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return value.hex()
+    return _to_bytes(value).decode("utf-8", "replace")
+
+
+def decode_record(data: bytes, default_timestamp_ns: int = 0) -> Record:
+    """Read one stored record, whoever wrote it. Never raises.
+
+    - An AMQP 1.0 message (part 3 section 3.2: sections in any order, descriptors as
+      smallulong, ulong or symbol) becomes a Record with:
+      value = the concatenated `data` sections (3.2.6); else the items of the
+      `amqp-sequence` sections (3.2.7) as a JSON array; else the `amqp-value` (3.2.8) as
+      bytes (binary as is, string/symbol as UTF-8, numbers as decimal text, true/false,
+      null as b"", lists/maps/described values as JSON); b"" when there is no body.
+      headers = application-properties (3.2.5), keys as str, values as bytes by the same rule.
+      subject, reply = properties.subject and reply-to (3.2.4); correlation_id =
+      properties.correlation-id as text (ulong in decimal, uuid in canonical form, binary as
+      UTF-8 or else hex). key, timestamp_ns, ack_inbox = the message-annotations (3.2.3)
+      ``x-opt-key`` (binary, or string as UTF-8), ``x-opt-timestamp-ns`` (long, ns) and
+      ``x-opt-ack-inbox`` (string); timestamp_ns is ``default_timestamp_ns`` when absent
+      (pass the chunk's timestamp, in ns).
+    - Anything that is not exactly an AMQP 1.0 message (raw bytes, truncated or trailing
+      garbage, unknown constructors, nesting deeper than 64) becomes
+      Record(value=data, timestamp_ns=default_timestamp_ns): no key, no headers.
+    """
+    if type(data) is not bytes:
+        data = bytes(data)
+    try:
+        msg = _parse_message(data)
+        return _to_record(msg, default_timestamp_ns)
+    except Exception:  # malformed, or a defect here: the bytes are still the value
+        return Record(value=data, timestamp_ns=default_timestamp_ns)
+
+
+def _to_record(msg: _Message, default_timestamp_ns: int) -> Record:
+    if msg.data:
+        value = msg.data[0] if len(msg.data) == 1 else b"".join(msg.data)
+    elif msg.has_sequence:
+        value = _to_bytes(msg.sequence)
+    elif msg.has_value:
+        value = _to_bytes(msg.value)
+    else:
+        value = b""
+    record = Record(value=value, timestamp_ns=default_timestamp_ns)
+
+    ann = msg.annotations
+    if ann:
+        key = ann.get(ANNOTATION_KEY)
+        if type(key) is bytes:
+            record.key = key
+        elif isinstance(key, str):
+            record.key = key.encode("utf-8")
+        ts = ann.get(ANNOTATION_TIMESTAMP_NS)
+        if type(ts) is int:
+            record.timestamp_ns = ts
+        ack = ann.get(ANNOTATION_ACK_INBOX)
+        if isinstance(ack, str):
+            record.ack_inbox = ack if type(ack) is str else str.__str__(ack)
+
+    props = msg.properties
+    if props:
+        n = len(props)
+        if n > 3 and props[3] is not None:
+            record.subject = _text(props[3])
+        if n > 4 and props[4] is not None:
+            record.reply = _text(props[4])
+        if n > 5 and props[5] is not None:
+            record.correlation_id = _text(props[5])
+
+    app = msg.app_properties
+    if app:
+        headers = record.headers
+        for name, hval in app.items():
+            headers[name if type(name) is str else _text(name)] = (
+                hval if type(hval) is bytes else _to_bytes(hval)
+            )
+    return record
