@@ -304,8 +304,9 @@ class CommitLog:
         while self.committed_offset < offset:
             if self._closed:
                 raise LogClosedError(f"commit log {self.directory} is closed")
-            if self._waiter is None:
-                self._waiter = asyncio.get_running_loop().create_future()
+            loop = asyncio.get_running_loop()
+            if self._waiter is None or self._waiter.get_loop() is not loop:
+                self._waiter = loop.create_future()
             await self._waiter
 
     # -- reads --------------------------------------------------------------------------

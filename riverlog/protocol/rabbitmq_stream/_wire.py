@@ -31,15 +31,20 @@ _OFFSET_TYPES = {int(t): t for t in OffsetType}
 
 class Kind:
     """One wire type: ``read``/``write`` as described in the module comment. ``width`` is the
-    number of consecutive dataclass fields the kind fills (2 for an offset specification)."""
+    number of consecutive dataclass fields the kind fills (2 for an offset specification);
+    ``fmt`` is the struct format code of a fixed-size integer kind (rows made only of those
+    are read and written with one precompiled Struct)."""
 
-    __slots__ = ("name", "read", "write", "width")
+    __slots__ = ("name", "read", "write", "width", "fmt")
 
-    def __init__(self, name: str, read: ReadFn, write: WriteFn, width: int = 1) -> None:
+    def __init__(
+        self, name: str, read: ReadFn, write: WriteFn, width: int = 1, fmt: str = ""
+    ) -> None:
         self.name = name
         self.read = read
         self.write = write
         self.width = width
+        self.fmt = fmt
 
     def __repr__(self) -> str:
         return f"Kind({self.name})"
@@ -52,7 +57,7 @@ def _fixed(name: str, fmt: str) -> Kind:
     def read(b: bytes, o: int) -> tuple[int, int]:
         return unpack(b, o)[0], o + size
 
-    return Kind(name, read, s.pack)
+    return Kind(name, read, s.pack, fmt=fmt[1:])
 
 
 U8 = _fixed("u8", ">B")
@@ -282,6 +287,15 @@ BodyWriter = Callable[[Any], list]
 def body_reader(cls: type, kinds: tuple[Kind, ...], start: int) -> BodyReader:
     """``read(frame) -> (cls instance, end offset)``: reads ``kinds`` from ``frame[start:]``."""
     _check_width(cls, kinds)
+    if kinds and all(k.fmt for k in kinds):
+        fixed = struct.Struct(">" + "".join(k.fmt for k in kinds))
+        unpack, end = fixed.unpack_from, start + fixed.size
+
+        def read_fixed(b: bytes) -> tuple[Any, int]:
+            return cls(*unpack(b, start)), end
+
+        read_fixed.__qualname__ = f"read_{cls.__name__}"
+        return read_fixed
     steps = [(k.read, k.width == 1) for k in kinds]
 
     def read(b: bytes) -> tuple[Any, int]:
@@ -302,6 +316,21 @@ def body_reader(cls: type, kinds: tuple[Kind, ...], start: int) -> BodyReader:
 def body_writer(cls: type, kinds: tuple[Kind, ...]) -> BodyWriter:
     """``write(frame) -> [bytes, ...]``: the body parts of ``frame``, in wire order."""
     names = _check_width(cls, kinds)
+    if kinds and all(k.fmt for k in kinds):
+        pack = struct.Struct(">" + "".join(k.fmt for k in kinds)).pack
+        get_all = attrgetter(*names)
+        if len(names) == 1:
+
+            def write_one(frame: Any) -> list:
+                return [pack(get_all(frame))]
+
+            return write_one
+
+        def write_fixed(frame: Any) -> list:
+            return [pack(*get_all(frame))]
+
+        write_fixed.__qualname__ = f"write_{cls.__name__}"
+        return write_fixed
     steps = []
     i = 0
     for k in kinds:

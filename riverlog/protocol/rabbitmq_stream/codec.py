@@ -6,8 +6,9 @@
 # (the _CURRENT_ROWS table), never if-chains; bad peer bytes raise FrameError only.
 # Dialects: a Dialect is one such table. CURRENT is the protocol spoken since RabbitMQ 3.9; the
 # 2020 draft (seeds/rabbitmq-stream-PROTOCOL-draft.adoc) will be a second Dialect built from its
-# own rows (draft keys, no response bit, 0-based offset types) over the same frame classes,
-# chosen by the first frame (PeerProperties 0x11 current, 15 draft).
+# own rows (draft keys, 0-based offset types) over the same frame classes where layouts agree,
+# chosen by the first frame (PeerProperties 0x11 current, 15 draft). The draft reuses request
+# keys for responses, so its readers must be split by direction: one Dialect per peer role.
 # Wire facts: reference/rabbitmq-stream-protocol.md; 0x1f ResolveOffsetSpec and the frame_max
 # check from rabbit_stream_core.erl (rabbitmq-server 5b09e556).
 from __future__ import annotations
@@ -20,7 +21,6 @@ from . import frames as f
 from ._wire import (
     BOOL,
     BYTES,
-    I64,
     INT_MAP,
     MAP,
     OFFSET_SPEC,
@@ -329,8 +329,9 @@ class FrameDecoder:
     ``max_frame_size`` bounds the u32 size field of a frame (the bytes after the size itself,
     as rabbit_stream_core.erl checks it), 0 meaning no limit. A server starts at
     ``INITIAL_FRAME_MAX`` (8192) and raises it to the negotiated frame_max after Open; a new
-    value applies to frames whose size field has not been read yet. A frame above the limit is
-    refused as soon as its size field arrives, without buffering its body.
+    value takes effect on the next ``feed``. A frame above the limit is refused as soon as its
+    size field arrives, without buffering its body. ``dialect`` may be swapped between feeds
+    (after the first frame tells the dialect apart).
 
     Errors are final: after a FrameError every later ``feed`` raises FrameError again (the
     connection must be closed with ``error.code``). Frames that preceded the bad one in the same
