@@ -79,23 +79,21 @@ class CommitLog:
         for leftover in os.listdir(self.directory):
             if leftover.endswith((".cleaned", ".tmp")):
                 os.unlink(os.path.join(self.directory, leftover))
-        expected = 0
+        expected = None
         cut = False
-        for n, name in enumerate(names):
-            base = int(name[:-len(SEGMENT_SUFFIX)])
-            seg = Segment(self.directory, base)
-            if cut or (n and base < expected):
-                reason = "follows a truncated segment" if cut else "overlaps the previous one"
+        for name in names:
+            seg = Segment(self.directory, int(name[:-len(SEGMENT_SUFFIX)]))
+            if cut or (expected is not None and seg.base_offset != expected):
+                reason = ("follows a truncated segment" if cut else
+                          f"starts at offset {seg.base_offset} but the log before it ends "
+                          f"before offset {expected}")
                 self.report.problems.append(f"{seg.path}: dropped, {reason}")
                 self.report.dropped_segments.append(seg.path)
                 self.report.truncated_bytes += seg.file_size()
                 seg.delete()
+                cut = True
                 continue
-            cut = recover_segment(seg, expected if n else base, self.config.verify_on_open,
-                                  self.report)
-            if not len(seg.index) and self._segments:
-                seg.delete()  # an empty segment that is not the first adds nothing
-                continue
+            cut = recover_segment(seg, self.config.verify_on_open, self.report)
             self._segments.append(seg)
             expected = seg.next_offset
         if not self._segments:
@@ -183,15 +181,32 @@ class CommitLog:
                                    chunk_type: int = chunkfmt.CHUNK_USER,
                                    trailer: bytes = b"", bloom_size: int = 0) -> range:
         """``append_entries`` for the event loop (see ``append_async``)."""
+        offsets = self.write_entries(data, num_entries, num_records, timestamp_ms=timestamp_ms,
+                                     chunk_type=chunk_type, trailer=trailer,
+                                     bloom_size=bloom_size)
+        if self.needs_flush:
+            await self.flush()
+        return offsets
+
+    def write_entries(self, data: bytes, num_entries: int, num_records: int, *,
+                      timestamp_ms: int | None = None, chunk_type: int = chunkfmt.CHUNK_USER,
+                      trailer: bytes = b"", bloom_size: int = 0) -> range:
+        """Write a chunk now, without waiting for fsync (for callers on the event loop that
+        must keep arrival order). Under ``Durability.ALWAYS`` the chunk is committed only
+        after ``await flush()`` (check ``needs_flush``); under the other policies it is
+        committed at once and an interval fsync is scheduled."""
         offsets = self._write(data, num_entries, num_records, timestamp_ms, chunk_type,
                               trailer, bloom_size)
-        if self.config.durability is Durability.ALWAYS:
-            await self.flush()
-        else:
+        if not self.needs_flush:
             self._after_write_async()
             if self.auto_commit:
                 self.commit(offsets[-1])
         return offsets
+
+    @property
+    def needs_flush(self) -> bool:
+        """True when appends are committed only by ``flush`` (``Durability.ALWAYS``)."""
+        return self.config.durability is Durability.ALWAYS
 
     def _write(self, data: bytes, num_entries: int, num_records: int,
                timestamp_ms: int | None, chunk_type: int, trailer: bytes,

@@ -14,15 +14,17 @@ from typing import Callable, Sequence
 
 from . import chunk as chunkfmt
 from .index import ENTRY
-from .segment import COMPACTED_SUFFIX, INDEX_SUFFIX, SEGMENT_SUFFIX, Segment, segment_name
+from .segment import (COMPACTED_SUFFIX, INDEX_SUFFIX, SEGMENT_SUFFIX, Segment, segment_name,
+                      write_compacted_marker)
 
 _READ_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(slots=True)
 class CompactionResult:
-    """What a compaction did: segments rewritten (by base offset) and emptied, and the
-    record and byte counts before and after over those segments."""
+    """What a compaction did: segments rewritten (by base offset; ``emptied`` lists those
+    left with no record, kept as empty files so offsets stay contiguous across segments),
+    and the record and byte counts before and after over those segments."""
 
     rewritten: list[int] = field(default_factory=list)
     emptied: list[int] = field(default_factory=list)
@@ -113,12 +115,9 @@ def _rewrite(seg: Segment, latest: dict[bytes, int], key_of, result: CompactionR
     result.bytes_after += pos
     if not entries_out:
         result.emptied.append(seg.base_offset)
-        os.unlink(out_path)
-        return
     with open(index_out, "wb") as f:
         f.write(b"".join(ENTRY.pack(*e) for e in entries_out))
-    with open(stem + COMPACTED_SUFFIX, "wb") as f:
-        os.fsync(f.fileno())
+    write_compacted_marker(stem + COMPACTED_SUFFIX, seg.next_offset)
     _fsync_dir(seg.directory)
     os.replace(out_path, stem + SEGMENT_SUFFIX)
     os.replace(index_out, stem + INDEX_SUFFIX)
@@ -138,7 +137,7 @@ def compact_segments(segments: Sequence[Segment], committed: int,
                      key_of: Callable[[bytes], bytes | None]) -> CompactionResult:
     """Rewrite (in place, crash-safely) every closed, fully committed segment of
     ``segments`` (oldest first, the last one being active). Blocking: run it in a thread.
-    Emptied segments are left for ``install_compacted`` to delete."""
+    """
     result = CompactionResult()
     closed = [s for s in segments[:-1] if len(s.index) and s.next_offset - 1 <= committed]
     if not closed:
@@ -150,14 +149,11 @@ def compact_segments(segments: Sequence[Segment], committed: int,
 
 
 def install_compacted(segments: list[Segment], result: CompactionResult) -> list[Segment]:
-    """Swap the rewritten segments into ``segments`` (on the owner's thread) and delete the
-    emptied ones. Returns the new list."""
+    """Swap the rewritten segments into ``segments`` (on the owner's thread).
+    Returns the new list."""
     out = []
-    rewritten, emptied = set(result.rewritten), set(result.emptied)
+    rewritten = set(result.rewritten)
     for seg in segments:
-        if seg.base_offset in emptied:
-            seg.delete()
-            continue
         if seg.base_offset in rewritten:
             seg.close()
             seg = Segment(seg.directory, seg.base_offset)

@@ -53,7 +53,8 @@ class ChunkIndex:
             return False
         prev_offset = prev_pos = -1
         for first, ts, epoch, pos, records in ENTRY.iter_unpack(raw):
-            if first <= prev_offset or pos <= prev_pos or records == 0:
+            if (first <= prev_offset or pos <= prev_pos or records == 0
+                    or first >= 1 << 63 or epoch >= 1 << 63):
                 self.clear()
                 return False
             self._append(first, ts, epoch, pos, records)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from . import chunk as chunkfmt
-from .segment import COMPACTED_SUFFIX, SEGMENT_SUFFIX, Segment
+from .segment import COMPACTED_SUFFIX, SEGMENT_SUFFIX, Segment, read_compacted_marker
 
 log = logging.getLogger("riverlog.log.recovery")
 
@@ -118,17 +118,17 @@ class ChunkScanner:
             self.end = pos
 
 
-def recover_segment(seg: Segment, expected_base: int, full: bool,
+def recover_segment(seg: Segment, full: bool,
                     report: RecoveryReport) -> bool:
     """Load and check ``seg``; trim what fails. Returns True if data was cut from it.
 
-    ``expected_base`` is the lowest offset its first chunk may start at (the previous
-    segment's next offset). ``full`` checks every chunk instead of trusting the index.
+    The first chunk must start at the segment's base offset (or later, in a compacted
+    segment). ``full`` checks every chunk instead of trusting the index.
     """
     file_size = seg.file_size()
     idx = seg.index
     loaded = not full and idx.load()
-    if loaded and len(idx) and (idx.offsets[0] < expected_base or idx.positions[0] != 0):
+    if loaded and len(idx) and (idx.offsets[0] < seg.base_offset or idx.positions[0] != 0):
         loaded = False
     if not loaded:
         idx.clear()
@@ -148,8 +148,7 @@ def recover_segment(seg: Segment, expected_base: int, full: bool,
         expected = idx.offsets[trusted] + idx.records[trusted]
         min_ts = idx.timestamps[trusted]
     else:
-        pos, min_ts = 0, 0
-        expected = expected_base if seg.compacted else max(expected_base, seg.base_offset)
+        pos, min_ts, expected = 0, 0, seg.base_offset
     scan = ChunkScanner(seg.fd, pos, expected, file_size, seg.compacted)
     for chunk_pos, header in scan:
         min_ts = max(header.timestamp_ms, min_ts)  # keep index timestamps non-decreasing
@@ -158,7 +157,7 @@ def recover_segment(seg: Segment, expected_base: int, full: bool,
     if len(idx) != indexed_before or not loaded:
         idx.rewrite()
     seg.size = end
-    seg.next_offset = (idx.offsets[-1] + idx.records[-1]) if len(idx) else seg.base_offset
+    seg.next_offset = seg.indexed_next_offset()
     seg.created_ms = seg.first_timestamp_ms
     cut = file_size - end
     if why is None and not cut:
@@ -181,13 +180,15 @@ def verify_partition(directory: str) -> RecoveryReport:
     for name in names:
         path = os.path.join(directory, name)
         base = int(name[:-len(SEGMENT_SUFFIX)])
-        compacted = os.path.exists(path[:-len(SEGMENT_SUFFIX)] + COMPACTED_SUFFIX)
+        end_mark = read_compacted_marker(path[:-len(SEGMENT_SUFFIX)] + COMPACTED_SUFFIX)
+        compacted = end_mark is not None
         fd = os.open(path, os.O_RDONLY)
         try:
             size = os.fstat(fd).st_size
-            start = expected if compacted and expected is not None else base
-            if expected is not None and start < expected:
-                report.problems.append(f"{path}: overlaps the previous segment")
+            start = base
+            if expected is not None and base != expected:
+                report.problems.append(f"{path}: starts at offset {base}, the previous "
+                                       f"segment ends before offset {expected}")
             scan = ChunkScanner(fd, 0, start, size, compacted)
             last = None
             for _, header in scan:
@@ -197,5 +198,5 @@ def verify_partition(directory: str) -> RecoveryReport:
         if scan.problem:
             report.problems.append(f"{path}: {scan.problem}")
             report.truncated_bytes += size - scan.end
-        expected = last.next_offset if last else start
+        expected = max(last.next_offset if last else start, end_mark or 0)
     return report

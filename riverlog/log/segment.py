@@ -18,6 +18,25 @@ INDEX_SUFFIX = ".index"
 COMPACTED_SUFFIX = ".compacted"
 
 
+def read_compacted_marker(path: str) -> int | None:
+    """The next offset recorded in a ``.compacted`` marker, or None when there is none
+    (a marker too short to read counts as none: the segment is then checked strictly)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(8)
+    except FileNotFoundError:
+        return None
+    return int.from_bytes(raw, "big") if len(raw) == 8 else None
+
+
+def write_compacted_marker(path: str, next_offset: int) -> None:
+    """Write and fsync a ``.compacted`` marker holding ``next_offset`` (u64, big-endian)."""
+    with open(path, "wb") as f:
+        f.write(next_offset.to_bytes(8, "big"))
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def segment_name(base_offset: int) -> str:
     """File stem of the segment whose base offset is ``base_offset``: 20 zero-padded digits."""
     return f"{base_offset:020d}"
@@ -50,12 +69,14 @@ class Segment:
     """A segment file and its index.
 
     ``size`` is the number of valid bytes (the append position); ``next_offset`` is the offset
-    after the last record; ``compacted`` marks a segment rewritten by compaction, whose chunks
-    may leave gaps between offsets.
+    after the segment's last record. ``compacted_end`` is set for a segment rewritten by
+    compaction (read from its ``.compacted`` marker, which holds the segment's next offset
+    from before compaction as a u64): its chunks may leave gaps between offsets, and its
+    next offset stays what it was even when compaction removed its last records.
     """
 
     __slots__ = ("directory", "base_offset", "path", "index", "fd", "size", "next_offset",
-                 "compacted", "created_ms", "unsynced")
+                 "compacted_end", "created_ms", "unsynced")
 
     def __init__(self, directory: str, base_offset: int) -> None:
         self.directory = directory
@@ -66,11 +87,21 @@ class Segment:
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         self.size = 0
         self.next_offset = base_offset
-        self.compacted = os.path.exists(stem + COMPACTED_SUFFIX)
+        self.compacted_end = read_compacted_marker(stem + COMPACTED_SUFFIX)
         self.created_ms = 0
         self.unsynced = False
 
     # -- facts --------------------------------------------------------------------------
+    @property
+    def compacted(self) -> bool:
+        return self.compacted_end is not None
+
+    def indexed_next_offset(self) -> int:
+        """Next offset as the chunks tell it (and the compaction marker, when present)."""
+        idx = self.index
+        n = idx.offsets[-1] + idx.records[-1] if len(idx) else self.base_offset
+        return max(n, self.compacted_end or 0)
+
     @property
     def first_offset(self) -> int:
         """Offset of the first record kept (the base offset unless compaction removed it)."""
@@ -102,8 +133,7 @@ class Segment:
         if not self.index.load():
             raise OSError(f"cannot load the index of {self.path}")
         self.size = self.file_size()
-        idx = self.index
-        self.next_offset = idx.offsets[-1] + idx.records[-1] if len(idx) else self.base_offset
+        self.next_offset = self.indexed_next_offset()
         self.created_ms = self.first_timestamp_ms
 
     # -- writes -------------------------------------------------------------------------
@@ -128,10 +158,12 @@ class Segment:
         self.size = self.index.positions[n] if n < len(self.index) else self.size
         self.index.truncate(n)
         os.ftruncate(self.fd, self.size)
-        if len(self.index):
-            self.next_offset = self.index.offsets[-1] + self.index.records[-1]
-        else:
-            self.next_offset = self.base_offset
+        if self.compacted_end is not None:
+            self.compacted_end = None
+            end = self.indexed_next_offset()
+            write_compacted_marker(self.path[:-len(SEGMENT_SUFFIX)] + COMPACTED_SUFFIX, end)
+            self.compacted_end = end
+        self.next_offset = self.indexed_next_offset()
         self.unsynced = True
 
     def close(self) -> None:
@@ -142,14 +174,16 @@ class Segment:
             self.fd = -1
 
     def delete(self) -> None:
-        """Close and remove the segment, its index and its compaction marker."""
+        """Close and remove the segment and every file named after it (index, markers,
+        snapshots kept by the owner: ``<base>.*``)."""
         self.close()
-        stem = os.path.join(self.directory, segment_name(self.base_offset))
-        for suffix in (SEGMENT_SUFFIX, INDEX_SUFFIX, COMPACTED_SUFFIX):
-            try:
-                os.unlink(stem + suffix)
-            except FileNotFoundError:
-                pass
+        prefix = segment_name(self.base_offset) + "."
+        for name in os.listdir(self.directory):
+            if name.startswith(prefix):
+                try:
+                    os.unlink(os.path.join(self.directory, name))
+                except FileNotFoundError:
+                    pass
 
     # -- reads --------------------------------------------------------------------------
     def read_chunks(self, start: int, stop: int, verify: bool) -> list[ChunkSlice]:
