@@ -5,45 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import sys
 
 import click
 
 from . import __version__
-from .config import Durability, LogConfig
+from .config import Durability, LogConfig, RabbitStreamConfig, ServerConfig
 from .errors import RiverlogError
-from .log import CommitLog
 from .log.recovery import verify_partition
+from .server.app import App
 
 log = logging.getLogger("riverlog")
 
-STREAMS_DIR = "streams"
 _DEFAULTS = LogConfig()
+_DEFAULT_STREAM = RabbitStreamConfig()
 
 
 def _setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def _partition_dirs(data_dir: str) -> list[str]:
-    """Partition folders under ``DATA/streams/<stream>/<partition>``."""
-    root = os.path.join(data_dir, STREAMS_DIR)
-    if not os.path.isdir(root):
-        return []
-    out = []
-    for stream in sorted(os.listdir(root)):
-        sdir = os.path.join(root, stream)
-        if os.path.isdir(sdir):
-            out.extend(os.path.join(sdir, p) for p in sorted(os.listdir(sdir), key=_num)
-                       if p.isdigit())
-    return out
-
-
-def _num(name: str) -> int:
-    return int(name) if name.isdigit() else -1
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -55,6 +36,14 @@ def main() -> None:
 @main.command()
 @click.option("-d", "--data-dir", default="./data", show_default=True,
               type=click.Path(file_okay=False), help="Where streams are stored.")
+@click.option("--host", default=_DEFAULT_STREAM.host, show_default=True,
+              help="Address the doors listen on (loopback by default).")
+@click.option("--stream-port", type=int, default=_DEFAULT_STREAM.port, show_default=True,
+              help="RabbitMQ Stream port (0 picks a free port).")
+@click.option("--advertised-host", default=None,
+              help="Host clients are told to connect to (default: --host).")
+@click.option("--advertised-port", type=int, default=None,
+              help="Port clients are told to connect to (default: the stream port).")
 @click.option("--durability", type=click.Choice([d.value for d in Durability]),
               default=_DEFAULTS.durability.value, show_default=True,
               help="When appends are fsynced (see docs/durability.md).")
@@ -62,39 +51,50 @@ def main() -> None:
               show_default=True, help="Fsync period for --durability interval.")
 @click.option("--level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]), help="Log level.")
-def serve(data_dir: str, durability: str, fsync_interval_ms: int, level: str) -> None:
+def serve(data_dir: str, host: str, stream_port: int, advertised_host: str | None,
+          advertised_port: int | None, durability: str, fsync_interval_ms: int,
+          level: str) -> None:
     """Run the server on DATA_DIR until SIGINT or SIGTERM.
 
-    Today this opens and recovers every stored partition and keeps them open; the
-    protocol doors (RabbitMQ Stream, NATS, gRPC) attach here as they land.
+    Serves the RabbitMQ Stream protocol (rstream, rbfly, the Java/Go/.NET/Node clients) on
+    --host:--stream-port, user guest/guest from loopback.
     """
     _setup_logging(level)
-    config = LogConfig(durability=Durability(durability), fsync_interval_ms=fsync_interval_ms)
     try:
-        asyncio.run(_serve(data_dir, config))
+        config = ServerConfig(
+            data_dir=data_dir,
+            log=LogConfig(durability=Durability(durability), fsync_interval_ms=fsync_interval_ms),
+            rabbitmq_stream=RabbitStreamConfig(host=host, port=stream_port,
+                                               advertised_host=advertised_host,
+                                               advertised_port=advertised_port))
+        _run(_serve(config))
     except (RiverlogError, OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
 
 
-async def _serve(data_dir: str, config: LogConfig) -> None:
-    os.makedirs(os.path.join(data_dir, STREAMS_DIR), exist_ok=True)
-    logs = []
-    for path in _partition_dirs(data_dir):
-        clog = CommitLog(path, config)
-        logs.append(clog)
-        log.info("partition %s: offsets %d..%d, %d bytes", path, clog.first_offset,
-                 clog.last_offset, clog.size_bytes)
+def _run(main_coro) -> None:
+    """Run on uvloop when it is installed, else on asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main_coro)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main_coro)
+
+
+async def _serve(config: ServerConfig) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    log.info("riverlog %s serving %s (%d partitions, durability %s); press Ctrl-C to stop",
-             __version__, os.path.abspath(data_dir), len(logs), config.durability.value)
-    await stop.wait()
-    log.info("shutting down: closing %d partitions", len(logs))
-    for clog in logs:
-        await clog.aclose()
-    log.info("stopped")
+    app = App(config)
+    await app.start()
+    log.info("press Ctrl-C to stop")
+    try:
+        await stop.wait()
+    finally:
+        await app.stop()
 
 
 @main.group("log")

@@ -49,3 +49,45 @@ class LogConfig:
                 raise ValueError(f"{name} must be >= 0")
         if not isinstance(self.durability, Durability):
             object.__setattr__(self, "durability", Durability(self.durability))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RabbitStreamConfig:
+    """The RabbitMQ Stream door (TCP). ``port`` 0 picks a free port.
+
+    ``users`` maps user name to password (PLAIN); users in ``loopback_users`` may connect
+    only from a loopback address, as in RabbitMQ. ``advertised_host``/``advertised_port`` are
+    what Metadata and Open tell clients to connect to (default: the bind address and port).
+    ``frame_max`` in bytes and ``heartbeat_s`` in seconds are the server's Tune proposals.
+    Publishers with more than ``max_unconfirmed`` unconfirmed messages are paused until they
+    drop below ``resume_unconfirmed`` (RabbitMQ's 50 000 / 12 500).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 5552
+    advertised_host: str | None = None
+    advertised_port: int | None = None
+    frame_max: int = 1_048_576
+    heartbeat_s: int = 60
+    users: tuple[tuple[str, str], ...] = (("guest", "guest"),)
+    loopback_users: tuple[str, ...] = ("guest",)
+    max_unconfirmed: int = 50_000
+    resume_unconfirmed: int = 12_500
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError("stream port must be between 0 and 65535")
+        if self.frame_max and self.frame_max < 8192:
+            raise ValueError("frame_max must be 0 (no limit) or at least 8192 bytes")
+        if self.heartbeat_s < 0:
+            raise ValueError("heartbeat_s must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Everything `riverlog serve` runs with: the data folder, the log defaults for every
+    partition, and one section per front door."""
+
+    data_dir: str = "./data"
+    log: LogConfig = dataclasses.field(default_factory=LogConfig)
+    rabbitmq_stream: RabbitStreamConfig = dataclasses.field(default_factory=RabbitStreamConfig)

@@ -33,3 +33,15 @@ class CorruptChunkError(LogError):
 
 class OffsetOutOfRangeError(LogError):
     """The requested offset is not in the log (removed by retention, or not yet written)."""
+
+
+class StreamNotFoundError(RiverlogError):
+    """No stream has that name (or that partition)."""
+
+
+class StreamExistsError(RiverlogError):
+    """A stream with that name exists already."""
+
+
+class InvalidArgumentError(RiverlogError, ValueError):
+    """A request carried a value the server cannot accept; the message names it."""

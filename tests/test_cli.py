@@ -1,11 +1,13 @@
-"""The `riverlog` command: serve starts, recovers stored partitions and stops cleanly on
-SIGTERM; `log verify` reports damage without changing files."""
+"""The `riverlog` command: serve starts, recovers stored streams, reports a taken port and
+stops cleanly on SIGTERM; `log verify` reports damage without changing files."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 
+from riverlog.broker import Broker
 from riverlog.log import CommitLog
 
 RIVERLOG = [sys.executable, "-m", "riverlog"]
@@ -16,14 +18,16 @@ def test_help_lists_commands():
     assert "serve" in out.stdout and "log" in out.stdout
 
 
-def test_serve_recovers_partitions_and_stops_on_sigterm(tmp_path):
-    part = tmp_path / "streams" / "orders" / "0"
-    with CommitLog(part) as clog:
-        clog.append([b"a", b"b"])
-    with open(clog.segments[-1].path, "ab") as f:
+def test_serve_recovers_streams_and_stops_on_sigterm(tmp_path):
+    broker = Broker(str(tmp_path))
+    broker.open()
+    partition = broker.create("orders").partitions[0]
+    partition.log.append([b"a", b"b"])
+    partition.log.close()
+    with open(partition.log.segments[-1].path, "ab") as f:
         f.write(b"torn")
-    proc = subprocess.Popen(RIVERLOG + ["serve", "-d", str(tmp_path)], stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(RIVERLOG + ["serve", "-d", str(tmp_path), "--stream-port", "0"],
+                            stderr=subprocess.PIPE, text=True)
     lines = []
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -32,12 +36,24 @@ def test_serve_recovers_partitions_and_stops_on_sigterm(tmp_path):
         if "press Ctrl-C" in line or not line:
             break
     assert any("truncated 4 bytes" in l for l in lines), lines
-    assert any("offsets 0..1" in l for l in lines), lines
+    assert any("(1 streams" in l for l in lines), lines
     proc.send_signal(signal.SIGTERM)
     _, rest = proc.communicate(timeout=30)
     assert proc.returncode == 0
     assert "stopped" in rest
-    assert os.path.getsize(clog.segments[-1].path) == CommitLog(part).size_bytes
+    reopened = CommitLog(partition.log.directory)
+    assert reopened.report.clean and reopened.next_offset == 2
+
+
+def test_serve_reports_a_taken_port(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run(RIVERLOG + ["serve", "-d", str(tmp_path), "--stream-port",
+                                         str(port)], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1
+    assert f"127.0.0.1:{port}" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_log_verify_is_read_only(tmp_path):

@@ -57,6 +57,8 @@ class CommitLog:
         self._flush_timer: asyncio.TimerHandle | None = None
         self._last_sync_ms = clock_ms()
         self._compacting = False
+        self.on_roll: Callable[[int], None] | None = None
+        """Called with the new base offset just before a new segment is created."""
         os.makedirs(self.directory, exist_ok=True)
         self.report = RecoveryReport()
         self._segments: list[Segment] = []
@@ -231,6 +233,8 @@ class CommitLog:
     def _roll(self, now_ms: int) -> Segment:
         old = self._segments[-1]
         old.index.flush()
+        if self.on_roll is not None:
+            self.on_roll(old.next_offset)
         seg = Segment(self.directory, old.next_offset)
         seg.created_ms = now_ms
         self._segments.append(seg)

@@ -1,0 +1,162 @@
+# The broker core: the registry of streams on disk, their creation and deletion, and the
+# periodic housekeeping (stored offsets, retention, compaction). Front doors call this; it
+# speaks the domain (streams, partitions, offsets), never a wire format.
+# Rules: one event loop owns the broker; a stream folder that cannot be opened is reported
+# and skipped, never fatal; deletion wakes every reader of the stream (LogClosedError) and
+# tells listeners so doors can notify their clients.
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import shutil
+from typing import Callable
+from urllib.parse import quote
+
+from ..config import LogConfig
+from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
+from ..record import decode_record
+from .stream import METADATA_FILE, Stream, StreamConfig
+
+log = logging.getLogger("riverlog.broker")
+
+STREAMS_DIR = "streams"
+HOUSEKEEPING_INTERVAL_S = 1.0
+MAX_NAME_BYTES = 255
+
+
+def _folder_name(name: str) -> str:
+    quoted = quote(name, safe="").replace(".", "%2E")
+    if len(quoted) <= 120:
+        return quoted
+    return "h-" + hashlib.sha256(name.encode()).hexdigest()
+
+
+def record_key(record: bytes) -> bytes | None:
+    """Compaction key of a stored record: its Liftbridge key (None when it has none)."""
+    return decode_record(record).key
+
+
+class Broker:
+    """All streams under ``DATA/streams``. Use ``open()`` then ``await close()``."""
+
+    def __init__(self, data_dir: str, log_defaults: LogConfig | None = None) -> None:
+        self.data_dir = data_dir
+        self.root = os.path.join(data_dir, STREAMS_DIR)
+        self.log_defaults = log_defaults or LogConfig()
+        self.streams: dict[str, Stream] = {}
+        self.deletion_listeners: list[Callable[[Stream], None]] = []
+        self._housekeeper: asyncio.Task | None = None
+        self._compacting: set[str] = set()
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def open(self) -> None:
+        """Open (and recover) every stream folder. A folder that cannot be read is logged
+        and left alone."""
+        os.makedirs(self.root, exist_ok=True)
+        for folder in sorted(os.listdir(self.root)):
+            path = os.path.join(self.root, folder)
+            if not os.path.isfile(os.path.join(path, METADATA_FILE)):
+                continue
+            try:
+                stream = Stream.load(path, self.log_defaults)
+            except (OSError, ValueError, TypeError, KeyError) as exc:
+                log.error("cannot open stream folder %s (skipped): %s", path, exc)
+                continue
+            self.streams[stream.name] = stream
+            log.info("stream %r: %d partition(s)", stream.name, len(stream.partitions))
+
+    def start(self) -> None:
+        """Start the periodic housekeeping task (needs a running event loop)."""
+        self._housekeeper = asyncio.get_running_loop().create_task(self._housekeeping())
+
+    async def close(self) -> None:
+        if self._housekeeper is not None:
+            self._housekeeper.cancel()
+            try:
+                await self._housekeeper
+            except asyncio.CancelledError:
+                pass
+        for stream in list(self.streams.values()):
+            await stream.close()
+        self.streams.clear()
+
+    # -- streams ------------------------------------------------------------------------
+    def get(self, name: str) -> Stream:
+        """The stream called ``name``; raises ``StreamNotFoundError``."""
+        try:
+            return self.streams[name]
+        except KeyError:
+            raise StreamNotFoundError(f"stream {name!r} does not exist") from None
+
+    def create(self, name: str, config: StreamConfig | None = None) -> Stream:
+        """Create a stream. Raises ``StreamExistsError`` when the name is taken and
+        ``InvalidArgumentError`` for an empty or too long name or bad settings."""
+        if not name or len(name.encode()) > MAX_NAME_BYTES:
+            raise InvalidArgumentError(f"a stream name is 1 to {MAX_NAME_BYTES} bytes")
+        if name in self.streams:
+            raise StreamExistsError(f"stream {name!r} already exists")
+        path = os.path.join(self.root, _folder_name(name))
+        if os.path.exists(path):  # a leftover of an interrupted delete
+            shutil.rmtree(path)
+        os.makedirs(path)
+        try:
+            stream = Stream(name, path, config or StreamConfig(), self.log_defaults)
+        except ValueError as exc:
+            shutil.rmtree(path, ignore_errors=True)
+            raise InvalidArgumentError(str(exc)) from None
+        stream.save_metadata()
+        self.streams[name] = stream
+        log.info("created stream %r (%d partition(s))", name, len(stream.partitions))
+        return stream
+
+    def delete(self, name: str) -> None:
+        """Delete a stream and its data. Readers waiting on it get ``LogClosedError``;
+        deletion listeners are told. Raises ``StreamNotFoundError``."""
+        stream = self.get(name)
+        del self.streams[name]
+        os.unlink(os.path.join(stream.directory, METADATA_FILE))
+        for partition in stream.partitions:
+            partition.delete()
+        shutil.rmtree(stream.directory, ignore_errors=True)
+        log.info("deleted stream %r", name)
+        for listener in list(self.deletion_listeners):
+            try:
+                listener(stream)
+            except Exception:  # a door's bug must not stop the deletion or other doors
+                log.exception("stream deletion listener failed")
+
+    # -- housekeeping -------------------------------------------------------------------
+    async def _housekeeping(self) -> None:
+        loop = asyncio.get_running_loop()
+        last_compaction: dict[str, float] = {}
+        while True:
+            await asyncio.sleep(HOUSEKEEPING_INTERVAL_S)
+            for stream in list(self.streams.values()):
+                for partition in stream.partitions:
+                    try:
+                        partition.housekeeping()
+                    except OSError as exc:
+                        log.error("housekeeping of %r: %s", partition, exc)
+                cfg = stream.config
+                interval = (cfg.cleaner_interval_ms or 300_000) / 1000
+                if (partition.log.config.compact and stream.name not in self._compacting
+                        and loop.time() - last_compaction.get(stream.name, 0) >= interval):
+                    last_compaction[stream.name] = loop.time()
+                    loop.create_task(self._compact(stream))
+
+    async def _compact(self, stream: Stream) -> None:
+        self._compacting.add(stream.name)
+        try:
+            for partition in stream.partitions:
+                if self.streams.get(stream.name) is not stream:
+                    return
+                result = await partition.log.compact(record_key)
+                if result.rewritten:
+                    log.info("compacted %r: %d -> %d records", partition,
+                             result.records_before, result.records_after)
+        except Exception:
+            log.exception("compaction of stream %r failed", stream.name)
+        finally:
+            self._compacting.discard(stream.name)

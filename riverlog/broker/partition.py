@@ -1,0 +1,116 @@
+# One partition of a stream: its commit log plus its tracking state (publisher sequences for
+# deduplication, stored consumer offsets). The only way front doors write and read data.
+# Rules: writes happen synchronously on the event loop, in arrival order; durability waits
+# (fsync) are awaited separately via ``flush``; nothing here knows any wire format.
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from ..config import LogConfig
+from ..log import ChunkSlice, CommitLog
+from ..log.chunk import encode_entries
+from .tracking import ConsumerOffsets, PublisherSequences
+
+
+def entry_records(entry: bytes) -> int:
+    """Records in one encoded entry: 1 for a simple entry, the sub-batch's count otherwise
+    (sub-batch header: ``1|codec|0000, records u16, ...``)."""
+    if entry[0] & 0x80:
+        return (entry[1] << 8) | entry[2]
+    return 1
+
+
+class Partition:
+    """Partition ``index`` of stream ``stream``, stored in ``directory``."""
+
+    def __init__(self, stream: str, index: int, directory: str, config: LogConfig) -> None:
+        self.stream = stream
+        self.index = index
+        self.log = CommitLog(directory, config)
+        self.publishers = PublisherSequences(self.log)
+        self.offsets = ConsumerOffsets(directory)
+
+    # -- writing ------------------------------------------------------------------------
+    def new_entries(self, reference: str | None,
+                    entries: Sequence[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+        """The entries of a publish to store: with a named publisher, those whose publishing
+        id is above the highest stored one (and above earlier ids in the same batch); all of
+        them without a reference. The others are duplicates: confirm them, store nothing."""
+        if not reference:
+            return list(entries)
+        last = self.publishers.get(reference)
+        out = []
+        for publishing_id, entry in entries:
+            if publishing_id > last:
+                out.append((publishing_id, entry))
+                last = publishing_id
+        return out
+
+    def write_entries(self, entries: Iterable[bytes], *, reference: str | None = None,
+                      sequence: int = 0, timestamp_ms: int | None = None) -> range:
+        """Write encoded entries (simple or sub-batch, kept as given) as one chunk, now.
+        With ``reference``, the chunk also records ``sequence`` as that publisher's highest
+        publishing id. Returns the offsets; await ``flush`` when ``needs_flush``."""
+        entries = list(entries)
+        records = sum(entry_records(e) for e in entries)
+        trailer = self.publishers.record(reference, sequence) if reference else b""
+        return self.log.write_entries(b"".join(entries), len(entries), records,
+                                      timestamp_ms=timestamp_ms, trailer=trailer)
+
+    def write_records(self, records: Sequence[bytes], *,
+                      timestamp_ms: int | None = None) -> range:
+        """Write records (already in the record format) as one chunk of simple entries."""
+        return self.log.write_entries(encode_entries(records), len(records), len(records),
+                                      timestamp_ms=timestamp_ms)
+
+    @property
+    def needs_flush(self) -> bool:
+        return self.log.needs_flush
+
+    async def flush(self) -> None:
+        """Wait until what was written is durable and committed (``Durability.ALWAYS``)."""
+        await self.log.flush()
+
+    # -- reading ------------------------------------------------------------------------
+    def read_chunks(self, offset: int, max_bytes: int = 1024 * 1024) -> list[ChunkSlice]:
+        """Committed chunks from the one holding ``offset`` (see ``CommitLog.read_chunks``)."""
+        return self.log.read_chunks(offset, max_bytes)
+
+    async def wait_for(self, offset: int) -> None:
+        """Return once ``offset`` is committed; raises ``LogClosedError`` on close/delete."""
+        await self.log.wait_for(offset)
+
+    @property
+    def first_offset(self) -> int:
+        return self.log.first_offset
+
+    @property
+    def next_offset(self) -> int:
+        return self.log.next_offset
+
+    @property
+    def committed_offset(self) -> int:
+        return self.log.committed_offset
+
+    @property
+    def last_chunk_offset(self) -> int:
+        return self.log.last_chunk_offset
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int:
+        return self.log.offset_for_timestamp(timestamp_ms)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def housekeeping(self) -> None:
+        """Periodic work: save stored offsets, apply age-based retention."""
+        self.offsets.save()
+        self.log.enforce_retention()
+
+    async def close(self) -> None:
+        self.offsets.save()
+        await self.log.aclose()
+
+    def delete(self) -> None:
+        self.log.delete()
+
+    def __repr__(self) -> str:
+        return f"Partition({self.stream!r}, {self.index}, {self.log!r})"

@@ -1,0 +1,89 @@
+# A stream: a name, its settings, and its partitions. Owns the stream's metadata file
+# (stream.json) and how per-stream settings override the server's log defaults.
+# Rules: settings are protocol-neutral (each door translates its own arguments); a setting
+# left as None takes the server default; the metadata file is written atomically.
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any
+
+from ..config import LogConfig
+from .partition import Partition
+
+METADATA_FILE = "stream.json"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamConfig:
+    """Per-stream settings; None means "the server's default". Sizes in bytes, times in ms.
+
+    ``subject`` and ``group`` are the NATS subject and queue group (Liftbridge); ``partitions``
+    is the partition count (RabbitMQ streams have one).
+    """
+
+    subject: str | None = None
+    group: str | None = None
+    partitions: int = 1
+    retention_max_bytes: int | None = None
+    retention_max_messages: int | None = None
+    retention_max_age_ms: int | None = None
+    segment_max_bytes: int | None = None
+    segment_max_age_ms: int | None = None
+    compact: bool | None = None
+    cleaner_interval_ms: int | None = None
+    optimistic_concurrency: bool = False
+
+    def __post_init__(self) -> None:
+        if self.partitions < 1:
+            raise ValueError("partitions must be >= 1")
+
+    def log_config(self, defaults: LogConfig) -> LogConfig:
+        """The defaults with this stream's overrides applied."""
+        overrides = {f: getattr(self, f) for f in (
+            "retention_max_bytes", "retention_max_messages", "retention_max_age_ms",
+            "segment_max_bytes", "segment_max_age_ms", "compact") if getattr(self, f) is not None}
+        return dataclasses.replace(defaults, **overrides)
+
+
+class Stream:
+    """A named stream and its partitions (``partitions[i]`` is partition i)."""
+
+    def __init__(self, name: str, directory: str, config: StreamConfig,
+                 log_defaults: LogConfig, created_ns: int | None = None) -> None:
+        self.name = name
+        self.directory = directory
+        self.config = config
+        self.created_ns = created_ns if created_ns is not None else time.time_ns()
+        log_config = config.log_config(log_defaults)
+        self.partitions = [Partition(name, i, os.path.join(directory, str(i)), log_config)
+                           for i in range(config.partitions)]
+
+    def save_metadata(self) -> None:
+        data: dict[str, Any] = {"name": self.name, "created_ns": self.created_ns,
+                                "config": dataclasses.asdict(self.config)}
+        path = os.path.join(self.directory, METADATA_FILE)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, directory: str, log_defaults: LogConfig) -> "Stream":
+        """Open a stream folder. Raises ``OSError``/``ValueError`` for a missing or bad
+        metadata file (the caller reports and skips the folder)."""
+        with open(os.path.join(directory, METADATA_FILE)) as f:
+            data = json.load(f)
+        config = StreamConfig(**data["config"])
+        return cls(data["name"], directory, config, log_defaults, data.get("created_ns"))
+
+    async def close(self) -> None:
+        for partition in self.partitions:
+            await partition.close()
+
+    def __repr__(self) -> str:
+        return f"Stream({self.name!r}, partitions={len(self.partitions)})"

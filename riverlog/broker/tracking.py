@@ -1,0 +1,155 @@
+# Tracking state of one partition: publisher sequences (deduplication) and stored consumer
+# offsets. Rules: a named publisher's highest publishing id travels in the trailer of the
+# chunk it wrote, so it is exactly as durable as the data; at every segment roll a snapshot
+# of all publisher sequences is written next to the new segment, so opening only scans the
+# newest segment's trailers. Consumer offsets are kept in memory and saved to one file
+# (atomically) at most every second and on close.
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import zlib
+
+from ..errors import LogError
+from ..log import CommitLog
+from ..log.chunk import HEADER_SIZE
+from ..log.segment import segment_name
+
+log = logging.getLogger("riverlog.broker")
+_CRC = struct.Struct(">I")
+WRITER_TAG = b"W"
+SNAPSHOT_SUFFIX = ".writers"
+OFFSETS_FILE = "offsets.json"
+
+
+def encode_writer_trailer(reference: str, sequence: int) -> bytes:
+    """Trailer bytes recording that publisher ``reference`` reached ``sequence``:
+    ``'W' | len u8 | reference (UTF-8) | sequence u64 | CRC-32 u32`` of what precedes it.
+    Raises ``ValueError`` for a reference longer than 255 bytes."""
+    ref = reference.encode()
+    if len(ref) > 255:
+        raise ValueError("a publisher reference is at most 255 bytes")
+    body = WRITER_TAG + bytes((len(ref),)) + ref + sequence.to_bytes(8, "big")
+    return body + _CRC.pack(zlib.crc32(body))
+
+
+def decode_writer_trailer(trailer: bytes) -> tuple[str, int] | None:
+    """``(reference, sequence)`` from a trailer, or None when it holds no (valid) record."""
+    if len(trailer) < 14 or trailer[:1] != WRITER_TAG:
+        return None
+    n = trailer[1]
+    end = 2 + n + 8
+    if len(trailer) != end + 4 or _CRC.unpack_from(trailer, end)[0] != zlib.crc32(trailer[:end]):
+        return None
+    try:
+        ref = trailer[2:2 + n].decode()
+    except UnicodeDecodeError:
+        return None
+    return ref, int.from_bytes(trailer[2 + n:end], "big")
+
+
+class PublisherSequences:
+    """Highest publishing id per publisher reference, for deduplication.
+
+    RabbitMQ semantics (reference/rabbitmq-stream-protocol.md, "Deduplication"): with a named
+    publisher, a publishing id at or below the highest stored one is dropped and confirmed.
+    """
+
+    def __init__(self, log: CommitLog) -> None:
+        self._log = log
+        self._seqs: dict[str, int] = {}
+        self._load()
+        log.on_roll = self._snapshot
+
+    def get(self, reference: str) -> int:
+        """Highest publishing id stored for ``reference``; 0 when none."""
+        return self._seqs.get(reference, 0)
+
+    def record(self, reference: str, sequence: int) -> bytes:
+        """Note ``sequence`` for ``reference``; returns the chunk trailer that persists it."""
+        if sequence > self._seqs.get(reference, 0):
+            self._seqs[reference] = sequence
+        return encode_writer_trailer(reference, sequence)
+
+    def _snapshot_path(self, base_offset: int) -> str:
+        return os.path.join(self._log.directory, segment_name(base_offset) + SNAPSHOT_SUFFIX)
+
+    def _snapshot(self, base_offset: int) -> None:
+        path = self._snapshot_path(base_offset)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self._seqs, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def _load(self) -> None:
+        segments = self._log.segments
+        start = 0
+        for i in range(len(segments) - 1, -1, -1):
+            try:
+                with open(self._snapshot_path(segments[i].base_offset)) as f:
+                    seqs = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if isinstance(seqs, dict):
+                self._seqs = {str(k): int(v) for k, v in seqs.items() if isinstance(v, int)}
+                start = i
+                break
+        if start >= len(segments):
+            return
+        offset = max(segments[start].first_offset, self._log.first_offset)
+        while True:
+            try:
+                chunks = self._log.read_chunks(offset, 4 * 1024 * 1024, committed_only=False)
+            except LogError as exc:  # damaged old data: keep what was read, say so
+                log.error("publisher sequences of %s: %s", self._log.directory, exc)
+                return
+            if not chunks:
+                return
+            for chunk in chunks:
+                h = chunk.header
+                if h.trailer_length > h.bloom_size:
+                    found = decode_writer_trailer(
+                        chunk.raw[HEADER_SIZE + h.data_length + h.bloom_size:])
+                    if found and found[1] > self._seqs.get(found[0], 0):
+                        self._seqs[found[0]] = found[1]
+            offset = chunks[-1].header.next_offset
+
+
+class ConsumerOffsets:
+    """Offsets stored by consumers (RabbitMQ StoreOffset/QueryOffset), by reference."""
+
+    def __init__(self, directory: str) -> None:
+        self._path = os.path.join(directory, OFFSETS_FILE)
+        self._offsets: dict[str, int] = {}
+        self._dirty = False
+        try:
+            with open(self._path) as f:
+                data = json.load(f)
+            if isinstance(data, dict):
+                self._offsets = {str(k): int(v) for k, v in data.items() if isinstance(v, int)}
+        except (OSError, ValueError):
+            pass
+
+    def store(self, reference: str, offset: int) -> None:
+        self._offsets[reference] = offset
+        self._dirty = True
+
+    def query(self, reference: str) -> int | None:
+        """The stored offset, or None when ``reference`` never stored one."""
+        return self._offsets.get(reference)
+
+    def save(self) -> None:
+        """Write the offsets to disk (atomically) if they changed since the last save."""
+        if not self._dirty:
+            return
+        tmp = self._path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self._offsets, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._path)
+        self._dirty = False
