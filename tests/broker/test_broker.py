@@ -1,0 +1,194 @@
+"""The broker core on tmp_path: streams on disk, publisher deduplication that survives
+restarts and segment rolls, stored consumer offsets, deletion, and Create arguments."""
+import asyncio
+import dataclasses
+
+import pytest
+
+from riverlog.broker import Broker, StreamConfig
+from riverlog.broker.tracking import decode_writer_trailer, encode_writer_trailer
+from riverlog.config import LogConfig
+from riverlog.errors import (InvalidArgumentError, LogClosedError, StreamExistsError,
+                             StreamNotFoundError)
+from riverlog.log.chunk import encode_entries
+from riverlog.server.rabbitmq_stream import stream_config_from_arguments
+
+
+def entries(*payloads):
+    return [encode_entries([p]) for p in payloads]
+
+
+def open_broker(path, **log):
+    broker = Broker(str(path), LogConfig(**log))
+    broker.open()
+    return broker
+
+
+def close(broker):
+    asyncio.run(broker.close())
+
+
+def test_streams_persist_with_their_settings(tmp_path):
+    broker = open_broker(tmp_path)
+    broker.create("orders", StreamConfig(retention_max_bytes=10_000_000, partitions=2))
+    broker.create("weird/../name.", StreamConfig())
+    with pytest.raises(StreamExistsError):
+        broker.create("orders")
+    with pytest.raises(InvalidArgumentError):
+        broker.create("")
+    with pytest.raises(InvalidArgumentError):
+        broker.create("x" * 256)
+    close(broker)
+    again = open_broker(tmp_path)
+    assert sorted(again.streams) == ["orders", "weird/../name."]
+    orders = again.get("orders")
+    assert orders.config.retention_max_bytes == 10_000_000 and len(orders.partitions) == 2
+    assert orders.partitions[1].log.config.retention_max_bytes == 10_000_000
+    with pytest.raises(StreamNotFoundError):
+        again.get("nope")
+    close(again)
+
+
+def test_unreadable_stream_folder_is_skipped(tmp_path):
+    broker = open_broker(tmp_path)
+    stream = broker.create("good")
+    bad = broker.create("bad")
+    close(broker)
+    with open(f"{bad.directory}/stream.json", "w") as f:
+        f.write("{not json")
+    again = open_broker(tmp_path)
+    assert list(again.streams) == ["good"] and stream.name == "good"
+    close(again)
+
+
+def test_deduplication_by_publisher_reference(tmp_path):
+    broker = open_broker(tmp_path)
+    part = broker.create("s").partitions[0]
+    batch = [(1, b"a"), (2, b"b"), (3, b"c")]
+    new = part.new_entries("pub", batch)
+    assert new == batch
+    part.write_entries([e for _, e in new], reference="pub", sequence=3)
+    assert part.publishers.get("pub") == 3
+    assert part.new_entries("pub", [(2, b"x"), (3, b"y"), (4, b"z"), (4, b"again")]) == [(4, b"z")]
+    assert part.new_entries(None, batch) == batch          # unnamed: no deduplication
+    assert part.publishers.get("other") == 0
+    close(broker)
+
+
+def test_publisher_sequences_survive_restart_and_segment_rolls(tmp_path):
+    broker = open_broker(tmp_path, segment_max_bytes=4096)
+    part = broker.create("s").partitions[0]
+    for seq in range(1, 200):
+        part.write_entries(entries(b"x" * 100), reference="p1", sequence=seq)
+        if seq % 3 == 0:
+            part.write_entries(entries(b"y"), reference="p2", sequence=seq * 10)
+    part.write_entries(entries(b"anonymous"))
+    assert len(part.log.segments) > 3
+    close(broker)
+    again = open_broker(tmp_path, segment_max_bytes=4096)
+    part = again.get("s").partitions[0]
+    assert part.publishers.get("p1") == 199
+    assert part.publishers.get("p2") == 1980
+    close(again)
+
+
+def test_sequences_come_from_the_newest_snapshot_and_trailers(tmp_path):
+    broker = open_broker(tmp_path, segment_max_bytes=4096)
+    part = broker.create("s").partitions[0]
+    part.write_entries(entries(b"early"), reference="early", sequence=7)
+    for seq in range(1, 100):
+        part.write_entries(entries(b"x" * 200), reference="p", sequence=seq)
+    segments = part.log.segments
+    assert len(segments) > 3
+    close(broker)
+    # without the old segments, "early" is known only from the newest segment's snapshot
+    for seg in segments[:-1]:
+        seg.delete()
+    again = open_broker(tmp_path, segment_max_bytes=4096)
+    publishers = again.get("s").partitions[0].publishers
+    assert publishers.get("early") == 7
+    assert publishers.get("p") == 99
+    close(again)
+
+
+def test_writer_trailer_is_checked():
+    trailer = encode_writer_trailer("ref", 42)
+    assert decode_writer_trailer(trailer) == ("ref", 42)
+    damaged = bytearray(trailer)
+    damaged[5] ^= 1
+    assert decode_writer_trailer(bytes(damaged)) is None
+    assert decode_writer_trailer(b"") is None
+    with pytest.raises(ValueError):
+        encode_writer_trailer("r" * 256, 1)
+
+
+def test_consumer_offsets_persist(tmp_path):
+    broker = open_broker(tmp_path)
+    part = broker.create("s").partitions[0]
+    assert part.offsets.query("app") is None
+    part.offsets.store("app", 41)
+    part.offsets.store("app", 42)
+    close(broker)
+    again = open_broker(tmp_path)
+    assert again.get("s").partitions[0].offsets.query("app") == 42
+    close(again)
+
+
+def test_delete_wakes_readers_and_tells_listeners(tmp_path):
+    async def main():
+        broker = open_broker(tmp_path)
+        part = broker.create("s").partitions[0]
+        deleted = []
+        broker.deletion_listeners.append(lambda stream: deleted.append(stream.name))
+        waiter = asyncio.create_task(part.wait_for(0))
+        await asyncio.sleep(0)
+        broker.delete("s")
+        with pytest.raises(LogClosedError):
+            await asyncio.wait_for(waiter, 1)
+        assert deleted == ["s"]
+        assert "s" not in broker.streams
+        with pytest.raises(StreamNotFoundError):
+            broker.delete("s")
+        broker.create("s")                  # the name can be used again, empty
+        assert broker.get("s").partitions[0].next_offset == 0
+        await broker.close()
+    asyncio.run(main())
+
+
+def test_housekeeping_applies_retention_and_compaction(tmp_path):
+    async def main():
+        from riverlog.record import Record, encode_record
+        from riverlog.broker import broker as broker_module
+        broker_module.HOUSEKEEPING_INTERVAL_S = 0.05
+        try:
+            broker = open_broker(tmp_path, segment_max_bytes=4096)
+            broker.start()
+            part = broker.create("c", StreamConfig(compact=True, cleaner_interval_ms=10)).partitions[0]
+            for i in range(200):
+                part.write_records([encode_record(Record(value=b"v%d" % i, key=b"k%d" % (i % 3)))])
+            before = part.log.segments[0].num_records
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                if part.log.segments[0].num_records < before:
+                    break
+            assert part.log.segments[0].num_records < before
+            await broker.close()
+        finally:
+            broker_module.HOUSEKEEPING_INTERVAL_S = 1.0
+    asyncio.run(main())
+
+
+def test_create_arguments():
+    cfg = stream_config_from_arguments({"max-length-bytes": "1000000", "max-age": "7D",
+                                        "stream-max-segment-size-bytes": "500000",
+                                        "initial-cluster-size": "3"})
+    assert cfg.retention_max_bytes == 1_000_000
+    assert cfg.retention_max_age_ms == 7 * 86_400_000
+    assert cfg.segment_max_bytes == 500_000
+    assert stream_config_from_arguments({"max-age": "30s"}).retention_max_age_ms == 30_000
+    assert stream_config_from_arguments({"max-age": "12h"}).retention_max_age_ms == 43_200_000
+    with pytest.raises(InvalidArgumentError):
+        stream_config_from_arguments({"max-age": "forever"})
+    with pytest.raises(InvalidArgumentError):
+        stream_config_from_arguments({"max-length-bytes": "lots"})
+    assert dataclasses.asdict(stream_config_from_arguments({})) == dataclasses.asdict(StreamConfig())
