@@ -26,6 +26,7 @@ HEADER_SIZE = HEADER.size
 assert HEADER_SIZE == 48
 
 MAX_ENTRIES = 0xFFFF
+_MAX_I64 = 1 << 63
 _U32 = struct.Struct(">I")
 _SUB_BATCH = struct.Struct(">BHII")  # flags|codec, records u16, uncompressed length u32, length u32
 
@@ -69,7 +70,8 @@ class ChunkHeader:
 def parse_header(buf: bytes | memoryview, pos: int = 0) -> ChunkHeader:
     """Decode the header at ``buf[pos:pos+48]``.
 
-    Raises ``ChunkFormatError`` when fewer than 48 bytes remain or the magic byte is not 0x50.
+    Raises ``ChunkFormatError`` when fewer than 48 bytes remain, the magic byte is not 0x50,
+    or the first offset or epoch is 2^63 or more (riverlog keeps both as signed 64-bit).
     """
     if len(buf) - pos < HEADER_SIZE:
         raise ChunkFormatError("short header")
@@ -77,6 +79,8 @@ def parse_header(buf: bytes | memoryview, pos: int = 0) -> ChunkHeader:
      bloom) = HEADER.unpack_from(buf, pos)
     if magic != MAGIC_VERSION:
         raise ChunkFormatError(f"bad magic/version byte 0x{magic:02x}")
+    if first >= _MAX_I64 or epoch >= _MAX_I64:  # u64 on the wire; riverlog never writes these
+        raise ChunkFormatError("offset or epoch out of range")
     return ChunkHeader(ctype, entries, records, ts, epoch, first, crc, dlen, tlen, bloom)
 
 
