@@ -139,9 +139,8 @@ class Broker:
                         partition.housekeeping()
                     except OSError as exc:
                         log.error("housekeeping of %r: %s", partition, exc)
-                cfg = stream.config
-                interval = (cfg.cleaner_interval_ms or 300_000) / 1000
-                if (partition.log.config.compact and stream.name not in self._compacting
+                interval = (stream.config.cleaner_interval_ms or 300_000) / 1000
+                if (stream.partitions[0].log.config.compact and stream.name not in self._compacting
                         and loop.time() - last_compaction.get(stream.name, 0) >= interval):
                     last_compaction[stream.name] = loop.time()
                     loop.create_task(self._compact(stream))

@@ -226,13 +226,12 @@ class RabbitStreamConnection(asyncio.Protocol):
     def send_chunk(self, sub_id: int, chunk: memoryview) -> None:
         if self.transport is None or self.transport.is_closing():
             return
-        committed = self.publish_partition_committed(sub_id) if self.deliver_v2 else None
+        committed = None
+        if self.deliver_v2:
+            sub = self.subscriptions.get(sub_id)
+            committed = max(sub.partition.last_chunk_offset, 0) if sub else 0
         self.transport.writelines((deliver_prefix(sub_id, len(chunk), committed), chunk))
         self._last_sent = time.monotonic()
-
-    def publish_partition_committed(self, sub_id: int) -> int:
-        sub = self.subscriptions.get(sub_id)
-        return max(sub.partition.last_chunk_offset, 0) if sub else 0
 
     def fail(self, code: int, reason: str) -> None:
         """Close this connection because of the peer: a Close frame with ``code``, then
