@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 DATA   ?= ./data
 
-.PHONY: serve test install install-test clean
+.PHONY: serve test install install-test proto clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +14,11 @@ $(BIN)/python:
 
 install: $(BIN)/python
 	$(BIN)/python -m pip install -q -e .
+
+# The Liftbridge protobuf/gRPC modules (riverlog/protocol/liftbridge/api_pb2*.py, not committed)
+# are generated from api.proto by setup.py on every `pip install -e`, so `make install`,
+# `make install-test` and `make test` regenerate them; `make proto` after editing api.proto.
+proto: install
 
 install-test: $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
@@ -26,4 +31,4 @@ test: install-test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info riverlog/protocol/liftbridge/*_pb2*.py*

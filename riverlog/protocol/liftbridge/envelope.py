@@ -1,0 +1,273 @@
+# The Liftbridge NATS envelope, sans-IO: bytes in, (MsgType, payload) out, and back. Every
+# Liftbridge message sent over NATS (client publishes and acks, and the internal server-to-server
+# requests) is an 8-byte header, an optional CRC-32C, then the payload, usually a protobuf from
+# api.proto. Decoding never raises on peer bytes: anything that fails a check is "not an
+# envelope" (None), and the NATS door then stores the NATS message as a plain one (value = the
+# raw bytes, no key, no ack), as Liftbridge does.
+#
+# Wire facts: seeds/liftbridge-envelope-protocol.md (layout, magic, flags, the 15 MsgTypes) and
+# reference/liftbridge.md "Envelope and NATS subjects"; the CRC's byte order (big-endian), the
+# CRC-on-HeaderLen-12 rule and the ReplicationResponse payload layout from liftbridge's
+# server/protocol/envelope.go (liftbridge-io/liftbridge 50ac358).
+#
+#    0       1       2       3       4         5           6       7       8..11
+#   +-------+-------+-------+-------+---------+-----------+-------+-------+------------------+
+#   | B9    | 0E    | 43    | B4    | Version | HeaderLen | Flags |MsgType| CRC-32C (BE, opt)|
+#   +-------+-------+-------+-------+---------+-----------+-------+-------+------------------+
+#   Version 0. Flags bit 0: a CRC-32C (Castagnoli) of the payload follows, HeaderLen 12;
+#   otherwise HeaderLen 8. The payload starts at HeaderLen and runs to the end.
+#
+# Stricter than Liftbridge on purpose, on headers no real client writes: Liftbridge ignores
+# unknown flag bits and, without the CRC flag, takes any HeaderLen; here both make the bytes
+# "not an envelope". Liftbridge itself never sets the CRC flag (its acks are 8-byte headers), so
+# encoding defaults to crc=False, byte-for-byte what Liftbridge sends.
+from __future__ import annotations
+
+import struct
+from enum import IntEnum
+from typing import NamedTuple, Optional, Union
+
+from crc32c import crc32c as _crc32c
+from google.protobuf.message import DecodeError
+from google.protobuf.message import Message as _ProtoMessage
+
+from . import api_pb2
+
+__all__ = [
+    "FLAG_CRC32C",
+    "HEADER_LEN",
+    "HEADER_LEN_CRC",
+    "MAGIC",
+    "MESSAGE_CLASSES",
+    "VERSION",
+    "MsgType",
+    "ReplicationResponse",
+    "decode_ack",
+    "decode_envelope",
+    "decode_message",
+    "decode_publish",
+    "decode_replication_response",
+    "encode_ack",
+    "encode_envelope",
+    "encode_message",
+    "encode_publish",
+    "encode_replication_response",
+]
+
+Bytes = Union[bytes, bytearray, memoryview]
+
+MAGIC = b"\xb9\x0e\x43\xb4"
+"""The envelope's first four bytes (invalid UTF-8 on purpose, to avoid collisions)."""
+VERSION = 0
+"""The only envelope protocol version there is."""
+HEADER_LEN = 8
+"""HeaderLen of an envelope without CRC: magic, version, header length, flags, type."""
+HEADER_LEN_CRC = 12
+"""HeaderLen of an envelope whose flags have FLAG_CRC32C: the CRC follows the 8 bytes."""
+FLAG_CRC32C = 0x01
+"""Flags bit 0: a big-endian CRC-32C (Castagnoli) of the payload is in bytes 8..11."""
+
+
+class MsgType(IntEnum):
+    """The envelope's MsgType byte (seeds/liftbridge-envelope-protocol.md, "MsgType").
+
+    Publish and Ack are client-facing; 2..14 are internal server-to-server messages.
+    """
+
+    Publish = 0  # client-published Message
+    Ack = 1  # server-published Ack, to the message's ackInbox
+    ReplicationRequest = 2
+    ReplicationResponse = 3  # not protobuf: see ReplicationResponse
+    RaftJoinRequest = 4
+    RaftJoinResponse = 5
+    LeaderEpochOffsetRequest = 6
+    LeaderEpochOffsetResponse = 7
+    PropagatedRequest = 8
+    PropagatedResponse = 9
+    ServerInfoRequest = 10
+    ServerInfoResponse = 11
+    PartitionStatusRequest = 12
+    PartitionStatusResponse = 13
+    PartitionNotification = 14
+
+
+MESSAGE_CLASSES: dict[MsgType, Optional[type[_ProtoMessage]]] = {
+    MsgType.Publish: api_pb2.Message,
+    MsgType.Ack: api_pb2.Ack,
+    MsgType.ReplicationRequest: api_pb2.ReplicationRequest,
+    MsgType.ReplicationResponse: None,
+    MsgType.RaftJoinRequest: api_pb2.RaftJoinRequest,
+    MsgType.RaftJoinResponse: api_pb2.RaftJoinResponse,
+    MsgType.LeaderEpochOffsetRequest: api_pb2.LeaderEpochOffsetRequest,
+    MsgType.LeaderEpochOffsetResponse: api_pb2.LeaderEpochOffsetResponse,
+    MsgType.PropagatedRequest: api_pb2.PropagatedRequest,
+    MsgType.PropagatedResponse: api_pb2.PropagatedResponse,
+    MsgType.ServerInfoRequest: api_pb2.ServerInfoRequest,
+    MsgType.ServerInfoResponse: api_pb2.ServerInfoResponse,
+    MsgType.PartitionStatusRequest: api_pb2.PartitionStatusRequest,
+    MsgType.PartitionStatusResponse: api_pb2.PartitionStatusResponse,
+    MsgType.PartitionNotification: api_pb2.PartitionNotification,
+}
+"""The protobuf class of each MsgType's payload (None: ReplicationResponse, not protobuf)."""
+
+_TYPE_OF_CLASS = {cls: t for t, cls in MESSAGE_CLASSES.items() if cls is not None}
+
+# Dispatch as data: the 8 header bytes of every valid envelope, with and without CRC, mapped to
+# (MsgType, has CRC). Any other 8 bytes (magic, version, HeaderLen, flags or type wrong) are
+# not an envelope; one dict lookup does every header check at once.
+_HEADER = {t: MAGIC + bytes((VERSION, HEADER_LEN, 0, t)) for t in MsgType}
+_HEADER_CRC = {t: MAGIC + bytes((VERSION, HEADER_LEN_CRC, FLAG_CRC32C, t)) for t in MsgType}
+_DECODE = {h: (t, False) for t, h in _HEADER.items()}
+_DECODE.update({h: (t, True) for t, h in _HEADER_CRC.items()})
+_PUBLISH_HEADER = _HEADER[MsgType.Publish]  # decode_publish's fast path
+
+_REPLICATION = struct.Struct(">Qq")
+
+
+def encode_envelope(msg_type: int, payload: Bytes, crc: bool = False) -> bytes:
+    """Frame ``payload`` as an envelope of type ``msg_type``.
+
+    With ``crc`` the header is 12 bytes and carries the payload's CRC-32C, big-endian
+    (seeds/liftbridge-envelope-protocol.md "CRC-32C"; byte order from liftbridge's envelope.go).
+    The default, no CRC, is what Liftbridge itself sends. Raises ValueError for an unknown type.
+    """
+    try:
+        header = (_HEADER_CRC if crc else _HEADER)[msg_type]
+    except KeyError:
+        raise ValueError(f"unknown envelope MsgType {msg_type!r}") from None
+    if crc:
+        return b"".join((header, _crc32c(payload).to_bytes(4, "big"), payload))
+    return b"".join((header, payload))
+
+
+def decode_envelope(data: Bytes) -> Optional[tuple[MsgType, bytes]]:
+    """Return ``(msg_type, payload)`` if ``data`` is a valid envelope, else None.
+
+    None when any check fails: shorter than the header, wrong magic, version other than 0,
+    HeaderLen other than 8 (no CRC) or 12 (CRC flag), unknown flag bits, MsgType above 14, or
+    a CRC-32C that does not match the payload. Never raises for bytes-like input. The payload
+    is not parsed: see decode_message / decode_publish / decode_ack for that.
+    """
+    if type(data) is not bytes:
+        data = bytes(data)
+    entry = _DECODE.get(data[:8])
+    if entry is None:
+        return None
+    msg_type, crc = entry
+    if not crc:
+        return msg_type, data[8:]
+    payload = data[12:]
+    if len(data) < 12 or _crc32c(payload) != int.from_bytes(data[8:12], "big"):
+        return None
+    return msg_type, payload
+
+
+def encode_message(message: _ProtoMessage, crc: bool = False) -> bytes:
+    """Serialize an api_pb2 message and frame it with the MsgType its class travels as.
+
+    ``api_pb2.Message`` goes as Publish, ``api_pb2.Ack`` as Ack, ``api_pb2.ServerInfoRequest``
+    as ServerInfoRequest, and so on (MESSAGE_CLASSES). Raises TypeError for any other class.
+    """
+    try:
+        msg_type = _TYPE_OF_CLASS[type(message)]
+    except KeyError:
+        raise TypeError(f"{type(message).__name__} is not carried in a Liftbridge envelope") from None
+    return encode_envelope(msg_type, message.SerializeToString(), crc)
+
+
+def decode_message(data: Bytes) -> Optional[tuple[MsgType, object]]:
+    """Decode an envelope and parse its payload: ``(msg_type, message)`` or None.
+
+    ``message`` is an instance of ``MESSAGE_CLASSES[msg_type]``, or a ReplicationResponse for
+    MsgType.ReplicationResponse. None when the envelope fails a check (decode_envelope) or the
+    payload does not parse.
+    """
+    decoded = decode_envelope(data)
+    if decoded is None:
+        return None
+    msg_type, payload = decoded
+    cls = MESSAGE_CLASSES[msg_type]
+    if cls is None:
+        parsed = _parse_replication_response(payload)
+        return None if parsed is None else (msg_type, parsed)
+    try:
+        return msg_type, cls.FromString(payload)
+    except DecodeError:
+        return None
+
+
+def encode_publish(message: api_pb2.Message, crc: bool = False) -> bytes:
+    """Frame a client publish: an api_pb2.Message as MsgType.Publish.
+
+    Over NATS the publisher's expected offset (optimistic concurrency) travels in
+    ``Message.offset``; go-liftbridge sends -1 for "next" (reference/liftbridge.md).
+    """
+    return encode_envelope(MsgType.Publish, message.SerializeToString(), crc)
+
+
+def decode_publish(data: Bytes) -> Optional[api_pb2.Message]:
+    """The api_pb2.Message of a Publish envelope, or None if ``data`` is not one.
+
+    None covers every reason Liftbridge stores a NATS message as plain: a failed envelope check,
+    another MsgType, or a payload that is not a valid Message protobuf.
+    """
+    if type(data) is not bytes:
+        data = bytes(data)
+    if data[:8] == _PUBLISH_HEADER:
+        payload = data[8:]
+    else:
+        decoded = decode_envelope(data)
+        if decoded is None or decoded[0] is not MsgType.Publish:
+            return None
+        payload = decoded[1]
+    try:
+        return api_pb2.Message.FromString(payload)
+    except DecodeError:
+        return None
+
+
+def encode_ack(ack: api_pb2.Ack, crc: bool = False) -> bytes:
+    """Frame an ack (api_pb2.Ack as MsgType.Ack), to be published to the message's ackInbox."""
+    return encode_envelope(MsgType.Ack, ack.SerializeToString(), crc)
+
+
+def decode_ack(data: Bytes) -> Optional[api_pb2.Ack]:
+    """The api_pb2.Ack of an Ack envelope, or None if ``data`` is not one."""
+    decoded = decode_envelope(data)
+    if decoded is None or decoded[0] is not MsgType.Ack:
+        return None
+    try:
+        return api_pb2.Ack.FromString(decoded[1])
+    except DecodeError:
+        return None
+
+
+class ReplicationResponse(NamedTuple):
+    """MsgType 3, a follower's fetch answer; not protobuf (reference/liftbridge.md: envelope
+    header, u64 leader epoch, i64 high watermark, then raw log entries; big-endian, 8-byte
+    header without CRC, per liftbridge's envelope.go WriteReplicationResponseHeader)."""
+
+    leader_epoch: int
+    high_watermark: int
+    entries: bytes
+
+
+def encode_replication_response(leader_epoch: int, high_watermark: int, entries: Bytes = b"") -> bytes:
+    """Frame a ReplicationResponse: header, u64 leader epoch, i64 high watermark, entries."""
+    return b"".join((_HEADER[MsgType.ReplicationResponse], _REPLICATION.pack(leader_epoch, high_watermark), entries))
+
+
+def decode_replication_response(data: Bytes) -> Optional[ReplicationResponse]:
+    """The ReplicationResponse in an envelope, or None (bad envelope, other type, < 16 bytes)."""
+    decoded = decode_envelope(data)
+    if decoded is None or decoded[0] is not MsgType.ReplicationResponse:
+        return None
+    return _parse_replication_response(decoded[1])
+
+
+def _parse_replication_response(payload: bytes) -> Optional[ReplicationResponse]:
+    if len(payload) < _REPLICATION.size:
+        return None
+    leader_epoch, high_watermark = _REPLICATION.unpack_from(payload)
+    return ReplicationResponse(leader_epoch, high_watermark, payload[_REPLICATION.size :])
+

@@ -1,0 +1,76 @@
+# Build step: generate the Liftbridge protobuf and gRPC modules (api_pb2.py, api_pb2.pyi,
+# api_pb2_grpc.py) from riverlog/protocol/liftbridge/api.proto with grpcio-tools, at build and
+# install time; they are not committed (.gitignore). Everything else about the package is in
+# pyproject.toml.
+#   pip install .        generated into the wheel's build directory (the source tree is untouched)
+#   pip install -e .     generated next to api.proto in the source tree; every run regenerates,
+#                        so `make install` / `make test` (which rerun it) pick up proto edits
+# grpcio-tools comes from [build-system] requires; the protobuf/grpcio runtime floors in
+# pyproject.toml must stay at or above the versions its generated code checks for.
+# The generated api_pb2 registers api.proto in a private descriptor pool instead of protobuf's
+# default one, so riverlog and another copy of Liftbridge's schema (gufo-liftbridge's api_pb2,
+# package `proto` too) can be imported in one process without "duplicate symbol" errors.
+from __future__ import annotations
+
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+ROOT = Path(__file__).resolve().parent
+PROTOS = ("riverlog/protocol/liftbridge/api.proto",)
+
+_DEFAULT_POOL = "_descriptor_pool.Default().AddSerializedFile("
+_PRIVATE_POOL = "_descriptor_pool.DescriptorPool().AddSerializedFile("
+
+
+def generate_protos(out_dir: Path) -> list[Path]:
+    """Run protoc (from grpcio-tools) on PROTOS, writing package-relative modules under out_dir."""
+    try:
+        import grpc_tools
+        from grpc_tools import protoc
+    except ImportError as exc:  # only without build isolation
+        raise SystemExit(
+            "riverlog's build needs grpcio-tools to generate the Liftbridge protobuf code: "
+            "pip install grpcio-tools (or build with isolation, the default)"
+        ) from exc
+    well_known = Path(grpc_tools.__file__).resolve().parent / "_proto"
+    written = []
+    for proto in PROTOS:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            "grpc_tools.protoc",
+            f"--proto_path={ROOT}",
+            f"--proto_path={well_known}",
+            f"--python_out={out_dir}",
+            f"--pyi_out={out_dir}",
+            f"--grpc_python_out={out_dir}",
+            str(ROOT / proto),
+        ]
+        if protoc.main(args) != 0:
+            raise SystemExit(f"protoc failed on {proto}")
+        stem = proto[: -len(".proto")]
+        pb2 = out_dir / f"{stem}_pb2.py"
+        _use_private_pool(pb2)
+        written += [pb2, out_dir / f"{stem}_pb2.pyi", out_dir / f"{stem}_pb2_grpc.py"]
+    return written
+
+
+def _use_private_pool(path: Path) -> None:
+    text = path.read_text()
+    if text.count(_DEFAULT_POOL) != 1:
+        raise SystemExit(f"{path}: unexpected protoc output (no single {_DEFAULT_POOL!r}); update setup.py")
+    text = text.replace(_DEFAULT_POOL, _PRIVATE_POOL)
+    head, _, rest = text.partition("\n")
+    note = "# riverlog: setup.py rewrote this to register api.proto in a private descriptor pool."
+    path.write_text(f"{head}\n{note}\n{rest}")
+
+
+class BuildPyWithProtos(build_py):
+    def run(self) -> None:
+        super().run()
+        editable = getattr(self, "editable_mode", False)
+        generate_protos(ROOT if editable else Path(self.build_lib))
+
+
+setup(cmdclass={"build_py": BuildPyWithProtos})
