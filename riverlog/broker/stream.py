@@ -35,6 +35,13 @@ class StreamConfig:
     compact: bool | None = None
     cleaner_interval_ms: int | None = None
     optimistic_concurrency: bool = False
+    # Liftbridge settings kept as given (riverlog is one server: replication_factor and
+    # min_isr are recorded, not acted on); auto pause is applied by the Liftbridge doors.
+    replication_factor: int = 1
+    min_isr: int | None = None
+    compact_max_goroutines: int | None = None
+    auto_pause_time_ms: int = 0
+    auto_pause_disable_if_subscribers: bool = False
 
     def __post_init__(self) -> None:
         if self.partitions < 1:
@@ -63,7 +70,8 @@ class Stream:
 
     def save_metadata(self) -> None:
         data: dict[str, Any] = {"name": self.name, "created_ns": self.created_ns,
-                                "config": dataclasses.asdict(self.config)}
+                                "config": dataclasses.asdict(self.config),
+                                "partition_state": [p.state() for p in self.partitions]}
         path = os.path.join(self.directory, METADATA_FILE)
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
@@ -79,7 +87,10 @@ class Stream:
         with open(os.path.join(directory, METADATA_FILE)) as f:
             data = json.load(f)
         config = StreamConfig(**data["config"])
-        return cls(data["name"], directory, config, log_defaults, data.get("created_ns"))
+        stream = cls(data["name"], directory, config, log_defaults, data.get("created_ns"))
+        for partition, state in zip(stream.partitions, data.get("partition_state") or ()):
+            partition.load_state(state)
+        return stream
 
     async def close(self) -> None:
         for partition in self.partitions:

@@ -1,0 +1,207 @@
+# Liftbridge cursors: a consumer's position per (cursor id, stream, partition), stored in the
+# compacted internal stream ``__cursors`` as Liftbridge stores them, and cached in memory.
+# Rules: a cursor is stored once its record is committed (Liftbridge's ack policy ALL); the
+# record's key is ``<cursorId>,<stream>,<partition>`` and its value Liftbridge's ``Cursor``
+# protobuf {1 stream, 2 partition, 3 cursorId, 4 offset}; the cursor partition is the
+# key's CRC-32 (IEEE) modulo the partition count; on open every record of ``__cursors`` is
+# read back, the newest per key wins. A cursor never set reads as -1.
+# Wire facts: reference/liftbridge.md ("FetchCursor returns -1 ...; key <cursorId>,<stream>,
+# <partition>, compacted"); the value layout and partition choice from liftbridge's
+# server/cursors.go and server/protocol/internal.proto (liftbridge-io/liftbridge 50ac358).
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import zlib
+
+from ..errors import LogError, OffsetOutOfRangeError
+from ..record import Record, decode_record, encode_record
+from .appender import Appenders
+from .broker import Broker
+from .stream import Stream, StreamConfig
+
+log = logging.getLogger("riverlog.broker")
+
+CURSORS_STREAM = "__cursors"
+
+
+def cursor_key(cursor_id: str, stream: str, partition: int) -> bytes:
+    """The record key of a cursor: ``b"<cursorId>,<stream>,<partition>"``."""
+    return f"{cursor_id},{stream},{partition}".encode()
+
+
+def _varint(n: int) -> bytes:
+    n &= (1 << 64) - 1  # negative int32/int64 are 10-byte two's complement varints
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def encode_cursor(stream: str, partition: int, cursor_id: str, offset: int) -> bytes:
+    """Liftbridge's ``Cursor`` message in protobuf wire format (proto3: zero fields left out)."""
+    out = bytearray()
+    raw = stream.encode()
+    if raw:
+        out += b"\x0a" + _varint(len(raw)) + raw
+    if partition:
+        out += b"\x10" + _varint(partition)
+    raw = cursor_id.encode()
+    if raw:
+        out += b"\x1a" + _varint(len(raw)) + raw
+    if offset:
+        out += b"\x20" + _varint(offset)
+    return bytes(out)
+
+
+def decode_cursor_offset(data: bytes) -> int | None:
+    """The offset (field 4) of a ``Cursor`` protobuf, 0 when absent; None if malformed."""
+    pos, end, offset = 0, len(data), 0
+    try:
+        while pos < end:
+            tag, pos = _read_varint(data, pos)
+            number, kind = tag >> 3, tag & 7
+            if kind == 0:
+                value, pos = _read_varint(data, pos)
+                if number == 4:
+                    offset = value - (1 << 64) if value >= 1 << 63 else value
+            elif kind == 2:
+                size, pos = _read_varint(data, pos)
+                pos += size
+            elif kind == 1:
+                pos += 8
+            elif kind == 5:
+                pos += 4
+            else:
+                return None
+        return offset if pos == end else None
+    except IndexError:
+        return None
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        b = data[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise IndexError("varint too long")
+
+
+class CursorsDisabledError(LogError):
+    """Cursors are off (``cursors.stream.partitions`` is 0)."""
+
+
+class _CommitWaiter:
+    __slots__ = ("future",)
+
+    def __init__(self) -> None:
+        self.future = asyncio.get_running_loop().create_future()
+
+    def written(self, offset: int) -> None:
+        pass
+
+    def committed(self, offset: int) -> None:
+        if not self.future.done():
+            self.future.set_result(offset)
+
+    def failed(self, error: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(error)
+
+
+class Cursors:
+    """The cursor store over ``__cursors``. ``open()`` after the broker is open."""
+
+    def __init__(self, broker: Broker, appenders: Appenders, partitions: int,
+                 subject: str) -> None:
+        self.broker = broker
+        self.appenders = appenders
+        self.partitions = partitions
+        self.subject = subject
+        self._cache: dict[bytes, int] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self.partitions > 0
+
+    def open(self) -> Stream | None:
+        """Create ``__cursors`` if cursors are on and it does not exist, then load every
+        stored cursor. Returns the stream (None when cursors are off)."""
+        if not self.enabled:
+            return None
+        stream = self.broker.streams.get(CURSORS_STREAM)
+        if stream is None:
+            stream = self.broker.create(CURSORS_STREAM, StreamConfig(
+                subject=self.subject, partitions=self.partitions, compact=True))
+        self._load(stream)
+        return stream
+
+    def _load(self, stream: Stream) -> None:
+        for partition in stream.partitions:
+            offset = partition.first_offset
+            while True:
+                try:
+                    chunks = partition.read_chunks(offset)
+                except OffsetOutOfRangeError:
+                    offset = partition.first_offset
+                    continue
+                except LogError as exc:
+                    log.error("reading %s: %s (cursors after it are not loaded)", partition, exc)
+                    break
+                if not chunks:
+                    break
+                for chunk in chunks:
+                    offset = chunk.header.next_offset
+                    try:
+                        records = list(chunk.records())
+                    except ValueError as exc:
+                        log.error("cursor chunk at %d unreadable: %s", chunk.header.first_offset, exc)
+                        continue
+                    for _, raw in records:
+                        record = decode_record(raw)
+                        value = decode_cursor_offset(record.value)
+                        if record.key is not None and value is not None:
+                            self._cache[record.key] = value
+        log.info("loaded %d cursor(s)", len(self._cache))
+
+    def _stream(self) -> Stream:
+        if not self.enabled:
+            raise CursorsDisabledError("cursors are disabled (cursors.stream.partitions is 0)")
+        stream = self.broker.streams.get(CURSORS_STREAM)
+        if stream is None:
+            raise CursorsDisabledError("the cursors stream does not exist")
+        return stream
+
+    def partition_of(self, key: bytes) -> int:
+        """The ``__cursors`` partition that holds ``key`` (CRC-32 IEEE of the key, modulo)."""
+        return zlib.crc32(key) % len(self._stream().partitions)
+
+    def get(self, cursor_id: str, stream: str, partition: int) -> int:
+        """The stored offset, or -1 when never set. Raises ``CursorsDisabledError``."""
+        self._stream()
+        return self._cache.get(cursor_key(cursor_id, stream, partition), -1)
+
+    async def set(self, cursor_id: str, stream: str, partition: int, offset: int) -> None:
+        """Store ``offset`` and return once the record is committed. Raises
+        ``CursorsDisabledError``, ``LogClosedError`` or ``OSError``."""
+        cursors = self._stream()
+        key = cursor_key(cursor_id, stream, partition)
+        index = zlib.crc32(key) % len(cursors.partitions)
+        part = cursors.partitions[index]
+        subject = self.subject if index == 0 else f"{self.subject}.{index}"
+        record = encode_record(Record(
+            value=encode_cursor(stream, partition, cursor_id, offset), key=key,
+            headers={"subject": subject.encode(), "reply": b""}, timestamp_ns=time.time_ns(),
+            subject=subject))
+        waiter = _CommitWaiter()
+        self.appenders.get(part).append(record, waiter)
+        await waiter.future
+        self._cache[key] = offset

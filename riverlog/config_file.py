@@ -1,0 +1,308 @@
+# Liftbridge-style configuration for `riverlog serve`: a YAML file with Liftbridge's keys
+# (nested maps and dotted keys alike, e.g. `clustering: {server.id: a}` == `clustering.server.id:
+# a`), LIFTBRIDGE_* environment overrides, then command-line flags; the result is one
+# riverlog.config.ServerConfig. Rules: an unknown key is an error naming it (as Liftbridge
+# does); a known key riverlog cannot honour (TLS, NATS credentials, encryption) is an error
+# saying so, never silently dropped; cluster-only keys are accepted and logged as having no
+# effect on a single server. Durations are Go durations ("168h", "5m", "1.5s", "300ms");
+# a bare number is nanoseconds, as Liftbridge's config library reads it.
+# Keys: reference/liftbridge.md "Configuration" and liftbridge's server/config.go
+# (liftbridge-io/liftbridge 50ac358). Environment: LIFTBRIDGE_<KEY> with the key upper-cased
+# and dots as underscores (LIFTBRIDGE_DATA_DIR) or kept (LIFTBRIDGE_DATA.DIR, Liftbridge's form).
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any, Mapping
+
+from .config import Durability, GrpcConfig, LogConfig, NatsConfig, RabbitStreamConfig, ServerConfig
+
+log = logging.getLogger("riverlog.config")
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_UNIT_NS = {"ns": 1, "us": 1_000, "µs": 1_000, "μs": 1_000, "ms": 1_000_000, "s": 1_000_000_000,
+            "m": 60_000_000_000, "h": 3_600_000_000_000}
+
+# Keys whose values riverlog uses.
+USED_KEYS = {
+    "listen", "host", "port", "data.dir", "logging.level", "batch.max.messages",
+    "nats.servers", "nats.embedded", "nats.embedded.config",
+    "streams.retention.max.bytes", "streams.retention.max.messages", "streams.retention.max.age",
+    "streams.cleaner.interval", "streams.segment.max.bytes", "streams.segment.max.age",
+    "streams.compact.enabled", "streams.auto.pause.time",
+    "streams.auto.pause.disable.if.subscribers", "streams.concurrency.control",
+    "streams.encryption", "clustering.server.id", "clustering.namespace",
+    "clustering.replication.max.bytes", "clustering.min.insync.replicas",
+    "activity.stream.enabled", "activity.stream.publish.timeout",
+    "activity.stream.publish.ack.policy", "cursors.stream.partitions",
+    "groups.consumer.timeout", "groups.coordinator.timeout",
+    # riverlog's own
+    "riverlog.durability", "riverlog.fsync.interval", "riverlog.stream.host",
+    "riverlog.stream.port", "riverlog.nats.host", "riverlog.nats.port",
+}
+# Liftbridge keys that have no effect on one riverlog server (accepted, logged).
+IGNORED_KEYS = {
+    "metadata.cache.max.age", "logging.recovery", "logging.raft", "logging.nats",
+    "batch.max.time", "streams.compact.max.goroutines", "clustering.raft.snapshot.retain",
+    "clustering.raft.snapshot.threshold", "clustering.raft.cache.size",
+    "clustering.raft.bootstrap.seed", "clustering.raft.bootstrap.peers",
+    "clustering.raft.max.quorum.size", "clustering.replica.max.lag.time",
+    "clustering.replica.max.leader.timeout", "clustering.replica.max.idle.wait",
+    "clustering.replica.fetch.timeout", "cursors.stream.replication.factor",
+    "cursors.stream.auto.pause.time", "telemetry.enabled", "telemetry.interval.seconds",
+}
+# Liftbridge keys riverlog cannot honour: refusing is safer than pretending.
+UNSUPPORTED_KEYS = {
+    "tls.key", "tls.cert", "tls.client.auth.enabled", "tls.client.auth.ca",
+    "tls.client.authz.enabled", "tls.client.authz.model", "tls.client.authz.policy",
+    "nats.user", "nats.password", "nats.tls.cert", "nats.tls.key", "nats.tls.ca",
+}
+KNOWN_KEYS = USED_KEYS | IGNORED_KEYS | UNSUPPORTED_KEYS
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the key and the problem."""
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested YAML maps to dotted, lower-cased keys: {"a": {"b.c": 1}} -> {"a.b.c": 1}."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'the configuration'}: expected a map of settings")
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}.{key}".lower() if prefix else str(key).lower()
+        if isinstance(value, dict) and name not in KNOWN_KEYS:
+            out.update(flatten(value, name))
+        else:
+            out[name] = value
+    return out
+
+
+def read_file(path: str) -> dict[str, Any]:
+    """The settings of a Liftbridge YAML file, flattened. Raises ConfigError."""
+    import yaml
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except OSError as exc:
+        raise ConfigError(f"Failed to load configuration file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"Failed to load configuration file {path}: {exc}") from None
+    return flatten(data or {})
+
+
+def read_environment(environ: Mapping[str, str]) -> dict[str, Any]:
+    """LIFTBRIDGE_* variables naming a known key, as settings (values still strings)."""
+    by_env = {}
+    for key in KNOWN_KEYS:
+        by_env["LIFTBRIDGE_" + key.upper()] = key
+        by_env["LIFTBRIDGE_" + key.upper().replace(".", "_")] = key
+    return {by_env[name]: value for name, value in environ.items() if name in by_env}
+
+
+def parse_duration_ns(key: str, value: Any) -> int:
+    """A Go duration ("1h30m", "300ms", "1.5s") or a number of nanoseconds, in ns."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a duration, got {value!r}")
+    if isinstance(value, (int, float)):
+        return int(value)
+    text = str(value).strip()
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    sign = -1 if text.startswith("-") else 1
+    text = text.lstrip("+-")
+    pos, total = 0, 0.0
+    for m in _DURATION_PART.finditer(text):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNIT_NS[m.group(2)]
+        pos = m.end()
+    if pos != len(text) or not text:
+        raise ConfigError(f"{key}: bad duration {value!r} (use e.g. 168h, 5m, 30s, 500ms)")
+    return sign * int(total)
+
+
+def _ms(key: str, value: Any) -> int:
+    return parse_duration_ns(key, value) // 1_000_000
+
+
+def _int(key: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    try:
+        return int(str(value).strip()) if not isinstance(value, int) else value
+    except ValueError:
+        raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+
+
+def _bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "t", "true", "yes", "on"):
+        return True
+    if text in ("0", "f", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{key}: expected true or false, got {value!r}")
+
+
+def _list(value: Any) -> list[str]:
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    return [str(i).strip() for i in items if str(i).strip()]
+
+
+def _host_port(key: str, value: Any) -> tuple[str | None, int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return None, value
+    text = str(value).strip()
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        raise ConfigError(f"{key}: could not parse address string {text!r}")
+    return host.strip("[]") or None, _int(key, port)
+
+
+def load(path: str | None, environ: Mapping[str, str]) -> dict[str, Any]:
+    """File settings overridden by LIFTBRIDGE_* environment settings. Raises ConfigError for
+    unknown keys and unreadable files."""
+    values: dict[str, Any] = read_file(path) if path else {}
+    values.update(read_environment(environ))
+    unknown = sorted(k for k in values if k not in KNOWN_KEYS)
+    if unknown:
+        raise ConfigError(f"Unknown configuration setting {unknown[0]!r}")
+    refused = sorted(k for k in values if k in UNSUPPORTED_KEYS)
+    if refused:
+        raise ConfigError(f"configuration setting {refused[0]!r} is not supported by riverlog "
+                          f"(no TLS or NATS credentials yet)")
+    return values
+
+
+def log_ignored(values: dict[str, Any]) -> None:
+    """Log the settings that have no effect on one riverlog server (once logging is set up)."""
+    for key in sorted(k for k in values if k in IGNORED_KEYS):
+        log.info("configuration setting %s has no effect on a single riverlog server", key)
+
+
+def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, str]:
+    """The ServerConfig from merged settings and the command-line ``flags`` that were given
+    (flags win). Returns (config, log level). Raises ConfigError / ValueError naming the key."""
+    v = dict(values)
+    for flag, key in (("data_dir", "data.dir"), ("port", "port"), ("server_id",
+                      "clustering.server.id"), ("namespace", "clustering.namespace"),
+                      ("level", "logging.level"), ("durability", "riverlog.durability"),
+                      ("stream_port", "riverlog.stream.port"), ("nats_port", "riverlog.nats.port")):
+        if flags.get(flag) is not None:
+            v[key] = flags[flag]
+    if flags.get("fsync_interval_ms") is not None:
+        v["riverlog.fsync.interval"] = f"{flags['fsync_interval_ms']}ms"
+    if flags.get("nats_servers"):
+        v["nats.servers"] = flags["nats_servers"]
+    if flags.get("embedded_nats"):
+        v["nats.embedded"] = True
+    if flags.get("embedded_nats_config"):
+        v["nats.embedded.config"] = flags["embedded_nats_config"]
+
+    if v.get("streams.encryption") is not None and _bool("streams.encryption",
+                                                         v["streams.encryption"]):
+        raise ConfigError("streams.encryption: riverlog does not encrypt streams at rest")
+    min_isr = v.get("clustering.min.insync.replicas")
+    if min_isr is not None and _int("clustering.min.insync.replicas", min_isr) > 1:
+        raise ConfigError("clustering.min.insync.replicas: a single riverlog server has one "
+                          "replica, so it must be 1")
+
+    # the log defaults every partition starts from
+    log_kwargs: dict[str, Any] = {}
+    for key, field, conv in (
+            ("streams.retention.max.bytes", "retention_max_bytes", _int),
+            ("streams.retention.max.messages", "retention_max_messages", _int),
+            ("streams.retention.max.age", "retention_max_age_ms", _ms),
+            ("streams.segment.max.bytes", "segment_max_bytes", _int),
+            ("streams.segment.max.age", "segment_max_age_ms", _ms),
+            ("streams.compact.enabled", "compact", _bool),
+            ("riverlog.fsync.interval", "fsync_interval_ms", _ms)):
+        if v.get(key) is not None:
+            log_kwargs[field] = conv(key, v[key])
+    if "retention_max_age_ms" in log_kwargs and "segment_max_age_ms" not in log_kwargs \
+            and log_kwargs["retention_max_age_ms"] > 0:
+        log_kwargs["segment_max_age_ms"] = log_kwargs["retention_max_age_ms"]  # as Liftbridge
+    if v.get("riverlog.durability") is not None:
+        try:
+            log_kwargs["durability"] = Durability(str(v["riverlog.durability"]).lower())
+        except ValueError:
+            raise ConfigError(f"riverlog.durability: expected one of always, interval, never, "
+                              f"got {v['riverlog.durability']!r}") from None
+    try:
+        log_config = LogConfig(**log_kwargs)
+    except ValueError as exc:
+        raise ConfigError(f"streams settings: {exc}") from None
+
+    # gRPC (Liftbridge's listen/host/port)
+    base_host = flags.get("host") or "127.0.0.1"
+    grpc_host, grpc_port, advertised = base_host, GrpcConfig().port, flags.get("advertised_host")
+    if v.get("listen") is not None:
+        lhost, lport = _host_port("listen", v["listen"])
+        grpc_host = lhost or grpc_host
+        grpc_port = lport
+    if v.get("host") is not None:
+        advertised = advertised or str(v["host"])
+        if v.get("listen") is None:
+            grpc_host = str(v["host"])
+    explicit_port = v.get("port") is not None or v.get("listen") is not None
+    if v.get("port") is not None:
+        grpc_port = _int("port", v["port"])
+    grpc_kwargs: dict[str, Any] = {"host": grpc_host, "port": grpc_port,
+                                   "advertised_host": advertised,
+                                   "port_fallback": not explicit_port}
+    for key, field, conv in (
+            ("clustering.server.id", "server_id", lambda k, x: str(x) or None),
+            ("clustering.replication.max.bytes", "replication_max_bytes", _int),
+            ("batch.max.messages", "batch_max_messages", _int),
+            ("cursors.stream.partitions", "cursors_partitions", _int),
+            ("activity.stream.enabled", "activity_enabled", _bool),
+            ("activity.stream.publish.timeout", "activity_publish_timeout_ms", _ms),
+            ("groups.consumer.timeout", "consumer_timeout_ms", _ms),
+            ("groups.coordinator.timeout", "coordinator_timeout_ms", _ms),
+            ("streams.auto.pause.time", "auto_pause_time_ms", _ms),
+            ("streams.auto.pause.disable.if.subscribers", "auto_pause_disable_if_subscribers",
+             _bool),
+            ("streams.concurrency.control", "concurrency_control", _bool)):
+        if v.get(key) is not None:
+            grpc_kwargs[field] = conv(key, v[key])
+    policy = v.get("activity.stream.publish.ack.policy")
+    if policy is not None and str(policy).lower() not in ("none", "leader", "all"):
+        raise ConfigError(f"Unknown activity stream publish ack policy {policy!r}")
+    grpc_config = GrpcConfig(**grpc_kwargs)
+
+    # NATS
+    servers = _list(v["nats.servers"]) if v.get("nats.servers") is not None else []
+    embedded = _bool("nats.embedded", v["nats.embedded"]) if v.get("nats.embedded") is not None \
+        else False
+    nats_kwargs: dict[str, Any] = {
+        "servers": () if (embedded or not servers) else tuple(servers),
+        "host": str(v.get("riverlog.nats.host") or base_host),
+    }
+    if v.get("riverlog.nats.port") is not None:
+        nats_kwargs["port"] = _int("riverlog.nats.port", v["riverlog.nats.port"])
+    else:  # the default port: if it is taken, warn and take a free one
+        nats_kwargs["port_fallback"] = True
+    if v.get("nats.embedded.config"):
+        nats_kwargs["embedded_config"] = str(v["nats.embedded.config"])
+    if v.get("clustering.namespace"):
+        nats_kwargs["namespace"] = str(v["clustering.namespace"])
+    nats_config = NatsConfig(**nats_kwargs)
+
+    stream_kwargs: dict[str, Any] = {"host": str(v.get("riverlog.stream.host") or base_host)}
+    if v.get("riverlog.stream.port") is not None:
+        stream_kwargs["port"] = _int("riverlog.stream.port", v["riverlog.stream.port"])
+    if flags.get("advertised_host"):
+        stream_kwargs["advertised_host"] = flags["advertised_host"]
+    if flags.get("advertised_port") is not None:
+        stream_kwargs["advertised_port"] = flags["advertised_port"]
+
+    level = str(v.get("logging.level") or "info").lower()
+    level = {"warn": "warning"}.get(level, level)
+    if level not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"Invalid logging.level setting {level!r}")
+    config = ServerConfig(data_dir=str(v.get("data.dir") or "./data"), log=log_config,
+                          rabbitmq_stream=RabbitStreamConfig(**stream_kwargs),
+                          nats=nats_config, grpc=grpc_config)
+    return config, level

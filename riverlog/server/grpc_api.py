@@ -1,0 +1,400 @@
+# The Liftbridge gRPC front door: the `/proto.API/*` service that Liftbridge clients
+# (gufo-liftbridge, go-liftbridge, ...) call, on grpc.aio. Owns the listening port and the
+# translation of each RPC into calls on the shared Liftbridge layer (server/liftbridge.py);
+# the streaming RPCs are in grpc_streams.py. Rules: handlers get raw request bytes and parse
+# them, so a malformed request gets InvalidArgument naming the message type; every refusal uses
+# exactly the gRPC status code Liftbridge uses, with its message; Publish waits for its ack
+# only when the call has a deadline and the ack policy is not NONE.
+# Wire facts: reference/liftbridge.md (service, field numbers, status codes); checks and
+# messages from liftbridge's server/api.go and metadata.go (liftbridge-io/liftbridge 50ac358).
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import Callable
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from ..broker import Partition, StreamConfig
+from ..broker.cursors import CursorsDisabledError
+from ..broker.groups import GroupError
+from ..config import GrpcConfig
+from ..errors import LogClosedError
+from ..protocol.liftbridge import api_pb2 as pb
+from ..protocol.liftbridge.envelope import encode_publish
+from .grpc_streams import (ack_error_to_async, exact_nats_size, nats_size, publish_async,
+                           subscribe)
+from .liftbridge import NONE, Liftbridge, LiftbridgeError, new_id, partition_subject
+
+log = logging.getLogger("riverlog.grpc")
+
+SERVICE = "proto.API"
+_ASYNC = pb.PublishAsyncError.Code
+# Liftbridge's convertPublishAsyncError: PublishAsyncError code -> gRPC status
+_PUBLISH_STATUS = {
+    "NOT_FOUND": grpc.StatusCode.NOT_FOUND, _ASYNC.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    "BAD_REQUEST": grpc.StatusCode.INVALID_ARGUMENT,
+    _ASYNC.BAD_REQUEST: grpc.StatusCode.INVALID_ARGUMENT,
+    "READONLY": grpc.StatusCode.FAILED_PRECONDITION,
+    _ASYNC.READONLY: grpc.StatusCode.FAILED_PRECONDITION,
+    _ASYNC.ENCRYPTION_FAILED: grpc.StatusCode.INTERNAL,
+}
+
+
+def _serialize(message) -> bytes:
+    return message.SerializeToString()
+
+
+async def _parse(cls, raw: bytes, context):
+    try:
+        return cls.FromString(raw)
+    except DecodeError as exc:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {cls.__name__}: {exc}")
+
+
+def _nullable(field):
+    return field.value if field is not None else None
+
+
+class GrpcApi:
+    """The gRPC server. ``await start()`` (raises OSError naming a taken port), ``await stop()``."""
+
+    def __init__(self, service: Liftbridge, config: GrpcConfig) -> None:
+        self.service = service
+        self.config = config
+        self.port = config.port
+        self._server: grpc.aio.Server | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        options = [("grpc.max_receive_message_length", self.config.max_message_bytes),
+                   ("grpc.max_send_message_length", self.config.max_message_bytes),
+                   ("grpc.so_reuseport", 0)]
+        server = grpc.aio.server(options=options)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            SERVICE, self._handlers()),))
+        host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+        address = f"{host}:{self.config.port}"
+        port = self._listen(server, address)
+        if not port and self.config.port_fallback and self.config.port:
+            log.warning("Liftbridge gRPC port %s is taken; listening on a free port instead "
+                        "(pass --port to require one)", address)
+            port = self._listen(server, f"{host}:0")
+        if not port:
+            raise OSError(f"cannot listen for Liftbridge gRPC clients on {address}: the address "
+                          f"is in use or not available (use --port for another port)")
+        await server.start()
+        self._server = server
+        self.port = self.service.port = port
+        log.info("Liftbridge gRPC API listening on %s:%d", self.config.host, port)
+
+    @staticmethod
+    def _listen(server, address: str) -> int:
+        try:
+            return server.add_insecure_port(address)
+        except RuntimeError as exc:
+            log.debug("add_insecure_port(%s): %s", address, exc)
+            return 0
+
+    async def stop(self, grace: float = 2.0) -> None:
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+
+    def _handlers(self) -> dict:
+        unary = grpc.unary_unary_rpc_method_handler
+        handlers: dict[str, object] = {}
+        for name in ("CreateStream", "DeleteStream", "PauseStream", "SetStreamReadonly",
+                     "FetchMetadata", "FetchPartitionMetadata", "Publish", "PublishToSubject",
+                     "SetCursor", "FetchCursor", "JoinConsumerGroup", "LeaveConsumerGroup",
+                     "FetchConsumerGroupAssignments", "ReportConsumerGroupCoordinator"):
+            handlers[name] = unary(self._guard(getattr(self, name)),
+                                   response_serializer=_serialize)
+        service = self.service
+        # partial(), not a lambda: grpc.aio must see an async generator function
+        handlers["Subscribe"] = grpc.unary_stream_rpc_method_handler(
+            functools.partial(subscribe, service))
+        handlers["PublishAsync"] = grpc.stream_stream_rpc_method_handler(
+            functools.partial(publish_async, service))
+        return handlers
+
+    @staticmethod
+    def _guard(method: Callable):
+        async def handler(raw: bytes, context):
+            try:
+                return await method(raw, context)
+            except LiftbridgeError as exc:
+                await context.abort(getattr(grpc.StatusCode, exc.code, grpc.StatusCode.UNKNOWN),
+                                    exc.message)
+            except GroupError as exc:
+                code = (grpc.StatusCode.NOT_FOUND if exc.kind == "not_found"
+                        else grpc.StatusCode.FAILED_PRECONDITION)
+                await context.abort(code, str(exc))
+            except CursorsDisabledError as exc:
+                await context.abort(grpc.StatusCode.INTERNAL, str(exc))
+            except LogClosedError as exc:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"not available: {exc}")
+        handler.__name__ = method.__name__
+        return handler
+
+    # -- streams ------------------------------------------------------------------------
+    async def CreateStream(self, raw: bytes, context) -> pb.CreateStreamResponse:
+        req = await _parse(pb.CreateStreamRequest, raw, context)
+        partitions = req.partitions or 1
+        if partitions < 0:
+            raise LiftbridgeError("INVALID_ARGUMENT", f"Invalid partitions {req.partitions}")
+        rf = req.replicationFactor or 1
+        if rf == -1:
+            rf = 1
+        if rf <= 0:
+            raise LiftbridgeError("INVALID_ARGUMENT", f"Invalid replicationFactor {rf}")
+        if rf > 1:
+            raise LiftbridgeError("INVALID_ARGUMENT",
+                                  f"Invalid replicationFactor {rf}, cluster size 1")
+        if req.HasField("encryption") and req.encryption.value:
+            raise LiftbridgeError("FAILED_PRECONDITION",
+                                  "Failed on preconditions for stream's encryption handler: "
+                                  "riverlog does not encrypt streams at rest")
+        defaults = self.config
+
+        def opt(name: str):
+            return _nullable(getattr(req, name)) if req.HasField(name) else None
+
+        occ = opt("optimisticConcurrencyControl")
+        auto_pause = opt("autoPauseTime")
+        auto_subs = opt("autoPauseDisableIfSubscribers")
+        config = StreamConfig(
+            subject=req.subject, group=req.group or None, partitions=partitions,
+            retention_max_bytes=opt("retentionMaxBytes"),
+            retention_max_messages=opt("retentionMaxMessages"),
+            retention_max_age_ms=opt("retentionMaxAge"),
+            cleaner_interval_ms=opt("cleanerInterval"),
+            segment_max_bytes=opt("segmentMaxBytes"),
+            segment_max_age_ms=opt("segmentMaxAge"),
+            compact=opt("compactEnabled"),
+            compact_max_goroutines=opt("compactMaxGoroutines"),
+            min_isr=opt("minIsr"), replication_factor=rf,
+            optimistic_concurrency=defaults.concurrency_control if occ is None else occ,
+            auto_pause_time_ms=defaults.auto_pause_time_ms if auto_pause is None else auto_pause,
+            auto_pause_disable_if_subscribers=(defaults.auto_pause_disable_if_subscribers
+                                               if auto_subs is None else auto_subs))
+        self.service.create_stream(req.name, req.subject, config)
+        if self.service.bridge is not None:
+            await self.service.bridge.sync()
+        return pb.CreateStreamResponse()
+
+    async def DeleteStream(self, raw: bytes, context) -> pb.DeleteStreamResponse:
+        req = await _parse(pb.DeleteStreamRequest, raw, context)
+        self.service.delete_stream(req.name)
+        if self.service.bridge is not None:
+            await self.service.bridge.sync()
+        return pb.DeleteStreamResponse()
+
+    async def PauseStream(self, raw: bytes, context) -> pb.PauseStreamResponse:
+        req = await _parse(pb.PauseStreamRequest, raw, context)
+        self.service.pause(req.name, list(req.partitions), req.resumeAll)
+        if self.service.bridge is not None:
+            await self.service.bridge.sync()
+        return pb.PauseStreamResponse()
+
+    async def SetStreamReadonly(self, raw: bytes, context) -> pb.SetStreamReadonlyResponse:
+        req = await _parse(pb.SetStreamReadonlyRequest, raw, context)
+        self.service.set_readonly(req.name, list(req.partitions), req.readonly)
+        return pb.SetStreamReadonlyResponse()
+
+    # -- metadata -----------------------------------------------------------------------
+    def _partition_metadata(self, partition: Partition) -> pb.PartitionMetadata:
+        sid = self.service.server_id
+        events = partition.events
+
+        def stamps(kind: str) -> pb.PartitionEventTimestamps:
+            first, latest = events.get(kind, (0, 0))
+            return pb.PartitionEventTimestamps(firstTimestamp=first, latestTimestamp=latest)
+
+        return pb.PartitionMetadata(
+            id=partition.index, leader=sid, replicas=[sid], isr=[sid],
+            highWatermark=partition.committed_offset, newestOffset=partition.next_offset - 1,
+            paused=partition.paused, readonly=partition.readonly,
+            messagesReceivedTimestamps=stamps("received"), pauseTimestamps=stamps("pause"),
+            readonlyTimestamps=stamps("readonly"))
+
+    async def FetchMetadata(self, raw: bytes, context) -> pb.FetchMetadataResponse:
+        req = await _parse(pb.FetchMetadataRequest, raw, context)
+        service = self.service
+        streams = service.broker.streams
+        names = list(req.streams) or list(streams)
+        total = sum(len(s.partitions) for s in streams.values())
+        host, port = service.advertised
+        resp = pb.FetchMetadataResponse(brokers=[pb.Broker(
+            id=service.server_id, host=host, port=port, partitionCount=total, leaderCount=total)])
+        for name in names:
+            stream = streams.get(name)
+            if stream is None:
+                resp.streamMetadata.add(name=name, error=pb.StreamMetadata.Error.UNKNOWN_STREAM)
+                continue
+            meta = resp.streamMetadata.add(name=name, subject=stream.config.subject or "",
+                                           creationTimestamp=stream.created_ns)
+            for partition in stream.partitions:
+                meta.partitions[partition.index].CopyFrom(self._partition_metadata(partition))
+        for group_id in req.groups:
+            found = service.groups.coordinator_of(group_id)
+            if found is None:
+                resp.groupMetadata.add(groupId=group_id,
+                                       error=pb.ConsumerGroupMetadata.Error.UNKNOWN_GROUP)
+            else:
+                resp.groupMetadata.add(groupId=group_id, coordinator=found[0], epoch=found[1])
+        return resp
+
+    async def FetchPartitionMetadata(self, raw: bytes, context):
+        req = await _parse(pb.FetchPartitionMetadataRequest, raw, context)
+        partition = self.service.partition(req.stream, req.partition)
+        if partition is None:
+            raise LiftbridgeError("NOT_FOUND", "partition not found")
+        return pb.FetchPartitionMetadataResponse(metadata=self._partition_metadata(partition))
+
+    # -- publishing ---------------------------------------------------------------------
+    async def Publish(self, raw: bytes, context) -> pb.PublishResponse:
+        req = await _parse(pb.PublishRequest, raw, context)
+        service = self.service
+        try:
+            stream, partition = service.check_publish(req.stream, req.partition, req.ackPolicy)
+        except LiftbridgeError as exc:
+            await context.abort(_PUBLISH_STATUS.get(exc.code, grpc.StatusCode.UNKNOWN),
+                                exc.message)
+        service.resume_for_publish(stream, partition)
+        subject = partition_subject(stream.config.subject or "", partition.index)
+        size = nats_size(req, subject)
+        if size > service.config.replication_max_bytes:
+            size = exact_nats_size(req, subject)
+        timeout = context.time_remaining()
+        bridge = service.bridge
+        nats_ack = bridge.send_ack if (bridge is not None and req.ackInbox) else None
+        expected = None if req.expectedOffset == -1 else req.expectedOffset
+        if timeout is None or req.ackPolicy == NONE:
+            service.ingest(stream, partition, value=req.value, key=req.key or None,
+                           headers=req.headers, msg_subject=subject, reply="",
+                           ack_inbox=req.ackInbox, correlation_id=req.correlationId,
+                           ack_policy=req.ackPolicy, expected_offset=expected, size=size,
+                           deliver=nats_ack)
+            return pb.PublishResponse()
+        inbox = req.ackInbox or f"{service.namespace}.ack.{new_id()}"
+        future = asyncio.get_running_loop().create_future()
+
+        def deliver(ack: pb.Ack) -> None:
+            if nats_ack is not None:
+                nats_ack(ack)
+            if not future.done():
+                future.set_result(ack)
+
+        def fail(exc: BaseException) -> None:
+            if not future.done():
+                future.set_exception(exc)
+
+        service.ingest(stream, partition, value=req.value, key=req.key or None,
+                       headers=req.headers, msg_subject=subject, reply="", ack_inbox=inbox,
+                       correlation_id=req.correlationId, ack_policy=req.ackPolicy,
+                       expected_offset=expected, size=size, deliver=deliver, fail=fail)
+        try:
+            ack = await asyncio.wait_for(future, max(timeout, 0.001))
+        except asyncio.TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "timed out waiting for the ack")
+        except Exception as exc:
+            await context.abort(grpc.StatusCode.INTERNAL, f"publish failed: {exc}")
+        problem = ack_error_to_async(ack.ackError)
+        if problem is not None:
+            await context.abort(_PUBLISH_STATUS.get(problem[0], grpc.StatusCode.UNKNOWN),
+                                problem[1])
+        return pb.PublishResponse(ack=ack)
+
+    async def PublishToSubject(self, raw: bytes, context) -> pb.PublishToSubjectResponse:
+        req = await _parse(pb.PublishToSubjectRequest, raw, context)
+        bridge = self.service.bridge
+        if bridge is None:
+            raise LiftbridgeError("UNAVAILABLE", "NATS is not configured on this server")
+        if not req.subject:
+            raise LiftbridgeError("INVALID_ARGUMENT", "No subject provided")
+        inbox = req.ackInbox or f"{self.service.namespace}.ack.{new_id()}"
+        data = encode_publish(pb.Message(
+            key=req.key, value=req.value, subject=req.subject, headers=dict(req.headers),
+            ackInbox=inbox, correlationId=req.correlationId, ackPolicy=req.ackPolicy))
+        timeout = context.time_remaining()
+        if req.ackPolicy == NONE:
+            timeout = None
+        try:
+            ack = await bridge.publish_wait_ack(req.subject, data, inbox, timeout)
+        except asyncio.TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "timed out waiting for the ack")
+        except OSError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+        return pb.PublishToSubjectResponse(ack=ack) if ack is not None else \
+            pb.PublishToSubjectResponse()
+
+    # -- cursors ------------------------------------------------------------------------
+    async def SetCursor(self, raw: bytes, context) -> pb.SetCursorResponse:
+        req = await _parse(pb.SetCursorRequest, raw, context)
+        if not req.stream:
+            raise LiftbridgeError("INVALID_ARGUMENT", "No stream provided")
+        if not req.cursorId:
+            raise LiftbridgeError("INVALID_ARGUMENT", "No cursorId provided")
+        try:
+            await self.service.cursors.set(req.cursorId, req.stream, req.partition, req.offset)
+        except (OSError, LogClosedError) as exc:
+            raise LiftbridgeError("INTERNAL", f"cannot store the cursor: {exc}") from None
+        return pb.SetCursorResponse()
+
+    async def FetchCursor(self, raw: bytes, context) -> pb.FetchCursorResponse:
+        req = await _parse(pb.FetchCursorRequest, raw, context)
+        if not req.stream:
+            raise LiftbridgeError("INVALID_ARGUMENT", "No stream provided")
+        if not req.cursorId:
+            raise LiftbridgeError("INVALID_ARGUMENT", "No cursorId provided")
+        return pb.FetchCursorResponse(
+            offset=self.service.cursors.get(req.cursorId, req.stream, req.partition))
+
+    # -- consumer groups ----------------------------------------------------------------
+    @staticmethod
+    def _ids(req) -> None:
+        if not req.groupId:
+            raise LiftbridgeError("INVALID_ARGUMENT", "No groupId provided")
+        if not req.consumerId:
+            raise LiftbridgeError("INVALID_ARGUMENT", "No consumerId provided")
+
+    async def JoinConsumerGroup(self, raw: bytes, context) -> pb.JoinConsumerGroupResponse:
+        req = await _parse(pb.JoinConsumerGroupRequest, raw, context)
+        self._ids(req)
+        if not req.streams:
+            raise LiftbridgeError("INVALID_ARGUMENT", "No streams provided")
+        coordinator, epoch = self.service.join_group(req.groupId, req.consumerId,
+                                                     list(req.streams))
+        # Liftbridge sends Go time.Duration values here: nanoseconds.
+        return pb.JoinConsumerGroupResponse(
+            coordinator=coordinator, epoch=epoch,
+            consumerTimeout=self.config.consumer_timeout_ms * 1_000_000,
+            coordinatorTimeout=self.config.coordinator_timeout_ms * 1_000_000)
+
+    async def LeaveConsumerGroup(self, raw: bytes, context) -> pb.LeaveConsumerGroupResponse:
+        req = await _parse(pb.LeaveConsumerGroupRequest, raw, context)
+        self._ids(req)
+        self.service.groups.leave(req.groupId, req.consumerId)
+        return pb.LeaveConsumerGroupResponse()
+
+    async def FetchConsumerGroupAssignments(self, raw: bytes, context):
+        req = await _parse(pb.FetchConsumerGroupAssignmentsRequest, raw, context)
+        self._ids(req)
+        assignments, epoch = self.service.groups.assignments(req.groupId, req.consumerId,
+                                                             req.epoch)
+        resp = pb.FetchConsumerGroupAssignmentsResponse(epoch=epoch)
+        for stream in sorted(assignments):
+            resp.assignments.add(stream=stream, partitions=assignments[stream])
+        return resp
+
+    async def ReportConsumerGroupCoordinator(self, raw: bytes, context):
+        req = await _parse(pb.ReportConsumerGroupCoordinatorRequest, raw, context)
+        self._ids(req)
+        if not req.coordinator:
+            raise LiftbridgeError("INVALID_ARGUMENT", "No coordinator provided")
+        self.service.groups.report_coordinator(req.groupId, req.consumerId, req.coordinator,
+                                               req.epoch)
+        return pb.ReportConsumerGroupCoordinatorResponse()

@@ -1,0 +1,495 @@
+# Liftbridge semantics shared by the two Liftbridge doors (NATS bridge and gRPC API): stream
+# administration with Liftbridge's rules (subjects, reserved names, pause/resume, read-only),
+# the publish path (size limit, optimistic concurrency, ack policies and the Ack they produce),
+# cursors, consumer groups, the activity stream and auto pause. The doors translate their wire
+# requests into calls here and the answers back; this module owns no socket.
+# Rules: every write goes through the broker's per-partition Appender (one chunk per partition
+# per event-loop turn); an Ack is produced per ack policy (LEADER once written, ALL once
+# committed, NONE never) with correlation id and reception/commit timestamps in ns; stored
+# Liftbridge messages carry the headers "subject" and "reply" as Liftbridge adds them.
+# Wire facts: reference/liftbridge.md; details (messages, checks, their order) from liftbridge's
+# server/api.go, partition.go, metadata.go (liftbridge-io/liftbridge 50ac358).
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import time
+from typing import Callable, Iterable
+
+from ..broker import Broker, Partition, Stream, StreamConfig
+from ..broker.appender import Appenders
+from ..broker.cursors import CURSORS_STREAM, Cursors
+from ..broker.groups import ConsumerGroups
+from ..config import GrpcConfig, NatsConfig
+from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
+from ..protocol.liftbridge import api_pb2 as pb
+from ..record import Record, encode_record
+
+log = logging.getLogger("riverlog.liftbridge")
+
+ACTIVITY_STREAM = "__activity"
+RESERVED_STREAMS = (ACTIVITY_STREAM, CURSORS_STREAM)
+SERVER_ID_FILE = "liftbridge-server-id"
+
+LEADER, ALL, NONE = pb.AckPolicy.LEADER, pb.AckPolicy.ALL, pb.AckPolicy.NONE
+ACK_OK = pb.Ack.Error.OK
+ACK_INCORRECT_OFFSET = pb.Ack.Error.INCORRECT_OFFSET
+ACK_TOO_LARGE = pb.Ack.Error.TOO_LARGE
+ACK_UNKNOWN = pb.Ack.Error.UNKNOWN
+
+
+class LiftbridgeError(Exception):
+    """A request refused with Liftbridge's answer: ``code`` is a grpc.StatusCode name
+    ("NOT_FOUND", "INVALID_ARGUMENT", ...) and the message is Liftbridge's text."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def is_valid_subject(subject: str) -> bool:
+    """A NATS subject: no whitespace, no empty token (liftbridge api.go isValidSubject)."""
+    if not subject or any(c in subject for c in " \t\r\n"):
+        return False
+    return all(subject.split("."))
+
+
+def partition_subject(subject: str, index: int) -> str:
+    """The NATS subject partition ``index`` listens on: ``subject``, ``subject.1``, ..."""
+    return subject if index == 0 else f"{subject}.{index}"
+
+
+def new_id() -> str:
+    """A random id like NATS's NUID (22 characters, base 62)."""
+    alphabet = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+    return "".join(secrets.choice(alphabet) for _ in range(22))
+
+
+def load_server_id(data_dir: str, configured: str | None) -> str:
+    """The server id: ``configured`` if given, else the one kept in DATA/liftbridge-server-id
+    (generated and saved on first use)."""
+    if configured:
+        return configured
+    path = os.path.join(data_dir, SERVER_ID_FILE)
+    try:
+        with open(path) as f:
+            saved = f.read().strip()
+        if saved:
+            return saved
+    except FileNotFoundError:
+        pass
+    server_id = new_id()
+    os.makedirs(data_dir, exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        f.write(server_id + "\n")
+    os.replace(path + ".tmp", path)
+    return server_id
+
+
+class AckSink:
+    """Appender sink that turns a write into a Liftbridge Ack and hands it to ``deliver``.
+
+    ``ack`` is prefilled (stream, subjects, inbox, correlation id, policy, reception time);
+    ``offset`` and ``commitTimestamp`` are set when the policy's moment comes. ``fail`` is
+    called with the exception when the write fails (None: the failure is only logged).
+    """
+
+    __slots__ = ("ack", "deliver", "fail")
+
+    def __init__(self, ack: pb.Ack, deliver: Callable[[pb.Ack], None],
+                 fail: Callable[[BaseException], None] | None = None) -> None:
+        self.ack = ack
+        self.deliver = deliver
+        self.fail = fail
+
+    def written(self, offset: int) -> None:
+        ack = self.ack
+        ack.offset = offset
+        if ack.ackPolicy == LEADER:
+            ack.commitTimestamp = time.time_ns()
+            self.deliver(ack)
+
+    def committed(self, offset: int) -> None:
+        ack = self.ack
+        if ack.ackPolicy == ALL:
+            ack.commitTimestamp = time.time_ns()
+            self.deliver(ack)
+
+    def failed(self, error: BaseException) -> None:
+        if self.fail is not None:
+            self.fail(error)
+
+
+class Liftbridge:
+    """The Liftbridge side of one riverlog server. ``open()`` (sync, after the broker is
+    open), ``start()`` (on the loop), ``await close()``."""
+
+    def __init__(self, broker: Broker, config: GrpcConfig, nats: NatsConfig | None) -> None:
+        self.broker = broker
+        self.config = config
+        self.namespace = nats.namespace if nats is not None else NatsConfig().namespace
+        self.server_id = load_server_id(broker.data_dir, config.server_id)
+        self.appenders = Appenders(config.batch_max_messages)
+        self.cursors = Cursors(broker, self.appenders, config.cursors_partitions,
+                               f"{self.namespace}.cursors")
+        self.groups = ConsumerGroups(broker.data_dir, self.server_id, config.consumer_timeout_ms,
+                                     config.coordinator_timeout_ms, self._partition_count,
+                                     self._group_left)
+        self.bridge = None  # the NatsBridge, when NATS is on (set by the App)
+        self.host = config.host
+        self.port = config.port
+        # per partition (by id): active Subscribe calls, and group id -> (consumer, epoch, stop)
+        self.subscribers: dict[int, int] = {}
+        self.group_subscribers: dict[int, dict[str, tuple[str, int, Callable[[], None]]]] = {}
+        self._interrupts: dict[int, set[asyncio.Future]] = {}
+        self._resume_all: set[str] = set()  # streams paused with resumeAll
+        self._auto_pause_task: asyncio.Task | None = None
+        self._activity_task: asyncio.Task | None = None
+        self._activity_queue: list[pb.ActivityStreamEvent] = []
+        self._activity_wakeup: asyncio.Event | None = None
+        broker.deletion_listeners.append(self._stream_deleted)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def open(self) -> None:
+        """Create the internal streams that are on (``__cursors``, ``__activity``) and load
+        the cursors."""
+        self.cursors.open()
+        if self.config.activity_enabled and ACTIVITY_STREAM not in self.broker.streams:
+            self.broker.create(ACTIVITY_STREAM, StreamConfig(subject=f"{self.namespace}.activity"))
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.groups.start()
+        self._auto_pause_task = loop.create_task(self._auto_pause_loop())
+        if self.config.activity_enabled:
+            self._activity_wakeup = asyncio.Event()
+            self._activity_task = loop.create_task(self._activity_loop())
+
+    async def close(self) -> None:
+        for task in (self._auto_pause_task, self._activity_task):
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+        if self._activity_queue:
+            self._publish_activity_now()
+        await self.appenders.drain()
+        self.groups.close()
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        host = self.config.advertised_host or (
+            "localhost" if self.host in ("0.0.0.0", "::", "") else self.host)
+        return host, self.config.advertised_port or self.port
+
+    # -- lookups ------------------------------------------------------------------------
+    def stream(self, name: str) -> Stream:
+        """The stream; raises LiftbridgeError NOT_FOUND."""
+        stream = self.broker.streams.get(name)
+        if stream is None:
+            raise LiftbridgeError("NOT_FOUND", f"no such stream: {name}")
+        return stream
+
+    def partition(self, name: str, index: int) -> Partition | None:
+        stream = self.broker.streams.get(name)
+        if stream is None or not 0 <= index < len(stream.partitions):
+            return None
+        return stream.partitions[index]
+
+    def _partition_count(self, name: str) -> int:
+        stream = self.broker.streams.get(name)
+        return 0 if stream is None else len(stream.partitions)
+
+    # -- reader wake-ups ----------------------------------------------------------------
+    def interrupt_future(self, partition: Partition) -> asyncio.Future:
+        """A future completed when ``partition``'s flags change (pause, read-only, delete),
+        so a reader waiting for data can re-check them. Discard it with ``forget_interrupt``."""
+        future = asyncio.get_running_loop().create_future()
+        self._interrupts.setdefault(id(partition), set()).add(future)
+        return future
+
+    def forget_interrupt(self, partition: Partition, future: asyncio.Future) -> None:
+        futures = self._interrupts.get(id(partition))
+        if futures is not None:
+            futures.discard(future)
+            if not futures:
+                del self._interrupts[id(partition)]
+
+    def interrupt(self, partition: Partition) -> None:
+        for future in self._interrupts.pop(id(partition), ()):
+            if not future.done():
+                future.set_result(None)
+
+    # -- stream administration ----------------------------------------------------------
+    def create_stream(self, name: str, subject: str, config: StreamConfig) -> Stream:
+        """CreateStream with Liftbridge's checks. Raises LiftbridgeError INVALID_ARGUMENT
+        (empty name, bad subject, reserved name, bad settings) or ALREADY_EXISTS."""
+        if not name:
+            raise LiftbridgeError("INVALID_ARGUMENT", "Name cannot be empty")
+        if not is_valid_subject(subject):
+            raise LiftbridgeError("INVALID_ARGUMENT", "Subject is invalid")
+        if name in RESERVED_STREAMS:
+            raise LiftbridgeError("INVALID_ARGUMENT", "Stream is reserved")
+        try:
+            stream = self.broker.create(name, config)
+        except StreamExistsError:
+            raise LiftbridgeError("ALREADY_EXISTS", "stream already exists") from None
+        except InvalidArgumentError as exc:
+            raise LiftbridgeError("INVALID_ARGUMENT", str(exc)) from None
+        if self.bridge is not None:
+            self.bridge.attach(stream)
+        self.activity(pb.ActivityStreamEvent(
+            op=pb.ActivityStreamOp.CREATE_STREAM, createStreamOp=pb.CreateStreamOp(
+                stream=name, partitions=range(len(stream.partitions)))))
+        return stream
+
+    def delete_stream(self, name: str) -> None:
+        """DeleteStream. Raises LiftbridgeError INVALID_ARGUMENT (reserved) or NOT_FOUND."""
+        if name in RESERVED_STREAMS:
+            raise LiftbridgeError("INVALID_ARGUMENT", "Stream is reserved")
+        try:
+            self.broker.delete(name)  # listeners: _stream_deleted, the doors
+        except StreamNotFoundError:
+            raise LiftbridgeError("NOT_FOUND", "stream does not exist") from None
+        self.activity(pb.ActivityStreamEvent(
+            op=pb.ActivityStreamOp.DELETE_STREAM, deleteStreamOp=pb.DeleteStreamOp(stream=name)))
+
+    def needs_resume(self, stream: Stream, partition: Partition) -> bool:
+        """Whether a publish to ``partition`` has partitions to resume first."""
+        return partition.paused or stream.name in self._resume_all
+
+    def _stream_deleted(self, stream: Stream) -> None:
+        self._resume_all.discard(stream.name)
+        for partition in stream.partitions:
+            self.interrupt(partition)
+            self.appenders.forget(partition)
+            self.subscribers.pop(id(partition), None)
+            for _, _, stop in self.group_subscribers.pop(id(partition), {}).values():
+                stop()
+        if self.bridge is not None:
+            self.bridge.detach(stream)
+        self.groups.stream_deleted(stream.name)
+
+    def _select(self, stream: Stream, partitions: Iterable[int]) -> list[Partition]:
+        chosen = list(partitions) or range(len(stream.partitions))
+        out = []
+        for index in chosen:
+            if not 0 <= index < len(stream.partitions):
+                raise LiftbridgeError("NOT_FOUND", "partition does not exist")
+            out.append(stream.partitions[index])
+        return out
+
+    def pause(self, name: str, partitions: Iterable[int], resume_all: bool) -> None:
+        """PauseStream: the partitions (all when none given) stop taking NATS messages
+        until a publish resumes them (all of them with ``resume_all``). Raises NOT_FOUND."""
+        stream = self.stream_or_not_found(name)
+        chosen = self._select(stream, partitions)
+        now = time.time_ns()
+        for partition in chosen:
+            partition.paused = True
+            partition.note_event("pause", now)
+            self.interrupt(partition)
+            if self.bridge is not None:
+                self.bridge.pause(stream, partition)
+        if resume_all:  # in memory only, as Liftbridge keeps it
+            self._resume_all.add(stream.name)
+        else:
+            self._resume_all.discard(stream.name)
+        stream.save_metadata()
+        self.activity(pb.ActivityStreamEvent(
+            op=pb.ActivityStreamOp.PAUSE_STREAM, pauseStreamOp=pb.PauseStreamOp(
+                stream=name, partitions=[p.index for p in chosen], resumeAll=resume_all)))
+
+    def stream_or_not_found(self, name: str) -> Stream:
+        stream = self.broker.streams.get(name)
+        if stream is None:
+            raise LiftbridgeError("NOT_FOUND", "stream not found")
+        return stream
+
+    def resume_for_publish(self, stream: Stream, partition: Partition) -> None:
+        """Publishing resumes a paused partition (all paused ones if paused with resumeAll)."""
+        if stream.name in self._resume_all:
+            targets = [p for p in stream.partitions if p.paused]
+            self._resume_all.discard(stream.name)
+        else:
+            targets = [partition] if partition.paused else []
+        if targets:
+            self.resume(stream, targets)
+
+    def resume(self, stream: Stream, partitions: list[Partition]) -> None:
+        now = time.time_ns()
+        for partition in partitions:
+            partition.paused = False
+            partition.note_event("pause", now)
+            if self.bridge is not None:
+                self.bridge.resume(stream, partition)
+        stream.save_metadata()
+        log.info("resumed %s partition(s) %s", stream.name, [p.index for p in partitions])
+        self.activity(pb.ActivityStreamEvent(
+            op=pb.ActivityStreamOp.RESUME_STREAM, resumeStreamOp=pb.ResumeStreamOp(
+                stream=stream.name, partitions=[p.index for p in partitions])))
+
+    def set_readonly(self, name: str, partitions: Iterable[int], readonly: bool) -> None:
+        """SetStreamReadonly: read-only partitions refuse publishes; their subscribers end
+        at the end of the data. Raises NOT_FOUND."""
+        stream = self.stream_or_not_found(name)
+        chosen = self._select(stream, partitions)
+        now = time.time_ns()
+        for partition in chosen:
+            partition.readonly = readonly
+            partition.note_event("readonly", now)
+            self.interrupt(partition)  # readers waiting at the end re-check the flag
+        stream.save_metadata()
+        self.activity(pb.ActivityStreamEvent(
+            op=pb.ActivityStreamOp.SET_STREAM_READONLY,
+            setStreamReadonlyOp=pb.SetStreamReadonlyOp(
+                stream=name, partitions=[p.index for p in chosen], readonly=readonly)))
+
+    # -- publishing ---------------------------------------------------------------------
+    def check_publish(self, name: str, index: int, ack_policy: int) -> tuple[Stream, Partition]:
+        """Liftbridge's publish preconditions, as (code, message) of a PublishAsyncError:
+        raises LiftbridgeError with code "BAD_REQUEST" (no stream name, NONE ack policy on a
+        stream with optimistic concurrency), "NOT_FOUND" (stream, partition), "READONLY"."""
+        if not name:
+            raise LiftbridgeError("BAD_REQUEST", "no stream provided")
+        stream = self.broker.streams.get(name)
+        if stream is None:
+            raise LiftbridgeError("NOT_FOUND", f"no such stream: {name}")
+        if not 0 <= index < len(stream.partitions):
+            raise LiftbridgeError("NOT_FOUND", f"no such partition: {index}")
+        partition = stream.partitions[index]
+        if partition.readonly:
+            raise LiftbridgeError("READONLY", f"readonly partition: {index}")
+        if stream.config.optimistic_concurrency and ack_policy == NONE:
+            raise LiftbridgeError("BAD_REQUEST",
+                                  "stream with concurrency control must have AckPolicy set")
+        return stream, partition
+
+    def ingest(self, stream: Stream, partition: Partition, *, value: bytes, key: bytes | None,
+               headers: dict[str, bytes] | None, msg_subject: str, reply: str,
+               ack_inbox: str, correlation_id: str, ack_policy: int, expected_offset: int | None,
+               size: int, deliver: Callable[[pb.Ack], None] | None,
+               fail: Callable[[BaseException], None] | None = None) -> None:
+        """Store one Liftbridge message (what a partition does with a NATS message).
+
+        ``size`` is the NATS message size Liftbridge compares with
+        ``clustering.replication.max.bytes``; bigger: a TOO_LARGE ack, nothing stored.
+        ``expected_offset`` (None: no check) applies when the stream has optimistic
+        concurrency: a mismatch gets an INCORRECT_OFFSET ack. ``deliver`` gets the Ack when
+        the policy says (never for NONE); None: nobody wants acks. Raises LogClosedError
+        when the partition is gone."""
+        now = time.time_ns()
+        want_ack = deliver is not None and ack_policy != NONE
+        if size > self.config.replication_max_bytes:
+            log.error("rejecting a %d-byte message on %s/%d: it exceeds "
+                      "clustering.replication.max.bytes (%d)", size, stream.name,
+                      partition.index, self.config.replication_max_bytes)
+            if deliver is not None:  # Liftbridge sends this one whatever the policy
+                deliver(self._ack(stream, msg_subject, ack_inbox, correlation_id, ack_policy,
+                                  now, ACK_TOO_LARGE))
+            return
+        hdrs = dict(headers) if headers else {}
+        hdrs["subject"] = msg_subject.encode()
+        hdrs["reply"] = reply.encode()
+        record = encode_record(Record(
+            value=value, key=key, headers=hdrs, timestamp_ns=now, subject=msg_subject or None,
+            reply=reply or None, correlation_id=correlation_id or None,
+            ack_inbox=ack_inbox or None))
+        sink = None
+        if want_ack:
+            sink = AckSink(self._ack(stream, msg_subject, ack_inbox, correlation_id, ack_policy,
+                                     now, ACK_OK), deliver, fail)
+        appender = self.appenders.get(partition)
+        if expected_offset is not None and stream.config.optimistic_concurrency:
+            if not appender.append(record, sink, expected_offset):
+                if deliver is not None:
+                    ack = self._ack(stream, msg_subject, ack_inbox, correlation_id, ack_policy,
+                                    now, ACK_INCORRECT_OFFSET)
+                    ack.commitTimestamp = time.time_ns()
+                    deliver(ack)
+            return
+        appender.append(record, sink)
+
+    @staticmethod
+    def _ack(stream: Stream, msg_subject: str, ack_inbox: str, correlation_id: str,
+             ack_policy: int, reception_ns: int, error: int) -> pb.Ack:
+        return pb.Ack(stream=stream.name, partitionSubject=stream.config.subject or "",
+                      msgSubject=msg_subject, ackInbox=ack_inbox, correlationId=correlation_id,
+                      ackPolicy=ack_policy, receptionTimestamp=reception_ns, ackError=error)
+
+    # -- consumer groups ----------------------------------------------------------------
+    def _group_left(self, group_id: str, consumer_id: str, expired: bool) -> None:
+        self.activity(pb.ActivityStreamEvent(
+            op=pb.ActivityStreamOp.LEAVE_CONSUMER_GROUP,
+            leaveConsumerGroupOp=pb.LeaveConsumerGroupOp(
+                groupId=group_id, consumerId=consumer_id, expired=expired)))
+
+    def join_group(self, group_id: str, consumer_id: str, streams: list[str]) -> tuple[str, int]:
+        coordinator, epoch = self.groups.join(group_id, consumer_id, streams)
+        self.activity(pb.ActivityStreamEvent(
+            op=pb.ActivityStreamOp.JOIN_CONSUMER_GROUP,
+            joinConsumerGroupOp=pb.JoinConsumerGroupOp(
+                groupId=group_id, consumerId=consumer_id, streams=streams)))
+        return coordinator, epoch
+
+    # -- activity stream ----------------------------------------------------------------
+    def activity(self, event: pb.ActivityStreamEvent) -> None:
+        """Queue an activity event for ``__activity`` (no-op unless the activity stream is on)."""
+        if not self.config.activity_enabled:
+            return
+        self._activity_queue.append(event)
+        if self._activity_wakeup is not None:
+            self._activity_wakeup.set()
+
+    async def _activity_loop(self) -> None:
+        assert self._activity_wakeup is not None
+        while True:
+            await self._activity_wakeup.wait()
+            self._activity_wakeup.clear()
+            try:
+                self._publish_activity_now()
+            except Exception:
+                log.exception("publishing to the activity stream failed")
+
+    def _publish_activity_now(self) -> None:
+        stream = self.broker.streams.get(ACTIVITY_STREAM)
+        events, self._activity_queue = self._activity_queue, []
+        if stream is None:
+            return
+        partition = stream.partitions[0]
+        appender = self.appenders.get(partition)
+        subject = stream.config.subject or ""
+        for event in events:
+            event.id = appender.next_offset + 1  # unique, increasing, survives restarts
+            record = encode_record(Record(
+                value=event.SerializeToString(), headers={"subject": subject.encode(),
+                                                          "reply": b""},
+                timestamp_ns=time.time_ns(), subject=subject or None))
+            appender.append(record)
+
+    # -- auto pause ---------------------------------------------------------------------
+    async def _auto_pause_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.time_ns()
+            for stream in list(self.broker.streams.values()):
+                limit = stream.config.auto_pause_time_ms
+                if not limit or stream.name in RESERVED_STREAMS:
+                    continue
+                for partition in stream.partitions:
+                    if partition.paused:
+                        continue
+                    if (stream.config.auto_pause_disable_if_subscribers
+                            and self.subscribers.get(id(partition), 0) > 0):
+                        continue
+                    latest = max(partition.events.get("received", (0, 0))[1],
+                                 partition.events.get("pause", (0, 0))[1], stream.created_ns)
+                    if now - latest > limit * 1_000_000:
+                        log.info("partition %s/%d has not received a message in over %d ms, "
+                                 "auto pausing partition", stream.name, partition.index, limit)
+                        self.pause(stream.name, [partition.index], False)

@@ -1,0 +1,111 @@
+"""Liftbridge's YAML keys and LIFTBRIDGE_* overrides turned into one ServerConfig
+(riverlog/config_file.py): nested and dotted keys, Go durations, precedence file < env <
+flags, and clear refusals."""
+from __future__ import annotations
+
+import pytest
+
+from riverlog.config import Durability
+from riverlog.config_file import ConfigError, build, load, parse_duration_ns
+
+
+def write(tmp_path, text: str) -> str:
+    path = tmp_path / "liftbridge.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("text, ns", [
+    ("168h", 168 * 3600 * 10**9), ("5m", 300 * 10**9), ("1.5s", 1_500_000_000),
+    ("300ms", 300_000_000), ("1h30m", 5400 * 10**9), ("250us", 250_000), ("42", 42), (7, 7),
+])
+def test_durations(text, ns):
+    assert parse_duration_ns("k", text) == ns
+
+
+@pytest.mark.parametrize("text", ["1d", "h", "5 m", "", True])
+def test_bad_durations(text):
+    with pytest.raises(ConfigError, match="k: "):
+        parse_duration_ns("k", text)
+
+
+def test_liftbridge_file(tmp_path):
+    path = write(tmp_path, """
+listen: 0.0.0.0:9393
+host: broker.example
+data.dir: /var/lib/lb
+logging.level: warn
+batch.max.messages: 512
+nats:
+  servers: ["nats://a:4222", "nats://b:4222"]
+streams:
+  retention.max.age: 24h
+  retention.max.bytes: 1000000
+  segment.max.bytes: 1048576
+  compact.enabled: true
+  auto.pause.time: 30s
+  concurrency.control: true
+clustering:
+  server.id: s1
+  namespace: ns1
+  replication.max.bytes: 2048
+  raft.bootstrap.seed: true
+activity.stream.enabled: true
+cursors.stream.partitions: 3
+groups:
+  consumer.timeout: 10s
+""")
+    config, level = build(load(path, {}), {})
+    assert level == "warning" and config.data_dir == "/var/lib/lb"
+    assert (config.grpc.host, config.grpc.port, config.grpc.advertised_host) == (
+        "0.0.0.0", 9393, "broker.example")
+    assert config.grpc.port_fallback is False
+    assert (config.grpc.server_id, config.grpc.replication_max_bytes) == ("s1", 2048)
+    assert (config.grpc.cursors_partitions, config.grpc.activity_enabled) == (3, True)
+    assert (config.grpc.consumer_timeout_ms, config.grpc.auto_pause_time_ms) == (10_000, 30_000)
+    assert config.grpc.concurrency_control and config.grpc.batch_max_messages == 512
+    assert config.nats.servers == ("nats://a:4222", "nats://b:4222") and not config.nats.embedded
+    assert config.nats.namespace == "ns1"
+    log = config.log
+    assert (log.retention_max_age_ms, log.segment_max_age_ms) == (86_400_000, 86_400_000)
+    assert (log.retention_max_bytes, log.segment_max_bytes, log.compact) == (1_000_000, 1_048_576, True)
+
+
+def test_defaults_and_precedence(tmp_path):
+    config, level = build(load(None, {}), {})
+    assert level == "info" and config.data_dir == "./data"
+    assert (config.grpc.port, config.nats.port, config.rabbitmq_stream.port) == (9292, 4222, 5552)
+    assert config.nats.embedded and config.grpc.port_fallback and config.nats.port_fallback
+    assert config.log.durability is Durability.INTERVAL
+    path = write(tmp_path, "port: 1000\ndata.dir: /from/file\nclustering.server.id: file\n")
+    env = {"LIFTBRIDGE_PORT": "2000", "LIFTBRIDGE_CLUSTERING.SERVER.ID": "env-dotted",
+           "LIFTBRIDGE_RIVERLOG_DURABILITY": "always", "UNRELATED": "x"}
+    config, _ = build(load(path, env), {"port": 3000, "data_dir": None})
+    assert config.grpc.port == 3000 and config.data_dir == "/from/file"
+    assert config.grpc.server_id == "env-dotted" and config.log.durability is Durability.ALWAYS
+    config, _ = build(load(None, {}), {"nats_servers": ["nats://x:1"], "embedded_nats": False})
+    assert config.nats.servers == ("nats://x:1",)
+    config, _ = build(load(None, {}), {"nats_servers": ["nats://x:1"], "embedded_nats": True})
+    assert config.nats.embedded
+
+
+@pytest.mark.parametrize("text, message", [
+    ("nope: 1\n", "Unknown configuration setting 'nope'"),
+    ("tls.cert: a.pem\n", "'tls.cert' is not supported"),
+    ("nats:\n  password: s\n", "'nats.password' is not supported"),
+    ("streams.encryption: true\n", "streams.encryption"),
+    ("clustering.min.insync.replicas: 2\n", "must be 1"),
+    ("logging.level: loud\n", "Invalid logging.level"),
+    ("streams.retention.max.age: forever\n", "streams.retention.max.age: bad duration"),
+    ("streams.segment.max.bytes: 10\n", "segment_max_bytes"),
+    ("listen: nonsense\n", "listen: could not parse"),
+    ("- a\n- b\n", "expected a map"),
+])
+def test_refusals(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        build(load(write(tmp_path, text), {}), {})
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="Failed to load configuration file"):
+        load(str(tmp_path / "missing.yaml"), {})

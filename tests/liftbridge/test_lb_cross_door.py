@@ -1,0 +1,117 @@
+"""One log for every door, with the real clients: nats-py -> rstream (an AMQP 1.0 message:
+value as body, headers as application properties, subject/reply/correlation id as
+properties), rstream -> gufo-liftbridge (raw and AMQP 1.0 bodies), gRPC -> rbfly, and a
+RabbitMQ-created stream served to Liftbridge readers."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+import rbfly.streams as rbs
+from _lb import create, read_all, wait_for_offset
+from rstream import AMQPMessage, Consumer, ConsumerOffsetSpecification, OffsetType, Producer
+from rstream import amqp_decoder
+
+from riverlog.protocol.liftbridge import api_pb2 as pb
+from riverlog.protocol.liftbridge.envelope import encode_publish
+
+pytestmark = pytest.mark.timeout(60)
+GUEST = {"username": "guest", "password": "guest"}
+FIRST = ConsumerOffsetSpecification(OffsetType.FIRST, None)
+
+
+def _s(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
+async def rstream_read(port: int, stream: str, n: int, decoder=None, timeout: float = 20):
+    got = []
+
+    async def on_message(msg, ctx):
+        got.append((ctx.offset, msg))
+
+    async with Consumer("127.0.0.1", port, **GUEST) as consumer:
+        await consumer.subscribe(stream, on_message, offset_specification=FIRST, decoder=decoder)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(got) < n:
+            assert loop.time() < deadline, f"rstream got {len(got)} of {n}"
+            await asyncio.sleep(0.02)
+    return got
+
+
+async def test_nats_to_rstream(server, stub, nc):
+    await create(stub, "n2r", "n2r.subject")
+    await nc.publish("n2r.subject", b"plain payload", reply="the.reply")
+    await nc.publish("n2r.subject", encode_publish(pb.Message(
+        key=b"key-1", value=b"enveloped", headers={"color": b"blue"}, correlationId="corr-7")))
+    await wait_for_offset(server, "n2r", 1)
+    got = await rstream_read(server.stream_port, "n2r", 2, decoder=amqp_decoder)
+    plain, enveloped = (m for _, m in got)
+    assert [o for o, _ in got] == [0, 1]
+    assert b"".join(plain.body) if isinstance(plain.body, list) else plain.body == b"plain payload"
+    body = enveloped.body
+    assert (b"".join(body) if isinstance(body, list) else body) == b"enveloped"
+    props = {_s(k): _s(v) for k, v in enveloped.application_properties.items()}
+    assert props == {"color": "blue", "subject": "n2r.subject", "reply": ""}
+    assert _s(enveloped.properties.subject) == "n2r.subject"
+    assert _s(enveloped.properties.correlation_id) == "corr-7"
+    assert _s(plain.properties.reply_to) == "the.reply"
+    annotations = {_s(k): v for k, v in enveloped.message_annotations.items()}
+    assert annotations["x-opt-key"] == b"key-1"
+
+
+async def test_rstream_to_gufo_liftbridge(server, lb):
+    async with Producer("127.0.0.1", server.stream_port, **GUEST) as producer:
+        await producer.create_stream("r2g")
+        await producer.send_wait("r2g", b"raw bytes from rstream")
+        await producer.send_wait("r2g", AMQPMessage(body=b"amqp body",
+                                                    application_properties={"k": "v", "n": 7}))
+    from gufo.liftbridge.types import StartPosition
+    got = []
+    async for msg in lb.subscribe("r2g", partition=0, start_position=StartPosition.EARLIEST):
+        got.append(msg)
+        if len(got) == 2:
+            break
+    assert [m.offset for m in got] == [0, 1]
+    assert got[0].value == b"raw bytes from rstream" and got[0].headers == {}
+    assert got[1].value == b"amqp body" and got[1].headers == {"k": b"v", "n": b"7"}
+    meta = await lb.get_metadata("r2g")
+    assert meta.metadata[0].partitions[0].newest_offset == 1
+
+
+async def test_grpc_to_rbfly(server, lb):
+    await lb.create_stream("g2r", subject="g2r.subject", wait_for_stream=True)
+    acks = [a async for a in lb.publish_bulk(
+        [lb.get_publish_request(b"grpc-%d" % i, stream="g2r", headers={"i": b"%d" % i})
+         for i in range(5)])]
+    assert len(acks) == 5
+    client = rbs.streams_client(f"rabbitmq-stream://guest:guest@127.0.0.1:{server.stream_port}")
+    got = []
+    try:
+        async def read():
+            async with contextlib.aclosing(client.subscribe("g2r", offset=rbs.Offset.FIRST)) as it:
+                async for body in it:
+                    got.append((body, rbs.get_message_ctx()))
+                    if len(got) == 5:
+                        return
+        await asyncio.wait_for(read(), 20)
+    finally:
+        await client.disconnect()
+    assert [ctx.stream_offset for _, ctx in got] == list(range(5))
+    assert [body for body, _ in got] == [b"grpc-%d" % i for i in range(5)]  # AMQP body = value
+    props = {_s(k): v for k, v in got[2][1].app_properties.items()}
+    assert props["i"] == b"2" and _s(props["subject"]) in ("g2r.subject", b"g2r.subject")
+
+
+async def test_rabbitmq_stream_is_visible_in_liftbridge_metadata(server, stub):
+    async with Producer("127.0.0.1", server.stream_port, **GUEST) as producer:
+        await producer.create_stream("rmq-made")
+        for i in range(3):
+            await producer.send_wait("rmq-made", b"m%d" % i)
+    meta = await stub.FetchMetadata(pb.FetchMetadataRequest(streams=["rmq-made"]), timeout=5)
+    assert meta.streamMetadata[0].partitions[0].newestOffset == 2
+    await stub.Publish(pb.PublishRequest(stream="rmq-made", value=b"from grpc"), timeout=5)
+    assert [m.value for m in await read_all(stub, "rmq-made")] == [b"m0", b"m1", b"m2",
+                                                                     b"from grpc"]
