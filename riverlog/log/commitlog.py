@@ -324,9 +324,11 @@ class CommitLog:
             if self._closed:
                 raise LogClosedError(f"commit log {self.directory} is closed")
             loop = asyncio.get_running_loop()
-            if self._waiter is None or self._waiter.get_loop() is not loop:
+            if (self._waiter is None or self._waiter.done()
+                    or self._waiter.get_loop() is not loop):
                 self._waiter = loop.create_future()
-            await self._waiter
+            # shielded: a cancelled reader must not cancel the future the others wait on
+            await asyncio.shield(self._waiter)
 
     # -- reads --------------------------------------------------------------------------
     def read_chunks(self, offset: int, max_bytes: int = DEFAULT_READ_BYTES, *,

@@ -181,6 +181,21 @@ def test_wait_for_wakes_on_append_and_close(tmp_path):
     asyncio.run(main())
 
 
+def test_a_cancelled_reader_does_not_stop_the_others(tmp_path):
+    async def main():
+        log = CommitLog(tmp_path)
+        quitter = asyncio.create_task(log.wait_for(0))
+        stayer = asyncio.create_task(log.wait_for(0))
+        await asyncio.sleep(0)
+        quitter.cancel()
+        await asyncio.sleep(0)
+        await log.append_async([b"a"])
+        await asyncio.wait_for(stayer, 1)
+        assert quitter.cancelled() and stayer.done() and not stayer.cancelled()
+        await log.aclose()
+    asyncio.run(main())
+
+
 def test_uncommitted_records_are_not_read(tmp_path):
     log = CommitLog(tmp_path, auto_commit=False)
     log.append([b"a", b"b"])
