@@ -38,14 +38,16 @@ class Partition:
         self.events: dict[str, list[int]] = {}
 
     # -- writing ------------------------------------------------------------------------
-    def new_entries(self, reference: str | None,
-                    entries: Sequence[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+    def new_entries(self, reference: str | None, entries: Sequence[tuple[int, bytes]],
+                    last: int | None = None) -> list[tuple[int, bytes]]:
         """The entries of a publish to store: with a named publisher, those whose publishing
-        id is above the highest stored one (and above earlier ids in the same batch); all of
-        them without a reference. The others are duplicates: confirm them, store nothing."""
+        id is above the highest stored one (or ``last``, for a caller holding entries not
+        written yet), and above earlier ids in the same batch; all of them without a
+        reference. The others are duplicates: confirm them, store nothing."""
         if not reference:
             return list(entries)
-        last = self.publishers.get(reference)
+        if last is None:
+            last = self.publishers.get(reference)
         out = []
         for publishing_id, entry in entries:
             if publishing_id > last:
@@ -79,9 +81,10 @@ class Partition:
         await self.log.flush()
 
     # -- reading ------------------------------------------------------------------------
-    def read_chunks(self, offset: int, max_bytes: int = 1024 * 1024) -> list[ChunkSlice]:
+    def read_chunks(self, offset: int, max_bytes: int = 1024 * 1024,
+                    max_chunks: int = 0) -> list[ChunkSlice]:
         """Committed chunks from the one holding ``offset`` (see ``CommitLog.read_chunks``)."""
-        return self.log.read_chunks(offset, max_bytes)
+        return self.log.read_chunks(offset, max_bytes, max_chunks=max_chunks)
 
     async def wait_for(self, offset: int) -> None:
         """Return once ``offset`` is committed; raises ``LogClosedError`` on close/delete."""

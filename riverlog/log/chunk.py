@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
 import cramjam
+from isal.isal_zlib import crc32  # CRC-32 (IEEE, as zlib's) with ISA-L's SIMD code: ~10x zlib
 
 MAGIC_VERSION = 0x50
 """Byte 0 of every chunk: magic 5 in the high nibble, version 0 in the low nibble."""
@@ -89,7 +90,7 @@ def encode_chunk(data: bytes, num_entries: int, num_records: int, *, first_offse
                  trailer: bytes = b"", bloom_size: int = 0) -> bytes:
     """Build a whole chunk (header + ``data`` + ``trailer``) ready to write.
 
-    ``data`` is the already-encoded entries (see ``encode_entries``); its CRC-32 (zlib, IEEE)
+    ``data`` is the already-encoded entries (see ``encode_entries``); its CRC-32 (IEEE, the polynomial zlib uses)
     goes in the header. Raises ``ValueError`` for counts out of the header's ranges.
     """
     if not 0 < num_entries <= MAX_ENTRIES:
@@ -97,7 +98,7 @@ def encode_chunk(data: bytes, num_entries: int, num_records: int, *, first_offse
     if num_records < num_entries:
         raise ValueError("a chunk has at least one record per entry")
     header = HEADER.pack(MAGIC_VERSION, chunk_type, num_entries, num_records, timestamp_ms,
-                         epoch, first_offset, zlib.crc32(data), len(data), len(trailer),
+                         epoch, first_offset, crc32(data), len(data), len(trailer),
                          bloom_size)
     return b"".join((header, data, trailer))
 
@@ -125,7 +126,7 @@ def check_chunk(buf: bytes | memoryview, header: ChunkHeader, pos: int = 0) -> N
     if header.num_entries == 0 or header.num_records < header.num_entries:
         raise ChunkFormatError("impossible entry/record counts")
     start = pos + HEADER_SIZE
-    if zlib.crc32(memoryview(buf)[start:start + header.data_length]) != header.crc:
+    if crc32(memoryview(buf)[start:start + header.data_length]) != header.crc:
         raise ChunkFormatError("CRC-32 mismatch")
 
 

@@ -332,9 +332,10 @@ class CommitLog:
 
     # -- reads --------------------------------------------------------------------------
     def read_chunks(self, offset: int, max_bytes: int = DEFAULT_READ_BYTES, *,
-                    committed_only: bool = True) -> list[ChunkSlice]:
+                    max_chunks: int = 0, committed_only: bool = True) -> list[ChunkSlice]:
         """Chunks from the one holding ``offset`` on, at most ``max_bytes`` in total (but at
-        least one chunk), within one segment, oldest first. Empty when ``offset`` is past the
+        least one chunk) and at most ``max_chunks`` of them (0: no limit), within one segment,
+        oldest first. Empty when ``offset`` is past the
         end (or the committed offset). An offset in a gap left by compaction starts at the
         next chunk. Raises ``OffsetOutOfRangeError`` when ``offset < first_offset``
         (retention removed it) and ``CorruptChunkError`` when a chunk fails its checks."""
@@ -360,7 +361,8 @@ class CommitLog:
             return []
         stop = i + 1
         start_pos = idx.positions[i]
-        while (stop < len(idx) and idx.offsets[stop] <= limit
+        last = min(len(idx), i + max_chunks) if max_chunks > 0 else len(idx)
+        while (stop < last and idx.offsets[stop] <= limit
                and seg.chunk_end(stop) - start_pos <= max_bytes):
             stop += 1
         return seg.read_chunks(i, stop, self.config.verify_reads)

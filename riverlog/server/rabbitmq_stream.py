@@ -19,7 +19,7 @@ from typing import Callable
 from .. import __version__
 from ..broker import Broker, Partition, Stream, StreamConfig
 from ..config import RabbitStreamConfig
-from ..errors import (CorruptChunkError, InvalidArgumentError, LogClosedError,
+from ..errors import (CorruptChunkError, InvalidArgumentError, LogClosedError, LogError,
                       OffsetOutOfRangeError, StreamExistsError, StreamNotFoundError)
 from ..log.chunk import CHUNK_USER
 from ..protocol.rabbitmq_stream import (FrameDecoder, FrameError, OffsetType, ResponseCode,
@@ -31,6 +31,10 @@ log = logging.getLogger("riverlog.rabbitmq_stream")
 
 OK = ResponseCode.OK
 READ_BYTES = 1024 * 1024
+# A chunk built from several Publish frames stays below what a client with the default
+# frame_max (1 MiB) can receive in one Deliver.
+STAGE_MAX_BYTES = 1024 * 1024 - 64 * 1024
+STAGE_MAX_ENTRIES = 60_000
 PRE_OPEN_FRAME_MAX = max(INITIAL_FRAME_MAX, 65536)
 
 # ExchangeCommandVersions: [key, min, max] in key order (Publish and Deliver go to 2).
@@ -86,6 +90,19 @@ class Publisher:
         self.partition: Partition = stream.partitions[0]
 
 
+class _Staged:
+    """Entries of one publisher received in this batch of frames, not written yet."""
+
+    __slots__ = ("pub", "entries", "ids", "last", "size")
+
+    def __init__(self, pub: Publisher) -> None:
+        self.pub = pub
+        self.entries: list[bytes] = []
+        self.ids: list[int] = []
+        self.last = pub.partition.publishers.get(pub.reference) if pub.reference else None
+        self.size = 0
+
+
 class Subscription:
     """One Subscribe: a task that sends chunks from ``offset`` on while credit lasts."""
 
@@ -121,7 +138,7 @@ class Subscription:
                     continue
                 await conn.writable()
                 try:
-                    chunks = partition.read_chunks(self.offset, READ_BYTES)
+                    chunks = partition.read_chunks(self.offset, READ_BYTES, self.credit)
                 except OffsetOutOfRangeError:  # retention removed it: go on from the oldest
                     self.offset = partition.first_offset
                     continue
@@ -170,6 +187,7 @@ class RabbitStreamConnection(asyncio.Protocol):
         self._last_received = self._last_sent = time.monotonic()
         self._heartbeat_task: asyncio.Task | None = None
         self._pending: set[asyncio.Task] = set()
+        self._staged: dict[int, _Staged] = {}
 
     # -- transport callbacks ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -210,12 +228,16 @@ class RabbitStreamConnection(asyncio.Protocol):
         except FrameError as exc:
             for frame in exc.frames:
                 self._handle(frame)
+            if self._staged:
+                self._flush_publishes()
             self.fail(exc.code, exc.message)
             return
         for frame in frames:
             if self.closing:
                 return
             self._handle(frame)
+        if self._staged:
+            self._flush_publishes()
 
     # -- output -------------------------------------------------------------------------
     def send(self, frame: f.Frame) -> None:
@@ -247,6 +269,8 @@ class RabbitStreamConnection(asyncio.Protocol):
     # -- dispatch -----------------------------------------------------------------------
     def _handle(self, frame: f.Frame) -> None:
         handler = _HANDLERS.get(type(frame))
+        if self._staged and handler is not _on_publish:
+            self._flush_publishes()  # later commands see every earlier publish written
         if handler is None:
             self.fail(ResponseCode.UNKNOWN_FRAME, f"unexpected {type(frame).__name__} frame")
             return
@@ -351,12 +375,13 @@ class RabbitStreamConnection(asyncio.Protocol):
         while True:
             await asyncio.sleep(period)
             now = time.monotonic()
-            if now - self._last_received > 2 * period:
+            # timers may fire a little early or late: judge with a quarter period of slack
+            if now - self._last_received > 2.25 * period:
                 self.fail(ResponseCode.OK, "missed heartbeats: the peer is gone")
                 if self.transport is not None:
                     self.transport.abort()
                 return
-            if now - self._last_sent >= period:
+            if now - self._last_sent >= 0.75 * period:
                 self.send(f.Heartbeat())
 
     # -- streams ------------------------------------------------------------------------
@@ -442,6 +467,9 @@ class RabbitStreamConnection(asyncio.Protocol):
         self.send(f.DeclarePublisherResponse(frame.correlation_id, code))
 
     def on_publish(self, frame: f.Publish | f.PublishV2) -> None:
+        """Stage the new entries; ``_flush_publishes`` writes each publisher's staged entries
+        as one chunk once the frames at hand are handled (RabbitMQ too merges queued publish
+        frames into one chunk), then confirms."""
         entries = frame.entries
         if not entries:
             return
@@ -452,29 +480,49 @@ class RabbitStreamConnection(asyncio.Protocol):
                     else ResponseCode.STREAM_DOES_NOT_EXIST)
             self.send(f.PublishError(frame.publisher_id, tuple((i, code) for i in ids)))
             return
-        partition = pub.partition
+        staged = self._staged.get(frame.publisher_id)
+        if staged is None:
+            staged = self._staged[frame.publisher_id] = _Staged(pub)
         pairs = entries if type(frame) is f.Publish else [(e[0], e[2]) for e in entries]
-        new = partition.new_entries(pub.reference, pairs)
+        new = pub.partition.new_entries(pub.reference, pairs, staged.last)
+        staged.ids += ids
         if new:
-            try:
-                partition.write_entries([e for _, e in new], reference=pub.reference,
-                                        sequence=new[-1][0])
-            except OSError as exc:
-                log.error("publish to %r failed: %s", pub.stream.name, exc)
-                self.send(f.PublishError(frame.publisher_id, tuple(
-                    (i, ResponseCode.INTERNAL_ERROR) for i in ids)))
-                return
+            staged.last = new[-1][0]
+            for _, entry in new:
+                staged.entries.append(entry)
+                staged.size += len(entry)
         self.unconfirmed += len(ids)
         if self.unconfirmed > self.config.max_unconfirmed and not self.reading_paused:
             self.reading_paused = True
             self.transport.pause_reading()
-        if new and partition.needs_flush:
+        if staged.size >= STAGE_MAX_BYTES or len(staged.entries) >= STAGE_MAX_ENTRIES:
+            self._flush_staged(frame.publisher_id)
+
+    def _flush_publishes(self) -> None:
+        for publisher_id in list(self._staged):
+            self._flush_staged(publisher_id)
+
+    def _flush_staged(self, publisher_id: int) -> None:
+        staged = self._staged.pop(publisher_id)
+        partition = staged.pub.partition
+        if staged.entries:
+            try:
+                partition.write_entries(staged.entries, reference=staged.pub.reference,
+                                        sequence=staged.last)
+            except (OSError, LogError) as exc:
+                log.error("publish to %r failed: %s", staged.pub.stream.name, exc)
+                code = (ResponseCode.STREAM_DOES_NOT_EXIST if isinstance(exc, LogClosedError)
+                        else ResponseCode.INTERNAL_ERROR)
+                self.send(f.PublishError(publisher_id, tuple((i, code) for i in staged.ids)))
+                self._unconfirmed_done(len(staged.ids))
+                return
+        if staged.entries and partition.needs_flush:
             task = asyncio.get_running_loop().create_task(
-                self._confirm_after_flush(partition, frame.publisher_id, ids))
+                self._confirm_after_flush(partition, publisher_id, staged.ids))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
         else:
-            self._confirm(frame.publisher_id, ids)
+            self._confirm(publisher_id, staged.ids)
 
     async def _confirm_after_flush(self, partition: Partition, publisher_id: int,
                                    ids: list[int]) -> None:
@@ -626,6 +674,7 @@ _HANDLERS: dict[type, Callable] = {
     f.Route: C.on_route,
     f.ConsumerUpdateResponse: C.on_consumer_update_response,
 }
+_on_publish = C.on_publish
 del C
 
 

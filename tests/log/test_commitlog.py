@@ -62,6 +62,8 @@ def test_read_respects_max_bytes_but_returns_at_least_one_chunk(tmp_path):
     assert len(log.read_chunks(0, max_bytes=1)) == 1
     chunk_size = len(log.read_chunks(0)[0].raw)
     assert len(log.read_chunks(0, max_bytes=3 * chunk_size)) == 3
+    assert len(log.read_chunks(0, max_chunks=2)) == 2
+    assert len(log.read_chunks(0, max_chunks=0)) == 10
 
 
 def test_offsets_survive_reopen(tmp_path):

@@ -134,25 +134,46 @@ async def test_unknown_and_oversized_frames_close_only_that_connection(app):
     assert resp.response_code == ResponseCode.OK
 
 
-async def _publish(client, stream, count, per_frame=10, publisher_id=1, reference=""):
+async def _publish(client, stream, count, per_frame=10, publisher_id=1, reference="",
+                   one_by_one=False):
+    """Publish ``count`` messages in frames of ``per_frame``; with ``one_by_one`` each frame
+    waits for its confirm (so each becomes its own chunk)."""
     resp = await client.call(f.DeclarePublisher(client.next_corr(), publisher_id, reference,
                                                 stream), f.DeclarePublisherResponse)
     assert resp.response_code == ResponseCode.OK
     pid = 0
+    confirmed = set()
     for _ in range(count // per_frame):
         client.send(f.Publish(publisher_id, tuple(
             (pid + i + 1, simple_entry(b"m%d" % (pid + i))) for i in range(per_frame))))
         pid += per_frame
-    confirmed = set()
+        while one_by_one and len(confirmed) < pid:
+            confirmed.update((await client.recv(f.PublishConfirm)).publishing_ids)
     while len(confirmed) < count:
         confirmed.update((await client.recv(f.PublishConfirm)).publishing_ids)
     return confirmed
 
 
+async def test_publish_frames_received_together_become_one_chunk(app):
+    client = await client_for(app)
+    await client.call(f.Create(client.next_corr(), "merged", {}), f.CreateResponse)
+    await client.call(f.DeclarePublisher(client.next_corr(), 1, "", "merged"),
+                      f.DeclarePublisherResponse)
+    frames = b"".join(encode(f.Publish(1, tuple((n * 10 + i, simple_entry(b"x"))
+                                                for i in range(10)))) for n in range(5))
+    client.writer.write(frames)            # five frames in one write
+    confirmed = set()
+    while len(confirmed) < 50:
+        confirmed.update((await client.recv(f.PublishConfirm)).publishing_ids)
+    log = app.broker.get("merged").partitions[0].log
+    assert log.next_offset == 50
+    assert len(log.read_chunks(0)) < 5
+
+
 async def test_credit_counts_chunks_and_is_never_exceeded(app):
     client = await client_for(app)
     await client.call(f.Create(client.next_corr(), "s", {}), f.CreateResponse)
-    await _publish(client, "s", 50, per_frame=10)            # 5 chunks
+    await _publish(client, "s", 50, per_frame=10, one_by_one=True)   # 5 chunks
     resp = await client.call(f.Subscribe(client.next_corr(), 7, "s", 1, None, 2),
                              f.SubscribeResponse)
     assert resp.response_code == ResponseCode.OK

@@ -1,0 +1,107 @@
+# Shared fixtures. RabbitMQ Stream servers for the black-box tests in tests/compat:
+#   stream_server          one `python -m riverlog serve` subprocess (free port, temporary data
+#                          dir) shared by the session; restarted if a test killed it
+#   stream_server_factory  make() -> a fresh server of the test's own (for restart() tests)
+# With RIVERLOG_TEST_PEER=rabbitmq:PORT both point at an already-running RabbitMQ on
+# 127.0.0.1:PORT instead, to check the tests themselves against the real thing. Markers:
+#   riverlog_only  needs something RabbitMQ 3.10 lacks: skipped against the peer
+#   restart        restarts the server: skipped against the peer unless
+#                  RIVERLOG_TEST_PEER_RESTART names ../shared/tools/rabbitmq-loopback
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from compat._servers import PeerServer, RiverlogServer
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "riverlog_only: needs a feature RabbitMQ 3.10 lacks")
+    config.addinivalue_line("markers", "restart: restarts the server on the same data dir")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Attach what the test's riverlog servers logged to the report of a failed test."""
+    report = (yield).get_result()
+    if report.failed:
+        for server, since in getattr(item, "_stream_servers", ()):
+            if server.log(since):
+                report.sections.append((f"riverlog log ({report.when})", server.log(since)[-20000:]))
+
+
+def _peer_port() -> int | None:
+    peer = os.environ.get("RIVERLOG_TEST_PEER", "")
+    if not peer:
+        return None
+    kind, _, port = peer.partition(":")
+    if kind != "rabbitmq" or not port.isdigit():
+        raise pytest.UsageError(f"RIVERLOG_TEST_PEER={peer!r}: expected rabbitmq:PORT")
+    return int(port)
+
+
+def _skip_for_peer(request) -> None:
+    if _peer_port() is None:
+        return
+    if request.node.get_closest_marker("riverlog_only"):
+        pytest.skip("needs a riverlog-only feature (RabbitMQ 3.10 lacks it)")
+    if request.node.get_closest_marker("restart") and not os.environ.get("RIVERLOG_TEST_PEER_RESTART"):
+        pytest.skip("restarts the server: the RabbitMQ peer is not restarted "
+                    "(set RIVERLOG_TEST_PEER_RESTART=../shared/tools/rabbitmq-loopback)")
+
+
+def _new_server(tmp_dir) -> RiverlogServer | PeerServer:
+    peer = _peer_port()
+    if peer is not None:
+        return PeerServer(peer)
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    server = RiverlogServer(str(tmp_dir / "data"), str(tmp_dir / "server.log"))
+    server.start()
+    return server
+
+
+def _stop(servers) -> None:
+    problems = []
+    for server in servers:
+        server.stop()
+        problems += server.problems
+    if problems:
+        pytest.fail("; ".join(problems), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def _session_server(tmp_path_factory):
+    holder = [_new_server(tmp_path_factory.mktemp("riverlog"))]
+    yield holder
+    _stop(holder)
+
+
+@pytest.fixture
+def stream_server(request, _session_server, tmp_path_factory):
+    _skip_for_peer(request)
+    server = _session_server[0]
+    if not server.alive():  # an earlier test killed it: that test failed; start afresh
+        _session_server[0] = server = _new_server(tmp_path_factory.mktemp("riverlog"))
+    request.node._stream_servers = [(server, server.log_size())]
+    yield server
+    if not server.alive():
+        pytest.fail(f"the {server.kind} server died during the test", pytrace=False)
+
+
+@pytest.fixture
+def stream_server_factory(request, tmp_path):
+    """``make()`` -> a started server of the test's own; all are stopped with SIGTERM at the
+    end (a riverlog server must exit 0 promptly, or the teardown fails)."""
+    _skip_for_peer(request)
+    servers = []
+    request.node._stream_servers = []
+
+    def make():
+        server = _new_server(tmp_path / f"server{len(servers)}")
+        servers.append(server)
+        request.node._stream_servers.append((server, 0))
+        return server
+
+    yield make
+    _stop(servers)
