@@ -35,16 +35,16 @@ def encode_writer_trailer(reference: str, sequence: int) -> bytes:
     return body + _CRC.pack(zlib.crc32(body))
 
 
-def decode_writer_trailer(trailer: bytes) -> tuple[str, int] | None:
+def decode_writer_trailer(trailer: bytes | memoryview) -> tuple[str, int] | None:
     """``(reference, sequence)`` from a trailer, or None when it holds no (valid) record."""
-    if len(trailer) < 14 or trailer[:1] != WRITER_TAG:
+    if len(trailer) < 14 or trailer[0] != WRITER_TAG[0]:
         return None
     n = trailer[1]
     end = 2 + n + 8
     if len(trailer) != end + 4 or _CRC.unpack_from(trailer, end)[0] != zlib.crc32(trailer[:end]):
         return None
     try:
-        ref = trailer[2:2 + n].decode()
+        ref = bytes(trailer[2:2 + n]).decode()
     except UnicodeDecodeError:
         return None
     return ref, int.from_bytes(trailer[2 + n:end], "big")

@@ -44,10 +44,11 @@ def segment_name(base_offset: int) -> str:
 
 @dataclass(slots=True)
 class ChunkSlice:
-    """A chunk as read from disk: ``raw`` is header + data + trailer, exactly as stored."""
+    """A chunk as read from disk: ``raw`` is header + data + trailer, exactly as stored
+    (bytes, or a memoryview into a larger read buffer)."""
 
     header: chunkfmt.ChunkHeader
-    raw: bytes
+    raw: bytes | memoryview
 
     @property
     def data(self) -> memoryview:
@@ -196,6 +197,7 @@ class Segment:
         pos = idx.positions[start]
         end = self.chunk_end(stop - 1)
         buf = os.pread(self.fd, end - pos, pos)
+        view = memoryview(buf)  # chunks share the buffer read once: no copy per chunk
         out = []
         for i in range(start, stop):
             at = idx.positions[i] - pos
@@ -210,5 +212,5 @@ class Segment:
             except chunkfmt.ChunkFormatError as exc:
                 raise CorruptChunkError(self.path, idx.positions[i], idx.offsets[i],
                                         str(exc)) from None
-            out.append(ChunkSlice(header, buf[at:at + size] if stop - start > 1 else buf))
+            out.append(ChunkSlice(header, view[at:at + size] if stop - start > 1 else buf))
         return out
