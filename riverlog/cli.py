@@ -156,3 +156,6 @@ def verify(partition_dir: str) -> None:
         return
     click.echo(f"{partition_dir}: {report.truncated_bytes} bytes would be cut on open")
     sys.exit(1)
+
+
+from .spark import demo as _demo  # noqa: E402,F401  registers `riverlog demo` (riverlog/spark/demo.py)

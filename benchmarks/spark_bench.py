@@ -1,0 +1,247 @@
+# Spark read benchmark: records/s of a batch read of a riverlog stream into Spark (count()
+# and a groupBy) next to reading the same records from Parquet, in the same run and the
+# same SparkSession, as a ratio (target: riverlog >= 0.5x Parquet). Also measured: the same
+# reads with a projection (a user schema naming only the columns the query uses), and the
+# ceiling of any PySpark Python data source on this machine (an in-memory source yielding
+# the same Arrow batches again and again).
+# Rules: a real server (a riverlog server process with only its RabbitMQ Stream door, on a
+# free port, unless --servers is given), real Spark (local[*] unless --master); the data is
+# loaded once and reused when the stream already holds it (--workdir keeps it between runs);
+# every query runs --repeat times and the best time counts (Spark warms up); results print
+# as a table and as one JSON line for benchmarks/README.md.
+#
+#   .venv/bin/python benchmarks/spark_bench.py                 # 5M records, local[*]
+#   .venv/bin/python benchmarks/spark_bench.py --records 1000000 --repeat 2
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+
+def _serve(data_dir: str, port_pipe) -> None:
+    """Child process: a riverlog with only its RabbitMQ Stream door, on a free port."""
+    import asyncio
+    import signal
+
+    from riverlog.config import RabbitStreamConfig, ServerConfig
+    from riverlog.server.app import App
+
+    async def serve() -> None:
+        app = App(ServerConfig(data_dir=data_dir, rabbitmq_stream=RabbitStreamConfig(port=0)))
+        await app.start()
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        port_pipe.send(app.rabbitmq_stream.port)
+        await stop.wait()
+        await app.stop()
+
+    try:
+        import uvloop
+        uvloop.run(serve())
+    except ImportError:
+        asyncio.run(serve())
+
+
+def start_server(data_dir: str):
+    """A riverlog server process (RabbitMQ Stream door only); returns (process, servers)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_serve, args=(data_dir, child), daemon=True)
+    proc.start()
+    if not parent.poll(30):
+        proc.kill()
+        raise SystemExit("the riverlog server did not start")
+    return proc, f"127.0.0.1:{parent.recv()}"
+
+
+def load(servers: str, stream: str, n: int, value_size: int) -> float:
+    """Publish ``n`` records (key ``k<i % 1000>``, a JSON-ish value of about ``value_size``
+    bytes) unless the stream already holds them; returns seconds spent."""
+    from riverlog.record import Record, encode_record
+    from riverlog.spark.options import connection
+
+    started = time.perf_counter()
+    with connection({"servers": servers}).connect("spark-bench-load") as client:
+        client.create_stream(stream, exist_ok=True)
+        have = client.offset_range(stream)[1]
+        if have >= n:
+            return 0.0
+        pad = "x" * max(value_size - 60, 0)
+        with client.publisher(stream, "spark-bench-loader") as pub:
+            step = 20_000
+            now = time.time_ns()
+            for i in range(have, n, step):
+                m = min(step, n - i)
+                records = [encode_record(Record(
+                    value=f'{{"id":{j},"group":{j % 97},"payload":"{pad}"}}'.encode(),
+                    key=b"k%d" % (j % 1000), timestamp_ns=now + j)) for j in range(i, i + m)]
+                pub.publish(records, range(i + 1, i + 1 + m))
+    return time.perf_counter() - started
+
+
+def timed(action, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        action()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def ceiling_source(servers: str, stream: str):
+    """A Python data source that reads one Arrow batch of real records from riverlog per
+    task, then yields it again and again (``n`` rows over ``tasks`` tasks): what Spark does
+    with a Python source's rows when the source costs nothing. It bounds any Python source,
+    riverlog's included."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    class CeilingSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "riverlog_ceiling"
+
+        def schema(self):
+            from riverlog.spark.schema import spark_schema
+            return spark_schema()
+
+        def reader(self, schema):
+            from riverlog.spark.schema import projection
+            return CeilingReader(int(self.options["n"]), int(self.options["tasks"]),
+                                 projection(schema))
+
+    class CeilingReader(DataSourceReader):
+        def __init__(self, n: int, tasks: int, columns) -> None:
+            self.n, self.tasks, self.columns = n, tasks, columns
+
+        def partitions(self):
+            return [InputPartition(i) for i in range(self.tasks)]
+
+        def read(self, partition):
+            from riverlog.spark.options import connection
+            from riverlog.spark.reader import RangePartition, read_partition
+
+            conn = connection({"servers": servers})
+            part = RangePartition(stream, 0, 0, 65_536, conn, columns=self.columns)
+            batch = next(read_partition(part))
+            left = self.n // self.tasks
+            while left > 0:
+                yield batch.slice(0, min(left, batch.num_rows))
+                left -= batch.num_rows
+
+    return CeilingSource
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--records", type=int, default=5_000_000)
+    ap.add_argument("--value-size", type=int, default=100, help="bytes per value (about)")
+    ap.add_argument("--servers", default=None, help="an existing riverlog (host:port)")
+    ap.add_argument("--master", default="local[*]")
+    ap.add_argument("--min-partitions", type=int, default=None,
+                    help="riverlog read tasks (default: Spark's default parallelism)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--workdir", default=None, help="keeps data between runs when given")
+    args = ap.parse_args()
+
+    work = args.workdir or tempfile.mkdtemp(prefix="riverlog-spark-bench-")
+    os.makedirs(work, exist_ok=True)
+    proc = None
+    servers = args.servers
+    if servers is None:
+        proc, servers = start_server(os.path.join(work, "data"))
+    stream = f"bench-{args.records}-{args.value_size}"
+    try:
+        load_s = load(servers, stream, args.records, args.value_size)
+        if load_s:
+            print(f"loaded {args.records:,} records in {load_s:.1f} s "
+                  f"({args.records / load_s:,.0f} records/s)", file=sys.stderr)
+
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        from pyspark.sql import SparkSession
+        from pyspark.sql import functions as F
+
+        import riverlog.spark
+
+        spark = (SparkSession.builder.master(args.master).appName("riverlog spark bench")
+                 .config("spark.ui.enabled", "false")
+                 .config("spark.sql.shuffle.partitions", "4")
+                 .config("spark.driver.memory", "4g")
+                 .getOrCreate())
+        spark.sparkContext.setLogLevel("WARN")
+        riverlog.spark.register(spark)
+        tasks = args.min_partitions or spark.sparkContext.defaultParallelism
+        n = args.records
+
+        def riverlog_df(schema=None):
+            r = spark.read.format("riverlog").option("servers", servers).option("stream", stream)
+            if schema:
+                r = r.schema(schema)
+            return r.option("minPartitions", str(tasks)).load()
+
+        def ceiling_df(schema=None):
+            r = spark.read.format("riverlog_ceiling").option("n", str(n)).option("tasks", str(tasks))
+            return (r.schema(schema) if schema else r).load()
+
+        spark.dataSource.register(ceiling_source(servers, stream))
+        parquet_path = os.path.join(work, f"{stream}.parquet")
+        if not os.path.isdir(parquet_path):
+            riverlog_df().write.mode("overwrite").parquet(parquet_path)
+        pq = spark.read.parquet(parquet_path)
+
+        def count(df):
+            return df.count
+
+        def group(df):
+            return lambda: df.groupBy("key").agg(F.count(F.lit(1)), F.sum(F.length("value"))).collect()
+
+        # (name, source, query); a projected read names only the columns the query uses
+        runs = [
+            ("parquet", "count", count(pq)), ("parquet", "groupby", group(pq)),
+            ("riverlog", "count", count(riverlog_df())),
+            ("riverlog", "groupby", group(riverlog_df())),
+            ("riverlog projected", "count", count(riverlog_df("offset long"))),
+            ("riverlog projected", "groupby", group(riverlog_df("key binary, value binary"))),
+            ("python-source ceiling", "count", count(ceiling_df())),
+            ("python-source ceiling", "groupby", group(ceiling_df())),
+        ]
+        seconds = {}
+        for name, query, action in runs:
+            seconds[(name, query)] = timed(action, args.repeat)
+            print(f"  {name:<22} {query:<8} {seconds[(name, query)]:.3f} s", file=sys.stderr)
+        assert riverlog_df().count() == pq.count() == n, (riverlog_df().count(), pq.count(), n)
+
+        print(f"\n{n:,} records, value ~{args.value_size} B, master {args.master}, "
+              f"{tasks} read tasks, best of {args.repeat}; records/s (ratio to Parquet)")
+        names = ["parquet", "riverlog", "riverlog projected", "python-source ceiling"]
+        print(f"{'query':<9}" + "".join(f"{name:>26}" for name in names))
+        summary = {"records": n, "value_size": args.value_size, "master": args.master,
+                   "tasks": tasks}
+        for q in ("count", "groupby"):
+            base = seconds[("parquet", q)]
+            cells = []
+            summary[q] = {}
+            for name in names:
+                t = seconds[(name, q)]
+                cells.append(f"{n / t:>14,.0f} ({base / t:.2f}x)")
+                summary[q][name] = {"records_per_s": round(n / t), "seconds": round(t, 3),
+                                    "ratio_to_parquet": round(base / t, 3)}
+            print(f"{q:<9}" + "".join(f"{c:>26}" for c in cells))
+        print(json.dumps(summary))
+        spark.stop()
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.join(15)
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+# The batch reader of the riverlog Spark source, and the executor-side read that the
+# streaming reader shares. Owns RangePartition (one Spark task: one offset range of one
+# partition) and read_partition (one connection per task, chunks in, Arrow batches out).
+# Rules: partitions are small frozen dataclasses (they are pickled to executors); the driver
+# client is opened for planning and never pickled; executors import pyarrow/numpy only inside
+# read(); a range is read exactly, [start, end), whatever chunk boundaries say; a range whose
+# start is gone is an error under failOnDataLoss (else skipped to what is there).
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Iterator
+
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+
+from . import offsets as plan
+from .options import Connection, ReadOptions
+
+log = logging.getLogger("riverlog.spark")
+
+_MAX_PENDING_BYTES = 64 * 1024 * 1024
+_CREDIT = 16
+
+
+@dataclass(frozen=True)
+class RangePartition(InputPartition):
+    """One task: records ``[start, end)`` of ``partition`` of ``stream``, read through
+    ``connection``; batches of at most ``batch_rows`` rows."""
+
+    stream: str
+    partition: int
+    start: int
+    end: int
+    connection: Connection
+    fail_on_data_loss: bool = True
+    batch_rows: int = 65_536
+    columns: tuple[str, ...] | None = None  # a projection (user schema); None: all columns
+
+
+def to_partitions(rs: list[plan.Range], opts: ReadOptions,
+                  columns: tuple[str, ...] | None = None) -> list[RangePartition]:
+    return [RangePartition(r.stream, r.partition, r.start, r.end, opts.connection,
+                           opts.fail_on_data_loss, opts.max_records_per_batch, columns)
+            for r in rs]
+
+
+def read_partition(part: RangePartition) -> Iterator:
+    """Yield ``pyarrow.RecordBatch``es (riverlog.spark.schema) with every record of
+    ``part``, in offset order. One connection, opened here and closed at the end. Raises
+    DataLossError (failOnDataLoss) when the first records of the range are gone, ClientError
+    when the server stops answering."""
+    if part.end <= part.start:
+        return
+    from ..client import OffsetType
+    from .arrow import arrow_schema, chunks_to_batch
+
+    schema = arrow_schema(part.columns)
+    start, end = part.start, part.end
+    client = part.connection.connect("riverlog-spark-read")
+    try:
+        sub = client.subscribe(plan.address(part.stream, part.partition), OffsetType.OFFSET,
+                               start, credit=_CREDIT)
+        pending: list = []
+        rows = size = 0
+        first = True
+        while True:
+            chunks = sub.next_chunks(_CREDIT, part.connection.timeout)
+            if not chunks:
+                from ..client import ClientError
+                raise ClientError(f"{part.stream!r}/{part.partition}: no data for "
+                                  f"{part.connection.timeout}s while reading {start}..{end}")
+            if first:
+                first = False
+                head = chunks[0].first_offset
+                if head > start:
+                    _lost(part, start, head)
+                    start = head
+            done = False
+            for chunk in chunks:
+                h = chunk.header
+                if h.next_offset <= start:
+                    continue
+                pending.append(chunk)
+                rows += min(h.next_offset, end) - max(h.first_offset, start)
+                size += len(chunk.raw)
+                if h.next_offset >= end:
+                    done = True
+                    break
+            if pending and (done or rows >= part.batch_rows or size >= _MAX_PENDING_BYTES):
+                batch = chunks_to_batch(pending, part.stream, part.partition, start, end, schema)
+                start = pending[-1].next_offset
+                pending, rows, size = [], 0, 0
+                if batch.num_rows:
+                    yield batch
+            if done or start >= end:
+                return
+    finally:
+        client.close()
+
+
+def _lost(part: RangePartition, start: int, head: int) -> None:
+    if part.fail_on_data_loss:
+        raise plan.DataLossError(
+            f"stream {part.stream!r} partition {part.partition}: offsets {start}..{head - 1} "
+            "are no longer available (removed by retention); set failOnDataLoss=false to "
+            "skip them")
+    log.warning("stream %r partition %d: offsets %d..%d are gone, skipped", part.stream,
+                part.partition, start, head - 1)
+
+
+class RiverlogReader(DataSourceReader):
+    """Batch read: ``startingOffsets`` (default earliest) / ``startingTimestamp`` to
+    ``endingOffsets`` (default latest), resolved once when Spark plans the query; one task
+    per partition, or more with ``minPartitions``. ``columns``: a projection (None: all)."""
+
+    def __init__(self, opts: ReadOptions, columns: tuple[str, ...] | None = None) -> None:
+        self.opts = opts
+        self.columns = columns
+
+    def partitions(self) -> list[RangePartition]:
+        opts = self.opts
+        with opts.connection.connect("riverlog-spark-plan") as client:
+            first, end = plan.available(client, opts.streams)
+            start = plan.resolve(client, opts.starting, "earliest", first, end,
+                                 opts.starting_timestamp)
+            stop = plan.resolve(client, opts.ending, "latest", first, end)
+        start = plan.check_loss(start, first, end, opts.fail_on_data_loss)
+        for stream, parts in stop.items():
+            for p, hi in parts.items():
+                if hi > end[stream][p]:
+                    raise ValueError(f"option endingOffsets: {stream!r}/{p} ends at {hi}, past "
+                                     f"the last committed offset {end[stream][p] - 1}")
+        return to_partitions(plan.split(plan.ranges(start, stop), opts.min_partitions), opts,
+                             self.columns)
+
+    def read(self, partition: RangePartition) -> Iterator:
+        if not isinstance(partition, RangePartition):  # Spark's stand-in when there is
+            return iter(())                            # nothing to read
+        return read_partition(partition)
