@@ -673,27 +673,14 @@ def _text(value: Any) -> str:
     return _to_bytes(value).decode("utf-8", "replace")
 
 
-def _own_str(buf: bytes, pos: int) -> tuple[str, int]:
+def _own_variable(buf: bytes, pos: int, short_code: int) -> tuple[bytes, int]:
+    """The bytes of a str8/sym8/vbin8 (``short_code``) or its 32-bit form (``short_code``
+    + 0x10) at ``pos``, and the position after it."""
     code = buf[pos]
-    if code == 0xA1:
+    if code == short_code:
         start = pos + 2
         nxt = start + buf[pos + 1]
-    elif code == 0xB1:
-        start = pos + 5
-        nxt = start + _u32(buf, pos + 1)[0]
-    else:
-        raise _Malformed
-    if nxt > len(buf):
-        raise _Malformed
-    return buf[start:nxt].decode("utf-8", "replace"), nxt
-
-
-def _own_bin(buf: bytes, pos: int) -> tuple[bytes, int]:
-    code = buf[pos]
-    if code == 0xA0:
-        start = pos + 2
-        nxt = start + buf[pos + 1]
-    elif code == 0xB0:
+    elif code == short_code + 0x10:
         start = pos + 5
         nxt = start + _u32(buf, pos + 1)[0]
     else:
@@ -701,6 +688,15 @@ def _own_bin(buf: bytes, pos: int) -> tuple[bytes, int]:
     if nxt > len(buf):
         raise _Malformed
     return buf[start:nxt], nxt
+
+
+def _own_str(buf: bytes, pos: int) -> tuple[str, int]:
+    raw, nxt = _own_variable(buf, pos, 0xA1)
+    return raw.decode("utf-8", "replace"), nxt
+
+
+def _own_bin(buf: bytes, pos: int) -> tuple[bytes, int]:
+    return _own_variable(buf, pos, 0xA0)
 
 
 def _own_compound(buf: bytes, pos: int, small: int) -> tuple[int, int, int]:
