@@ -188,6 +188,7 @@ class RabbitStreamConnection(asyncio.Protocol):
         self._heartbeat_task: asyncio.Task | None = None
         self._pending: set[asyncio.Task] = set()
         self._staged: dict[int, _Staged] = {}
+        self._flush_scheduled = False
 
     # -- transport callbacks ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -236,8 +237,11 @@ class RabbitStreamConnection(asyncio.Protocol):
             if self.closing:
                 return
             self._handle(frame)
-        if self._staged:
-            self._flush_publishes()
+        if self._staged and not self._flush_scheduled:
+            # after this turn's reads: the event loop may hand us more of the socket's
+            # bytes first (libuv reads up to 32 times per readiness), making bigger chunks
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_publishes)
 
     # -- output -------------------------------------------------------------------------
     def send(self, frame: f.Frame) -> None:
@@ -499,6 +503,7 @@ class RabbitStreamConnection(asyncio.Protocol):
             self._flush_staged(frame.publisher_id)
 
     def _flush_publishes(self) -> None:
+        self._flush_scheduled = False
         for publisher_id in list(self._staged):
             self._flush_staged(publisher_id)
 
