@@ -81,10 +81,10 @@ class Partition:
         await self.log.flush()
 
     # -- reading ------------------------------------------------------------------------
-    def read_chunks(self, offset: int, max_bytes: int = 1024 * 1024,
-                    max_chunks: int = 0) -> list[ChunkSlice]:
+    def read_chunks(self, offset: int, max_bytes: int = 1024 * 1024, max_chunks: int = 0,
+                    buffer: bytearray | None = None) -> list[ChunkSlice]:
         """Committed chunks from the one holding ``offset`` (see ``CommitLog.read_chunks``)."""
-        return self.log.read_chunks(offset, max_bytes, max_chunks=max_chunks)
+        return self.log.read_chunks(offset, max_bytes, max_chunks=max_chunks, buffer=buffer)
 
     async def wait_for(self, offset: int) -> None:
         """Return once ``offset`` is committed; raises ``LogClosedError`` on close/delete."""

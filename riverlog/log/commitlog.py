@@ -332,10 +332,12 @@ class CommitLog:
 
     # -- reads --------------------------------------------------------------------------
     def read_chunks(self, offset: int, max_bytes: int = DEFAULT_READ_BYTES, *,
-                    max_chunks: int = 0, committed_only: bool = True) -> list[ChunkSlice]:
+                    max_chunks: int = 0, committed_only: bool = True,
+                    buffer: bytearray | None = None) -> list[ChunkSlice]:
         """Chunks from the one holding ``offset`` on, at most ``max_bytes`` in total (but at
         least one chunk) and at most ``max_chunks`` of them (0: no limit), within one segment,
-        oldest first. Empty when ``offset`` is past the
+        oldest first. A ``buffer`` large enough is read into instead of new bytes (see
+        ``Segment.read_chunks``). Empty when ``offset`` is past the
         end (or the committed offset). An offset in a gap left by compaction starts at the
         next chunk. Raises ``OffsetOutOfRangeError`` when ``offset < first_offset``
         (retention removed it) and ``CorruptChunkError`` when a chunk fails its checks."""
@@ -365,7 +367,7 @@ class CommitLog:
         while (stop < last and idx.offsets[stop] <= limit
                and seg.chunk_end(stop) - start_pos <= max_bytes):
             stop += 1
-        return seg.read_chunks(i, stop, self.config.verify_reads)
+        return seg.read_chunks(i, stop, self.config.verify_reads, buffer)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """First offset of the first chunk whose timestamp is >= ``timestamp_ms`` (ms since

@@ -187,16 +187,24 @@ class Segment:
                     pass
 
     # -- reads --------------------------------------------------------------------------
-    def read_chunks(self, start: int, stop: int, verify: bool) -> list[ChunkSlice]:
+    def read_chunks(self, start: int, stop: int, verify: bool,
+                    buffer: bytearray | None = None) -> list[ChunkSlice]:
         """Chunks ``start`` .. ``stop - 1`` (index positions), read with one pread.
 
         With ``verify``, each chunk's header must agree with the index and its CRC-32 must
-        match; raises ``CorruptChunkError`` otherwise.
+        match; raises ``CorruptChunkError`` otherwise. With a ``buffer`` at least as large as
+        the bytes to read, they are read into it and the chunks are views of it (the caller
+        must not reuse the buffer while it still needs them); otherwise into new bytes.
         """
         idx = self.index
         pos = idx.positions[start]
         end = self.chunk_end(stop - 1)
-        buf = os.pread(self.fd, end - pos, pos)
+        if buffer is not None and len(buffer) >= end - pos:
+            buf = memoryview(buffer)[:end - pos]
+            if os.preadv(self.fd, [buf], pos) != end - pos:
+                raise CorruptChunkError(self.path, pos, idx.offsets[start], "short read")
+        else:
+            buf = os.pread(self.fd, end - pos, pos)
         view = memoryview(buf)  # chunks share the buffer read once: no copy per chunk
         out = []
         for i in range(start, stop):

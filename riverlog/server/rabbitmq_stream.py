@@ -107,7 +107,7 @@ class Subscription:
     """One Subscribe: a task that sends chunks from ``offset`` on while credit lasts."""
 
     __slots__ = ("conn", "id", "stream", "partition", "offset", "credit", "_credit_event",
-                 "task")
+                 "_buffer", "task")
 
     def __init__(self, conn: "RabbitStreamConnection", sub_id: int, stream: Stream,
                  offset: int, credit: int) -> None:
@@ -118,6 +118,7 @@ class Subscription:
         self.offset = offset
         self.credit = credit
         self._credit_event = asyncio.Event()
+        self._buffer = bytearray(READ_BYTES)
         self.task = asyncio.get_running_loop().create_task(self._run())
 
     def add_credit(self, credit: int) -> None:
@@ -137,14 +138,20 @@ class Subscription:
                     await self._credit_event.wait()
                     continue
                 await conn.writable()
+                # reuse the read buffer only once the socket took every byte sent from it
+                buffer = self._buffer if conn.transport_idle() else None
                 try:
-                    chunks = partition.read_chunks(self.offset, READ_BYTES, self.credit)
+                    chunks = partition.read_chunks(self.offset, READ_BYTES, self.credit,
+                                                   buffer)
                 except OffsetOutOfRangeError:  # retention removed it: go on from the oldest
                     self.offset = partition.first_offset
                     continue
                 if not chunks:
                     await partition.wait_for(self.offset)
                     continue
+                read = sum(len(c.raw) for c in chunks)
+                if read > len(self._buffer):  # it came as new bytes: grow for next time
+                    self._buffer = bytearray(read)
                 for chunk in chunks:
                     if self.credit <= 0:
                         break
@@ -216,6 +223,10 @@ class RabbitStreamConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writable.set()
+
+    def transport_idle(self) -> bool:
+        """True when the socket has taken every byte written so far (nothing buffered)."""
+        return self.transport is not None and self.transport.get_write_buffer_size() == 0
 
     async def writable(self) -> None:
         """Wait while the socket's send buffer is over its high-water mark."""

@@ -66,6 +66,21 @@ def test_read_respects_max_bytes_but_returns_at_least_one_chunk(tmp_path):
     assert len(log.read_chunks(0, max_chunks=0)) == 10
 
 
+def test_read_into_a_caller_buffer(tmp_path):
+    log = CommitLog(tmp_path)
+    for i in range(5):
+        log.append([bytes([i]) * 100])
+    expected = [list(ch.records()) for ch in log.read_chunks(0)]
+    big = bytearray(1 << 16)
+    into = log.read_chunks(0, buffer=big)
+    assert [list(ch.records()) for ch in into] == expected
+    assert all(isinstance(ch.raw, memoryview) and ch.raw.obj is big for ch in into)
+    small = bytearray(10)                  # too small: read into new bytes instead
+    fallback = log.read_chunks(0, buffer=small)
+    assert [list(ch.records()) for ch in fallback] == expected
+    assert small == bytearray(10)
+
+
 def test_offsets_survive_reopen(tmp_path):
     with CommitLog(tmp_path) as log:
         log.append([b"x"] * 5)
