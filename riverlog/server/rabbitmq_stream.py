@@ -495,6 +495,10 @@ class RabbitStreamConnection(asyncio.Protocol):
                     else ResponseCode.STREAM_DOES_NOT_EXIST)
             self.send(f.PublishError(frame.publisher_id, tuple((i, code) for i in ids)))
             return
+        if pub.partition.readonly:  # set through Liftbridge's SetStreamReadonly
+            self.send(f.PublishError(frame.publisher_id, tuple(
+                (i, ResponseCode.ACCESS_REFUSED) for i in ids)))
+            return
         staged = self._staged.get(frame.publisher_id)
         if staged is None:
             staged = self._staged[frame.publisher_id] = _Staged(pub)

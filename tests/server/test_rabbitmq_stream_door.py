@@ -259,3 +259,15 @@ async def test_delete_sends_metadata_update_to_consumers(app):
     md = await client.call(f.Metadata(client.next_corr(), ("gone",)), f.MetadataResponse)
     assert md.streams[0].response_code == ResponseCode.STREAM_DOES_NOT_EXIST
     assert md.streams[0].leader_reference == 0xFFFF
+
+
+async def test_publish_to_a_read_only_stream_is_refused(app):
+    client = await client_for(app)
+    await client.call(f.Create(client.next_corr(), "ro", {}), f.CreateResponse)
+    await client.call(f.DeclarePublisher(client.next_corr(), 1, "", "ro"),
+                      f.DeclarePublisherResponse)
+    app.broker.get("ro").partitions[0].readonly = True    # Liftbridge's SetStreamReadonly
+    client.send(f.Publish(1, ((1, simple_entry(b"x")), (2, simple_entry(b"y")))))
+    err = await client.recv(f.PublishError)
+    assert err.errors == ((1, ResponseCode.ACCESS_REFUSED), (2, ResponseCode.ACCESS_REFUSED))
+    assert app.broker.get("ro").partitions[0].next_offset == 0
