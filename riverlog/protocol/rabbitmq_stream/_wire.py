@@ -77,29 +77,6 @@ def _read_bool(b: bytes, o: int) -> tuple[bool, int]:
 BOOL = Kind("bool u8", _read_bool, lambda v: b"\x01" if v else b"\x00")
 
 
-def _read_str(b: bytes, o: int) -> tuple[str | None, int]:
-    (n,) = _I16.unpack_from(b, o)
-    o += 2
-    if n < 0:
-        if n == -1:
-            return None, o
-        raise malformed(f"string length {n}")
-    e = o + n
-    if e > len(b):
-        raise malformed("string runs past the end of the frame")
-    return str(b[o:e], "utf-8"), e
-
-
-def _write_str(s: str | None) -> bytes:
-    if s is None:
-        return _NULL_STRING
-    e = s.encode("utf-8")
-    return _I16.pack(len(e)) + e
-
-
-STR = Kind("string", _read_str, _write_str)
-
-
 def _sized_bytes(name: str, length: struct.Struct, null: bytes) -> Kind:
     unpack, size, pack = length.unpack_from, length.size, length.pack
 
@@ -125,6 +102,20 @@ BYTES = _sized_bytes("bytes", _I32, _NULL_BYTES)
 """i32 length + bytes, -1 = None (SaslAuthenticate data)."""
 SHORT_BYTES = _sized_bytes("i16-length bytes", _I16, _NULL_STRING)
 """i16 length + bytes, -1 = None (the SaslAuthenticate challenge, encoded like a string)."""
+_STRING_BYTES = _sized_bytes("string", _I16, _NULL_STRING)
+
+
+def _read_str(b: bytes, o: int) -> tuple[str | None, int]:
+    raw, o = _STRING_BYTES.read(b, o)
+    return (None if raw is None else str(raw, "utf-8")), o
+
+
+def _write_str(s: str | None) -> bytes:
+    return _STRING_BYTES.write(None if s is None else s.encode("utf-8"))
+
+
+STR = Kind("string", _read_str, _write_str)
+"""i16 length + UTF-8, -1 = None."""
 
 
 def _read_rest(b: bytes, o: int) -> tuple[bytes, int]:
