@@ -73,6 +73,11 @@ def stream_config_from_arguments(arguments: dict[str, str]) -> StreamConfig:
     return StreamConfig(**kwargs)
 
 
+def _negotiate(ours: int, theirs: int) -> int:
+    """Tune: the smaller of two limits where 0 means "no limit"."""
+    return min(ours, theirs) if ours and theirs else ours or theirs
+
+
 def _is_loopback(host: str | None) -> bool:
     try:
         return host is not None and ipaddress.ip_address(host.split("%")[0]).is_loopback
@@ -343,9 +348,8 @@ class RabbitStreamConnection(asyncio.Protocol):
         if not self.authenticated:
             self.fail(ResponseCode.ACCESS_REFUSED, "Tune before authentication")
             return
-        ours_f, ours_h = self.config.frame_max, self.config.heartbeat_s
-        self.frame_max = min(x for x in (ours_f, frame.frame_max) if x) if (ours_f or frame.frame_max) else 0
-        self.heartbeat_s = min(x for x in (ours_h, frame.heartbeat) if x) if (ours_h or frame.heartbeat) else 0
+        self.frame_max = _negotiate(self.config.frame_max, frame.frame_max)
+        self.heartbeat_s = _negotiate(self.config.heartbeat_s, frame.heartbeat)
 
     def on_open(self, frame: f.Open) -> None:
         if not self.authenticated:
