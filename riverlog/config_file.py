@@ -2,7 +2,7 @@
 # (nested maps and dotted keys alike, e.g. `clustering: {server.id: a}` == `clustering.server.id:
 # a`), LIFTBRIDGE_* environment overrides, then command-line flags; the result is one
 # riverlog.config.ServerConfig. Rules: an unknown key is an error naming it (as Liftbridge
-# does); a known key riverlog cannot honour (TLS, NATS credentials, encryption) is an error
+# does); a known key riverlog cannot honour (encryption at rest) is an error
 # saying so, never silently dropped; cluster-only keys are accepted and logged as having no
 # effect on a single server. Durations are Go durations ("168h", "5m", "1.5s", "300ms");
 # a bare number is nanoseconds, as Liftbridge's config library reads it.
@@ -12,10 +12,13 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 from typing import Any, Mapping
 
-from .config import Durability, GrpcConfig, LogConfig, NatsConfig, RabbitStreamConfig, ServerConfig
+from .config import (Durability, GrpcConfig, LogConfig, MetricsConfig, NatsConfig,
+                     RabbitStreamConfig, SecurityConfig, ServerConfig, TlsConfig)
+from .security.authz import read_policy_file
 
 log = logging.getLogger("riverlog.config")
 
@@ -39,6 +42,8 @@ USED_KEYS = {
     # riverlog's own
     "riverlog.durability", "riverlog.fsync.interval", "riverlog.stream.host",
     "riverlog.stream.port", "riverlog.nats.host", "riverlog.nats.port",
+    "riverlog.metrics.enabled", "riverlog.metrics.host", "riverlog.metrics.port",
+    "riverlog.log.format", "riverlog.grpc.transport",
 }
 # Liftbridge keys that have no effect on one riverlog server (accepted, logged).
 IGNORED_KEYS = {
@@ -51,13 +56,16 @@ IGNORED_KEYS = {
     "clustering.replica.fetch.timeout", "cursors.stream.replication.factor",
     "cursors.stream.auto.pause.time", "telemetry.enabled", "telemetry.interval.seconds",
 }
-# Liftbridge keys riverlog cannot honour: refusing is safer than pretending.
-UNSUPPORTED_KEYS = {
+# Security (docs/security.md): Liftbridge's TLS, authorization and NATS credential keys, and
+# riverlog's users, authorization rules and RabbitMQ Stream TLS port.
+SECURITY_KEYS = {
     "tls.key", "tls.cert", "tls.client.auth.enabled", "tls.client.auth.ca",
     "tls.client.authz.enabled", "tls.client.authz.model", "tls.client.authz.policy",
     "nats.user", "nats.password", "nats.tls.cert", "nats.tls.key", "nats.tls.ca",
+    "riverlog.users", "riverlog.loopback.users", "riverlog.authz.rules",
+    "riverlog.stream.tls.port",
 }
-KNOWN_KEYS = USED_KEYS | IGNORED_KEYS | UNSUPPORTED_KEYS
+KNOWN_KEYS = USED_KEYS | IGNORED_KEYS | SECURITY_KEYS
 
 
 class ConfigError(ValueError):
@@ -104,7 +112,11 @@ def parse_duration_ns(key: str, value: Any) -> int:
     """A Go duration ("1h30m", "300ms", "1.5s") or a number of nanoseconds, in ns."""
     if isinstance(value, bool):
         raise ConfigError(f"{key}: expected a duration, got {value!r}")
-    if isinstance(value, (int, float)):
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):  # YAML's .inf and .nan are floats too (found by tests/fuzz)
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: expected a duration, got {value!r}")
         return int(value)
     text = str(value).strip()
     if re.fullmatch(r"-?\d+", text):
@@ -169,10 +181,6 @@ def load(path: str | None, environ: Mapping[str, str]) -> dict[str, Any]:
     unknown = sorted(k for k in values if k not in KNOWN_KEYS)
     if unknown:
         raise ConfigError(f"Unknown configuration setting {unknown[0]!r}")
-    refused = sorted(k for k in values if k in UNSUPPORTED_KEYS)
-    if refused:
-        raise ConfigError(f"configuration setting {refused[0]!r} is not supported by riverlog "
-                          f"(no TLS or NATS credentials yet)")
     return values
 
 
@@ -182,6 +190,50 @@ def log_ignored(values: dict[str, Any]) -> None:
         log.info("configuration setting %s has no effect on a single riverlog server", key)
 
 
+def _security(v: dict[str, Any]) -> SecurityConfig:
+    """SecurityConfig from the merged settings (flags already applied); docs/security.md."""
+    kwargs: dict[str, Any] = {}
+    users = v.get("riverlog.users")
+    if users is not None:
+        if not isinstance(users, dict):
+            raise ConfigError("riverlog.users: expected a map of user name to bcrypt hash")
+        kwargs["users"] = tuple((str(name), "" if h is None else str(h))
+                                for name, h in users.items())
+    if v.get("riverlog.loopback.users") is not None:
+        kwargs["loopback_users"] = tuple(_list(v["riverlog.loopback.users"]))
+    cert, key = v.get("tls.cert"), v.get("tls.key")
+    if bool(cert) != bool(key):
+        raise ConfigError("tls.cert and tls.key: give both (the server certificate and its key)")
+    client_auth = v.get("tls.client.auth.enabled") is not None and _bool(
+        "tls.client.auth.enabled", v["tls.client.auth.enabled"])
+    ca = str(v["tls.client.auth.ca"]) if v.get("tls.client.auth.ca") else None
+    if cert:
+        try:
+            kwargs["tls"] = TlsConfig(str(cert), str(key), ca, client_auth)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    elif client_auth or ca:
+        raise ConfigError("tls.client.auth.*: TLS client authentication needs tls.cert and "
+                          "tls.key")
+    if v.get("tls.client.authz.enabled") is not None:
+        kwargs["authz"] = _bool("tls.client.authz.enabled", v["tls.client.authz.enabled"])
+    rules: list[tuple[str, ...]] = []
+    for rule in v.get("riverlog.authz.rules") or ():
+        items = _list(rule)
+        if not items or items[0] not in ("p", "g"):
+            items = ["p"] + items
+        rules.append(tuple(items))
+    if v.get("tls.client.authz.policy"):
+        try:
+            rules += read_policy_file(str(v["tls.client.authz.policy"]))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"tls.client.authz.policy: {exc}") from None
+    kwargs["authz_rules"] = tuple(rules)
+    if v.get("tls.client.authz.model"):
+        kwargs["authz_model"] = str(v["tls.client.authz.model"])
+    return SecurityConfig(**kwargs)
+
+
 def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, str]:
     """The ServerConfig from merged settings and the command-line ``flags`` that were given
     (flags win). Returns (config, log level). Raises ConfigError / ValueError naming the key."""
@@ -189,7 +241,13 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
     for flag, key in (("data_dir", "data.dir"), ("port", "port"), ("server_id",
                       "clustering.server.id"), ("namespace", "clustering.namespace"),
                       ("level", "logging.level"), ("durability", "riverlog.durability"),
-                      ("stream_port", "riverlog.stream.port"), ("nats_port", "riverlog.nats.port")):
+                      ("stream_port", "riverlog.stream.port"), ("nats_port", "riverlog.nats.port"),
+                      ("metrics_host", "riverlog.metrics.host"),
+                      ("metrics_port", "riverlog.metrics.port"),
+                      ("tls_cert", "tls.cert"), ("tls_key", "tls.key"),
+                      ("tls_ca", "tls.client.auth.ca"),
+                      ("stream_tls_port", "riverlog.stream.tls.port"),
+                      ("grpc_transport", "riverlog.grpc.transport")):
         if flags.get(flag) is not None:
             v[key] = flags[flag]
     if flags.get("fsync_interval_ms") is not None:
@@ -198,6 +256,10 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
         v["nats.servers"] = flags["nats_servers"]
     if flags.get("embedded_nats"):
         v["nats.embedded"] = True
+    if flags.get("tls_client_auth"):
+        v["tls.client.auth.enabled"] = True
+    if flags.get("no_metrics"):
+        v["riverlog.metrics.enabled"] = False
     if flags.get("embedded_nats_config"):
         v["nats.embedded.config"] = flags["embedded_nats_config"]
 
@@ -264,7 +326,8 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
             ("streams.auto.pause.time", "auto_pause_time_ms", _ms),
             ("streams.auto.pause.disable.if.subscribers", "auto_pause_disable_if_subscribers",
              _bool),
-            ("streams.concurrency.control", "concurrency_control", _bool)):
+            ("streams.concurrency.control", "concurrency_control", _bool),
+            ("riverlog.grpc.transport", "transport", lambda k, x: str(x).lower())):
         if v.get(key) is not None:
             grpc_kwargs[field] = conv(key, v[key])
     policy = v.get("activity.stream.publish.ack.policy")
@@ -288,6 +351,11 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
         nats_kwargs["embedded_config"] = str(v["nats.embedded.config"])
     if v.get("clustering.namespace"):
         nats_kwargs["namespace"] = str(v["clustering.namespace"])
+    if v.get("nats.password") and not v.get("nats.user"):
+        raise ConfigError("nats.password needs nats.user")
+    for key in ("nats.user", "nats.password", "nats.tls.ca", "nats.tls.cert", "nats.tls.key"):
+        if v.get(key):
+            nats_kwargs[key[5:].replace(".", "_")] = str(v[key])
     nats_config = NatsConfig(**nats_kwargs)
 
     stream_kwargs: dict[str, Any] = {"host": str(v.get("riverlog.stream.host") or base_host)}
@@ -297,6 +365,19 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
         stream_kwargs["advertised_host"] = flags["advertised_host"]
     if flags.get("advertised_port") is not None:
         stream_kwargs["advertised_port"] = flags["advertised_port"]
+    if v.get("riverlog.stream.tls.port") is not None:
+        stream_kwargs["tls_port"] = _int("riverlog.stream.tls.port", v["riverlog.stream.tls.port"])
+
+    metrics_config = None
+    if _bool("riverlog.metrics.enabled", v.get("riverlog.metrics.enabled", True)):
+        metrics_kwargs: dict[str, Any] = {}
+        if v.get("riverlog.metrics.host") is not None:
+            metrics_kwargs["host"] = str(v["riverlog.metrics.host"])
+        if v.get("riverlog.metrics.port") is not None:
+            metrics_kwargs["port"] = _int("riverlog.metrics.port", v["riverlog.metrics.port"])
+        else:  # the default port: if it is taken, warn and take a free one
+            metrics_kwargs["port_fallback"] = True
+        metrics_config = MetricsConfig(**metrics_kwargs)
 
     level = str(v.get("logging.level") or "info").lower()
     level = {"warn": "warning"}.get(level, level)
@@ -304,5 +385,15 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
         raise ConfigError(f"Invalid logging.level setting {level!r}")
     config = ServerConfig(data_dir=str(v.get("data.dir") or "./data"), log=log_config,
                           rabbitmq_stream=RabbitStreamConfig(**stream_kwargs),
-                          nats=nats_config, grpc=grpc_config)
+                          nats=nats_config, grpc=grpc_config, metrics=metrics_config,
+                          security=_security(v))
     return config, level
+
+
+def log_format(values: dict[str, Any], flag: str | None) -> str:
+    """"text" or "json": the --log-format ``flag``, else ``riverlog.log.format``, else text.
+    Raises ConfigError for another value."""
+    fmt = str(flag or values.get("riverlog.log.format") or "text").lower()
+    if fmt not in ("text", "json"):
+        raise ConfigError(f"riverlog.log.format: expected text or json, got {fmt!r}")
+    return fmt

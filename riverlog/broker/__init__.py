@@ -1,7 +1,11 @@
-# The broker core: streams, partitions, publisher deduplication and stored offsets over the
+# The broker core: streams, partitions, publisher deduplication, stored offsets, super streams
+# and single-active-consumer groups over the
 # commit log. Front doors use only these names.
 from .broker import Broker
 from .partition import Partition
+from .sac import Notification, SingleActiveConsumers
 from .stream import Stream, StreamConfig
+from .superstreams import SuperStream, SuperStreams
 
-__all__ = ["Broker", "Partition", "Stream", "StreamConfig"]
+__all__ = ["Broker", "Notification", "Partition", "SingleActiveConsumers", "Stream",
+           "StreamConfig", "SuperStream", "SuperStreams"]

@@ -184,6 +184,18 @@ class Cursors:
         """The ``__cursors`` partition that holds ``key`` (CRC-32 IEEE of the key, modulo)."""
         return zlib.crc32(key) % len(self._stream().partitions)
 
+    def items(self) -> list[tuple[str, str, int, int]]:
+        """Every stored cursor as (cursor id, stream, partition, offset), a copy. The key
+        does not say where a comma belongs; the stream is taken as the part after the
+        cursor id's last comma."""
+        out = []
+        for key, offset in list(self._cache.items()):
+            cursor_id, stream, partition = (key.decode(errors="replace").rsplit(",", 2)
+                                            + ["", ""])[:3]
+            if partition.isdigit():
+                out.append((cursor_id, stream, int(partition), offset))
+        return out
+
     def get(self, cursor_id: str, stream: str, partition: int) -> int:
         """The stored offset, or -1 when never set. Raises ``CursorsDisabledError``."""
         self._stream()

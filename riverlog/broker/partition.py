@@ -4,10 +4,11 @@
 # (fsync) are awaited separately via ``flush``; nothing here knows any wire format.
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Callable, Collection, Iterable, Sequence
 
 from ..config import LogConfig
 from ..log import ChunkSlice, CommitLog
+from ..log.bloom import build_bloom
 from ..log.chunk import encode_entries
 from .tracking import ConsumerOffsets, PublisherSequences
 
@@ -56,15 +57,20 @@ class Partition:
         return out
 
     def write_entries(self, entries: Iterable[bytes], *, reference: str | None = None,
-                      sequence: int = 0, timestamp_ms: int | None = None) -> range:
+                      sequence: int = 0, timestamp_ms: int | None = None,
+                      filter_values: Collection[str | None] = ()) -> range:
         """Write encoded entries (simple or sub-batch, kept as given) as one chunk, now.
         With ``reference``, the chunk also records ``sequence`` as that publisher's highest
-        publishing id. Returns the offsets; await ``flush`` when ``needs_flush``."""
+        publishing id. ``filter_values`` are the entries' filter values (None for an entry
+        without one; a superset is fine): the chunk's bloom filter is built from them.
+        Returns the offsets; await ``flush`` when ``needs_flush``."""
         entries = list(entries)
         records = sum(entry_records(e) for e in entries)
+        bloom = build_bloom(filter_values) if filter_values else b""
         trailer = self.publishers.record(reference, sequence) if reference else b""
         return self.log.write_entries(b"".join(entries), len(entries), records,
-                                      timestamp_ms=timestamp_ms, trailer=trailer)
+                                      timestamp_ms=timestamp_ms, trailer=bloom + trailer,
+                                      bloom_size=len(bloom))
 
     def write_records(self, records: Sequence[bytes], *,
                       timestamp_ms: int | None = None) -> range:
@@ -85,6 +91,14 @@ class Partition:
                     buffer: bytearray | None = None) -> list[ChunkSlice]:
         """Committed chunks from the one holding ``offset`` (see ``CommitLog.read_chunks``)."""
         return self.log.read_chunks(offset, max_bytes, max_chunks=max_chunks, buffer=buffer)
+
+    def read_matching_chunks(self, offset: int, matches: Callable[[bytes], bool],
+                             max_bytes: int = 1024 * 1024, max_chunks: int = 0,
+                             buffer: bytearray | None = None) -> tuple[list[ChunkSlice], int]:
+        """Committed chunks whose bloom filter ``matches`` accepts, and the offset to read
+        on from (see ``CommitLog.read_matching_chunks``)."""
+        return self.log.read_matching_chunks(offset, matches, max_bytes, max_chunks=max_chunks,
+                                             buffer=buffer)
 
     async def wait_for(self, offset: int) -> None:
         """Return once ``offset`` is committed; raises ``LogClosedError`` on close/delete."""

@@ -142,6 +142,10 @@ class ConsumerOffsets:
         """The stored offset, or None when ``reference`` never stored one."""
         return self._offsets.get(reference)
 
+    def items(self) -> list[tuple[str, int]]:
+        """Every (reference, stored offset), a copy."""
+        return list(self._offsets.items())
+
     def save(self) -> None:
         """Write the offsets to disk (atomically) if they changed since the last save."""
         if not self._dirty:

@@ -45,7 +45,9 @@ class ChunkFormatError(ValueError):
 @dataclass(frozen=True, slots=True)
 class ChunkHeader:
     """The decoded 48-byte header. ``size`` is the whole chunk on disk:
-    header + data + trailer (the bloom filter, when present, is part of the trailer)."""
+    header + data + trailer. The trailer starts with the chunk's bloom filter
+    (``bloom_size`` bytes, 0 when no entry carried a filter value; see ``bloom.py``), then
+    riverlog's writer records (``broker/tracking.py``)."""
 
     chunk_type: int
     num_entries: int
@@ -125,6 +127,8 @@ def check_chunk(buf: bytes | memoryview, header: ChunkHeader, pos: int = 0) -> N
         raise ChunkFormatError("truncated chunk")
     if header.num_entries == 0 or header.num_records < header.num_entries:
         raise ChunkFormatError("impossible entry/record counts")
+    if header.bloom_size > header.trailer_length:
+        raise ChunkFormatError("bloom filter larger than the trailer")
     start = pos + HEADER_SIZE
     if crc32(memoryview(buf)[start:start + header.data_length]) != header.crc:
         raise ChunkFormatError("CRC-32 mismatch")
@@ -181,8 +185,19 @@ def count_entries(data: bytes | memoryview) -> tuple[int, int]:
     return entries, records
 
 
+def bloom_of(header: ChunkHeader, raw: bytes | memoryview) -> memoryview:
+    """The bloom filter bytes of the whole chunk ``raw`` (empty when it has none)."""
+    start = HEADER_SIZE + header.data_length
+    return memoryview(raw)[start:start + header.bloom_size]
+
+
 def decompress_sub_batch(codec: int, body: bytes) -> bytes:
-    """Uncompress a sub-batch body (codec 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd).
+    """Uncompress a sub-batch body (codec 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd) in the
+    framing the RabbitMQ clients write (rabbitmq-stream-java-client CompressionUtils, Go
+    client aggregation.go): gzip; snappy framing format (xerial
+    SnappyFramedOutputStream, golang/snappy NewBufferedWriter), not raw snappy; LZ4 frame
+    format (LZ4FrameOutputStream, pierrec/lz4 Writer), not a bare block; zstd frame(s),
+    with or without the content size.
 
     Raises ``ChunkFormatError`` for an unknown codec or undecodable bytes.
     """
@@ -192,7 +207,7 @@ def decompress_sub_batch(codec: int, body: bytes) -> bytes:
         if codec == SUB_BATCH_GZIP:
             return zlib.decompress(body, 16 + zlib.MAX_WBITS)
         if codec == SUB_BATCH_SNAPPY:
-            return bytes(cramjam.snappy.decompress_raw(body))
+            return bytes(cramjam.snappy.decompress(body))
         if codec == SUB_BATCH_LZ4:
             return bytes(cramjam.lz4.decompress(body))
         if codec == SUB_BATCH_ZSTD:

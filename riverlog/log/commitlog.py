@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 from ..config import Durability, LogConfig
 from ..errors import LogClosedError, LogError, OffsetOutOfRangeError
 from . import chunk as chunkfmt
+from .bloom import BloomCache
 from .compaction import CompactionResult, compact_segments, install_compacted
 from .recovery import RecoveryReport, recover_segment
 from .retention import segments_to_delete
@@ -57,6 +58,7 @@ class CommitLog:
         self._flush_timer: asyncio.TimerHandle | None = None
         self._last_sync_ms = clock_ms()
         self._compacting = False
+        self._blooms = BloomCache()
         self.on_roll: Callable[[int], None] | None = None
         """Called with the new base offset just before a new segment is created."""
         os.makedirs(self.directory, exist_ok=True)
@@ -227,6 +229,7 @@ class CommitLog:
                 and now - seg.created_ms >= self.config.segment_max_age_ms)):
             seg = self._roll(now)
         seg.append(raw, first, num_records, ts, self.epoch)
+        self._blooms.appended(seg, trailer[:bloom_size])
         self._last_ts = ts
         return range(first, first + num_records)
 
@@ -341,6 +344,16 @@ class CommitLog:
         end (or the committed offset). An offset in a gap left by compaction starts at the
         next chunk. Raises ``OffsetOutOfRangeError`` when ``offset < first_offset``
         (retention removed it) and ``CorruptChunkError`` when a chunk fails its checks."""
+        found = self._locate(offset, committed_only)
+        if found is None:
+            return []
+        seg, i, limit = found
+        stop = _run_end(seg, i, limit, max_bytes, max_chunks)
+        return seg.read_chunks(i, stop, self.config.verify_reads, buffer)
+
+    def _locate(self, offset: int, committed_only: bool) -> tuple[Segment, int, int] | None:
+        """``(segment, index position, last readable offset)`` of the chunk holding
+        ``offset`` (or the next one), None when there is none to read (see read_chunks)."""
         if self._closed:
             raise LogClosedError(f"commit log {self.directory} is closed")
         if offset < self.first_offset:
@@ -348,26 +361,49 @@ class CommitLog:
                 f"offset {offset} is before the first offset {self.first_offset}")
         limit = self.committed_offset if committed_only else self.last_offset
         if offset > limit:
-            return []
+            return None
         s = max(bisect_right(self._bases, offset) - 1, 0)
         while s < len(self._segments):
             seg = self._segments[s]
-            idx = seg.index
-            i = idx.find_offset(offset)
-            if i < len(idx):
-                break
+            i = seg.index.find_offset(offset)
+            if i < len(seg.index):
+                return (seg, i, limit) if seg.index.offsets[i] <= limit else None
             s += 1
-        else:
-            return []
-        if idx.offsets[i] > limit:
-            return []
-        stop = i + 1
-        start_pos = idx.positions[i]
-        last = min(len(idx), i + max_chunks) if max_chunks > 0 else len(idx)
-        while (stop < last and idx.offsets[stop] <= limit
-               and seg.chunk_end(stop) - start_pos <= max_bytes):
-            stop += 1
-        return seg.read_chunks(i, stop, self.config.verify_reads, buffer)
+        return None
+
+    def read_matching_chunks(self, offset: int, matches: Callable[[bytes], bool],
+                             max_bytes: int = DEFAULT_READ_BYTES, *, max_chunks: int = 0,
+                             buffer: bytearray | None = None, max_skip: int = 4096
+                             ) -> tuple[list[ChunkSlice], int]:
+        """``read_chunks`` for a filtered reader: committed chunks from the one holding
+        ``offset`` on whose bloom filter ``matches`` (called with the filter bytes, ``b""``
+        for a chunk without one) accepts, skipping the others without reading their data
+        (at most ``max_skip`` of them per call). The chunks returned are consecutive ones
+        (``max_chunks`` counts only them). Returns ``(chunks, resume)``: the offset to read
+        from next, past every chunk looked at. Raises as ``read_chunks`` does."""
+        found = self._locate(offset, True)
+        if found is None:
+            return [], offset
+        seg, i, limit = found
+        idx, blooms, load = seg.index, self._blooms.of(seg), self._blooms.load
+        n = len(idx)
+        stop_skip = i + max_skip
+
+        def wanted(j: int) -> bool:
+            bloom = blooms[j]
+            if bloom is None:
+                bloom = load(seg, blooms, j)
+            return bloom is None or matches(bloom)  # an unreadable header: read it, check it
+
+        while i < n and i < stop_skip and idx.offsets[i] <= limit and not wanted(i):
+            i += 1
+        if i == n:
+            return [], seg.next_offset
+        if i == stop_skip or idx.offsets[i] > limit:
+            return [], idx.offsets[i]
+        stop = _run_end(seg, i, limit, max_bytes, max_chunks, wanted)
+        chunks = seg.read_chunks(i, stop, self.config.verify_reads, buffer)
+        return chunks, chunks[-1].header.next_offset
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """First offset of the first chunk whose timestamp is >= ``timestamp_ms`` (ms since
@@ -389,6 +425,7 @@ class CommitLog:
             log.info("retention: deleting %s (offsets %d..%d)", seg.path, seg.first_offset,
                      seg.next_offset - 1)
             seg.delete()
+            self._blooms.forget(seg.base_offset)
         if n:
             del self._segments[:n]
             del self._bases[:n]
@@ -411,6 +448,7 @@ class CommitLog:
             if self._closed:
                 return result
             self._segments = install_compacted(self._segments, result)
+            self._blooms.forget()
             self._bases = [s.base_offset for s in self._segments]
             return result
         finally:
@@ -430,6 +468,7 @@ class CommitLog:
         if offset >= self.next_offset:
             return
         offset = max(offset, self.first_offset)
+        self._blooms.forget()
         while len(self._segments) > 1 and self._segments[-1].first_offset >= offset:
             self._segments.pop().delete()
             self._bases.pop()
@@ -446,7 +485,9 @@ class CommitLog:
             h = chunk.header
             raw = chunkfmt.encode_chunk(data, n_entries, n_records,
                                         first_offset=h.first_offset, timestamp_ms=h.timestamp_ms,
-                                        epoch=h.epoch, chunk_type=h.chunk_type)
+                                        epoch=h.epoch, chunk_type=h.chunk_type,
+                                        trailer=bytes(chunkfmt.bloom_of(h, chunk.raw)),
+                                        bloom_size=h.bloom_size)  # still covers what is kept
             seg.append(raw, h.first_offset, n_records, h.timestamp_ms, h.epoch)
         seg.index.rewrite()
         seg.sync()
@@ -493,6 +534,22 @@ class CommitLog:
     def __repr__(self) -> str:
         return (f"CommitLog({self.directory!r}, first={self.first_offset}, "
                 f"next={self.next_offset}, committed={self.committed_offset})")
+
+
+def _run_end(seg: Segment, i: int, limit: int, max_bytes: int, max_chunks: int,
+             wanted: Callable[[int], bool] | None = None) -> int:
+    """End (exclusive index position) of the run of chunks read together from chunk ``i``:
+    committed (first offset <= ``limit``), within ``max_bytes`` (but at least one chunk)
+    and ``max_chunks`` (0: no limit), and each ``wanted`` (when given)."""
+    idx = seg.index
+    stop = i + 1
+    start_pos = idx.positions[i]
+    last = min(len(idx), i + max_chunks) if max_chunks > 0 else len(idx)
+    while (stop < last and idx.offsets[stop] <= limit
+           and seg.chunk_end(stop) - start_pos <= max_bytes
+           and (wanted is None or wanted(stop))):
+        stop += 1
+    return stop
 
 
 def _fsync_all(fds: list[int]) -> None:

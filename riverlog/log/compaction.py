@@ -94,11 +94,14 @@ def _rewrite(seg: Segment, latest: dict[bytes, int], key_of, result: CompactionR
             else:
                 changed = True
                 pieces = []
+                bloom = chunkfmt.bloom_of(h, chunk.raw)
                 for first, entries, records in runs:
                     data, n_entries, n_records = chunkfmt.join_entries(entries)
+                    # the chunk's bloom filter still covers the kept entries
                     raw = chunkfmt.encode_chunk(data, n_entries, n_records, first_offset=first,
                                                 timestamp_ms=h.timestamp_ms, epoch=h.epoch,
-                                                chunk_type=h.chunk_type)
+                                                chunk_type=h.chunk_type, trailer=bytes(bloom),
+                                                bloom_size=h.bloom_size)
                     pieces.append((first, n_records, raw))
             for first, records, raw in pieces:
                 out.write(raw)

@@ -10,6 +10,7 @@ import os
 from .. import __version__
 from ..broker import Broker
 from ..config import ServerConfig
+from ..security.guard import Guard
 from .rabbitmq_stream import RabbitStreamServer
 
 # The Liftbridge doors (NATS bridge, gRPC API) import grpc and nats-py: loaded only when on.
@@ -22,20 +23,29 @@ class App:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
+        self.guard = Guard(config.security)  # users, authorization, TLS (docs/security.md)
         self.broker = Broker(config.data_dir, config.log)
         self.rabbitmq_stream: RabbitStreamServer | None = None
         self.liftbridge = None  # server.liftbridge.Liftbridge, when a Liftbridge door is on
         self.nats = None  # server.nats_bridge.NatsBridge
         self.grpc = None  # server.grpc_api.GrpcApi
+        self.metrics = None  # server.metrics_http.MetricsServer, when config.metrics is set
 
     async def start(self) -> None:
         self.broker.open()
         self.broker.start()
         try:
             await self._start_liftbridge()
-            self.rabbitmq_stream = RabbitStreamServer(self.broker, self.config.rabbitmq_stream)
+            self.rabbitmq_stream = RabbitStreamServer(self.broker, self.config.rabbitmq_stream,
+                                                      self.guard)
             await self.rabbitmq_stream.start()
+            if self.config.metrics is not None:
+                from .metrics_http import MetricsServer
+                self.metrics = MetricsServer(self, self.config.metrics)
+                self.metrics.start()
         except BaseException:
+            if self.rabbitmq_stream is not None:
+                await self.rabbitmq_stream.stop()
             await self._stop_liftbridge()
             await self.broker.close()
             raise
@@ -46,6 +56,8 @@ class App:
 
     async def stop(self) -> None:
         log.info("shutting down")
+        if self.metrics is not None:
+            await self.metrics.stop()
         if self.rabbitmq_stream is not None:
             await self.rabbitmq_stream.stop()
         await self._stop_liftbridge()
@@ -64,11 +76,11 @@ class App:
         self.liftbridge.start()
         if self.config.nats is not None:
             from .nats_bridge import NatsBridge
-            self.nats = NatsBridge(self.liftbridge, self.config.nats)
+            self.nats = NatsBridge(self.liftbridge, self.config.nats, self.guard)
             await self.nats.start()
         if self.config.grpc is not None:
             from .grpc_api import GrpcApi
-            self.grpc = GrpcApi(self.liftbridge, self.config.grpc)
+            self.grpc = GrpcApi(self.liftbridge, self.config.grpc, self.guard)
             await self.grpc.start()
 
     async def _stop_liftbridge(self) -> None:

@@ -7,13 +7,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
 
@@ -21,6 +24,8 @@ log = logging.getLogger("riverlog.nats")
 
 _LISTENING = re.compile(r"Listening for client connections on (\S+):(\d+)")
 _READY = "Server is ready"
+_RELOADED = "Reloaded server configuration"
+_RELOAD_FAILED = "Failed to reload server configuration"
 
 # The child first runs this small launcher (a fresh Python, spawned without fork handlers, so
 # gRPC's threads in this process are never forked): it asks Linux to SIGKILL it when its parent
@@ -71,16 +76,23 @@ class EmbeddedNats:
     """A nats-server child process listening on ``host``:``port`` (0: a free port).
 
     ``await start()`` then ``url`` is the address clients use; ``await stop()``.
+    ``settings``: nats-server settings of riverlog's own (TLS, users: a map in the shape of
+    nats-server's configuration file, see riverlog.security.nats_auth), written with the
+    address to a private temporary file; ``reload()`` replaces them.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 4222,
                  config_file: str | None = None, binary: str | None = None,
-                 port_fallback: bool = False) -> None:
+                 port_fallback: bool = False, settings: dict | None = None) -> None:
         self.host = host
         self.port = port
         self.port_fallback = port_fallback
         self.config_file = config_file
         self.binary = binary
+        self.settings = settings
+        self._settings_dir: tempfile.TemporaryDirectory | None = None
+        self._reloaded = threading.Event()
+        self._reload_error = ""
         self.proc: subprocess.Popen | None = None
         self._lines: list[str] = []
         self._ready = threading.Event()
@@ -113,6 +125,8 @@ class EmbeddedNats:
         binary = find_nats_server(self.binary)
         if self.config_file:  # nats-server's own config file decides address and port
             cmd = [binary, "-c", self.config_file]
+        elif self.settings is not None:  # reloads re-read address and name: all in the file
+            cmd = [binary, "-c", self._write_settings(self.settings)]
         else:
             cmd = [binary, "-a", self.host, "-p", str(self.port if self.port else -1),
                    "-n", f"riverlog-{os.getpid()}"]
@@ -138,6 +152,42 @@ class EmbeddedNats:
             await asyncio.sleep(0.01)
         log.info("embedded NATS server (pid %d) listening on %s", self.proc.pid, self.url)
 
+    def _write_settings(self, settings: dict) -> str:
+        """Write ``settings`` with the address and name to the private configuration file
+        (mode 0600, JSON, which nats-server's format includes); its path."""
+        text = json.dumps({"host": self.host, "port": self.port if self.port else -1,
+                           "server_name": f"riverlog-{os.getpid()}", **settings}, indent=2)
+        if self._settings_dir is None:
+            self._settings_dir = tempfile.TemporaryDirectory(prefix="riverlog-nats-")
+        path = os.path.join(self._settings_dir.name, "nats-server.conf")
+        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+        return path
+
+    async def reload(self, settings: dict, timeout: float = 10.0) -> None:
+        """Replace the settings and have nats-server reload them (SIGHUP); returns once it
+        logged the reload. Raises ``OSError`` when it refuses them or does not reload in
+        ``timeout`` s."""
+        self.settings = settings
+        proc = self.proc
+        if proc is None or self.config_file:
+            return
+        self._write_settings(settings)
+        self._reloaded.clear()
+        self._reload_error = ""
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while not self._reloaded.is_set():
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise OSError(f"the embedded NATS server did not reload its configuration "
+                              f"within {timeout:.0f}s")
+            await asyncio.sleep(0.005)
+        if self._reload_error:
+            raise OSError(f"the embedded NATS server refused its new configuration: "
+                          f"{self._reload_error}")
+
     def _failure_message(self) -> str:
         text = " | ".join(self._lines[-8:])
         if "address already in use" in text:
@@ -161,6 +211,11 @@ class EmbeddedNats:
                         self.host = m.group(1)
                 if _READY in line:
                     self._ready.set()
+            if _RELOAD_FAILED in line:
+                self._reload_error = line.partition(_RELOAD_FAILED)[2].lstrip(": ")
+                self._reloaded.set()
+            elif _RELOADED in line:
+                self._reloaded.set()
             if "[ERR]" in line or "[FTL]" in line or "[WRN]" in line:
                 log.warning("nats-server: %s", line)
             else:
@@ -188,4 +243,7 @@ class EmbeddedNats:
             self._reader.join(2.0)
         if proc.stderr is not None:
             proc.stderr.close()
+        if self._settings_dir is not None:
+            self._settings_dir.cleanup()
+            self._settings_dir = None
         log.info("embedded NATS server stopped")

@@ -15,6 +15,7 @@ import logging
 from typing import Callable
 
 import grpc
+import nats.errors
 from google.protobuf.message import DecodeError
 
 from ..broker import Partition, StreamConfig
@@ -22,8 +23,12 @@ from ..broker.cursors import CursorsDisabledError
 from ..broker.groups import GroupError
 from ..config import GrpcConfig
 from ..errors import LogClosedError
+from ..metrics import GRPC, CallTracker
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge.envelope import encode_publish
+from ..security.grpc_auth import GrpcAuth
+from ..security.guard import Guard
+from ..security.tls import grpc_server_credentials, server_context
 from .grpc_streams import (ack_error_to_async, exact_nats_size, nats_size, publish_async,
                            subscribe)
 from .liftbridge import NONE, Liftbridge, LiftbridgeError, new_id, partition_subject
@@ -31,6 +36,9 @@ from .liftbridge import NONE, Liftbridge, LiftbridgeError, new_id, partition_sub
 log = logging.getLogger("riverlog.grpc")
 
 SERVICE = "proto.API"
+MAX_PARTITIONS = 4096
+"""Partitions per stream at most (Liftbridge has no limit; riverlog refuses a CreateStream
+that would create more folders than this with InvalidArgument)."""
 _ASYNC = pb.PublishAsyncError.Code
 # Liftbridge's convertPublishAsyncError: PublishAsyncError code -> gRPC status
 _PUBLISH_STATUS = {
@@ -61,41 +69,86 @@ def _nullable(field):
 class GrpcApi:
     """The gRPC server. ``await start()`` (raises OSError naming a taken port), ``await stop()``."""
 
-    def __init__(self, service: Liftbridge, config: GrpcConfig) -> None:
+    def __init__(self, service: Liftbridge, config: GrpcConfig,
+                 guard: Guard | None = None) -> None:
         self.service = service
         self.config = config
+        self.guard = guard
         self.port = config.port
-        self._server: grpc.aio.Server | None = None
+        self._server = None  # grpc.aio.Server, or GrpcH2Server (config.transport "h2")
+        self.calls = CallTracker(GRPC)  # calls in progress per peer, failed calls counted
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
+        if self.config.transport == "h2":
+            await self._start_h2()
+            return
         options = [("grpc.max_receive_message_length", self.config.max_message_bytes),
                    ("grpc.max_send_message_length", self.config.max_message_bytes),
                    ("grpc.so_reuseport", 0)]
-        server = grpc.aio.server(options=options)
+        interceptors = []
+        if self.guard is not None and self.guard.require_auth:
+            interceptors.append(GrpcAuth(self.guard, lambda: self.service.broker.streams.values()))
+        server = grpc.aio.server(options=options, interceptors=interceptors)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
             SERVICE, self._handlers()),))
         host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
         address = f"{host}:{self.config.port}"
-        port = self._listen(server, address)
+        tls = self.guard.config.tls if self.guard is not None else None
+        credentials = None if tls is None else grpc_server_credentials(
+            tls.cert, tls.key, tls.ca, tls.client_auth)
+        port = self._listen(server, address, credentials)
         if not port and self.config.port_fallback and self.config.port:
             log.warning("Liftbridge gRPC port %s is taken; listening on a free port instead "
                         "(pass --port to require one)", address)
-            port = self._listen(server, f"{host}:0")
+            port = self._listen(server, f"{host}:0", credentials)
         if not port:
             raise OSError(f"cannot listen for Liftbridge gRPC clients on {address}: the address "
                           f"is in use or not available (use --port for another port)")
         await server.start()
         self._server = server
         self.port = self.service.port = port
-        log.info("Liftbridge gRPC API listening on %s:%d", self.config.host, port)
+        log.info("Liftbridge gRPC API listening on %s:%d%s", self.config.host, port,
+                 " (TLS)" if credentials is not None else "")
+
+    async def _start_h2(self) -> None:
+        """The same handlers on riverlog's own HTTP/2 transport (server/grpc_h2_server.py)."""
+        from .grpc_h2_server import GrpcH2Server
+        handlers = self._handlers()
+        if self.guard is not None and self.guard.require_auth:
+            auth = GrpcAuth(self.guard, lambda: self.service.broker.streams.values())
+            handlers = {name: auth.wrap(name, h) for name, h in handlers.items()}
+        tls = self.guard.config.tls if self.guard is not None else None
+        context = None if tls is None else server_context(tls.cert, tls.key, tls.ca,
+                                                          tls.client_auth)
+        server = GrpcH2Server({f"/{SERVICE}/{name}": h for name, h in handlers.items()},
+                              self.config.host, self.config.port, context,
+                              self.config.max_message_bytes)
+        address = f"{self.config.host}:{self.config.port}"
+        try:
+            port = await server.start()
+        except OSError as exc:
+            if not (self.config.port_fallback and self.config.port):
+                raise OSError(f"cannot listen for Liftbridge gRPC clients on {address}: {exc} "
+                              f"(use --port for another port)") from None
+            log.warning("Liftbridge gRPC port %s is taken; listening on a free port instead "
+                        "(pass --port to require one)", address)
+            server.port = 0
+            port = await server.start()
+        self._server = server
+        self.port = self.service.port = port
+        log.info("Liftbridge gRPC API (h2 transport) listening on %s:%d%s", self.config.host,
+                 port, " (TLS)" if context is not None else "")
 
     @staticmethod
-    def _listen(server, address: str) -> int:
+    def _listen(server, address: str, credentials) -> int:
+        """The port bound (0: could not), with TLS when ``credentials`` are given."""
         try:
+            if credentials is not None:
+                return server.add_secure_port(address, credentials)
             return server.add_insecure_port(address)
         except RuntimeError as exc:
-            log.debug("add_insecure_port(%s): %s", address, exc)
+            log.debug("listening on %s: %s", address, exc)
             return 0
 
     async def stop(self, grace: float = 2.0) -> None:
@@ -110,14 +163,14 @@ class GrpcApi:
                      "FetchMetadata", "FetchPartitionMetadata", "Publish", "PublishToSubject",
                      "SetCursor", "FetchCursor", "JoinConsumerGroup", "LeaveConsumerGroup",
                      "FetchConsumerGroupAssignments", "ReportConsumerGroupCoordinator"):
-            handlers[name] = unary(self._guard(getattr(self, name)),
+            handlers[name] = unary(self.calls.unary(self._guard(getattr(self, name))),
                                    response_serializer=_serialize)
         service = self.service
-        # partial(), not a lambda: grpc.aio must see an async generator function
+        # async generator functions (not lambdas): grpc.aio must see one
         handlers["Subscribe"] = grpc.unary_stream_rpc_method_handler(
-            functools.partial(subscribe, service))
+            self.calls.streaming(functools.partial(subscribe, service)))
         handlers["PublishAsync"] = grpc.stream_stream_rpc_method_handler(
-            functools.partial(publish_async, service))
+            self.calls.streaming(functools.partial(publish_async, service)))
         return handlers
 
     @staticmethod
@@ -145,6 +198,9 @@ class GrpcApi:
         partitions = req.partitions or 1
         if partitions < 0:
             raise LiftbridgeError("INVALID_ARGUMENT", f"Invalid partitions {req.partitions}")
+        if partitions > MAX_PARTITIONS:  # one request must not make 2**31 folders
+            raise LiftbridgeError("INVALID_ARGUMENT", f"Invalid partitions {req.partitions}: "
+                                                      f"at most {MAX_PARTITIONS} per stream")
         rf = req.replicationFactor or 1
         if rf == -1:
             rf = 1
@@ -277,7 +333,7 @@ class GrpcApi:
                            headers=req.headers, msg_subject=subject, reply="",
                            ack_inbox=req.ackInbox, correlation_id=req.correlationId,
                            ack_policy=req.ackPolicy, expected_offset=expected, size=size,
-                           deliver=nats_ack)
+                           deliver=nats_ack, door=GRPC)
             return pb.PublishResponse()
         inbox = req.ackInbox or f"{service.namespace}.ack.{new_id()}"
         future = asyncio.get_running_loop().create_future()
@@ -295,7 +351,8 @@ class GrpcApi:
         service.ingest(stream, partition, value=req.value, key=req.key or None,
                        headers=req.headers, msg_subject=subject, reply="", ack_inbox=inbox,
                        correlation_id=req.correlationId, ack_policy=req.ackPolicy,
-                       expected_offset=expected, size=size, deliver=deliver, fail=fail)
+                       expected_offset=expected, size=size, deliver=deliver, fail=fail,
+                       door=GRPC)
         try:
             ack = await asyncio.wait_for(future, max(timeout, 0.001))
         except asyncio.TimeoutError:
@@ -326,6 +383,9 @@ class GrpcApi:
             ack = await bridge.publish_wait_ack(req.subject, data, inbox, timeout)
         except asyncio.TimeoutError:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "timed out waiting for the ack")
+        except nats.errors.BadSubjectError:  # "", spaces, ... (found by tests/fuzz)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"invalid subject {req.subject!r} or ack inbox {inbox!r}")
         except OSError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         return pb.PublishToSubjectResponse(ack=ack) if ack is not None else \

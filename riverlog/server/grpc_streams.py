@@ -20,9 +20,10 @@ from google.protobuf.message import DecodeError
 from ..broker import Partition
 from ..errors import CorruptChunkError, LogClosedError, OffsetOutOfRangeError
 from ..log.chunk import CHUNK_USER
+from ..metrics import GRPC, counters
 from ..protocol.liftbridge import api_pb2 as pb
 from ..record import decode_record
-from .liftbridge import NONE, Liftbridge, LiftbridgeError, partition_subject
+from .liftbridge import ACK_OK, NONE, Liftbridge, LiftbridgeError, partition_subject
 
 log = logging.getLogger("riverlog.grpc")
 
@@ -36,7 +37,7 @@ _ASYNC = pb.PublishAsyncError.Code
 
 def ack_error_to_async(error: int) -> tuple[int, str] | None:
     """Liftbridge's convertAckError: None for OK, else (PublishAsyncError code, message)."""
-    if error == pb.Ack.Error.OK:
+    if error == ACK_OK:  # the module constant: a lookup through pb costs ~0.8 us per message
         return None
     if error == pb.Ack.Error.INCORRECT_OFFSET:
         return _ASYNC.INCORRECT_OFFSET, "incorrect expected offset"
@@ -209,6 +210,7 @@ async def _messages(service: Liftbridge, stream, partition: Partition, offset: i
                     stopped: asyncio.Future, context):
     name, index = stream.name, partition.index
     Message = pb.Message
+    counted = counters(name, GRPC)
     while True:
         if stopped.done():
             return
@@ -248,6 +250,7 @@ async def _messages(service: Liftbridge, stream, partition: Partition, offset: i
                 offset = header.next_offset
                 continue
             default_ns = header.timestamp_ms * 1_000_000
+            sent = nbytes = 0  # counted once per chunk (and before leaving mid-chunk)
             for rec_offset, raw in chunk.records():
                 if rec_offset < offset:
                     continue
@@ -264,10 +267,16 @@ async def _messages(service: Liftbridge, stream, partition: Partition, offset: i
                     else (record.reply or ""),
                     headers=headers)
                 yield msg.SerializeToString()
-                if rec_offset == stop:
-                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop offset reached")
-                if stopped.done():
+                sent += 1
+                nbytes += len(record.value)
+                if rec_offset == stop or stopped.done():
+                    counted.delivered(sent, nbytes)
+                    if rec_offset == stop:
+                        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                            "Stop offset reached")
                     return
+            if sent:
+                counted.delivered(sent, nbytes)
             offset = header.next_offset
 
 
@@ -378,7 +387,8 @@ async def _publish_loop(service: Liftbridge, requests, session: _AsyncSession) -
                        expected_offset=None if req.expectedOffset == -1 else req.expectedOffset,
                        size=size,
                        deliver=deliver if wants else None,
-                       fail=(lambda exc, c=corr: _failed(session, c, exc)) if wants else None)
+                       fail=(lambda exc, c=corr: _failed(session, c, exc)) if wants else None,
+                       door=GRPC)
             except Exception as exc:  # the partition went away under us
                 if wants:
                     session.inflight -= 1

@@ -24,6 +24,7 @@ from ..broker.cursors import CURSORS_STREAM, Cursors
 from ..broker.groups import ConsumerGroups
 from ..config import GrpcConfig, NatsConfig
 from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
+from ..metrics import CONFIRM_LATENCY, counters, error as count_error
 from ..protocol.liftbridge import api_pb2 as pb
 from ..record import Record, encode_record
 
@@ -95,28 +96,34 @@ class AckSink:
     ``ack`` is prefilled (stream, subjects, inbox, correlation id, policy, reception time);
     ``offset`` and ``commitTimestamp`` are set when the policy's moment comes. ``fail`` is
     called with the exception when the write fails (None: the failure is only logged).
+    ``door`` labels the confirm latency (reception to Ack) observed on delivery.
     """
 
-    __slots__ = ("ack", "deliver", "fail")
+    __slots__ = ("ack", "deliver", "fail", "door")
 
     def __init__(self, ack: pb.Ack, deliver: Callable[[pb.Ack], None],
-                 fail: Callable[[BaseException], None] | None = None) -> None:
+                 fail: Callable[[BaseException], None] | None = None, door: str = "") -> None:
         self.ack = ack
         self.deliver = deliver
         self.fail = fail
+        self.door = door
 
     def written(self, offset: int) -> None:
         ack = self.ack
         ack.offset = offset
         if ack.ackPolicy == LEADER:
-            ack.commitTimestamp = time.time_ns()
-            self.deliver(ack)
+            self._send(ack)
 
     def committed(self, offset: int) -> None:
         ack = self.ack
         if ack.ackPolicy == ALL:
-            ack.commitTimestamp = time.time_ns()
-            self.deliver(ack)
+            self._send(ack)
+
+    def _send(self, ack: pb.Ack) -> None:
+        ack.commitTimestamp = now = time.time_ns()
+        if self.door:
+            CONFIRM_LATENCY.labels(self.door).observe((now - ack.receptionTimestamp) / 1e9)
+        self.deliver(ack)
 
     def failed(self, error: BaseException) -> None:
         if self.fail is not None:
@@ -374,8 +381,9 @@ class Liftbridge:
                headers: dict[str, bytes] | None, msg_subject: str, reply: str,
                ack_inbox: str, correlation_id: str, ack_policy: int, expected_offset: int | None,
                size: int, deliver: Callable[[pb.Ack], None] | None,
-               fail: Callable[[BaseException], None] | None = None) -> None:
+               fail: Callable[[BaseException], None] | None = None, door: str) -> None:
         """Store one Liftbridge message (what a partition does with a NATS message).
+        ``door`` (riverlog.metrics.NATS or GRPC) is the label its metrics are counted under.
 
         ``size`` is the NATS message size Liftbridge compares with
         ``clustering.replication.max.bytes``; bigger: a TOO_LARGE ack, nothing stored.
@@ -389,6 +397,7 @@ class Liftbridge:
             log.error("rejecting a %d-byte message on %s/%d: it exceeds "
                       "clustering.replication.max.bytes (%d)", size, stream.name,
                       partition.index, self.config.replication_max_bytes)
+            count_error(door, "TOO_LARGE")
             if deliver is not None:  # Liftbridge sends this one whatever the policy
                 deliver(self._ack(stream, msg_subject, ack_inbox, correlation_id, ack_policy,
                                   now, ACK_TOO_LARGE))
@@ -403,17 +412,20 @@ class Liftbridge:
         sink = None
         if want_ack:
             sink = AckSink(self._ack(stream, msg_subject, ack_inbox, correlation_id, ack_policy,
-                                     now, ACK_OK), deliver, fail)
+                                     now, ACK_OK), deliver, fail, door)
         appender = self.appenders.get(partition)
         if expected_offset is not None and stream.config.optimistic_concurrency:
             if not appender.append(record, sink, expected_offset):
+                count_error(door, "INCORRECT_OFFSET")
                 if deliver is not None:
                     ack = self._ack(stream, msg_subject, ack_inbox, correlation_id, ack_policy,
                                     now, ACK_INCORRECT_OFFSET)
                     ack.commitTimestamp = time.time_ns()
                     deliver(ack)
-            return
-        appender.append(record, sink)
+                return
+        else:
+            appender.append(record, sink)
+        counters(stream.name, door).published(1, len(value))
 
     @staticmethod
     def _ack(stream: Stream, msg_subject: str, ack_inbox: str, correlation_id: str,

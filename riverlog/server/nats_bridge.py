@@ -17,23 +17,31 @@ import nats
 from nats.aio.client import Client as NatsClient
 
 from ..broker import Partition, Stream
-from ..config import NatsConfig
+from ..config import NatsConfig, SecurityConfig
+from ..metrics import NATS, error as count_error
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge.envelope import MAGIC, decode_ack, decode_publish, encode_ack
+from ..security.guard import Guard
+from ..security.nats_auth import NatsAuth, connect_options
 from .embedded_nats import EmbeddedNats
 from .liftbridge import NONE, Liftbridge, partition_subject
 
 log = logging.getLogger("riverlog.nats")
 
 PENDING_BYTES_LIMIT = 512 * 1024 * 1024  # per subscription, before NATS "slow consumer" drops
+FIRST_CONNECT_TIMEOUT_S = 15.0
 
 
 class NatsBridge:
     """The NATS side of the Liftbridge doors. ``await start()``, ``await stop()``."""
 
-    def __init__(self, service: Liftbridge, config: NatsConfig) -> None:
+    def __init__(self, service: Liftbridge, config: NatsConfig,
+                 guard: Guard | None = None) -> None:
         self.service = service
         self.config = config
+        self.guard = guard
+        self.auth: NatsAuth | None = None  # the embedded server's TLS and users, when ours
+        self._reload_pending = False
         self.embedded: EmbeddedNats | None = None
         self.nc: NatsClient | None = None
         self.servers: list[str] = list(config.servers)
@@ -48,22 +56,34 @@ class NatsBridge:
         """Start the embedded nats-server (unless servers were given), connect, and subscribe
         every partition of every stream that has a subject. Raises ``OSError`` (port taken,
         no server) with a message naming the address."""
+        guard = self.guard or Guard(SecurityConfig())
+        settings = None
         if self.config.embedded:
+            auth = NatsAuth(guard, self.config.host)
+            if auth.needed and not self.config.embedded_config:
+                self.auth = auth
+                settings = auth.settings(self.service.broker.streams.values())
             self.embedded = EmbeddedNats(self.config.host, self.config.port,
                                          self.config.embedded_config, self.config.binary,
-                                         self.config.port_fallback)
+                                         self.config.port_fallback, settings)
             await self.embedded.start()
             self.servers = [self.embedded.url]
         try:
-            self.nc = await nats.connect(
+            # nats-py retries a failing first connection forever (max_reconnect_attempts -1,
+            # kept for later reconnects): give up after a while, e.g. on a TLS mismatch
+            self.nc = await asyncio.wait_for(nats.connect(
                 self.servers, name="riverlog", connect_timeout=5, allow_reconnect=True,
                 max_reconnect_attempts=-1, reconnect_time_wait=1,
                 error_cb=self._error, disconnected_cb=self._disconnected,
-                reconnected_cb=self._reconnected, pending_size=64 * 1024 * 1024)
+                reconnected_cb=self._reconnected, pending_size=64 * 1024 * 1024,
+                **connect_options(self.config, guard, self.auth)), FIRST_CONNECT_TIMEOUT_S)
         except Exception as exc:
             if self.embedded is not None:
                 await self.embedded.stop()
-            raise OSError(f"cannot connect to NATS at {', '.join(self.servers)}: {exc}") from None
+            reason = str(exc) or f"no connection within {FIRST_CONNECT_TIMEOUT_S:.0f}s (the " \
+                                 f"errors logged above say why)"
+            raise OSError(f"cannot connect to NATS at {', '.join(self.servers)}: "
+                          f"{reason}") from None
         for stream in list(self.service.broker.streams.values()):
             self.attach(stream)
         await self.sync()
@@ -129,10 +149,27 @@ class NatsBridge:
             for partition in stream.partitions:
                 if not partition.paused:
                     self._task(self._subscribe(stream, partition))
+            self._permissions_changed()
 
     def detach(self, stream: Stream) -> None:
         for partition in stream.partitions:
             self.pause(stream, partition)
+        if stream.config.subject:
+            self._permissions_changed()
+
+    def _permissions_changed(self) -> None:
+        """A stream's subjects came or went: the embedded server's user permissions follow
+        (in effect once ``sync()`` returns)."""
+        if self.auth is None or not self.auth.users_on or self._reload_pending:
+            return
+        self._reload_pending = True
+        self._task(self._reload())
+
+    async def _reload(self) -> None:
+        await asyncio.sleep(0)  # one reload for every change made in this turn
+        self._reload_pending = False
+        if self.embedded is not None:
+            await self.embedded.reload(self.auth.settings(self.service.broker.streams.values()))
 
     def pause(self, stream: Stream, partition: Partition) -> None:
         sub = self._subs.pop(id(partition), None)
@@ -173,7 +210,7 @@ class NatsBridge:
                     ingest(stream, partition, value=data, key=None, headers=None,
                            msg_subject=msg.subject, reply=msg.reply, ack_inbox="",
                            correlation_id="", ack_policy=NONE, expected_offset=None,
-                           size=len(data), deliver=None)
+                           size=len(data), deliver=None, door=NATS)
                 else:
                     offset = envelope.offset
                     inbox = envelope.ackInbox
@@ -182,9 +219,10 @@ class NatsBridge:
                            ack_inbox=inbox, correlation_id=envelope.correlationId,
                            ack_policy=envelope.ackPolicy,
                            expected_offset=None if offset == -1 else offset, size=len(data),
-                           deliver=send_ack if inbox else None)
+                           deliver=send_ack if inbox else None, door=NATS)
             except Exception as exc:  # a closed/deleted partition: the message is not stored
                 log.error("message on %s not stored: %s", msg.subject, exc)
+                count_error(NATS, type(exc).__name__)
 
         return on_message
 

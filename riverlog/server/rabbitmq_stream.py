@@ -10,22 +10,28 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import re
 import time
 from typing import Callable
 
 from .. import __version__
-from ..broker import Broker, Partition, Stream, StreamConfig
-from ..config import RabbitStreamConfig
+from ..broker import (Broker, Notification, Partition, SingleActiveConsumers, Stream,
+                      StreamConfig, SuperStreams)
+from ..config import RabbitStreamConfig, SecurityConfig
 from ..errors import (CorruptChunkError, InvalidArgumentError, LogClosedError, LogError,
                       OffsetOutOfRangeError, StreamExistsError, StreamNotFoundError)
+from ..log.bloom import ChunkFilter, filter_from_properties
 from ..log.chunk import CHUNK_USER
+from ..metrics import CONFIRM_RABBITMQ, RABBITMQ_STREAM, counters, error as count_error
 from ..protocol.rabbitmq_stream import (FrameDecoder, FrameError, OffsetType, ResponseCode,
                                         deliver_prefix, encode)
 from ..protocol.rabbitmq_stream import frames as f
 from ..protocol.rabbitmq_stream.constants import INITIAL_FRAME_MAX
+from ..protocol.rabbitmq_stream.draft import opens_draft
+from ..security.authz import CONSUME, CREATE, DELETE, PUBLISH
+from ..security.guard import Guard
+from .rabbitmq_draft import DraftAdapter
 
 log = logging.getLogger("riverlog.rabbitmq_stream")
 
@@ -35,7 +41,11 @@ READ_BYTES = 1024 * 1024
 # frame_max (1 MiB) can receive in one Deliver.
 STAGE_MAX_BYTES = 1024 * 1024 - 64 * 1024
 STAGE_MAX_ENTRIES = 60_000
+# A peer that sends requests but does not read the answers is not read either once this much
+# output waits for it (benchmarks/load_bench.py, "deaf" client: unbounded before).
+OUTPUT_PAUSE_BYTES = 4 * 1024 * 1024
 PRE_OPEN_FRAME_MAX = max(INITIAL_FRAME_MAX, 65536)
+LOGIN_REFUSED_LINGER_S = 0.2
 
 # ExchangeCommandVersions: [key, min, max] in key order (Publish and Deliver go to 2).
 SERVER_COMMAND_VERSIONS = tuple(
@@ -78,13 +88,6 @@ def _negotiate(ours: int, theirs: int) -> int:
     return min(ours, theirs) if ours and theirs else ours or theirs
 
 
-def _is_loopback(host: str | None) -> bool:
-    try:
-        return host is not None and ipaddress.ip_address(host.split("%")[0]).is_loopback
-    except ValueError:
-        return False
-
-
 class Publisher:
     __slots__ = ("id", "reference", "stream", "partition")
 
@@ -98,32 +101,49 @@ class Publisher:
 class _Staged:
     """Entries of one publisher received in this batch of frames, not written yet."""
 
-    __slots__ = ("pub", "entries", "ids", "last", "size")
+    __slots__ = ("pub", "entries", "ids", "last", "size", "received", "filters")
 
     def __init__(self, pub: Publisher) -> None:
         self.pub = pub
+        self.received = time.monotonic()  # for the confirm latency metric
         self.entries: list[bytes] = []
         self.ids: list[int] = []
         self.last = pub.partition.publishers.get(pub.reference) if pub.reference else None
         self.size = 0
+        self.filters: set[str | None] = set()  # filter values (None: an entry without one)
 
 
 class Subscription:
-    """One Subscribe: a task that sends chunks from ``offset`` on while credit lasts."""
+    """One Subscribe: a task that sends chunks from ``offset`` on while credit lasts. With
+    ``offset`` None (a single active consumer not active yet) there is no task until
+    ``start``; meanwhile ``offset`` is the partition's next offset (lag 0)."""
 
     __slots__ = ("conn", "id", "stream", "partition", "offset", "credit", "_credit_event",
-                 "_buffer", "task")
+                 "_buffer", "task", "chunk_filter")
 
     def __init__(self, conn: "RabbitStreamConnection", sub_id: int, stream: Stream,
-                 offset: int, credit: int) -> None:
+                 offset: int | None, credit: int,
+                 chunk_filter: ChunkFilter | None = None) -> None:
         self.conn = conn
+        # with a filter, chunks that cannot match are skipped: not sent, no credit used
+        self.chunk_filter = chunk_filter
         self.id = sub_id
         self.stream = stream
         self.partition: Partition = stream.partitions[0]
-        self.offset = offset
+        self.offset = self.partition.next_offset if offset is None else offset
         self.credit = credit
         self._credit_event = asyncio.Event()
-        self._buffer = bytearray(READ_BYTES)
+        # grows to the largest read (below): 1 MiB up front per subscription was 500 MiB for
+        # 500 tailing consumers (benchmarks/load_bench.py)
+        self._buffer = bytearray()
+        self.task: asyncio.Task | None = None
+        if offset is not None:
+            self.start(offset)
+
+    def start(self, offset: int) -> None:
+        """(Re)start delivering from ``offset``."""
+        self.cancel()
+        self.offset = offset
         self.task = asyncio.get_running_loop().create_task(self._run())
 
     def add_credit(self, credit: int) -> None:
@@ -131,11 +151,15 @@ class Subscription:
         self._credit_event.set()
 
     def cancel(self) -> None:
-        self.task.cancel()
+        """Stop delivering (``start`` resumes)."""
+        if self.task is not None:
+            self.task.cancel()
+            self.task = None
 
     async def _run(self) -> None:
         partition = self.partition
         conn = self.conn
+        counted = counters(self.stream.name, RABBITMQ_STREAM)
         try:
             while True:
                 if self.credit <= 0:
@@ -146,25 +170,37 @@ class Subscription:
                 # reuse the read buffer only once the socket took every byte sent from it
                 buffer = self._buffer if conn.transport_idle() else None
                 try:
-                    chunks = partition.read_chunks(self.offset, READ_BYTES, self.credit,
-                                                   buffer)
+                    if self.chunk_filter is None:
+                        chunks = partition.read_chunks(self.offset, READ_BYTES, self.credit,
+                                                       buffer)
+                    else:  # skips what cannot match; the offset moves past what it skipped
+                        chunks, self.offset = partition.read_matching_chunks(
+                            self.offset, self.chunk_filter.matches, READ_BYTES, self.credit,
+                            buffer)
                 except OffsetOutOfRangeError:  # retention removed it: go on from the oldest
                     self.offset = partition.first_offset
                     continue
                 if not chunks:
                     await partition.wait_for(self.offset)
+                    await asyncio.sleep(0)  # after a run of skipped chunks, let others run
                     continue
                 read = sum(len(c.raw) for c in chunks)
                 if read > len(self._buffer):  # it came as new bytes: grow for next time
                     self._buffer = bytearray(read)
+                messages = sent = 0
                 for chunk in chunks:
                     if self.credit <= 0:
                         break
                     self.offset = chunk.header.next_offset
                     if chunk.header.chunk_type != CHUNK_USER:
                         continue
-                    conn.send_chunk(self.id, chunk.header_and_data)
+                    data = chunk.header_and_data
+                    conn.send_chunk(self.id, data)
                     self.credit -= 1
+                    messages += chunk.header.num_records
+                    sent += len(data)
+                if messages:
+                    counted.delivered(messages, sent)
         except LogClosedError:  # stream deleted or server stopping
             return
         except CorruptChunkError as exc:
@@ -175,11 +211,15 @@ class Subscription:
 class RabbitStreamConnection(asyncio.Protocol):
     """One client connection: handshake, then commands until Close or disconnect."""
 
-    def __init__(self, server: "RabbitStreamServer") -> None:
+    def __init__(self, server: "RabbitStreamServer", tls: bool = False) -> None:
         self.server = server
         self.broker = server.broker
         self.config = server.config
+        self.guard = server.guard
+        self.tls = tls
         self.decoder = FrameDecoder(max_frame_size=PRE_OPEN_FRAME_MAX)
+        self.draft: DraftAdapter | None = None  # set when the first frame is the 2020 draft's
+        self._head: bytearray | None = bytearray()  # first bytes, until the first key is known
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.peer_host: str | None = None
@@ -194,6 +234,7 @@ class RabbitStreamConnection(asyncio.Protocol):
         self.subscriptions: dict[int, Subscription] = {}
         self.unconfirmed = 0
         self.reading_paused = False
+        self.output_paused = False
         self._writable = asyncio.Event()
         self._writable.set()
         self._last_received = self._last_sent = time.monotonic()
@@ -201,6 +242,11 @@ class RabbitStreamConnection(asyncio.Protocol):
         self._pending: set[asyncio.Task] = set()
         self._staged: dict[int, _Staged] = {}
         self._flush_scheduled = False
+        # single active consumer: ConsumerUpdate requests awaiting an answer (correlation
+        # id -> subscription id, active) and each member's Subscribe offset spec
+        self._last_request = 0
+        self._consumer_updates: dict[int, tuple[int, bool]] = {}
+        self._sac_specs: dict[int, tuple[int, int | None]] = {}
 
     # -- transport callbacks ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -214,6 +260,7 @@ class RabbitStreamConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        _notify(self.server.sac.unregister_owner(self))
         for sub in self.subscriptions.values():
             sub.cancel()
         self.subscriptions.clear()
@@ -228,6 +275,10 @@ class RabbitStreamConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writable.set()
+        if self.output_paused:
+            self.output_paused = False
+            if not self.reading_paused and not self.closing and self.transport is not None:
+                self.transport.resume_reading()
 
     def transport_idle(self) -> bool:
         """True when the socket has taken every byte written so far (nothing buffered)."""
@@ -240,6 +291,14 @@ class RabbitStreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_received = time.monotonic()
+        if self._head is not None:  # the first frame's key tells the dialect apart
+            self._head += data
+            draft = opens_draft(self._head)
+            if draft is None:
+                return
+            data, self._head = bytes(self._head), None
+            if draft:
+                self.draft = DraftAdapter(self)
         try:
             frames = self.decoder.feed(data)
         except FrameError as exc:
@@ -253,6 +312,9 @@ class RabbitStreamConnection(asyncio.Protocol):
             if self.closing:
                 return
             self._handle(frame)
+        if self.transport.get_write_buffer_size() > OUTPUT_PAUSE_BYTES and not self.closing:
+            self.output_paused = True  # until resume_writing: the peer reads again
+            self.transport.pause_reading()
         if self._staged and not self._flush_scheduled:
             # after this turn's reads: the event loop may hand us more of the socket's
             # bytes first (libuv reads up to 32 times per readiness), making bigger chunks
@@ -262,11 +324,15 @@ class RabbitStreamConnection(asyncio.Protocol):
     # -- output -------------------------------------------------------------------------
     def send(self, frame: f.Frame) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(encode(frame))
+            self.transport.write(encode(frame, self.decoder.dialect))
             self._last_sent = time.monotonic()
 
     def send_chunk(self, sub_id: int, chunk: memoryview) -> None:
         if self.transport is None or self.transport.is_closing():
+            return
+        if self.draft is not None:
+            self.transport.writelines(self.draft.deliver(sub_id, chunk))
+            self._last_sent = time.monotonic()
             return
         committed = None
         if self.deliver_v2:
@@ -275,19 +341,46 @@ class RabbitStreamConnection(asyncio.Protocol):
         self.transport.writelines((deliver_prefix(sub_id, len(chunk), committed), chunk))
         self._last_sent = time.monotonic()
 
-    def fail(self, code: int, reason: str) -> None:
+    def fail(self, code: int, reason: str, linger: float = 0.0) -> None:
         """Close this connection because of the peer: a Close frame with ``code``, then
-        the socket (after what is buffered is sent)."""
+        the socket (after what is buffered is sent; ``linger`` s later when given)."""
         if self.closing:
             return
         log.warning("closing connection from %s: %s (code 0x%02x)", self.peer, reason, code)
+        if code != OK:
+            count_error(RABBITMQ_STREAM, code)
         self.send(f.Close(0, code, reason[:200]))
         self.closing = True
         if self.transport is not None:
-            self.transport.close()
+            if linger:
+                asyncio.get_running_loop().call_later(linger, self.transport.close)
+            else:
+                self.transport.close()
+
+    def stop_reading(self) -> None:
+        """Shutdown, first step: read no more frames and write the publishes already
+        received (their confirms follow as usual)."""
+        self.closing = True
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.pause_reading()
+        if self._staged:
+            self._flush_publishes()
+
+    def close_for_shutdown(self) -> None:
+        """Shutdown, last step: end the subscriptions and ask the client to close. Reading
+        resumes only to see the client hang up; frames that come are ignored."""
+        for sub in self.subscriptions.values():
+            sub.cancel()
+        self.send(f.Close(0, OK, "server shutting down"))
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     # -- dispatch -----------------------------------------------------------------------
     def _handle(self, frame: f.Frame) -> None:
+        if self.draft is not None:  # the draft's own frames become the door's (None: answered)
+            frame = self.draft.translate(frame)
+            if frame is None:
+                return
         handler = _HANDLERS.get(type(frame))
         if self._staged and handler is not _on_publish:
             self._flush_publishes()  # later commands see every earlier publish written
@@ -313,36 +406,67 @@ class RabbitStreamConnection(asyncio.Protocol):
             "copyright": "riverlog contributors", "information": "https://riverlog.invalid/",
         }))
 
+    def _peer_certificate(self) -> dict | None:
+        """The verified client certificate of a TLS connection (None: none or plain TCP)."""
+        ssl_object = self.transport.get_extra_info("ssl_object") if self.tls else None
+        return ssl_object.getpeercert() if ssl_object is not None else None
+
     def on_sasl_handshake(self, frame: f.SaslHandshake) -> None:
-        self.send(f.SaslHandshakeResponse(frame.correlation_id, OK, ("PLAIN",)))
+        mechanisms = ("PLAIN", "EXTERNAL") if self._peer_certificate() else ("PLAIN",)
+        self.send(f.SaslHandshakeResponse(frame.correlation_id, OK, mechanisms))
+
+    def _refuse_login(self, correlation_id: int, code: int, reason: str) -> None:
+        """Answer SaslAuthenticate with ``code`` and close a little later: a client that
+        reads its last frames and the end of the stream together (rstream over TLS drops
+        them) sees the refusal, and password guessing slows down."""
+        self.send(f.SaslAuthenticateResponse(correlation_id, code))
+        self.fail(code, reason, linger=LOGIN_REFUSED_LINGER_S)
 
     def on_sasl_authenticate(self, frame: f.SaslAuthenticate) -> None:
-        if frame.mechanism != "PLAIN":
-            self.send(f.SaslAuthenticateResponse(frame.correlation_id,
-                                                 ResponseCode.SASL_MECHANISM_NOT_SUPPORTED))
+        """PLAIN (NUL user NUL password, checked against the bcrypt hashes) or, on a TLS
+        connection with a verified client certificate, EXTERNAL: the user is the certificate
+        subject's CN and must be configured (its password is not checked); RabbitMQ's
+        rabbitmq_auth_mechanism_ssl with ``ssl_cert_login_from = common_name``. A password
+        not checked before runs bcrypt in a worker thread (Guard.login_async), this
+        connection's reading paused meanwhile, so other connections are not held up."""
+        corr = frame.correlation_id
+        if frame.mechanism == "EXTERNAL" and self._peer_certificate():
+            user = self.guard.certificate_user(self._peer_certificate())
+            if user is None:
+                self._refuse_login(corr, ResponseCode.AUTHENTICATION_FAILURE,
+                                   "no configured user for the client certificate")
+            else:
+                self._logged_in(corr, user, None)
+        elif frame.mechanism == "PLAIN":
+            parts = (frame.data or b"").split(b"\0")
+            if len(parts) != 3:
+                self._refuse_login(corr, ResponseCode.SASL_ERROR, "malformed PLAIN response")
+                return
+            user, password = parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
+            self.transport.pause_reading()
+            checked = asyncio.ensure_future(self.guard.login_async(user, password,
+                                                                   self.peer_host))
+            checked.add_done_callback(lambda done: self._logged_in(corr, user, done.result()))
+        else:
+            self.send(f.SaslAuthenticateResponse(corr, ResponseCode.SASL_MECHANISM_NOT_SUPPORTED))
+
+    def _logged_in(self, corr: int, user: str, refused: str | None) -> None:
+        """Finish SaslAuthenticate: ``refused`` is None (then Tune follows), "password" or
+        "loopback" (riverlog.security.guard.Guard.login)."""
+        if self.transport is None or self.transport.is_closing():
             return
-        parts = (frame.data or b"").split(b"\0")
-        if len(parts) != 3:
-            self.send(f.SaslAuthenticateResponse(frame.correlation_id, ResponseCode.SASL_ERROR))
-            self.fail(ResponseCode.SASL_ERROR, "malformed PLAIN response")
-            return
-        user, password = parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
-        users = dict(self.config.users)
-        if users.get(user) != password:
-            self.send(f.SaslAuthenticateResponse(frame.correlation_id,
-                                                 ResponseCode.AUTHENTICATION_FAILURE))
-            self.fail(ResponseCode.AUTHENTICATION_FAILURE, f"authentication failed for {user!r}")
-            return
-        if user in self.config.loopback_users and not _is_loopback(self.peer_host):
-            self.send(f.SaslAuthenticateResponse(
-                frame.correlation_id, ResponseCode.SASL_AUTHENTICATION_FAILURE_LOOPBACK))
-            self.fail(ResponseCode.SASL_AUTHENTICATION_FAILURE_LOOPBACK,
-                      f"user {user!r} may only connect from loopback")
-            return
-        self.user = user
-        self.authenticated = True
-        self.send(f.SaslAuthenticateResponse(frame.correlation_id, OK))
-        self.send(f.Tune(self.config.frame_max, self.config.heartbeat_s))
+        self.transport.resume_reading()
+        if refused == "password":
+            self._refuse_login(corr, ResponseCode.AUTHENTICATION_FAILURE,
+                               f"authentication failed for {user!r}")
+        elif refused == "loopback":
+            self._refuse_login(corr, ResponseCode.SASL_AUTHENTICATION_FAILURE_LOOPBACK,
+                               f"user {user!r} may only connect from loopback")
+        else:
+            self.user = user
+            self.authenticated = True
+            self.send(f.SaslAuthenticateResponse(corr, OK))
+            self.send(f.Tune(self.config.frame_max, self.config.heartbeat_s))
 
     def on_tune(self, frame: f.Tune | f.TuneResponse) -> None:
         if not self.authenticated:
@@ -363,7 +487,7 @@ class RabbitStreamConnection(asyncio.Protocol):
             return
         self.opened = True
         self.decoder.max_frame_size = self.frame_max
-        host, port = self.server.advertised
+        host, port = self.server.advertised_for(self.tls)
         self.send(f.OpenResponse(frame.correlation_id, OK, {
             "advertised_host": host, "advertised_port": str(port)}))
         if self.heartbeat_s:
@@ -404,19 +528,38 @@ class RabbitStreamConnection(asyncio.Protocol):
                 self.send(f.Heartbeat())
 
     # -- streams ------------------------------------------------------------------------
+    def _may(self, stream: str, action: str) -> bool:
+        """Authorization (riverlog.security.authz): False answers ACCESS_REFUSED (0x10), as
+        RabbitMQ does for Create, Delete, DeclarePublisher, Subscribe and QueryOffset when the
+        user lacks the configure, write or read permission."""
+        return self.guard.allowed(self.user, stream, action)
+
     def on_create(self, frame: f.Create) -> None:
-        try:
-            config = stream_config_from_arguments(dict(frame.arguments or {}))
-            self.broker.create(frame.stream, config)
-            code = OK
-        except StreamExistsError:
-            code = ResponseCode.STREAM_ALREADY_EXISTS
-        except InvalidArgumentError as exc:
-            log.info("Create %r refused: %s", frame.stream, exc)
-            code = ResponseCode.PRECONDITION_FAILED
+        if not self._may(frame.stream, CREATE):
+            self.send(f.CreateResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED))
+            return
+        code = self._create(frame.stream, frame.arguments,
+                            lambda config: self.broker.create(frame.stream, config))
         self.send(f.CreateResponse(frame.correlation_id, code))
 
+    @staticmethod
+    def _create(name: str, arguments: dict[str, str] | None,
+                create: Callable[[StreamConfig], object]) -> int:
+        """Run ``create`` with the StreamConfig of Create ``arguments``; the response code
+        (0x05 when it exists, 0x11 for bad arguments or names)."""
+        try:
+            create(stream_config_from_arguments(dict(arguments or {})))
+            return OK
+        except StreamExistsError:
+            return ResponseCode.STREAM_ALREADY_EXISTS
+        except InvalidArgumentError as exc:
+            log.info("creating %r refused: %s", name, exc)
+            return ResponseCode.PRECONDITION_FAILED
+
     def on_delete(self, frame: f.Delete) -> None:
+        if not self._may(frame.stream, DELETE):
+            self.send(f.DeleteResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED))
+            return
         try:
             self.broker.delete(frame.stream)
             code = OK
@@ -425,7 +568,7 @@ class RabbitStreamConnection(asyncio.Protocol):
         self.send(f.DeleteResponse(frame.correlation_id, code))
 
     def on_metadata(self, frame: f.Metadata) -> None:
-        host, port = self.server.advertised
+        host, port = self.server.advertised_for(self.tls)
         streams = []
         for name in frame.streams:
             if name in self.broker.streams:
@@ -437,6 +580,10 @@ class RabbitStreamConnection(asyncio.Protocol):
                                      tuple(streams)))
 
     def on_stream_stats(self, frame: f.StreamStats) -> None:
+        if not self._may(frame.stream, CONSUME):
+            self.send(f.StreamStatsResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED,
+                                            {}))
+            return
         try:
             partition = self.broker.get(frame.stream).partitions[0]
         except StreamNotFoundError:
@@ -459,6 +606,7 @@ class RabbitStreamConnection(asyncio.Protocol):
             if sub.stream is stream:
                 sub.cancel()
                 del self.subscriptions[sub_id]
+                self._sac_specs.pop(sub_id, None)  # the server dropped its group
                 touched = True
         for pub_id, pub in list(self.publishers.items()):
             if pub.stream is stream:
@@ -469,21 +617,25 @@ class RabbitStreamConnection(asyncio.Protocol):
 
     # -- publishing ---------------------------------------------------------------------
     def on_declare_publisher(self, frame: f.DeclarePublisher) -> None:
-        code = OK
-        try:
-            stream = self.broker.get(frame.stream)
-        except StreamNotFoundError:
-            code = ResponseCode.STREAM_DOES_NOT_EXIST
-        else:
-            taken = frame.publisher_id in self.publishers or (frame.reference and any(
-                p.reference == frame.reference and p.stream is stream
-                for p in self.publishers.values()))
-            if taken:
-                code = ResponseCode.PRECONDITION_FAILED
-            else:
-                self.publishers[frame.publisher_id] = Publisher(frame.publisher_id,
-                                                                frame.reference, stream)
+        code = self.declare_publisher(frame.publisher_id, frame.reference, frame.stream)
         self.send(f.DeclarePublisherResponse(frame.correlation_id, code))
+
+    def declare_publisher(self, publisher_id: int, reference: str | None, name: str) -> int:
+        """Add a publisher to this connection (also for the draft dialect's Publish); returns
+        the response code: OK, STREAM_DOES_NOT_EXIST, ACCESS_REFUSED or PRECONDITION_FAILED
+        (the id, or the reference on that stream, is taken)."""
+        try:
+            stream = self.broker.get(name)
+        except StreamNotFoundError:
+            return ResponseCode.STREAM_DOES_NOT_EXIST
+        taken = publisher_id in self.publishers or (reference and any(
+            p.reference == reference and p.stream is stream for p in self.publishers.values()))
+        if not self._may(name, PUBLISH):
+            return ResponseCode.ACCESS_REFUSED
+        if taken:
+            return ResponseCode.PRECONDITION_FAILED
+        self.publishers[publisher_id] = Publisher(publisher_id, reference, stream)
+        return OK
 
     def on_publish(self, frame: f.Publish | f.PublishV2) -> None:
         """Stage the new entries; ``_flush_publishes`` writes each publisher's staged entries
@@ -497,16 +649,20 @@ class RabbitStreamConnection(asyncio.Protocol):
         if pub is None or self.broker.streams.get(pub.stream.name) is not pub.stream:
             code = (ResponseCode.PUBLISHER_DOES_NOT_EXIST if pub is None
                     else ResponseCode.STREAM_DOES_NOT_EXIST)
-            self.send(f.PublishError(frame.publisher_id, tuple((i, code) for i in ids)))
+            self._publish_error(frame.publisher_id, ids, code)
             return
         if pub.partition.readonly:  # set through Liftbridge's SetStreamReadonly
-            self.send(f.PublishError(frame.publisher_id, tuple(
-                (i, ResponseCode.ACCESS_REFUSED) for i in ids)))
+            self._publish_error(frame.publisher_id, ids, ResponseCode.ACCESS_REFUSED)
             return
         staged = self._staged.get(frame.publisher_id)
         if staged is None:
             staged = self._staged[frame.publisher_id] = _Staged(pub)
-        pairs = entries if type(frame) is f.Publish else [(e[0], e[2]) for e in entries]
+        if type(frame) is f.Publish:
+            pairs = entries
+            staged.filters.add(None)
+        else:
+            pairs = [(e[0], e[2]) for e in entries]
+            staged.filters.update([e[1] for e in entries])
         new = pub.partition.new_entries(pub.reference, pairs, staged.last)
         staged.ids += ids
         if new:
@@ -531,47 +687,61 @@ class RabbitStreamConnection(asyncio.Protocol):
         partition = staged.pub.partition
         if staged.entries:
             try:
-                partition.write_entries(staged.entries, reference=staged.pub.reference,
-                                        sequence=staged.last)
+                offsets = partition.write_entries(staged.entries, reference=staged.pub.reference,
+                                                  sequence=staged.last,
+                                                  filter_values=staged.filters)
             except (OSError, LogError) as exc:
                 log.error("publish to %r failed: %s", staged.pub.stream.name, exc)
                 code = (ResponseCode.STREAM_DOES_NOT_EXIST if isinstance(exc, LogClosedError)
                         else ResponseCode.INTERNAL_ERROR)
-                self.send(f.PublishError(publisher_id, tuple((i, code) for i in staged.ids)))
+                self._publish_error(publisher_id, staged.ids, code)
                 self._unconfirmed_done(len(staged.ids))
                 return
+            counters(staged.pub.stream.name, RABBITMQ_STREAM).published(len(offsets), staged.size)
         if staged.entries and partition.needs_flush:
             task = asyncio.get_running_loop().create_task(
-                self._confirm_after_flush(partition, publisher_id, staged.ids))
+                self._confirm_after_flush(partition, publisher_id, staged.ids, staged.received))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
         else:
-            self._confirm(publisher_id, staged.ids)
+            self._confirm(publisher_id, staged.ids, staged.received)
 
     async def _confirm_after_flush(self, partition: Partition, publisher_id: int,
-                                   ids: list[int]) -> None:
+                                   ids: list[int], received: float) -> None:
         try:
             await partition.flush()
         except Exception as exc:
             log.error("fsync failed, publish not confirmed: %s", exc)
-            self.send(f.PublishError(publisher_id, tuple(
-                (i, ResponseCode.INTERNAL_ERROR) for i in ids)))
+            self._publish_error(publisher_id, ids, ResponseCode.INTERNAL_ERROR)
             self._unconfirmed_done(len(ids))
             return
-        self._confirm(publisher_id, ids)
+        self._confirm(publisher_id, ids, received)
 
-    def _confirm(self, publisher_id: int, ids: list[int]) -> None:
+    def _confirm(self, publisher_id: int, ids: list[int], received: float) -> None:
+        """Send PublishConfirm; ``received`` (time.monotonic()) is when the first Publish
+        frame of these ids arrived."""
         self.send(f.PublishConfirm(publisher_id, tuple(ids)))
+        CONFIRM_RABBITMQ.observe(time.monotonic() - received)
         self._unconfirmed_done(len(ids))
+
+    def _publish_error(self, publisher_id: int, ids: list[int], code: int) -> None:
+        """PublishError (0x04) with ``code`` for every id, counted as one error."""
+        self.send(f.PublishError(publisher_id, tuple((i, code) for i in ids)))
+        count_error(RABBITMQ_STREAM, code)
 
     def _unconfirmed_done(self, n: int) -> None:
         self.unconfirmed -= n
         if self.reading_paused and self.unconfirmed <= self.config.resume_unconfirmed:
             self.reading_paused = False
-            if self.transport is not None and not self.transport.is_closing():
+            if self.transport is not None and not self.transport.is_closing() \
+                    and not self.output_paused:
                 self.transport.resume_reading()
 
     def on_query_publisher_sequence(self, frame: f.QueryPublisherSequence) -> None:
+        if not self._may(frame.stream, PUBLISH):
+            self.send(f.QueryPublisherSequenceResponse(
+                frame.correlation_id, ResponseCode.ACCESS_REFUSED, 0))
+            return
         try:
             partition = self.broker.get(frame.stream).partitions[0]
         except StreamNotFoundError:
@@ -592,31 +762,46 @@ class RabbitStreamConnection(asyncio.Protocol):
             self.send(f.SubscribeResponse(frame.correlation_id,
                                           ResponseCode.SUBSCRIPTION_ID_ALREADY_EXISTS))
             return
+        if not self._may(frame.stream, CONSUME):
+            self.send(f.SubscribeResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED))
+            return
         try:
             stream = self.broker.get(frame.stream)
         except StreamNotFoundError:
             self.send(f.SubscribeResponse(frame.correlation_id,
                                           ResponseCode.STREAM_DOES_NOT_EXIST))
             return
-        partition = stream.partitions[0]
-        kind, value = frame.offset_type, frame.offset
-        if kind == OffsetType.FIRST:
-            offset = partition.first_offset
-        elif kind == OffsetType.LAST:
-            offset = partition.last_chunk_offset
-        elif kind == OffsetType.NEXT:
-            offset = partition.next_offset
-        elif kind == OffsetType.OFFSET:
-            offset = min(max(value or 0, partition.first_offset), partition.next_offset)
-        elif kind == OffsetType.TIMESTAMP:
-            offset = partition.offset_for_timestamp(value or 0)
-        else:
+        offset = resolve_offset(stream.partitions[0], frame.offset_type, frame.offset)
+        group = _sac_group(frame.properties)
+        if offset is None or group == "":
             self.send(f.SubscribeResponse(frame.correlation_id,
                                           ResponseCode.PRECONDITION_FAILED))
             return
         self.send(f.SubscribeResponse(frame.correlation_id, OK))
         self.subscriptions[frame.subscription_id] = Subscription(
-            self, frame.subscription_id, stream, offset, frame.credit)
+            self, frame.subscription_id, stream, None if group else offset, frame.credit,
+            filter_from_properties(frame.properties))
+        if group:
+            self._join_group(frame, group)
+
+    def on_resolve_offset_spec(self, frame: f.ResolveOffsetSpec) -> None:
+        """ResolveOffsetSpec (0x1f): the offset a Subscribe with this offset spec would start
+        at, answered as type OFFSET (as RabbitMQ does). Properties are accepted; filter
+        properties do not move the answer (a filtered subscription skips chunks itself)."""
+        code, offset = OK, 0
+        if not self._may(frame.stream, CONSUME):
+            code = ResponseCode.ACCESS_REFUSED
+        elif frame.stream not in self.broker.streams:
+            code = ResponseCode.STREAM_DOES_NOT_EXIST
+        else:
+            resolved = resolve_offset(self.broker.streams[frame.stream].partitions[0],
+                                      frame.offset_type, frame.offset)
+            if resolved is None:
+                code = ResponseCode.NO_OFFSET
+            else:
+                offset = resolved
+        self.send(f.ResolveOffsetSpecResponse(frame.correlation_id, code, OffsetType.OFFSET,
+                                              offset))
 
     def on_credit(self, frame: f.Credit) -> None:
         sub = self.subscriptions.get(frame.subscription_id)
@@ -625,6 +810,8 @@ class RabbitStreamConnection(asyncio.Protocol):
                                        frame.subscription_id))
             return
         sub.add_credit(frame.credit)
+        if sub.task is None:  # an inactive single active consumer: kept, and said (RabbitMQ)
+            self.send(f.CreditResponse(ResponseCode.PRECONDITION_FAILED, frame.subscription_id))
 
     def on_unsubscribe(self, frame: f.Unsubscribe) -> None:
         sub = self.subscriptions.pop(frame.subscription_id, None)
@@ -632,15 +819,20 @@ class RabbitStreamConnection(asyncio.Protocol):
             code = ResponseCode.SUBSCRIPTION_ID_DOES_NOT_EXIST
         else:
             sub.cancel()
+            self._leave_group(frame.subscription_id)
             code = OK
         self.send(f.UnsubscribeResponse(frame.correlation_id, code))
 
     def on_store_offset(self, frame: f.StoreOffset) -> None:
         stream = self.broker.streams.get(frame.stream)
-        if stream is not None and frame.reference:
+        if stream is not None and frame.reference and self._may(frame.stream, CONSUME):
             stream.partitions[0].offsets.store(frame.reference, frame.offset)
 
     def on_query_offset(self, frame: f.QueryOffset) -> None:
+        if not self._may(frame.stream, CONSUME):
+            self.send(f.QueryOffsetResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED,
+                                            0))
+            return
         try:
             partition = self.broker.get(frame.stream).partitions[0]
         except StreamNotFoundError:
@@ -653,16 +845,115 @@ class RabbitStreamConnection(asyncio.Protocol):
         else:
             self.send(f.QueryOffsetResponse(frame.correlation_id, OK, offset))
 
-    # -- not yet served (super streams, single active consumer: see issue 6) -------------
-    def on_partitions(self, frame: f.Partitions) -> None:
-        self.send(f.PartitionsResponse(frame.correlation_id,
-                                       ResponseCode.STREAM_DOES_NOT_EXIST, ()))
+    # -- single active consumer (sans-IO groups in broker/sac.py) --------------------------
+    def _join_group(self, frame: f.Subscribe, group: str) -> None:
+        self._sac_specs[frame.subscription_id] = (frame.offset_type, frame.offset)
+        index = self.server.super_streams.partition_index(
+            (frame.properties or {}).get("super-stream", ""), frame.stream)
+        _notify(self.server.sac.register(frame.stream, group, index, self,
+                                         frame.subscription_id))
 
-    def on_route(self, frame: f.Route) -> None:
-        self.send(f.RouteResponse(frame.correlation_id, ResponseCode.STREAM_DOES_NOT_EXIST, ()))
+    def _leave_group(self, subscription_id: int) -> None:
+        if self._sac_specs.pop(subscription_id, None) is not None:
+            _notify(self.server.sac.unregister(self, subscription_id))
+
+    def consumer_update(self, subscription_id: int, active: bool) -> None:
+        """Send ConsumerUpdate (0x1a). Delivery stops at once on deactivation and starts
+        when the client answers an activation, from the offset spec of its answer."""
+        sub = self.subscriptions[subscription_id]
+        if not active:
+            sub.cancel()
+        self._last_request = self._last_request % 0xFFFFFFFF + 1
+        self._consumer_updates[self._last_request] = (subscription_id, active)
+        self.send(f.ConsumerUpdate(self._last_request, subscription_id, active))
 
     def on_consumer_update_response(self, frame: f.ConsumerUpdateResponse) -> None:
-        pass  # no single-active-consumer groups yet, so no ConsumerUpdate was asked
+        request = self._consumer_updates.pop(frame.correlation_id, None)
+        if request is None or request[0] not in self.subscriptions:
+            log.info("ConsumerUpdateResponse %d from %s: no such request or subscription",
+                     frame.correlation_id, self.peer)
+            return
+        if frame.response_code != OK:  # RabbitMQ too only notes it
+            log.info("ConsumerUpdateResponse from %s with code 0x%02x", self.peer,
+                     frame.response_code)
+        sub_id, active = request
+        sac = self.server.sac
+        if active and sac.is_active(self, sub_id):
+            kind, value = frame.offset_type, frame.offset
+            if kind == OffsetType.NONE:  # the Subscribe's spec
+                kind, value = self._sac_specs[sub_id]
+            sub = self.subscriptions[sub_id]
+            sub.start(resolve_offset(sub.partition, kind, value))
+        elif not active:
+            _notify(sac.stepped_down(self, sub_id))
+
+    # -- super streams (registry and routing in broker/superstreams.py) -------------------
+    def on_create_super_stream(self, frame: f.CreateSuperStream) -> None:
+        """Partitions are ordinary streams made with the Create arguments; 0x05 when the
+        super stream or a partition exists, 0x11 for a bad list (reference doc)."""
+        if not all(self._may(name, CREATE) for name in (frame.name, *frame.partitions)):
+            code = ResponseCode.ACCESS_REFUSED
+        else:
+            code = self._create(frame.name, frame.arguments, lambda config: (
+                self.server.super_streams.create(frame.name, frame.partitions,
+                                                 frame.binding_keys, config)))
+        self.send(f.CreateSuperStreamResponse(frame.correlation_id, code))
+
+    def on_delete_super_stream(self, frame: f.DeleteSuperStream) -> None:
+        super_streams = self.server.super_streams
+        found = super_streams.super_streams.get(frame.name)
+        if found is None:
+            code = ResponseCode.STREAM_DOES_NOT_EXIST
+        elif not all(self._may(name, DELETE) for name in (frame.name, *found.partitions)):
+            code = ResponseCode.ACCESS_REFUSED
+        else:
+            super_streams.delete(frame.name)
+            code = OK
+        self.send(f.DeleteSuperStreamResponse(frame.correlation_id, code))
+
+    def on_partitions(self, frame: f.Partitions) -> None:
+        found = self.server.super_streams.super_streams.get(frame.super_stream)
+        self.send(f.PartitionsResponse(
+            frame.correlation_id, OK if found else ResponseCode.STREAM_DOES_NOT_EXIST,
+            found.partitions if found else ()))
+
+    def on_route(self, frame: f.Route) -> None:
+        """Streams bound with the routing key; OK with none when nothing matches."""
+        found = self.server.super_streams.super_streams.get(frame.super_stream)
+        self.send(f.RouteResponse(
+            frame.correlation_id, OK if found else ResponseCode.STREAM_DOES_NOT_EXIST,
+            tuple(found.route(frame.routing_key)) if found else ()))
+
+
+def resolve_offset(partition: Partition, kind: int, value: int | None) -> int | None:
+    """The offset an offset spec (Subscribe, ConsumerUpdateResponse) starts at in
+    ``partition``; None for a type that names no position."""
+    if kind == OffsetType.FIRST:
+        return partition.first_offset
+    if kind == OffsetType.LAST:
+        return partition.last_chunk_offset
+    if kind == OffsetType.NEXT:
+        return partition.next_offset
+    if kind == OffsetType.OFFSET:
+        return min(max(value or 0, partition.first_offset), partition.next_offset)
+    if kind == OffsetType.TIMESTAMP:
+        return partition.offset_for_timestamp(value or 0)
+    return None
+
+
+def _sac_group(properties: dict[str, str] | None) -> str | None:
+    """The group of a single-active-consumer Subscribe (``single-active-consumer=true``,
+    ``name``): None when not one, "" when it has no valid name (RabbitMQ: 0x11)."""
+    if not properties or properties.get("single-active-consumer") != "true":
+        return None
+    name = properties.get("name") or ""
+    return name if len(name.encode()) <= 255 else ""
+
+
+def _notify(notes: list[Notification]) -> None:
+    """Send each single-active-consumer change to its subscription's connection."""
+    for note in notes:
+        note.owner.consumer_update(note.subscription_id, note.active)
 
 
 _BEFORE_OPEN = {f.PeerProperties, f.SaslHandshake, f.SaslAuthenticate, f.Tune, f.TuneResponse,
@@ -690,11 +981,14 @@ _HANDLERS: dict[type, Callable] = {
     f.QueryPublisherSequence: C.on_query_publisher_sequence,
     f.DeletePublisher: C.on_delete_publisher,
     f.Subscribe: C.on_subscribe,
+    f.ResolveOffsetSpec: C.on_resolve_offset_spec,
     f.Credit: C.on_credit,
     f.Unsubscribe: C.on_unsubscribe,
     f.StoreOffset: C.on_store_offset,
     f.QueryOffset: C.on_query_offset,
     f.Partitions: C.on_partitions,
+    f.CreateSuperStream: C.on_create_super_stream,
+    f.DeleteSuperStream: C.on_delete_super_stream,
     f.Route: C.on_route,
     f.ConsumerUpdateResponse: C.on_consumer_update_response,
 }
@@ -705,12 +999,18 @@ del C
 class RabbitStreamServer:
     """The listening socket and its connections. ``await start()``, ``await stop()``."""
 
-    def __init__(self, broker: Broker, config: RabbitStreamConfig) -> None:
+    def __init__(self, broker: Broker, config: RabbitStreamConfig,
+                 guard: Guard | None = None) -> None:
         self.broker = broker
         self.config = config
+        self.guard = guard or Guard(SecurityConfig())
         self.connections: set[RabbitStreamConnection] = set()
         self._server: asyncio.AbstractServer | None = None
+        self._tls_server: asyncio.AbstractServer | None = None
         self.port = config.port
+        self.tls_port = config.tls_port
+        self.super_streams = SuperStreams(broker)
+        self.sac = SingleActiveConsumers()
         broker.deletion_listeners.append(self._stream_deleted)
 
     @property
@@ -719,34 +1019,64 @@ class RabbitStreamServer:
             "localhost" if self.config.host in ("0.0.0.0", "::", "") else self.config.host)
         return host, self.config.advertised_port or self.port
 
+    def advertised_for(self, tls: bool) -> tuple[str, int]:
+        """What Open and Metadata tell a client: the TLS listener's port on TLS connections."""
+        host, port = self.advertised
+        return (host, self.tls_port) if tls else (host, port)
+
     async def start(self) -> None:
-        """Listen. Raises ``OSError`` with a clear message when the port is taken."""
-        loop = asyncio.get_running_loop()
-        try:
-            self._server = await loop.create_server(
-                lambda: RabbitStreamConnection(self), self.config.host, self.config.port,
-                reuse_address=True)
-        except OSError as exc:
-            raise OSError(exc.errno, f"cannot listen for RabbitMQ Stream clients on "
-                                     f"{self.config.host}:{self.config.port}: {exc.strerror}") from None
+        """Listen (and for TLS on ``tls_port`` when TLS is configured). Raises ``OSError``
+        with a clear message when a port is taken."""
+        self._server = await self._listen(self.config.port, None)
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("RabbitMQ Stream door listening on %s:%d", self.config.host, self.port)
+        context = self.guard.ssl_context()
+        if context is not None:
+            try:
+                self._tls_server = await self._listen(self.config.tls_port, context)
+            except OSError:
+                self._server.close()
+                raise
+            self.tls_port = self._tls_server.sockets[0].getsockname()[1]
+            log.info("RabbitMQ Stream door listening for TLS on %s:%d", self.config.host,
+                     self.tls_port)
+
+    async def _listen(self, port: int, context) -> asyncio.AbstractServer:
+        try:
+            return await asyncio.get_running_loop().create_server(
+                lambda: RabbitStreamConnection(self, tls=context is not None), self.config.host,
+                port, reuse_address=True, ssl=context)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen for RabbitMQ Stream clients on "
+                                     f"{self.config.host}:{port}: {exc.strerror}") from None
 
     def _stream_deleted(self, stream: Stream) -> None:
+        self.sac.drop_stream(stream.name)  # its subscriptions end with MetadataUpdate
         for conn in list(self.connections):
             conn.stream_deleted(stream)
 
-    async def stop(self) -> None:
-        """Stop accepting, let in-flight confirms finish, close every connection."""
-        if self._server is not None:
-            self._server.close()
-        pending = [t for c in self.connections for t in c._pending]
+    async def stop(self, grace: float = 1.0) -> None:
+        """Stop accepting; stop reading, write what was received and send its confirms
+        (waiting up to 5 s for fsyncs); end subscriptions; send every client Close (code OK,
+        "server shutting down") and give them ``grace`` seconds to hang up before the
+        sockets are closed."""
+        for server in (self._server, self._tls_server):
+            if server is not None:
+                server.close()
+        connections = list(self.connections)
+        for conn in connections:
+            conn.stop_reading()
+        pending = [t for c in connections for t in c._pending]
         if pending:
             await asyncio.wait(pending, timeout=5)
+        for conn in connections:
+            conn.close_for_shutdown()
+        deadline = time.monotonic() + grace
+        while self.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
         for conn in list(self.connections):
-            for sub in conn.subscriptions.values():
-                sub.cancel()
             if conn.transport is not None:
                 conn.transport.close()
-        if self._server is not None:
-            await self._server.wait_closed()
+        for server in (self._server, self._tls_server):
+            if server is not None:
+                await server.wait_closed()

@@ -91,8 +91,8 @@ def test_defaults_and_precedence(tmp_path):
 
 @pytest.mark.parametrize("text, message", [
     ("nope: 1\n", "Unknown configuration setting 'nope'"),
-    ("tls.cert: a.pem\n", "'tls.cert' is not supported"),
-    ("nats:\n  password: s\n", "'nats.password' is not supported"),
+    ("tls.cert: a.pem\n", "tls.cert and tls.key: give both"),
+    ("nats:\n  password: s\n", "nats.password needs nats.user"),
     ("streams.encryption: true\n", "streams.encryption"),
     ("clustering.min.insync.replicas: 2\n", "must be 1"),
     ("logging.level: loud\n", "Invalid logging.level"),

@@ -139,7 +139,7 @@ def test_bad_configuration_is_one_clear_line(tmp_path):
     cfg.write_text("tls:\n  cert: x.pem\n")
     out = subprocess.run(RIVERLOG + ["-c", str(cfg)], capture_output=True, text=True,
                          env=clean_env(), timeout=30)
-    assert out.returncode != 0 and "'tls.cert' is not supported" in out.stderr
+    assert out.returncode != 0 and "tls.cert and tls.key: give both" in out.stderr
 
 
 def test_embedded_nats_dies_with_riverlog_on_sigkill(tmp_path):

@@ -532,3 +532,16 @@ def test_fuzz_mutated_valid_frames(frame, data):
     else:
         wire[0:4] = struct.pack(">I", data.draw(st.integers(0, len(wire) + 8)))
     _feed_all(FrameDecoder(max_frame_size=0), [bytes(wire), encode(f.Heartbeat())])
+
+
+# -- offset specifications refuse what they cannot carry (draft.py shares their code) -------------
+
+
+@pytest.mark.parametrize("after_size", [
+    "0007 0001 00000001 01 0001 73 0000 0001",  # Subscribe with offset type 0 (none)
+    "001f 0001 00000001 0001 73 0006",  # ResolveOffsetSpec with offset type 6
+])
+def test_offset_specs_refuse_type_none_and_unknown_types(after_size):
+    with pytest.raises(FrameError) as err:
+        FrameDecoder().feed(_framed(after_size))
+    assert err.value.code == ResponseCode.UNKNOWN_FRAME

@@ -11,7 +11,7 @@ from riverlog.config import Durability, LogConfig, RabbitStreamConfig, ServerCon
 from riverlog.protocol.rabbitmq_stream import FrameDecoder, ResponseCode, encode, simple_entry
 from riverlog.protocol.rabbitmq_stream import frames as f
 from riverlog.server.app import App
-from riverlog.server.rabbitmq_stream import _is_loopback
+from riverlog.security.users import is_loopback
 
 
 class RawClient:
@@ -107,8 +107,8 @@ async def test_wrong_password_is_refused_and_closed(app):
 
 
 def test_guest_is_loopback_only():
-    assert _is_loopback("127.0.0.1") and _is_loopback("::1")
-    assert not _is_loopback("10.1.2.3") and not _is_loopback(None)
+    assert is_loopback("127.0.0.1") and is_loopback("::1")
+    assert not is_loopback("10.1.2.3") and not is_loopback(None)
 
 
 async def test_commands_before_open_close_the_connection(app):
@@ -271,3 +271,35 @@ async def test_publish_to_a_read_only_stream_is_refused(app):
     err = await client.recv(f.PublishError)
     assert err.errors == ((1, ResponseCode.ACCESS_REFUSED), (2, ResponseCode.ACCESS_REFUSED))
     assert app.broker.get("ro").partitions[0].next_offset == 0
+
+
+async def _resolve(client, stream, offset_type, offset=None, properties=None):
+    r = await client.call(f.ResolveOffsetSpec(client.next_corr(), stream, offset_type, offset,
+                                              properties), f.ResolveOffsetSpecResponse)
+    assert r.offset_type == 4  # RabbitMQ always answers with type OFFSET
+    return r.response_code, r.offset
+
+
+async def test_resolve_offset_spec(app):
+    """ResolveOffsetSpec (0x1f) answers where a Subscribe with the same spec starts (the
+    cases of RabbitMQ's rabbit_stream_SUITE:test_resolve_offset_spec, and more)."""
+    client = await client_for(app)
+    versions = await client.call(f.ExchangeCommandVersions(client.next_corr(), ()),
+                                 f.ExchangeCommandVersionsResponse)
+    assert any(v.key == 0x1F for v in versions.versions)
+    await client.call(f.Create(client.next_corr(), "ros", {}), f.CreateResponse)
+    OK = ResponseCode.OK
+    for kind in (1, 2, 3):                                     # empty: first, last, next
+        assert await _resolve(client, "ros", kind) == (OK, 0)
+    await _publish(client, "ros", 30, per_frame=10, one_by_one=True)     # chunks 0, 10, 20
+    stamps = [c.header.timestamp_ms for c in app.broker.get("ros").partitions[0].read_chunks(0)]
+    assert await _resolve(client, "ros", 1) == (OK, 0)
+    assert await _resolve(client, "ros", 2) == (OK, 20)        # the last chunk's first offset
+    assert await _resolve(client, "ros", 3) == (OK, 30)
+    assert await _resolve(client, "ros", 4, 17) == (OK, 17)
+    assert await _resolve(client, "ros", 4, 1000) == (OK, 30)  # clamped like Subscribe
+    assert await _resolve(client, "ros", 5, stamps[0] - 60_000) == (OK, 0)
+    assert await _resolve(client, "ros", 5, stamps[-1] + 3_600_000) == (OK, 30)  # next
+    # properties are accepted (filters, a name): the answer stays the position of the spec
+    assert await _resolve(client, "ros", 2, None, {"filter.0": "eu", "name": "x"}) == (OK, 20)
+    assert await _resolve(client, "nope", 1) == (ResponseCode.STREAM_DOES_NOT_EXIST, 0)

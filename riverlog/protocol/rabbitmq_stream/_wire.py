@@ -221,31 +221,40 @@ def _read_offset_type(b: bytes, o: int) -> tuple[OffsetType, int]:
 OFFSET_TYPE = Kind("offset type u16", _read_offset_type, _U16.pack)
 
 
-def _read_spec(b: bytes, o: int) -> tuple[tuple[OffsetType, int | None], int]:
-    t, o = _read_offset_type(b, o)
-    if t == 4:
-        return (t, _U64.unpack_from(b, o)[0]), o + 8
-    if t == 5:
-        return (t, _I64.unpack_from(b, o)[0]), o + 8
-    if t == 0:
-        raise malformed("offset type 0 (none) in an offset specification")
-    return (t, None), o
+def offset_spec(name: str, first: int = OffsetType.FIRST) -> Kind:
+    """``OffsetType u16 [Offset u64 | Timestamp i64]`` filling fields (offset_type, offset); the
+    value is present exactly for OFFSET and TIMESTAMP. ``first`` is the wire number of FIRST:
+    1 in the current protocol (OffsetType's own numbers), 0 in the 2020 draft, whose types
+    are the same list shifted down by one. Fields always hold ``OffsetType`` values."""
+    shift = OffsetType.FIRST - first
+
+    def read(b: bytes, o: int) -> tuple[tuple[OffsetType, int | None], int]:
+        (w,) = _U16.unpack_from(b, o)
+        t = _OFFSET_TYPES.get(w + shift)
+        if not t:  # unknown, or NONE (0): only ConsumerUpdateResponse may carry that
+            raise malformed(f"offset type {w} in an offset specification")
+        o += 2
+        if t == 4:
+            return (t, _U64.unpack_from(b, o)[0]), o + 8
+        if t == 5:
+            return (t, _I64.unpack_from(b, o)[0]), o + 8
+        return (t, None), o
+
+    def write(v: tuple[int, int | None]) -> bytes:
+        t, offset = v
+        if t == 4 or t == 5:
+            if offset is None:
+                raise ValueError(f"offset type {t} needs an offset")
+            return _U16.pack(t - shift) + (_U64 if t == 4 else _I64).pack(offset)
+        if offset is not None or not 1 <= t <= 3:
+            raise ValueError(f"offset type {t} takes no offset (got {offset!r})")
+        return _U16.pack(t - shift)
+
+    return Kind(name, read, write, width=2)
 
 
-def _write_spec(v: tuple[int, int | None]) -> bytes:
-    t, offset = v
-    if t == 4 or t == 5:
-        if offset is None:
-            raise ValueError(f"offset type {t} needs an offset")
-        return _U16.pack(t) + (_U64 if t == 4 else _I64).pack(offset)
-    if offset is not None or not 1 <= t <= 3:
-        raise ValueError(f"offset type {t} takes no offset (got {offset!r})")
-    return _U16.pack(t)
-
-
-OFFSET_SPEC = Kind("offset spec", _read_spec, _write_spec, width=2)
-"""``OffsetType u16 [Offset u64 | Timestamp i64]`` filling fields (offset_type, offset); the
-value is present exactly for OFFSET and TIMESTAMP (Subscribe, ResolveOffsetSpec)."""
+OFFSET_SPEC = offset_spec("offset spec")
+"""The current protocol's offset specification (Subscribe, ResolveOffsetSpec)."""
 
 
 def _read_trailing_spec(b: bytes, o: int) -> tuple[tuple[OffsetType, int | None], int]:

@@ -5,10 +5,10 @@
 # Rules: no sockets, no asyncio, no connection state beyond the receive buffer; dispatch is data
 # (the _CURRENT_ROWS table), never if-chains; bad peer bytes raise FrameError only.
 # Dialects: a Dialect is one such table. CURRENT is the protocol spoken since RabbitMQ 3.9; the
-# 2020 draft (seeds/rabbitmq-stream-PROTOCOL-draft.adoc) will be a second Dialect built from its
-# own rows (draft keys, 0-based offset types) over the same frame classes where layouts agree,
-# chosen by the first frame (PeerProperties 0x11 current, 15 draft). The draft reuses request
-# keys for responses, so its readers must be split by direction: one Dialect per peer role.
+# 2020 draft (seeds/rabbitmq-stream-PROTOCOL-draft.adoc) is draft.py's pair of Dialects, built
+# from its own rows over the same frame classes where layouts agree, one per peer role (the
+# draft reuses request keys for responses), chosen by the first frame (PeerProperties 0x11
+# current, 15 draft).
 # Wire facts: reference/rabbitmq-stream-protocol.md; 0x1f ResolveOffsetSpec and the frame_max
 # check from rabbit_stream_core.erl (rabbitmq-server 5b09e556).
 from __future__ import annotations
@@ -73,10 +73,17 @@ _MAX_ENTRY = 0x7FFFFFFF
 
 
 def _read_publish(b: bytes) -> tuple[f.Publish, int]:
-    # Entries are sliced out of the frame as bytes including their own header, so the broker
-    # can write them into a chunk's data section as they are.
-    publisher_id, count = _PUBLISH_HEAD.unpack_from(b, _BODY)
-    o = _BODY + 5
+    publisher_id, entries, o = read_publish_body(b, _BODY)
+    return f.Publish(publisher_id, entries), o
+
+
+def read_publish_body(b: bytes, o: int) -> tuple[int, tuple, int]:
+    """``PublisherId u8, Count u32, Count x (PublishingId u64, entry)`` from ``b[o:]``:
+    ``(publisher id, ((publishing id, entry), ...), end offset)``. Entries are sliced out of
+    the frame as bytes including their own header, so the broker can write them into a
+    chunk's data section as they are. (Publish v1, and the draft's Publish after its stream.)"""
+    publisher_id, count = _PUBLISH_HEAD.unpack_from(b, o)
+    o += 5
     n = len(b)
     if count > (n - o) // 12:  # an entry is at least publishing id + 4-byte header
         raise malformed(f"Publish announces {count} entries in {n - o} bytes")
@@ -93,10 +100,11 @@ def _read_publish(b: bytes) -> tuple[f.Publish, int]:
         if o > n:
             raise malformed("Publish entry runs past the end of the frame")
         append((pid, b[s:o]))
-    return f.Publish(publisher_id, tuple(entries)), o
+    return publisher_id, tuple(entries), o
 
 
-def _write_publish(frame: f.Publish) -> list:
+def write_publish_body(frame: f.Publish) -> list:
+    """The body parts of Publish v1 (``publisher_id`` and ``entries`` of ``frame``)."""
     entries = frame.entries
     parts = [_PUBLISH_HEAD.pack(frame.publisher_id, len(entries))]
     append, pack = parts.append, _U64.pack
@@ -193,7 +201,7 @@ _R = RESPONSE_FLAG
 _CURRENT_ROWS: tuple = (
     (f.DeclarePublisher, 0x0001, 1, (U32, U8, STR, STR)),
     (f.DeclarePublisherResponse, _R | 0x0001, 1, (U32, U16)),
-    (f.Publish, 0x0002, 1, (_read_publish, _write_publish)),
+    (f.Publish, 0x0002, 1, (_read_publish, write_publish_body)),
     (f.PublishV2, 0x0002, 2, (_read_publish_v2, _write_publish_v2)),
     (f.PublishConfirm, 0x0003, 1, (_read_publish_confirm, _write_publish_confirm)),
     (f.PublishError, 0x0004, 1, (_read_publish_error, _write_publish_error)),

@@ -1,0 +1,168 @@
+# Metrics of riverlog: the one prometheus_client registry that the front doors count into,
+# and the helpers they count with. Owns metric names, labels and buckets; the values that
+# mirror server state (connections, subscriptions, disk usage, consumer lag) are read when
+# Prometheus scrapes, by riverlog.server.metrics_http, so no door updates a gauge.
+# Rules: doors count per frame or chunk, never per message where a frame holds many; the
+# labelled children a door needs are looked up once per (stream, door) and kept here, so a
+# hot path pays one dict lookup and two lock-protected adds; names follow Prometheus'
+# conventions (base units, `_total` on counters). Imports nothing of riverlog.
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+RABBITMQ_STREAM = "rabbitmq_stream"
+NATS = "nats"
+GRPC = "grpc"
+DOORS = (RABBITMQ_STREAM, NATS, GRPC)
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+"""The counters of every door, for the whole process (one server per process; tests that run
+several read differences)."""
+
+PUBLISHED_MESSAGES = Counter(
+    "riverlog_published_messages", "Messages written to a stream (duplicates dropped by "
+    "deduplication are not counted).", ["stream", "door"], registry=REGISTRY)
+PUBLISHED_BYTES = Counter(
+    "riverlog_published_bytes", "Bytes of the messages written to a stream, as received "
+    "(entries of RabbitMQ Publish frames, NATS payloads, gRPC values).", ["stream", "door"],
+    registry=REGISTRY)
+DELIVERED_MESSAGES = Counter(
+    "riverlog_delivered_messages", "Messages sent to subscribers of a stream.",
+    ["stream", "door"], registry=REGISTRY)
+DELIVERED_BYTES = Counter(
+    "riverlog_delivered_bytes", "Bytes sent to subscribers of a stream (RabbitMQ: chunk "
+    "header and data; Liftbridge: values).", ["stream", "door"], registry=REGISTRY)
+CONFIRM_LATENCY = Histogram(
+    "riverlog_confirm_latency_seconds", "From a publish received to its confirm sent "
+    "(RabbitMQ: one observation per PublishConfirm frame, from the first Publish frame it "
+    "answers; Liftbridge: one per Ack).", ["door"], registry=REGISTRY,
+    buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+             0.5, 1.0, 2.5, 5.0, 10.0))
+ERRORS = Counter(
+    "riverlog_errors", "Errors by door and code: RabbitMQ Stream response codes of "
+    "PublishError frames and of Close frames the server sent; gRPC status codes of failed "
+    "calls; Liftbridge Ack errors (TOO_LARGE, INCORRECT_OFFSET); NATS: messages not stored.",
+    ["door", "code"], registry=REGISTRY)
+
+CONFIRM_RABBITMQ = CONFIRM_LATENCY.labels(RABBITMQ_STREAM)
+CONFIRM_NATS = CONFIRM_LATENCY.labels(NATS)
+CONFIRM_GRPC = CONFIRM_LATENCY.labels(GRPC)
+
+
+class StreamCounters:
+    """The four counters of one (stream, door): ``published(messages, nbytes)`` and
+    ``delivered(messages, nbytes)``. Get one with ``counters(stream, door)``."""
+
+    __slots__ = ("_in_msgs", "_in_bytes", "_out_msgs", "_out_bytes")
+
+    def __init__(self, stream: str, door: str) -> None:
+        self._in_msgs = PUBLISHED_MESSAGES.labels(stream, door)
+        self._in_bytes = PUBLISHED_BYTES.labels(stream, door)
+        self._out_msgs = DELIVERED_MESSAGES.labels(stream, door)
+        self._out_bytes = DELIVERED_BYTES.labels(stream, door)
+
+    def published(self, messages: int, nbytes: int) -> None:
+        self._in_msgs.inc(messages)
+        self._in_bytes.inc(nbytes)
+
+    def delivered(self, messages: int, nbytes: int) -> None:
+        self._out_msgs.inc(messages)
+        self._out_bytes.inc(nbytes)
+
+
+_counters: dict[tuple[str, str], StreamCounters] = {}
+
+
+def counters(stream: str, door: str) -> StreamCounters:
+    """The counters of ``stream`` for ``door`` (one of ``DOORS``), created on first use."""
+    found = _counters.get((stream, door))
+    if found is None:
+        found = _counters[(stream, door)] = StreamCounters(stream, door)
+    return found
+
+
+def forget_stream(stream: str) -> None:
+    """Drop a deleted stream's series, so a scrape no longer lists it."""
+    for door in DOORS:
+        if _counters.pop((stream, door), None) is not None:
+            for family in (PUBLISHED_MESSAGES, PUBLISHED_BYTES, DELIVERED_MESSAGES,
+                           DELIVERED_BYTES):
+                try:
+                    family.remove(stream, door)
+                except KeyError:
+                    pass
+
+
+def error(door: str, code: object) -> None:
+    """Count one error of ``door``: ``code`` is a RabbitMQ Stream response code (an int,
+    shown as 0x-hex as in the protocol's table) or a name (a gRPC status)."""
+    label = f"0x{code:02x}" if isinstance(code, int) else str(code)
+    ERRORS.labels(door, label).inc()
+
+
+class CallTracker:
+    """gRPC calls in progress per peer, and failed calls counted in ``riverlog_errors``.
+
+    gRPC hides its connections; a peer string ("ipv4:127.0.0.1:50312") names one, so
+    ``connections`` counts the peers with a call in progress. Wrap each handler's behaviour
+    with ``unary`` (a coroutine function) or ``streaming`` (an async generator function);
+    a call whose status ends other than OK counts as an error labelled with the status name
+    (a call cancelled by its client does not count)."""
+
+    def __init__(self, door: str) -> None:
+        self.door = door
+        self.peers: dict[str, int] = {}
+
+    @property
+    def connections(self) -> int:
+        return len(self.peers)
+
+    @property
+    def calls(self) -> int:
+        return sum(self.peers.values())
+
+    def unary(self, behavior):
+        async def call(request, context):
+            peer = self._enter(context)
+            failure = None
+            try:
+                return await behavior(request, context)
+            except BaseException as exc:
+                failure = exc
+                raise
+            finally:
+                self._leave(peer, context, failure)
+        call.__name__ = getattr(behavior, "__name__", "call")
+        return call
+
+    def streaming(self, behavior):
+        async def call(request, context):
+            peer = self._enter(context)
+            failure = None
+            try:
+                async for response in behavior(request, context):
+                    yield response
+            except BaseException as exc:
+                failure = exc
+                raise
+            finally:
+                self._leave(peer, context, failure)
+        return call
+
+    def _enter(self, context) -> str:
+        peer = context.peer() or "?"
+        self.peers[peer] = self.peers.get(peer, 0) + 1
+        return peer
+
+    def _leave(self, peer: str, context, failure: BaseException | None) -> None:
+        left = self.peers.get(peer, 1) - 1
+        if left > 0:
+            self.peers[peer] = left
+        else:
+            self.peers.pop(peer, None)
+        code = context.code()
+        name = getattr(code, "name", code)
+        if name not in (None, "OK", "CANCELLED"):
+            error(self.door, name)
+        elif code is None and isinstance(failure, Exception):
+            error(self.door, "UNKNOWN")

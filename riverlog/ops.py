@@ -1,0 +1,309 @@
+# The operations commands behind `riverlog stream|publish|tail|stats`: what each one asks a
+# running server and how the answer becomes rows or lines. The command line (cli.py) parses
+# flags and prints; this module talks to the server.
+# Rules: everything the RabbitMQ Stream protocol can express goes through riverlog.client
+# (the blocking Client); listing streams, which that protocol cannot do, asks the Liftbridge
+# gRPC API (FetchMetadata); `stats` scrapes the server's Prometheus endpoint and never reads
+# the data folder (a running server owns it). Every failure raises OpsError with one line
+# that names the server and the cause, never a traceback.
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Callable, Iterable, Iterator
+
+from .client import Client, ClientError, OffsetType, parse_servers
+from .errors import RiverlogError
+from .record import Record, decode_record, encode_record
+
+PUBLISH_BATCH = 1000
+TAIL_POLL_S = 0.5
+
+
+class OpsError(RiverlogError):
+    """An operations command failed; the message is the one line to show."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where a running server is: its RabbitMQ Stream address (``host:port``), user and
+    password, its Liftbridge gRPC address, and its metrics URL. ``timeout`` in seconds."""
+
+    server: str = "127.0.0.1:5552"
+    user: str = "guest"
+    password: str = "guest"
+    grpc: str = "127.0.0.1:9292"
+    metrics: str = "http://127.0.0.1:15692/metrics"
+    timeout: float = 10.0
+
+    def connect(self) -> Client:
+        """A connected Client; raises OpsError when the server cannot be reached."""
+        host, port = parse_servers(self.server)[0]
+        try:
+            return Client(host, port, self.user, self.password, timeout=self.timeout,
+                          connection_name="riverlog-cli")
+        except ClientError as exc:
+            raise OpsError(f"{exc} (is `riverlog serve` running there? see --server)") from None
+
+
+def _call(what: str, fn: Callable, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except ClientError as exc:
+        raise OpsError(f"{what}: {exc}") from None
+
+
+# -- streams ----------------------------------------------------------------------------------
+
+
+def stream_list(target: Target, internal: bool = False) -> list[tuple[str, int, str]]:
+    """``[(name, partitions, subject)]`` of every stream, sorted by name, from the Liftbridge
+    gRPC API's FetchMetadata (reference/liftbridge.md). Internal streams (``__cursors``,
+    ``__activity``) only with ``internal``. Raises OpsError."""
+    import grpc
+
+    from .protocol.liftbridge import api_pb2 as pb
+    from .protocol.liftbridge.api_pb2_grpc import APIStub
+    with grpc.insecure_channel(target.grpc) as channel:
+        try:
+            resp = APIStub(channel).FetchMetadata(pb.FetchMetadataRequest(),
+                                                  timeout=target.timeout)
+        except grpc.RpcError as exc:
+            raise OpsError(f"cannot list streams through the Liftbridge gRPC API at "
+                           f"{target.grpc}: {exc.code().name} {exc.details()} (see --grpc)"
+                           ) from None
+    rows = [(s.name, len(s.partitions), s.subject) for s in resp.streamMetadata
+            if internal or not s.name.startswith("__")]
+    return sorted(rows)
+
+
+def stream_create(target: Target, name: str, arguments: dict[str, str],
+                  exist_ok: bool = False) -> bool:
+    """Create ``name`` with RabbitMQ Create ``arguments`` (``max-length-bytes``, ``max-age``,
+    ``stream-max-segment-size-bytes``). False when it existed and ``exist_ok``."""
+    with target.connect() as client:
+        return _call(f"create {name!r}", client.create_stream, name, arguments,
+                     exist_ok=exist_ok)
+
+
+def stream_delete(target: Target, name: str, missing_ok: bool = False) -> bool:
+    """Delete ``name``; False when it did not exist and ``missing_ok``."""
+    with target.connect() as client:
+        return _call(f"delete {name!r}", client.delete_stream, name, missing_ok=missing_ok)
+
+
+def stream_describe(target: Target, name: str,
+                    consumers: Iterable[str] = ()) -> list[tuple[str, str]]:
+    """``[(field, value)]`` about stream ``name``: its leader, first and end offsets, chunk
+    ids (RabbitMQ StreamStats) and the offset stored by each of ``consumers`` with its lag.
+    Raises OpsError (the stream does not exist, the server cannot be reached)."""
+    with target.connect() as client:
+        _, host, port = _call("metadata", client.metadata, name)[name]
+        if host is None:
+            raise OpsError(f"stream {name!r} does not exist on {target.server}")
+        stats = _call(f"stats of {name!r}", client.stream_stats, name)
+        first, end = _call(f"offsets of {name!r}", client.offset_range, name)
+        rows = [("stream", name), ("leader", f"{host}:{port}"),
+                ("first offset", str(first)), ("end offset", str(end)),
+                ("messages", str(end - first))]
+        rows += [(key.replace("_", " "), str(value)) for key, value in sorted(stats.items())]
+        for consumer in consumers:
+            stored = _call(f"offset of {consumer!r}", client.query_offset, consumer, name)
+            rows.append((f"consumer {consumer}", "no stored offset" if stored is None else
+                         f"offset {stored}, lag {max(end - 1 - stored, 0)}"))
+        return rows
+
+
+# -- publish and tail -------------------------------------------------------------------------
+
+
+def publish(target: Target, stream: str, messages: Iterable[bytes], *, key: bytes | None = None,
+            publisher_name: str | None = None) -> int:
+    """Publish ``messages`` (values; each stored as one record with ``key``) and wait for
+    every confirm. With ``publisher_name`` the server deduplicates and publishing ids go on
+    from the highest it stored for that name. Returns how many were confirmed."""
+    with target.connect() as client:
+        what = f"publish to {stream!r}"
+        pub = _call(what, client.publisher, stream, publisher_name)
+        next_id = 1
+        if publisher_name:
+            next_id += _call(what, client.query_publisher_sequence, publisher_name, stream)
+        sent = 0
+        batch: list[bytes] = []
+        for value in messages:
+            batch.append(encode_record(Record(value=value, key=key,
+                                              timestamp_ns=time.time_ns())))
+            if len(batch) >= PUBLISH_BATCH:
+                _call(what, pub.publish, batch, range(next_id + sent, next_id + sent + len(batch)))
+                sent += len(batch)
+                batch = []
+        if batch:
+            _call(what, pub.publish, batch, range(next_id + sent, next_id + sent + len(batch)))
+            sent += len(batch)
+        _call(what, pub.flush)
+        return sent
+
+
+START_POSITIONS = ("earliest", "latest", "new")
+
+
+def tail(target: Target, stream: str, start: str = "earliest", *, follow: bool = False,
+         limit: int = 0) -> Iterator[tuple[int, Record]]:
+    """``(offset, record)`` of the messages of ``stream`` from ``start``: ``earliest`` (the
+    oldest kept), ``latest`` (the newest), ``new`` (only what arrives from now on) or an
+    offset (a number). Without ``follow`` it ends at the end of the stream as it was when
+    it started; with it, it waits for more until interrupted. ``limit`` > 0 ends it after
+    that many messages. Raises OpsError."""
+    with target.connect() as client:
+        first, end = _call(f"offsets of {stream!r}", client.offset_range, stream)
+        if start == "earliest":
+            offset = first
+        elif start == "latest":
+            offset = max(end - 1, first)
+        elif start == "new":
+            offset = end
+        else:
+            try:
+                offset = max(int(start), first)
+            except ValueError:
+                raise OpsError(f"--from: expected {', '.join(START_POSITIONS)} or an offset, "
+                               f"got {start!r}") from None
+        if not follow and offset >= end:
+            return
+        sub = _call(f"subscribe to {stream!r}", client.subscribe, stream, OffsetType.OFFSET,
+                    offset, credit=8)
+        count = 0
+        try:
+            while True:
+                chunks = _call(f"read {stream!r}", sub.next_chunks, 16, TAIL_POLL_S)
+                for chunk in chunks:
+                    default_ns = chunk.header.timestamp_ms * 1_000_000
+                    for rec_offset, raw in chunk.records():
+                        if rec_offset < offset:
+                            continue
+                        if not follow and rec_offset >= end:
+                            return
+                        yield rec_offset, decode_record(raw, default_ns)
+                        count += 1
+                        if limit and count >= limit:
+                            return
+                    offset = chunk.next_offset
+                if not follow and offset >= end:
+                    return
+        finally:
+            sub.close()
+
+
+def format_record(offset: int, record: Record, fmt: str) -> str:
+    """One output line: ``text`` is the value (UTF-8, undecodable bytes replaced); ``json``
+    an object with offset, timestamp_ns, key, value and headers (bytes as UTF-8 text)."""
+    if fmt == "text":
+        return record.value.decode("utf-8", "replace")
+    return json.dumps({
+        "offset": offset, "timestamp_ns": record.timestamp_ns,
+        "key": None if record.key is None else record.key.decode("utf-8", "replace"),
+        "value": record.value.decode("utf-8", "replace"),
+        "headers": {k: v.decode("utf-8", "replace") for k, v in record.headers.items()}})
+
+
+# -- stats ------------------------------------------------------------------------------------
+
+
+def scrape(url: str, timeout: float = 10.0) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """``{sample name: [(labels, value)]}`` from a Prometheus endpoint. Raises OpsError when
+    it cannot be read."""
+    from prometheus_client.parser import text_string_to_metric_families
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            text = resp.read().decode()
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise OpsError(f"cannot read metrics at {url}: {reason} (is `riverlog serve` "
+                       f"running with metrics on? see --metrics-url)") from None
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return samples
+
+
+def _by(samples, name: str, *keys: str) -> dict[tuple[str, ...], float]:
+    out: dict[tuple[str, ...], float] = {}
+    for labels, value in samples.get(name, ()):
+        k = tuple(labels.get(key, "") for key in keys)
+        out[k] = out.get(k, 0.0) + value
+    return out
+
+
+def stats_tables(samples) -> list[tuple[str, list[str], list[list[str]]]]:
+    """The tables ``riverlog stats`` prints, as ``(title, header, rows)``: streams
+    (partitions, disk, messages kept, messages and bytes in and out over every door since
+    the server started), doors (connections,
+    subscriptions, confirms, mean confirm latency, errors), consumers (lag) and errors."""
+    disk = _by(samples, "riverlog_stream_disk_bytes", "stream")
+    first = _by(samples, "riverlog_partition_first_offset", "stream", "partition")
+    kept: dict[tuple[str, ...], float] = {}
+    parts: dict[tuple[str, ...], int] = {}
+    for (stream, partition), end in _by(samples, "riverlog_partition_committed_offset",
+                                        "stream", "partition").items():
+        start = first.get((stream, partition), 0)
+        kept[(stream,)] = kept.get((stream,), 0) + max(end + 1 - start, 0)
+        parts[(stream,)] = parts.get((stream,), 0) + 1
+    pub_m = _by(samples, "riverlog_published_messages_total", "stream")
+    pub_b = _by(samples, "riverlog_published_bytes_total", "stream")
+    del_m = _by(samples, "riverlog_delivered_messages_total", "stream")
+    del_b = _by(samples, "riverlog_delivered_bytes_total", "stream")
+    names = sorted(set(disk) | set(pub_m) | set(del_m))
+    streams = [[n[0], _int(parts.get(n, 0)), _size(disk.get(n, 0)), _int(kept.get(n, 0)),
+                _int(pub_m.get(n, 0)), _size(pub_b.get(n, 0)), _int(del_m.get(n, 0)),
+                _size(del_b.get(n, 0))] for n in names]
+    conns = _by(samples, "riverlog_connections", "door")
+    subs = _by(samples, "riverlog_subscriptions", "door")
+    count = _by(samples, "riverlog_confirm_latency_seconds_count", "door")
+    total = _by(samples, "riverlog_confirm_latency_seconds_sum", "door")
+    errors = _by(samples, "riverlog_errors_total", "door")
+    doors = sorted(set(conns) | set(subs) | set(count) | set(errors))
+    door_rows = [[d[0], _int(conns.get(d, 0)), _int(subs.get(d, 0)), _int(count.get(d, 0)),
+                  f"{1000 * total.get(d, 0) / count[d]:.3f}" if count.get(d) else "-",
+                  _int(errors.get(d, 0))] for d in doors]
+    lag = _by(samples, "riverlog_consumer_lag_messages", "stream", "partition", "consumer",
+              "source")
+    lag_rows = [[*k, _int(v)] for k, v in sorted(lag.items())]
+    err = _by(samples, "riverlog_errors_total", "door", "code")
+    err_rows = [[*k, _int(v)] for k, v in sorted(err.items())]
+    return [
+        ("streams", ["stream", "partitions", "disk", "messages", "published", "bytes in",
+                     "delivered", "bytes out"], streams),
+        ("doors", ["door", "connections", "subscriptions", "confirms", "confirm ms (mean)",
+                   "errors"], door_rows),
+        ("consumers", ["stream", "partition", "consumer", "source", "lag"], lag_rows),
+        ("errors", ["door", "code", "count"], err_rows),
+    ]
+
+
+def format_table(header: list[str], rows: list[list[str]]) -> str:
+    """Columns padded to their widest cell, numbers right-aligned."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if c[:1].isdigit() or c[:1] == "-" else c.ljust(w)
+                         for c, w in zip(cells, widths)).rstrip()
+
+    return "\n".join([line(header)] + [line(r) for r in rows])
+
+
+def _int(value: float) -> str:
+    return f"{int(value):,}"
+
+
+def _size(value: float) -> str:
+    if value < 1024:
+        return f"{value:.0f} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            break
+    return f"{value:.1f} {unit}"

@@ -1,0 +1,99 @@
+# Per-stream authorization with casbin (pycasbin). Owns the casbin model, the policy loaded from
+# the configuration, and the one question every door asks: may USER do ACTION on STREAM?
+# Rules: off unless enabled (then every authenticated user may do everything, as before);
+# once enabled, deny by default: only a policy line grants. Actions are ACTIONS below; a
+# policy line's stream is a glob pattern (casbin's globMatch: `*`, `?`, `[a-z]`), its action
+# an action or `*`; `g, USER, ROLE` lines give a user a role's lines. Answers are cached per
+# (user, stream, action): the doors ask on declare/subscribe, not per message.
+from __future__ import annotations
+
+import csv
+import functools
+import logging
+from typing import Iterable, Sequence
+
+import casbin
+from casbin.model import Model
+
+log = logging.getLogger("riverlog.security")
+
+PUBLISH, CONSUME, CREATE, DELETE, ADMIN = "publish", "consume", "create", "delete", "admin"
+ACTIONS = (PUBLISH, CONSUME, CREATE, DELETE, ADMIN)
+
+# sub = user, obj = stream name, act = one of ACTIONS. Policy lines: p, SUBJECT, PATTERN, ACTION.
+MODEL = """
+[request_definition]
+r = sub, obj, act
+
+[policy_definition]
+p = sub, obj, act
+
+[role_definition]
+g = _, _
+
+[policy_effect]
+e = some(where (p.eft == allow))
+
+[matchers]
+m = g(r.sub, p.sub) && globMatch(r.obj, p.obj) && (p.act == r.act || p.act == "*")
+"""
+
+
+def read_policy_file(path: str) -> list[tuple[str, ...]]:
+    """Lines of a casbin CSV policy file (``p, alice, orders.*, publish`` / ``g, bob, ops``);
+    blank lines and ``#`` comments skipped. Raises ``OSError``, ``ValueError`` naming the line."""
+    rows = []
+    with open(path, newline="") as f:
+        for number, row in enumerate(csv.reader(f, skipinitialspace=True), 1):
+            row = [c.strip() for c in row]
+            if not row or not row[0] or row[0].startswith("#"):
+                continue
+            if row[0] not in ("p", "g") or len(row) != (4 if row[0] == "p" else 3):
+                raise ValueError(f"{path}:{number}: expected `p, user, stream, action` or "
+                                 f"`g, user, role`")
+            rows.append(tuple(row))
+    return rows
+
+
+class Authorizer:
+    """``allowed(user, stream, action)``. ``rules``: ("p", user, pattern, action) and
+    ("g", user, role) tuples; ``model_path``: a casbin model file replacing MODEL (it must keep
+    the request ``r = sub, obj, act``). Raises ``ValueError`` for an unknown action in a rule."""
+
+    def __init__(self, enabled: bool = False, rules: Iterable[Sequence[str]] = (),
+                 model_path: str | None = None) -> None:
+        self.enabled = enabled
+        self._enforcer: casbin.Enforcer | None = None
+        if not enabled:
+            return
+        if model_path:
+            model = casbin.Enforcer(model_path).get_model()
+        else:
+            model = Model()
+            model.load_model_from_text(MODEL)
+        enforcer = casbin.Enforcer(model)
+        for rule in rules:
+            kind, *fields = rule
+            if kind == "p":
+                if model_path is None and fields[2] not in ACTIONS + ("*",):
+                    raise ValueError(f"authorization rule {list(rule)}: unknown action "
+                                     f"{fields[2]!r} (one of {', '.join(ACTIONS)} or *)")
+                enforcer.add_policy(*fields)
+            elif kind == "g":
+                enforcer.add_grouping_policy(*fields)
+            else:
+                raise ValueError(f"authorization rule {list(rule)}: expected p or g first")
+        self._enforcer = enforcer
+
+    @functools.lru_cache(maxsize=4096)
+    def allowed(self, user: str | None, stream: str, action: str) -> bool:
+        """True when ``user`` may do ``action`` on ``stream`` (always when not enabled;
+        never for an anonymous ``user`` None when enabled)."""
+        if self._enforcer is None:
+            return True
+        if user is None:
+            return False
+        ok = bool(self._enforcer.enforce(user, stream, action))
+        if not ok:
+            log.info("denied: %s may not %s stream %r", user, action, stream)
+        return ok

@@ -1,0 +1,188 @@
+# Authentication and per-stream authorization on the Liftbridge gRPC door, as one grpc.aio
+# server interceptor (installed only when the door requires credentials); ``wrap`` applies the
+# same checks to a method handler for the h2 transport. Owns how a gRPC
+# client proves who it is and which stream each RPC touches. Rules: credentials come from the
+# `authorization` metadata (`Basic base64(user:password)`, RFC 7617) or, when TLS client
+# authentication is on, from the verified client certificate's CN; none or wrong ones end the
+# call with UNAUTHENTICATED, a stream the user may not touch with PERMISSION_DENIED (the gRPC
+# status codes, grpc/doc/statuscodes.md). FetchMetadata and the consumer-group bookkeeping
+# calls need a user but no stream permission. A request that does not parse is left to the
+# handler, which answers INVALID_ARGUMENT.
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+from typing import Callable, Iterable
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from ..protocol.liftbridge import api_pb2 as pb
+from .authz import ADMIN, CONSUME, CREATE, DELETE, PUBLISH
+from .guard import Guard
+
+log = logging.getLogger("riverlog.security")
+
+# RPC -> (request type, action, the stream names it touches)
+_RULES: dict[str, tuple[type, str, Callable]] = {
+    "CreateStream": (pb.CreateStreamRequest, CREATE, lambda r: (r.name,)),
+    "DeleteStream": (pb.DeleteStreamRequest, DELETE, lambda r: (r.name,)),
+    "PauseStream": (pb.PauseStreamRequest, ADMIN, lambda r: (r.name,)),
+    "SetStreamReadonly": (pb.SetStreamReadonlyRequest, ADMIN, lambda r: (r.name,)),
+    "FetchPartitionMetadata": (pb.FetchPartitionMetadataRequest, CONSUME,
+                               lambda r: (r.stream,)),
+    "Publish": (pb.PublishRequest, PUBLISH, lambda r: (r.stream,)),
+    "PublishAsync": (pb.PublishRequest, PUBLISH, lambda r: (r.stream,)),
+    "Subscribe": (pb.SubscribeRequest, CONSUME, lambda r: (r.stream,)),
+    "SetCursor": (pb.SetCursorRequest, CONSUME, lambda r: (r.stream,)),
+    "FetchCursor": (pb.FetchCursorRequest, CONSUME, lambda r: (r.stream,)),
+    "JoinConsumerGroup": (pb.JoinConsumerGroupRequest, CONSUME, lambda r: tuple(r.streams)),
+}
+
+
+def streams_on_subject(streams: Iterable, subject: str) -> list[str]:
+    """Names of the streams whose partitions listen on ``subject`` (``subj`` is partition 0,
+    ``subj.N`` partition N)."""
+    names = []
+    for stream in streams:
+        base = stream.config.subject
+        if not base:
+            continue
+        if subject == base:
+            names.append(stream.name)
+        elif subject.startswith(base + "."):
+            index = subject[len(base) + 1:]
+            if index.isdigit() and int(index) < len(stream.partitions):
+                names.append(stream.name)
+    return names
+
+
+def _peer_host(peer: str) -> str | None:
+    """The address of ``ServicerContext.peer()`` ("ipv4:1.2.3.4:5", "ipv6:[::1]:5")."""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest.rpartition(":")[0]
+    if kind == "ipv6":
+        return rest.rpartition(":")[0].strip("[]")
+    return None
+
+
+class GrpcAuth(grpc.aio.ServerInterceptor):
+    """The interceptor. ``streams`` returns the broker's streams (for PublishToSubject)."""
+
+    def __init__(self, guard: Guard, streams: Callable[[], Iterable]) -> None:
+        self.guard = guard
+        self.streams = streams
+        tls = guard.config.tls
+        self.certificates = tls is not None and tls.client_auth  # CN only when verified
+
+    async def user(self, context) -> str:
+        """The caller's user name; aborts with UNAUTHENTICATED when there is none."""
+        metadata = dict(context.invocation_metadata() or ())
+        header = metadata.get("authorization")
+        if header:
+            scheme, _, token = str(header).partition(" ")
+            try:
+                name, sep, password = base64.b64decode(token, validate=True).decode().partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                sep = ""
+            if scheme.lower() != "basic" or not sep:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                    "authorization metadata must be Basic base64(user:password)")
+            refused = await self.guard.login_async(name, password, _peer_host(context.peer()))
+            if refused is None:
+                return name
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                f"user {name!r} may only connect from loopback"
+                                if refused == "loopback" else f"authentication failed for {name!r}")
+        if self.certificates:
+            names = context.auth_context().get("x509_common_name") or ()
+            for cn in names:
+                cn = cn.decode() if isinstance(cn, bytes) else cn
+                if cn in self.guard.users:
+                    return cn
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                            "credentials required: authorization metadata or a client certificate")
+
+    async def check(self, method: str, user: str, raw: bytes, context) -> None:
+        """Abort with PERMISSION_DENIED unless ``user`` may do ``method``'s request."""
+        if method == "PublishToSubject":
+            try:
+                subject = pb.PublishToSubjectRequest.FromString(raw).subject
+            except DecodeError:
+                return
+            action, names = PUBLISH, streams_on_subject(self.streams(), subject)
+            if not names:
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                    f"no stream listens on subject {subject!r}")
+        else:
+            rule = _RULES.get(method)
+            if rule is None:
+                return
+            request_type, action, stream_names = rule
+            try:
+                names = stream_names(request_type.FromString(raw))
+            except DecodeError:
+                return
+        for name in names:
+            if not self.guard.allowed(user, name, action):
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                    f"user {user!r} may not {action} stream {name!r}")
+
+    async def intercept_service(self, continuation, details):
+        """The grpc.aio transport's hook: ``wrap`` of the method's handler."""
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        return self.wrap(details.method.rpartition("/")[2], handler)
+
+    def wrap(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """``handler`` of RPC ``method`` ("Publish") with the checks in front: the one place
+        both gRPC transports (grpc.aio, server/grpc_h2_server.py) get them from."""
+        if handler.unary_unary is not None:
+            return handler._replace(unary_unary=self._unary(method, handler.unary_unary))
+        if handler.unary_stream is not None:
+            return handler._replace(unary_stream=self._unary_stream(method,
+                                                                    handler.unary_stream))
+        return handler._replace(stream_stream=self._stream_stream(method, handler.stream_stream))
+
+    def _unary(self, method: str, inner):
+        async def behavior(raw, context):
+            await self.check(method, await self.user(context), raw, context)
+            return await inner(raw, context)
+        return behavior
+
+    def _unary_stream(self, method: str, inner):
+        async def behavior(raw, context):
+            await self.check(method, await self.user(context), raw, context)
+            async for response in inner(raw, context):
+                yield response
+        return behavior
+
+    def _stream_stream(self, method: str, inner):
+        """Each request is checked; the first refused one ends reading, and once the answers
+        to the earlier ones are out the call ends with PERMISSION_DENIED."""
+        request_type, action, stream_names = _RULES[method]
+
+        async def behavior(requests, context):
+            user = await self.user(context)
+            denied: list[str] = []
+
+            async def checked():
+                async for raw in requests:
+                    try:
+                        names = stream_names(request_type.FromString(raw))
+                    except DecodeError:
+                        names = ()
+                    refused = [n for n in names if not self.guard.allowed(user, n, action)]
+                    if refused:
+                        denied.append(f"user {user!r} may not {action} stream {refused[0]!r}")
+                        return
+                    yield raw
+
+            async for response in inner(checked(), context):
+                yield response
+            if denied:
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, denied[0])
+        return behavior

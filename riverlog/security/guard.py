@@ -1,0 +1,58 @@
+# The security of one running server, shared by its doors: the user table, the authorizer and
+# the TLS material, built once from SecurityConfig. Rules: a door asks `login` for passwords,
+# `certificate_user` for client certificates and `allowed` for each stream operation; refusals
+# are answered by the door with its protocol's own error.
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from .authz import Authorizer
+from .tls import common_name, server_context
+from .users import Users
+
+if TYPE_CHECKING:
+    import ssl
+
+    from ..config import SecurityConfig
+
+
+class Guard:
+    """``users``, ``authorizer`` and ``config`` (SecurityConfig) of one server.
+    Raises ``ValueError`` for a non-bcrypt hash or a bad rule, ``OSError`` for TLS files."""
+
+    def __init__(self, config: "SecurityConfig") -> None:
+        self.config = config
+        self.users = Users(config.users, config.loopback_users)
+        self.authorizer = Authorizer(config.authz, config.authz_rules, config.authz_model)
+        self.allowed = self.authorizer.allowed
+        self.require_auth = config.liftbridge_auth
+
+    def ssl_context(self) -> "ssl.SSLContext | None":
+        """The server ssl context for a TLS listener, None when TLS is off."""
+        tls = self.config.tls
+        if tls is None:
+            return None
+        return server_context(tls.cert, tls.key, tls.ca, tls.client_auth)
+
+    def login(self, user: str, password: str, peer_host: str | None) -> str | None:
+        """None when ``user``/``password`` may connect from ``peer_host``; else why not:
+        "password" (unknown user or wrong password) or "loopback" (loopback-only user)."""
+        if not self.users.check_password(user, password):
+            return "password"
+        if not self.users.allowed_from(user, peer_host):
+            return "loopback"
+        return None
+
+    async def login_async(self, user: str, password: str, peer_host: str | None) -> str | None:
+        """``login`` for the event loop: a pair not checked before runs bcrypt (tens to
+        hundreds of ms) in the default executor, so other connections go on meanwhile."""
+        if self.users.remembered(user, password):
+            return self.login(user, password, peer_host)
+        return await asyncio.get_running_loop().run_in_executor(None, self.login, user,
+                                                                password, peer_host)
+
+    def certificate_user(self, peercert: dict | None) -> str | None:
+        """The configured user named by a verified client certificate's CN, else None."""
+        name = common_name(peercert)
+        return name if name is not None and name in self.users else None

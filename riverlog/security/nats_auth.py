@@ -1,0 +1,106 @@
+# The embedded nats-server's share of riverlog's security: its TLS block and its users with
+# their permissions, written in nats-server's configuration format and derived from riverlog's
+# users and authorization policy. Rules: every riverlog user with a password becomes a NATS
+# user with the same bcrypt hash (nats-server checks bcrypt itself); with authorization on, a
+# user may publish on the subjects of the streams it may publish to (`subject` for partition 0,
+# `subject.N` for partition N: plain and enveloped publishes alike) and subscribe to inboxes
+# and to the subjects of the streams it may consume, nothing else; the bridge itself is one
+# more user, allowed everything, whose random password exists only in riverlog's memory.
+# Loopback-only users are left out unless nats-server listens on loopback.
+# Format: nats-server's configuration file (docs.nats.io "Configuration", "Authorization").
+from __future__ import annotations
+
+import secrets
+import ssl
+from typing import Iterable
+
+from .authz import CONSUME, PUBLISH
+from .guard import Guard
+from .tls import client_context
+from .users import hash_password, is_loopback
+
+INBOXES = ("_INBOX.>",)
+
+
+def _subjects(stream) -> list[str]:
+    base = stream.config.subject
+    return [base if p.index == 0 else f"{base}.{p.index}" for p in stream.partitions]
+
+
+def _permission(allow: list[str]) -> dict:
+    return {"allow": allow} if allow else {"deny": [">"]}
+
+
+class NatsAuth:
+    """The nats-server settings for ``guard``. ``bridge_user``/``bridge_password``: what the
+    bridge connects with (None when nats-server needs no users)."""
+
+    def __init__(self, guard: Guard, host: str) -> None:
+        self.guard = guard
+        self.on_loopback = is_loopback(host) or host == "localhost"
+        self.users_on = guard.config.authz
+        self.bridge_user: str | None = None
+        self.bridge_password: str | None = None
+        self._bridge_hash = ""
+        if self.users_on:
+            self.bridge_user = f"riverlog-bridge-{secrets.token_hex(4)}"
+            self.bridge_password = secrets.token_urlsafe(24)
+            self._bridge_hash = hash_password(self.bridge_password, rounds=4)
+
+    @property
+    def needed(self) -> bool:
+        """True when nats-server needs a configuration of ours (TLS or users)."""
+        return self.users_on or self.guard.config.tls is not None
+
+    def settings(self, streams: Iterable) -> dict:
+        """nats-server settings (``tls``, ``authorization``) for the streams there are now,
+        as a map in the shape of its configuration file."""
+        config: dict = {}
+        tls = self.guard.config.tls
+        if tls is not None:
+            config["tls"] = {"cert_file": tls.cert, "key_file": tls.key}
+            if tls.ca:
+                config["tls"]["ca_file"] = tls.ca
+        if self.users_on:
+            streams = [s for s in streams if s.config.subject]
+            users = [{"user": self.bridge_user, "password": self._bridge_hash}]
+            for name in self.guard.users:
+                hashed = self.guard.users.hash_of(name)
+                if not hashed or (name in self.guard.users.loopback_only
+                                  and not self.on_loopback):
+                    continue
+                publish = [subj for s in streams if self.guard.allowed(name, s.name, PUBLISH)
+                           for subj in _subjects(s)]
+                consume = [subj for s in streams if self.guard.allowed(name, s.name, CONSUME)
+                           for subj in _subjects(s)]
+                users.append({"user": name, "password": hashed, "permissions": {
+                    "publish": _permission(publish),
+                    "subscribe": _permission(list(INBOXES) + consume)}})
+            config["authorization"] = {"users": users}
+        return config
+
+
+def connect_options(config, guard: Guard, auth: NatsAuth | None) -> dict:
+    """nats.connect() keyword arguments for the bridge (``config``: NatsConfig). To the
+    embedded server (``auth`` given): its own user, and TLS verified against the server's
+    own certificate (pinned: OpenSSL's partial-chain flag lets it anchor trust) besides
+    ``nats.tls.ca`` or the client CA; the host name is not checked (the bridge dials its own
+    child on loopback). To external servers: ``config.user``/
+    ``password`` and TLS when a CA or client certificate is configured."""
+    options: dict = {}
+    tls = guard.config.tls
+    if auth is not None:
+        if auth.bridge_user:
+            options.update(user=auth.bridge_user, password=auth.bridge_password)
+        if tls is not None:
+            context = client_context(config.tls_ca or tls.ca)
+            context.load_verify_locations(tls.cert)  # the server's own certificate...
+            context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN  # ...is trusted as it is
+            context.check_hostname = False
+            options["tls"] = context
+        return options
+    if config.user:
+        options.update(user=config.user, password=config.password or "")
+    if config.tls_ca or config.tls_cert:
+        options["tls"] = client_context(config.tls_ca, config.tls_cert, config.tls_key)
+    return options

@@ -1,0 +1,101 @@
+# Users and their passwords. Owns the user table every door authenticates against and the
+# loopback-only rule. Rules: only bcrypt hashes are stored (never a password), a hash is
+# checked with the bcrypt library; a user whose hash is empty exists for certificate logins
+# (SASL EXTERNAL, gRPC client certificates) only and never passes a password check.
+# Successful checks are remembered in memory under an HMAC with a per-process key, so a
+# client that reconnects does not pay bcrypt's cost (~65 ms at cost 10) on the event loop
+# again; failures are never remembered.
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import os
+from typing import Iterable
+
+import bcrypt
+
+DEFAULT_ROUNDS = 12
+# bcrypt (cost 10) of "guest": RabbitMQ's default user, allowed from loopback only.
+GUEST_HASH = "$2b$10$skoGrcbmwT1BqQ1jydYMq.o0KotBHokBz9b34UTZTV2sC1nMDE.ru"
+_BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
+
+
+def hash_password(password: str, rounds: int = DEFAULT_ROUNDS) -> str:
+    """The bcrypt hash (``$2b$<rounds>$...``, 60 characters) of ``password`` for the config
+    file. ``rounds`` is bcrypt's log2 cost, 4 to 31; raises ``ValueError`` outside it or for a
+    password longer than bcrypt's 72 bytes."""
+    data = password.encode()
+    if len(data) > 72:
+        raise ValueError("bcrypt uses at most 72 bytes of a password")
+    if not 4 <= rounds <= 31:
+        raise ValueError("rounds must be between 4 and 31")
+    return bcrypt.hashpw(data, bcrypt.gensalt(rounds)).decode()
+
+
+def is_loopback(host: str | None) -> bool:
+    """True for a loopback address (``127.0.0.0/8``, ``::1``, an IPv4-mapped loopback)."""
+    if not host:
+        return False
+    try:
+        address = ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+class Users:
+    """The user table: ``users`` (name, bcrypt hash or "" for certificate-only users) and the
+    names in ``loopback_only``. Raises ``ValueError`` naming a user whose hash is not bcrypt."""
+
+    def __init__(self, users: Iterable[tuple[str, str]],
+                 loopback_only: Iterable[str] = ()) -> None:
+        self._hashes: dict[str, bytes] = {}
+        for name, hashed in users:
+            if hashed and not hashed.startswith(_BCRYPT_PREFIXES):
+                raise ValueError(f"user {name!r}: the password must be a bcrypt hash "
+                                 f"(make one with `riverlog user hash`), not a password")
+            self._hashes[name] = hashed.encode()
+        self.loopback_only = frozenset(loopback_only)
+        self._key = os.urandom(32)
+        self._verified: set[bytes] = set()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._hashes
+
+    def __iter__(self):
+        return iter(self._hashes)
+
+    def hash_of(self, name: str) -> str:
+        """The stored bcrypt hash ("" for a certificate-only user); ``KeyError`` if unknown."""
+        return self._hashes[name].decode()
+
+    def _token(self, name: str, password: str) -> bytes:
+        return hmac.new(self._key, b"\0".join((name.encode(), self._hashes.get(name, b""),
+                                                password.encode())), hashlib.sha256).digest()
+
+    def remembered(self, name: str, password: str) -> bool:
+        """True when this pair passed a check before (answering costs microseconds, while a
+        first check runs bcrypt: tens to hundreds of ms, so doors run it off the event loop)."""
+        return self._token(name, password) in self._verified
+
+    def check_password(self, name: str, password: str) -> bool:
+        """True when ``name`` exists with a hash that ``password`` matches. Thread-safe."""
+        hashed = self._hashes.get(name)
+        if not hashed:
+            return False
+        token = self._token(name, password)
+        if token in self._verified:
+            return True
+        try:
+            ok = bcrypt.checkpw(password.encode(), hashed)
+        except ValueError:  # a malformed hash: nobody logs in with it
+            return False
+        if ok:
+            self._verified.add(token)
+        return ok
+
+    def allowed_from(self, name: str, peer_host: str | None) -> bool:
+        """False when ``name`` may connect only from loopback and ``peer_host`` is not."""
+        return name not in self.loopback_only or is_loopback(peer_host)

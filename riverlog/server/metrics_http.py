@@ -1,0 +1,172 @@
+# The Prometheus endpoint of a running server: prometheus_client's HTTP server (a daemon
+# thread) serving GET /metrics with the doors' counters (riverlog.metrics.REGISTRY) and the
+# gauges read from server state at scrape time: connections and subscriptions per door,
+# disk usage and offsets per stream, consumer lag.
+# Rules: server state is read on the event loop (the scrape thread hands the work over and
+# waits at most SCRAPE_TIMEOUT_S), never from the scrape thread; nothing here runs on a hot
+# path; off unless configured (ServerConfig.metrics, the command line turns it on).
+# Format: Prometheus text exposition format 0.0.4 (prometheus_client writes it).
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from typing import TYPE_CHECKING, Iterable
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .. import __version__
+from ..config import MetricsConfig
+from ..metrics import GRPC, RABBITMQ_STREAM, REGISTRY, forget_stream
+
+if TYPE_CHECKING:
+    from .app import App
+
+log = logging.getLogger("riverlog.metrics")
+
+SCRAPE_TIMEOUT_S = 5.0
+
+
+class StateCollector(Collector):
+    """Gauges computed from the App's state, on its event loop, when Prometheus scrapes."""
+
+    def __init__(self, app: "App", loop: asyncio.AbstractEventLoop) -> None:
+        self.app = app
+        self.loop = loop
+
+    def collect(self) -> Iterable[Metric]:
+        done: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                done.set_result(self.families())
+            except BaseException as exc:
+                done.set_exception(exc)
+
+        try:
+            self.loop.call_soon_threadsafe(run)
+            return done.result(SCRAPE_TIMEOUT_S)
+        except RuntimeError:  # the loop is closed: the server is stopping
+            return []
+
+    def families(self) -> list[Metric]:
+        """Every state gauge, now (call on the event loop)."""
+        app = self.app
+        info = GaugeMetricFamily("riverlog_build_info", "riverlog's version.",
+                                 labels=["version"])
+        info.add_metric([__version__], 1)
+        connections = GaugeMetricFamily(
+            "riverlog_connections", "Open client connections per door (gRPC: peers with a "
+            "call in progress; NATS clients connect to nats-server, not counted here).",
+            labels=["door"])
+        subscriptions = GaugeMetricFamily(
+            "riverlog_subscriptions", "Active subscriptions per door (RabbitMQ Subscribe, "
+            "Liftbridge Subscribe calls).", labels=["door"])
+        nats_up = GaugeMetricFamily("riverlog_nats_connected",
+                                    "1 when the NATS door is connected to its NATS server.")
+        sub_lag = GaugeMetricFamily(
+            "riverlog_subscription_lag_messages", "Largest lag of a RabbitMQ Stream "
+            "subscription per stream: committed offset + 1 minus the next offset it is sent.",
+            labels=["stream"])
+        rabbit = app.rabbitmq_stream
+        if rabbit is not None:
+            conns = list(rabbit.connections)
+            subs = [s for c in conns for s in c.subscriptions.values()]
+            connections.add_metric([RABBITMQ_STREAM], len(conns))
+            subscriptions.add_metric([RABBITMQ_STREAM], len(subs))
+            worst: dict[str, int] = {}
+            for sub in subs:
+                lag = max(sub.partition.committed_offset + 1 - sub.offset, 0)
+                worst[sub.stream.name] = max(worst.get(sub.stream.name, 0), lag)
+            for name, lag in sorted(worst.items()):
+                sub_lag.add_metric([name], lag)
+        if app.grpc is not None:
+            connections.add_metric([GRPC], app.grpc.calls.connections)
+        if app.liftbridge is not None:
+            subscriptions.add_metric([GRPC], sum(app.liftbridge.subscribers.values()))
+        if app.nats is not None:
+            nc = app.nats.nc
+            nats_up.add_metric([], 1 if nc is not None and nc.is_connected else 0)
+        families = [info, connections, subscriptions, nats_up, sub_lag]
+        return families + self._stream_families()
+
+    def _stream_families(self) -> list[Metric]:
+        app = self.app
+        disk = GaugeMetricFamily("riverlog_stream_disk_bytes",
+                                 "Bytes of a stream's segment files (indexes excluded).",
+                                 labels=["stream"])
+        segments = GaugeMetricFamily("riverlog_stream_segments",
+                                     "Segment files of a stream.", labels=["stream"])
+        first = GaugeMetricFamily("riverlog_partition_first_offset",
+                                  "Offset of the oldest record kept.",
+                                  labels=["stream", "partition"])
+        committed = GaugeMetricFamily("riverlog_partition_committed_offset",
+                                      "Offset of the newest committed record (-1: none).",
+                                      labels=["stream", "partition"])
+        lag = GaugeMetricFamily(
+            "riverlog_consumer_lag_messages", "Committed offset minus a named consumer's "
+            "stored position: RabbitMQ StoreOffset (source=offset) or Liftbridge cursor "
+            "(source=cursor).", labels=["stream", "partition", "consumer", "source"])
+        for stream in list(app.broker.streams.values()):
+            disk.add_metric([stream.name], sum(p.log.size_bytes for p in stream.partitions))
+            segments.add_metric([stream.name], sum(len(p.log.segments)
+                                                   for p in stream.partitions))
+            for p in stream.partitions:
+                labels = [stream.name, str(p.index)]
+                first.add_metric(labels, p.first_offset)
+                committed.add_metric(labels, p.committed_offset)
+                for consumer, offset in p.offsets.items():
+                    lag.add_metric(labels + [consumer, "offset"],
+                                   max(p.committed_offset - offset, 0))
+        if app.liftbridge is not None:
+            for cursor_id, name, index, offset in app.liftbridge.cursors.items():
+                stream = app.broker.streams.get(name)
+                if stream is not None and 0 <= index < len(stream.partitions):
+                    end = stream.partitions[index].committed_offset
+                    lag.add_metric([name, str(index), cursor_id, "cursor"], max(end - offset, 0))
+        return [disk, segments, first, committed, lag]
+
+
+class MetricsServer:
+    """GET /metrics on ``config.host``:``config.port`` (0 picks a free port; ``port`` tells
+    which). ``start()`` raises OSError naming the address when it cannot listen."""
+
+    def __init__(self, app: "App", config: MetricsConfig) -> None:
+        self.app = app
+        self.config = config
+        self.port = config.port
+        self._httpd = None
+
+    @property
+    def url(self) -> str:
+        host = self.config.host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}/metrics"
+
+    def start(self) -> None:
+        registry = CollectorRegistry()
+        registry.register(REGISTRY)
+        registry.register(StateCollector(self.app, asyncio.get_running_loop()))
+        host, port = self.config.host, self.config.port
+        try:
+            self._httpd, _ = start_http_server(port, host, registry=registry)
+        except OSError as exc:
+            if not (self.config.port_fallback and port):
+                raise OSError(exc.errno, f"cannot serve metrics on {host}:{port}: "
+                                         f"{exc.strerror} (use --metrics-port, or --no-metrics)"
+                              ) from None
+            log.warning("metrics port %s:%d is taken; serving metrics on a free port instead "
+                        "(pass --metrics-port to require one)", host, port)
+            self._httpd, _ = start_http_server(0, host, registry=registry)
+        self.port = self._httpd.server_address[1]
+        self.app.broker.deletion_listeners.append(lambda stream: forget_stream(stream.name))
+        log.info("Prometheus metrics on %s", self.url)
+
+    async def stop(self) -> None:
+        """Stop serving (the scrape thread may be waiting on the loop: shut down off it)."""
+        httpd, self._httpd = self._httpd, None
+        if httpd is not None:
+            await asyncio.to_thread(httpd.shutdown)
+            httpd.server_close()

@@ -1,0 +1,60 @@
+# The 2020 draft dialect on the RabbitMQ Stream door: one DraftAdapter per connection whose
+# first frame is the draft's PeerProperties (key 15). It owns only what the draft does
+# differently from the current protocol at the connection level: Publish naming its stream
+# (the adapter declares the publisher the draft never declares), CommitOffset (served as
+# StoreOffset) and Deliver's draft chunk header. Everything else (handshake, streams, confirms,
+# credit, offsets, authorization) goes through the door's own handlers, since the draft codec
+# (riverlog.protocol.rabbitmq_stream.draft) decodes into and encodes from the same frames.
+# Rules: no broker logic of its own; draft publishers have no reference, so no deduplication.
+# Wire facts: ../shared/seeds/rabbitmq-stream-PROTOCOL-draft.adoc.
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ..protocol.rabbitmq_stream import ResponseCode
+from ..protocol.rabbitmq_stream import draft
+from ..protocol.rabbitmq_stream import frames as f
+
+
+class DraftAdapter:
+    """The draft side of one ``RabbitStreamConnection`` (``conn``), made when
+    ``draft.opens_draft`` says so of its first bytes; switches the connection's decoder, and so
+    its encoder, to ``draft.DRAFT_SERVER``."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        conn.decoder.dialect = draft.DRAFT_SERVER  # the door encodes with the decoder's dialect
+
+    def translate(self, frame: f.Frame) -> Optional[f.Frame]:
+        """The door's frame for a decoded draft frame: draft Publish -> Publish (declaring its
+        publisher), CommitOffset -> StoreOffset, the rest as it is. None when the adapter
+        answered the frame itself (PublishError: the publisher could not be declared)."""
+        kind = type(frame)
+        if kind is draft.Publish:
+            return self._publish(frame)
+        if kind is draft.CommitOffset:
+            return f.StoreOffset(frame.reference, frame.stream, frame.offset)
+        return frame
+
+    def _publish(self, frame: draft.Publish) -> Optional[f.Publish]:
+        conn = self.conn
+        pid = frame.publisher_id
+        pub = conn.publishers.get(pid)
+        # before Open the door refuses the Publish itself; a deleted stream drops its publishers
+        if conn.opened and (pub is None or pub.stream.name != frame.stream):
+            if pub is not None:  # the id moves to another stream: write what it staged first
+                if pid in conn._staged:
+                    conn._flush_staged(pid)
+                del conn.publishers[pid]
+            code = conn.declare_publisher(pid, None, frame.stream)
+            if code != ResponseCode.OK:
+                conn.send(f.PublishError(pid, tuple((i, code) for i, _ in frame.entries)))
+                return None
+        return f.Publish(pid, frame.entries)
+
+    @staticmethod
+    def deliver(subscription_id: int, chunk: memoryview) -> list:
+        """Buffers of the draft Deliver of a stored chunk (48-byte header + data)."""
+        return draft.deliver_parts(subscription_id, chunk)

@@ -1,0 +1,163 @@
+# Security on the RabbitMQ Stream door with the real rstream client: PLAIN against bcrypt
+# hashes, per-stream authorization answered with access refused (0x10), the TLS listener, and
+# SASL EXTERNAL with client certificates (identity = the certificate's CN).
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+import pytest
+from rstream import (AMQPMessage, Consumer, ConsumerOffsetSpecification, OffsetType, Producer,
+                     SlasMechanism, exceptions)
+
+from _sec import PASSWORDS, running, security
+from riverlog.protocol.rabbitmq_stream import encode
+from riverlog.protocol.rabbitmq_stream import frames as f
+from riverlog.security.tls import client_context
+
+
+def producer(app, user, password=None, *, tls=None, **kw) -> Producer:
+    port = app.rabbitmq_stream.tls_port if tls else app.rabbitmq_stream.port
+    return Producer("127.0.0.1", port=port, username=user,
+                    password=PASSWORDS.get(user, "") if password is None else password,
+                    ssl_context=tls, **kw)
+
+
+async def consume(app, user, stream, count, *, tls=None, **kw) -> list[bytes]:
+    port = app.rabbitmq_stream.tls_port if tls else app.rabbitmq_stream.port
+    got: list[bytes] = []
+    done = asyncio.Event()
+    consumer = Consumer("127.0.0.1", port=port, username=user,
+                        password=PASSWORDS.get(user, ""), ssl_context=tls, **kw)
+
+    async def on_message(msg, ctx):
+        got.append(bytes(msg))
+        if len(got) >= count:
+            done.set()
+
+    await consumer.start()
+    try:
+        await consumer.subscribe(stream, on_message, offset_specification=(
+            ConsumerOffsetSpecification(OffsetType.FIRST)))
+        await asyncio.wait_for(done.wait(), 10)
+    finally:
+        await consumer.close()
+    return got
+
+
+async def assert_handshake_refused(port: int, context: ssl.SSLContext) -> None:
+    """Connect with ``context`` and send PeerProperties: the server must refuse the TLS
+    handshake (with TLS 1.3 the client learns it on its first read: an alert or the end of
+    the stream) and never answer. rstream reports this only as a timeout, so the refusal is
+    checked on the socket."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+        writer.write(encode(f.PeerProperties(1, {})))
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(65536), 5)
+    except (ssl.SSLError, ConnectionResetError):
+        return
+    assert data == b"", f"the TLS handshake was accepted; the server sent {data!r}"
+
+
+async def publish_refused(client: Producer, stream: str) -> None:
+    """Publishing is refused with access refused (0x10) on DeclarePublisher. rstream then
+    deletes the publisher it failed to declare and raises that answer (publisher does not
+    exist, as RabbitMQ gives too), chained to the refusal."""
+    with pytest.raises(exceptions.ServerError) as info:
+        await client.send_wait(stream, b"not allowed")
+    error = info.value
+    assert isinstance(error, exceptions.AccessRefused) or isinstance(
+        error.__context__, exceptions.AccessRefused), repr(error)
+
+
+async def test_wrong_password_and_unknown_user_are_refused(tmp_path, users):
+    async with running(tmp_path, security(users), liftbridge=False) as app:
+        for user, password in (("alice", "wrong"), ("nobody", "x"), ("dave", "")):
+            with pytest.raises(exceptions.AuthenticationFailure):
+                await producer(app, user, password).start()
+        async with producer(app, "alice"):  # the right password works
+            pass
+
+
+async def test_guest_works_only_with_the_default_users(tmp_path, users):
+    async with running(tmp_path, security(users), liftbridge=False) as app:
+        with pytest.raises(exceptions.AuthenticationFailure):
+            await producer(app, "guest", "guest").start()
+
+
+async def test_streams_are_refused_without_permission(tmp_path, users):
+    async with running(tmp_path, security(users), liftbridge=False) as app:
+        async with producer(app, "ops") as ops:
+            await ops.create_stream("orders.eu")
+            await ops.create_stream("logs.app")
+        async with producer(app, "alice") as alice:
+            with pytest.raises(exceptions.AccessRefused):
+                await alice.create_stream("orders.us")
+            with pytest.raises(exceptions.AccessRefused):
+                await alice.delete_stream("orders.eu")
+            await alice.send_wait("orders.eu", b"order 1")
+            await publish_refused(alice, "logs.app")
+        with pytest.raises(exceptions.AccessRefused):
+            await consume(app, "alice", "orders.eu", 1)
+        assert await consume(app, "bob", "orders.eu", 1) == [b"order 1"]
+        with pytest.raises(exceptions.AccessRefused):
+            await consume(app, "bob", "logs.app", 1)
+        async with producer(app, "bob") as bob:
+            await publish_refused(bob, "orders.eu")
+        async with producer(app, "ops") as ops:
+            await ops.delete_stream("logs.app")
+        assert "logs.app" not in app.broker.streams
+        assert app.broker.streams["orders.eu"].partitions[0].next_offset == 1
+
+
+async def test_tls_listener_with_plain_login(tmp_path, users, pki):
+    async with running(tmp_path, security(users, pki), liftbridge=False) as app:
+        assert app.rabbitmq_stream.tls_port != app.rabbitmq_stream.port
+        tls = client_context(pki.ca)
+        async with producer(app, "ops", tls=tls) as ops:
+            await ops.create_stream("orders.tls")
+        async with producer(app, "alice", tls=tls) as alice:
+            await alice.send_wait("orders.tls", AMQPMessage(body=b"over TLS"))
+        got = await consume(app, "bob", "orders.tls", 1, tls=tls)
+        assert len(got) == 1 and b"over TLS" in got[0]
+        with pytest.raises(exceptions.AuthenticationFailure):
+            await producer(app, "alice", "wrong", tls=tls).start()
+        with pytest.raises(ssl.SSLCertVerificationError):  # the client checks the server
+            await producer(app, "alice", tls=client_context()).start()
+
+
+async def test_sasl_external_takes_the_user_from_the_client_certificate(tmp_path, users, pki):
+    async with running(tmp_path, security(users, pki), liftbridge=False) as app:
+        async with producer(app, "ops") as ops:
+            await ops.create_stream("orders.ext")
+        external = {"sasl_configuration_mechanism": SlasMechanism.MechanismExternal}
+        alice_tls = client_context(pki.ca, pki.alice.cert, pki.alice.key)
+        async with producer(app, "ignored", "ignored", tls=alice_tls, **external) as alice:
+            await alice.send_wait("orders.ext", b"signed by alice")
+            with pytest.raises(exceptions.AccessRefused):  # alice's permissions apply
+                await alice.create_stream("orders.new")
+        # a certificate-only user logs in with its certificate, never with a password
+        dave_tls = client_context(pki.ca, pki.dave.cert, pki.dave.key)
+        async with producer(app, "dave", "", tls=dave_tls, **external):
+            pass
+        # a valid certificate whose CN names no user
+        carol_tls = client_context(pki.ca, pki.carol.cert, pki.carol.key)
+        with pytest.raises(exceptions.AuthenticationFailure):
+            await producer(app, "carol", "", tls=carol_tls, **external).start()
+        # no client certificate: EXTERNAL is not offered (rstream checks the handshake list)
+        with pytest.raises(AssertionError):
+            await producer(app, "alice", tls=client_context(pki.ca), **external).start()
+        # alice's name on a certificate from a CA the server does not trust
+        stranger = client_context(pki.ca, pki.stranger.cert, pki.stranger.key)
+        await assert_handshake_refused(app.rabbitmq_stream.tls_port, stranger)
+        assert app.broker.streams["orders.ext"].partitions[0].next_offset == 1
+
+
+async def test_client_certificates_can_be_required(tmp_path, users, pki):
+    async with running(tmp_path, security(users, pki, client_auth=True),
+                       liftbridge=False) as app:
+        await assert_handshake_refused(app.rabbitmq_stream.tls_port, client_context(pki.ca))
+        alice_tls = client_context(pki.ca, pki.alice.cert, pki.alice.key)
+        async with producer(app, "alice", tls=alice_tls):  # PLAIN still works with a cert
+            pass
