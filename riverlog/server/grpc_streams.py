@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 
 from ..broker import Partition
 from ..errors import CorruptChunkError, LogClosedError, OffsetOutOfRangeError
-from ..log.chunk import CHUNK_USER
+from ..log.chunk import CHUNK_USER, ChunkFormatError
 from ..metrics import GRPC, counters
 from ..protocol.liftbridge import api_pb2 as pb
 from ..record import decode_record
@@ -251,30 +251,37 @@ async def _messages(service: Liftbridge, stream, partition: Partition, offset: i
                 continue
             default_ns = header.timestamp_ms * 1_000_000
             sent = nbytes = 0  # counted once per chunk (and before leaving mid-chunk)
-            for rec_offset, raw in chunk.records():
-                if rec_offset < offset:
-                    continue
-                record = decode_record(raw, default_ns)
-                headers = record.headers
-                subject = headers.get("subject")
-                reply = headers.get("reply")
-                msg = Message(
-                    offset=rec_offset, key=record.key or b"", value=record.value,
-                    timestamp=record.timestamp_ns, stream=name, partition=index,
-                    subject=subject.decode("utf-8", "replace") if subject is not None
-                    else (record.subject or ""),
-                    replySubject=reply.decode("utf-8", "replace") if reply is not None
-                    else (record.reply or ""),
-                    headers=headers)
-                yield msg.SerializeToString()
-                sent += 1
-                nbytes += len(record.value)
-                if rec_offset == stop or stopped.done():
-                    counted.delivered(sent, nbytes)
-                    if rec_offset == stop:
-                        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                            "Stop offset reached")
-                    return
+            try:
+                for rec_offset, raw in chunk.records():
+                    if rec_offset < offset:
+                        continue
+                    record = decode_record(raw, default_ns)
+                    headers = record.headers
+                    subject = headers.get("subject")
+                    reply = headers.get("reply")
+                    msg = Message(
+                        offset=rec_offset, key=record.key or b"", value=record.value,
+                        timestamp=record.timestamp_ns, stream=name, partition=index,
+                        subject=subject.decode("utf-8", "replace") if subject is not None
+                        else (record.subject or ""),
+                        replySubject=reply.decode("utf-8", "replace") if reply is not None
+                        else (record.reply or ""),
+                        headers=headers)
+                    yield msg.SerializeToString()
+                    sent += 1
+                    nbytes += len(record.value)
+                    if rec_offset == stop or stopped.done():
+                        counted.delivered(sent, nbytes)
+                        if rec_offset == stop:
+                            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                                "Stop offset reached")
+                        return
+            except ChunkFormatError as exc:  # e.g. a sub-batch body its codec cannot undo
+                counted.delivered(sent, nbytes)
+                log.error("subscription to %s/%d stopped at chunk %d: %s", name, index,
+                          header.first_offset, exc)
+                await context.abort(grpc.StatusCode.DATA_LOSS, f"records of chunk "
+                                    f"{header.first_offset} cannot be decoded: {exc}")
             if sent:
                 counted.delivered(sent, nbytes)
             offset = header.next_offset

@@ -272,3 +272,54 @@ async def test_every_codec_end_to_end(app, client_codecs):
     batch = chunks_to_batch(chunks, stream, 0, 3, len(sent) - 1)
     assert batch.column("offset").to_pylist() == list(range(3, len(sent) - 1))
     assert batch.column("value").to_pylist() == sent[3:-1]
+
+
+class GarbageCodec(ClientFramedCodec):
+    """A buggy client codec: claims zstd, writes bytes no zstd decoder accepts."""
+
+    def compress(self, messages) -> None:
+        super().compress(messages)
+        self.buffer = b"not a zstd frame" * 4
+
+
+async def _lb_offsets(app, stream: str, start_offset: int) -> tuple[list[int], grpc.StatusCode, str]:
+    """Offsets a Liftbridge Subscribe from ``start_offset`` gets, and its closing status."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc.port}") as channel:
+        call = api_pb2_grpc.APIStub(channel).Subscribe(pb.SubscribeRequest(
+            stream=stream, startPosition=pb.StartPosition.OFFSET, startOffset=start_offset,
+            stopPosition=pb.StopPosition.STOP_LATEST), timeout=20)
+        got = []
+        try:
+            async for m in call:
+                got.append(m.offset)
+        except grpc.aio.AioRpcError as exc:
+            return got[1:], exc.code(), exc.details()
+    raise AssertionError("Subscribe ended without a status")
+
+
+async def test_undecodable_sub_batch_ends_liftbridge_subscribe_with_data_loss(app):
+    """A sub-batch whose body its codec cannot undo is stored as sent (RabbitMQ does not
+    check bodies either); a gRPC reader reaching it gets DATA_LOSS naming the chunk instead of
+    an unhandled server error, and can resume after it."""
+    table = StreamCompressionCodecs.available_compress_codecs
+    saved = dict(table)
+    StreamCompressionCodecs.register_codec(CompressionType.Zstd, GarbageCodec(CompressionType.Zstd))
+    stream, confirmed = "garbled", []
+    try:
+        async with Producer("127.0.0.1", app.rabbitmq_stream.port, **GUEST) as producer:
+            await producer.create_stream(stream)
+            await producer.send_wait(stream, b"before")
+            await producer.send_sub_entry(stream, _records(5, "bad"),
+                                          compression_type=CompressionType.Zstd,
+                                          on_publish_confirm=confirmed.append)
+            await wait_until(lambda: confirmed, 20, "the sub-entry confirm")
+            await producer.send_wait(stream, b"after")
+    finally:
+        table.clear()
+        table.update(saved)
+    offsets, code, details = await _lb_offsets(app, stream, 0)
+    assert offsets == [0]
+    assert code == grpc.StatusCode.DATA_LOSS
+    assert "chunk 1 cannot be decoded" in details
+    offsets, code, _ = await _lb_offsets(app, stream, 6)
+    assert (offsets, code) == ([6], grpc.StatusCode.RESOURCE_EXHAUSTED)
