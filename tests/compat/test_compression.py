@@ -282,7 +282,8 @@ class GarbageCodec(ClientFramedCodec):
         self.buffer = b"not a zstd frame" * 4
 
 
-async def _lb_offsets(app, stream: str, start_offset: int) -> tuple[list[int], grpc.StatusCode, str]:
+async def _lb_offsets(app, stream: str,
+                      start_offset: int) -> tuple[list[int], grpc.StatusCode, str]:
     """Offsets a Liftbridge Subscribe from ``start_offset`` gets, and its closing status."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc.port}") as channel:
         call = api_pb2_grpc.APIStub(channel).Subscribe(pb.SubscribeRequest(
