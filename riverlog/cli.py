@@ -103,8 +103,8 @@ def main() -> None:
 @click.option("--no-metrics", is_flag=True, default=False,
               help="Serve no /metrics endpoint.")
 @click.option("--grpc-transport", type=click.Choice(["grpcio", "h2"]), default=None,
-              help="gRPC server transport of the Liftbridge door: grpc.aio or riverlog's own "
-                   "HTTP/2 (docs/liftbridge.md).  [default: grpcio]")
+              help="gRPC server transport of the Liftbridge door: riverlog's own HTTP/2 or "
+                   "grpc.aio (docs/liftbridge.md).  [default: h2]")
 def serve(config_file: str | None, **flags) -> None:
     """Run the server until SIGINT or SIGTERM.
 

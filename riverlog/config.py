@@ -163,9 +163,10 @@ class GrpcConfig:
     max_message_bytes: int = 64 * 1024 * 1024
     port_fallback: bool = False
     """As NatsConfig.port_fallback, for the gRPC port."""
-    transport: str = "grpcio"
-    """The gRPC server transport (``riverlog.grpc.transport``, ``--grpc-transport``): "grpcio"
-    (grpc.aio) or "h2" (riverlog's own HTTP/2 transport, server/grpc_h2_server.py)."""
+    transport: str = "h2"
+    """The gRPC server transport (``riverlog.grpc.transport``, ``--grpc-transport``): "h2"
+    (riverlog's own HTTP/2 transport, server/grpc_h2_server.py; the default) or "grpcio"
+    (grpc.aio)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

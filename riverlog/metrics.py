@@ -5,8 +5,12 @@
 # Rules: doors count per frame or chunk, never per message where a frame holds many; the
 # labelled children a door needs are looked up once per (stream, door) and kept here, so a
 # hot path pays one dict lookup and two lock-protected adds; names follow Prometheus'
-# conventions (base units, `_total` on counters). Imports nothing of riverlog.
+# conventions (base units, `_total` on counters). Doors that see one message at a time (the
+# Liftbridge ones) count with ``published_soon`` and ``TurnLatency``: once per event-loop turn,
+# the turn being the batch their messages are appended in. Imports nothing of riverlog.
 from __future__ import annotations
+
+import asyncio
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
@@ -35,7 +39,8 @@ DELIVERED_BYTES = Counter(
 CONFIRM_LATENCY = Histogram(
     "riverlog_confirm_latency_seconds", "From a publish received to its confirm sent "
     "(RabbitMQ: one observation per PublishConfirm frame, from the first Publish frame it "
-    "answers; Liftbridge: one per Ack).", ["door"], registry=REGISTRY,
+    "answers; Liftbridge: one per event-loop turn that sends Acks, from the reception of the "
+    "turn's first one).", ["door"], registry=REGISTRY,
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
              0.5, 1.0, 2.5, 5.0, 10.0))
 ERRORS = Counter(
@@ -45,29 +50,64 @@ ERRORS = Counter(
     ["door", "code"], registry=REGISTRY)
 
 CONFIRM_RABBITMQ = CONFIRM_LATENCY.labels(RABBITMQ_STREAM)
-CONFIRM_NATS = CONFIRM_LATENCY.labels(NATS)
-CONFIRM_GRPC = CONFIRM_LATENCY.labels(GRPC)
 
 
 class StreamCounters:
     """The four counters of one (stream, door): ``published(messages, nbytes)`` and
     ``delivered(messages, nbytes)``. Get one with ``counters(stream, door)``."""
 
-    __slots__ = ("_in_msgs", "_in_bytes", "_out_msgs", "_out_bytes")
+    __slots__ = ("_in_msgs", "_in_bytes", "_out_msgs", "_out_bytes", "_soon_msgs",
+                 "_soon_bytes")
 
     def __init__(self, stream: str, door: str) -> None:
         self._in_msgs = PUBLISHED_MESSAGES.labels(stream, door)
         self._in_bytes = PUBLISHED_BYTES.labels(stream, door)
         self._out_msgs = DELIVERED_MESSAGES.labels(stream, door)
         self._out_bytes = DELIVERED_BYTES.labels(stream, door)
+        self._soon_msgs = self._soon_bytes = 0
 
     def published(self, messages: int, nbytes: int) -> None:
         self._in_msgs.inc(messages)
         self._in_bytes.inc(nbytes)
 
+    def published_soon(self, nbytes: int) -> None:
+        """Count one published message of ``nbytes`` at the end of this event-loop turn,
+        added with the turn's others (two locked adds per turn, not per message). Call from
+        the running loop; the counters show it before anything the turn's appends answer."""
+        if not self._soon_msgs:
+            asyncio.get_running_loop().call_soon(self._add_soon)
+        self._soon_msgs += 1
+        self._soon_bytes += nbytes
+
+    def _add_soon(self) -> None:
+        self.published(self._soon_msgs, self._soon_bytes)
+        self._soon_msgs = self._soon_bytes = 0
+
     def delivered(self, messages: int, nbytes: int) -> None:
         self._out_msgs.inc(messages)
         self._out_bytes.inc(nbytes)
+
+
+class TurnLatency:
+    """Confirm latency of a door that confirms one message at a time, observed once per
+    event-loop turn: ``observe(seconds)`` records the turn's first confirm (the oldest of the
+    batch the turn appended, as the RabbitMQ door observes the first Publish frame a
+    PublishConfirm answers) and ignores the rest of the turn's."""
+
+    __slots__ = ("_child", "_armed")
+
+    def __init__(self, door: str) -> None:
+        self._child = CONFIRM_LATENCY.labels(door)
+        self._armed = True
+
+    def observe(self, seconds: float) -> None:
+        if self._armed:
+            self._armed = False
+            self._child.observe(seconds)
+            asyncio.get_running_loop().call_soon(self._arm)
+
+    def _arm(self) -> None:
+        self._armed = True
 
 
 _counters: dict[tuple[str, str], StreamCounters] = {}

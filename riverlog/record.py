@@ -27,7 +27,7 @@ import struct
 import uuid
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 __all__ = [
     "ANNOTATION_ACK_INBOX",
@@ -40,6 +40,7 @@ __all__ = [
     "decode_amqp_value",
     "decode_record",
     "encode_record",
+    "encode_records",
 ]
 
 # Message-annotation keys (symbols) that riverlog writes. AMQP 1.0 part 3 section 3.2.10
@@ -120,6 +121,50 @@ def _compound(section: bytes, small: int, body: bytes, count: int) -> bytes:
     return section + bytes((small + 0x10,)) + _pack_u32x2(n + 4, count) + body
 
 
+def _annotations(ts: int, key: bytes | None, ack: str | None) -> bytes:
+    if not _INT64_MIN <= ts <= _INT64_MAX:
+        raise ValueError(f"timestamp_ns {ts!r} does not fit a signed 64-bit integer")
+    if key is None and ack is None:
+        return _MA_TIMESTAMP_ONLY + _pack_long(ts)
+    body = [_MA_TIMESTAMP, _pack_long(ts)]
+    count = 2
+    if key is not None:
+        body += (_MA_KEY, _vbin(len(key)), key)
+        count = 4
+    if ack is not None:
+        body += (_MA_ACK, _str(ack))
+        count += 2
+    return _compound(_SEC_MA, 0xC1, b"".join(body), count)
+
+
+def _properties_head(subject: str | None, reply: str | None) -> bytes:
+    # message-id, user-id, to, subject, reply-to: what precedes a correlation id
+    return (_NULL3 + (b"\x40" if subject is None else _str(subject))
+            + (b"\x40" if reply is None else _str(reply)))
+
+
+def _properties(subject: str | None, reply: str | None, corr: str | None) -> bytes:
+    if corr is not None:
+        return _compound(_SEC_PROPERTIES, 0xC0, _properties_head(subject, reply) + _str(corr), 6)
+    if subject is None and reply is None:
+        return b""
+    props = _NULL3 + (b"\x40" if subject is None else _str(subject))
+    if reply is None:
+        return _compound(_SEC_PROPERTIES, 0xC0, props, 4)
+    return _compound(_SEC_PROPERTIES, 0xC0, props + _str(reply), 5)
+
+
+def _app_properties(headers: dict[str, bytes]) -> bytes:
+    if not headers:
+        return b""
+    body = []
+    for name, hval in headers.items():
+        body.append(_str(name))
+        body.append(_vbin(len(hval)))
+        body.append(hval)
+    return _compound(_SEC_APP_PROPERTIES, 0xC1, b"".join(body), 2 * len(headers))
+
+
 def encode_record(record: Record) -> bytes:
     """Encode ``record`` as the bytes of one commit-log record: an AMQP 1.0 message.
 
@@ -139,53 +184,47 @@ def encode_record(record: Record) -> bytes:
     OverflowError for a field of 4 GiB or more, TypeError (or struct.error) for a field of
     the wrong type.
     """
-    ts = record.timestamp_ns
-    if not _INT64_MIN <= ts <= _INT64_MAX:
-        raise ValueError(f"timestamp_ns {ts!r} does not fit a signed 64-bit integer")
-    key = record.key
-    ack = record.ack_inbox
-    if key is None and ack is None:
-        ma = _MA_TIMESTAMP_ONLY + _pack_long(ts)
-    else:
-        body = [_MA_TIMESTAMP, _pack_long(ts)]
-        count = 2
-        if key is not None:
-            body += (_MA_KEY, _vbin(len(key)), key)
-            count = 4
-        if ack is not None:
-            body += (_MA_ACK, _str(ack))
-            count += 2
-        ma = _compound(_SEC_MA, 0xC1, b"".join(body), count)
-    out = [ma]
-
-    subject = record.subject
-    reply = record.reply
-    corr = record.correlation_id
-    if subject is not None or reply is not None or corr is not None:
-        props = _NULL3 + (b"\x40" if subject is None else _str(subject))
-        count = 4
-        if reply is not None or corr is not None:
-            props += b"\x40" if reply is None else _str(reply)
-            count = 5
-            if corr is not None:
-                props += _str(corr)
-                count = 6
-        out.append(_compound(_SEC_PROPERTIES, 0xC0, props, count))
-
-    headers = record.headers
-    if headers:
-        body = []
-        for name, hval in headers.items():
-            body.append(_str(name))
-            body.append(_vbin(len(hval)))
-            body.append(hval)
-        out.append(_compound(_SEC_APP_PROPERTIES, 0xC1, b"".join(body), 2 * len(headers)))
-
     value = record.value
-    out.append(_SEC_DATA)
-    out.append(_vbin(len(value)))
-    out.append(value)
-    return b"".join(out)
+    return b"".join((
+        _annotations(record.timestamp_ns, record.key, record.ack_inbox),
+        _properties(record.subject, record.reply, record.correlation_id),
+        _app_properties(record.headers), _SEC_DATA, _vbin(len(value)), value))
+
+
+def encode_records(records: Iterable[Record]) -> list[bytes]:
+    """``[encode_record(r) for r in records]``, byte for byte, in one pass over a batch (the
+    records of one read): what consecutive records share is encoded once — the
+    message-annotations of a timestamp with no key and no ack inbox, the properties up to the
+    correlation id (same subject and reply), the application-properties of equal headers.
+    Raises what ``encode_record`` raises, for the first record that fails."""
+    out = []
+    append = out.append
+    last_ts = last_ma = last_sr = last_head = last_headers = last_app = None
+    for record in records:
+        ts, key, ack = record.timestamp_ns, record.key, record.ack_inbox
+        if key is None and ack is None:
+            if ts != last_ts or type(ts) is not int:
+                last_ma = _annotations(ts, None, None)
+                last_ts = ts
+            ma = last_ma
+        else:
+            ma = _annotations(ts, key, ack)
+        corr = record.correlation_id
+        if corr is None:
+            props = _properties(record.subject, record.reply, None)
+        else:
+            sr = (record.subject, record.reply)
+            if sr != last_sr:
+                last_head = _properties_head(*sr)
+                last_sr = sr
+            props = _compound(_SEC_PROPERTIES, 0xC0, last_head + _str(corr), 6)
+        headers = record.headers
+        if headers != last_headers:
+            last_app = _app_properties(headers)
+            last_headers = dict(headers)  # a copy: the caller may reuse the dict
+        value = record.value
+        append(b"".join((ma, props, last_app, _SEC_DATA, _vbin(len(value)), value)))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from riverlog.record import (
     decode_amqp_value,
     decode_record,
     encode_record,
+    encode_records,
 )
 
 # Hypothesis warns that the recursive strategy's repr is large; that is all it is.
@@ -76,6 +77,47 @@ def test_fast_path_and_general_parser_agree(record: Record) -> None:
     fast = rec._decode_own(data)
     assert fast is not None
     assert rec._to_record(rec._parse_message(data), 0) == fast == record
+
+
+# Batches as a read brings them: records sharing timestamp, subject, reply and headers, with
+# their own values and correlation ids, mixed with unrelated records (which end the sharing).
+shared_batches = st.builds(
+    lambda base, parts, others, where: _mix(
+        [Record(value=v, key=base.key, headers=dict(base.headers), timestamp_ns=base.timestamp_ns,
+                subject=base.subject, reply=base.reply, correlation_id=c,
+                ack_inbox=base.ack_inbox) for v, c in parts], others, where),
+    records, st.lists(st.tuples(blob, st.one_of(st.none(), text)), max_size=12),
+    st.lists(records, max_size=3), st.integers(min_value=0, max_value=12))
+
+
+def _mix(batch: list[Record], others: list[Record], where: int) -> list[Record]:
+    where = min(where, len(batch))
+    return batch[:where] + others + batch[where:]
+
+
+@FAST
+@given(shared_batches)
+def test_batch_encoder_equals_the_single_one(batch: list[Record]) -> None:
+    assert encode_records(batch) == [encode_record(r) for r in batch]
+
+
+def test_batch_encoder_sees_a_reused_headers_dict_change() -> None:
+    def reads():  # a producer that reuses one headers dict, changing it between records
+        headers = {"a": b"1"}
+        yield Record(value=b"x", headers=headers, timestamp_ns=5, correlation_id="1")
+        headers["a"] = b"2"
+        yield Record(value=b"y", headers=headers, timestamp_ns=5, correlation_id="2")
+
+    assert encode_records(reads()) == [
+        encode_record(Record(value=b"x", headers={"a": b"1"}, timestamp_ns=5, correlation_id="1")),
+        encode_record(Record(value=b"y", headers={"a": b"2"}, timestamp_ns=5, correlation_id="2"))]
+
+
+def test_batch_encoder_raises_like_the_single_one() -> None:
+    good = Record(value=b"v", timestamp_ns=1)
+    with pytest.raises(ValueError, match="64-bit"):
+        encode_records([good, Record(value=b"v", timestamp_ns=2**63)])
+    assert encode_records([]) == []
 
 
 def test_none_key_is_distinct_from_empty_key() -> None:

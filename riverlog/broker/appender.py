@@ -72,12 +72,26 @@ class Appender:
         self._records.append(record)
         self._sinks.append(sink)
         if not self._scheduled:
-            self._scheduled = True
-            loop = self._loop
-            if loop is None:
-                loop = self._loop = asyncio.get_running_loop()
-            loop.call_soon(self._flush)
+            self._schedule()
         return True
+
+    def extend(self, records: list[bytes], sink: Sink | None = None) -> None:
+        """Hand in several encoded records at once, like ``append`` for each without an
+        expected offset; ``sink`` (shared by all of them) hears of each record in order.
+        Raises ``LogClosedError`` once the appender is closed."""
+        if self.closed:
+            raise LogClosedError(f"{self.partition!r} is closed")
+        self._records += records
+        self._sinks += [sink] * len(records)
+        if not self._scheduled:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        self._scheduled = True
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._scheduled = False

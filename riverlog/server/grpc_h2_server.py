@@ -41,7 +41,11 @@ class _Abort(Exception):
 
 class ServicerContext:
     """What a handler sees of its call: the subset of grpc.aio.ServicerContext riverlog's
-    handlers use (abort, time_remaining, invocation_metadata, peer, auth_context, code)."""
+    handlers use (abort, time_remaining, invocation_metadata, peer, auth_context, code).
+    ``takes_lists``: a streaming handler may yield a list of responses, sent as that many
+    messages (grpc.aio has no such thing; handlers check this attribute)."""
+
+    takes_lists = True
 
     __slots__ = ("_peer", "_metadata", "_deadline", "_auth", "_code", "_loop")
 
@@ -266,7 +270,12 @@ class _Connection(asyncio.Protocol):
         serialize = call.handler.response_serializer
         try:
             async for response in responses:
-                self._push(call, serialize(response) if serialize is not None else response)
+                if type(response) is list:
+                    for message in response:
+                        self._push(call, serialize(message) if serialize is not None
+                                   else message)
+                else:
+                    self._push(call, serialize(response) if serialize is not None else response)
                 if not call.drained.is_set():
                     await call.drained.wait()
         except BaseException as exc:

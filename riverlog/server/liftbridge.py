@@ -24,7 +24,7 @@ from ..broker.cursors import CURSORS_STREAM, Cursors
 from ..broker.groups import ConsumerGroups
 from ..config import GrpcConfig, NatsConfig
 from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
-from ..metrics import CONFIRM_LATENCY, counters, error as count_error
+from ..metrics import DOORS, TurnLatency, counters, error as count_error
 from ..protocol.liftbridge import api_pb2 as pb
 from ..record import Record, encode_record
 
@@ -39,6 +39,8 @@ ACK_OK = pb.Ack.Error.OK
 ACK_INCORRECT_OFFSET = pb.Ack.Error.INCORRECT_OFFSET
 ACK_TOO_LARGE = pb.Ack.Error.TOO_LARGE
 ACK_UNKNOWN = pb.Ack.Error.UNKNOWN
+CONFIRMS = {door: TurnLatency(door) for door in DOORS}
+"""Confirm latency per door, observed once per event-loop turn (riverlog.metrics)."""
 
 
 class LiftbridgeError(Exception):
@@ -96,7 +98,8 @@ class AckSink:
     ``ack`` is prefilled (stream, subjects, inbox, correlation id, policy, reception time);
     ``offset`` and ``commitTimestamp`` are set when the policy's moment comes. ``fail`` is
     called with the exception when the write fails (None: the failure is only logged).
-    ``door`` labels the confirm latency (reception to Ack) observed on delivery.
+    ``door`` labels the confirm latency (reception to Ack), observed for the first Ack of
+    each event-loop turn (CONFIRMS).
     """
 
     __slots__ = ("ack", "deliver", "fail", "door")
@@ -122,7 +125,7 @@ class AckSink:
     def _send(self, ack: pb.Ack) -> None:
         ack.commitTimestamp = now = time.time_ns()
         if self.door:
-            CONFIRM_LATENCY.labels(self.door).observe((now - ack.receptionTimestamp) / 1e9)
+            CONFIRMS[self.door].observe((now - ack.receptionTimestamp) / 1e9)
         self.deliver(ack)
 
     def failed(self, error: BaseException) -> None:
@@ -425,7 +428,7 @@ class Liftbridge:
                 return
         else:
             appender.append(record, sink)
-        counters(stream.name, door).published(1, len(value))
+        counters(stream.name, door).published_soon(len(value))
 
     @staticmethod
     def _ack(stream: Stream, msg_subject: str, ack_inbox: str, correlation_id: str,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 
 import grpc
 
@@ -37,6 +38,11 @@ class Server:
 
 def make_config(data_dir: str, durability: Durability = Durability.INTERVAL,
                 **grpc_options) -> ServerConfig:
+    """The test server's configuration. RIVERLOG_TEST_GRPC_TRANSPORT (grpcio or h2), when
+    set, picks the gRPC transport of the tests that do not choose one themselves."""
+    transport = os.environ.get("RIVERLOG_TEST_GRPC_TRANSPORT")
+    if transport:
+        grpc_options.setdefault("transport", transport)
     return ServerConfig(data_dir=data_dir, log=LogConfig(durability=durability),
                         rabbitmq_stream=RabbitStreamConfig(port=0),
                         nats=NatsConfig(port=0), grpc=GrpcConfig(port=0, **grpc_options))

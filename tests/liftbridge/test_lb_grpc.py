@@ -304,6 +304,8 @@ async def test_messages_survive_restart(server_factory):
     async with Clients(first) as (stub, nc):
         await create(stub, "keep", "keep.subject", partitions=2)
         await nc.publish("keep.subject.1", b"over nats")
+        await nc.flush()
+        await wait_for_offset(first, "keep", 0, partition=1)  # NATS first, then gRPC
         await stub.Publish(pb.PublishRequest(stream="keep", partition=1, key=b"k",
                                              value=b"over grpc", ackPolicy=pb.AckPolicy.ALL),
                            timeout=5)

@@ -388,12 +388,12 @@ async def test_tls_alpn_h2_basic_and_certificate_identity(tmp_path, users, pki):
 
 def test_transport_from_flag_key_and_environment():
     from riverlog.config_file import build, load
-    assert build({}, {})[0].grpc.transport == "grpcio"
-    assert build({"riverlog.grpc.transport": "h2"}, {})[0].grpc.transport == "h2"
-    assert build({"riverlog.grpc.transport": "h2"},
-                 {"grpc_transport": "grpcio"})[0].grpc.transport == "grpcio"
-    env = load(None, {"LIFTBRIDGE_RIVERLOG_GRPC_TRANSPORT": "H2"})
-    assert build(env, {})[0].grpc.transport == "h2"
+    assert build({}, {})[0].grpc.transport == "h2"
+    assert build({"riverlog.grpc.transport": "grpcio"}, {})[0].grpc.transport == "grpcio"
+    assert build({"riverlog.grpc.transport": "grpcio"},
+                 {"grpc_transport": "h2"})[0].grpc.transport == "h2"
+    env = load(None, {"LIFTBRIDGE_RIVERLOG_GRPC_TRANSPORT": "GRPCIO"})
+    assert build(env, {})[0].grpc.transport == "grpcio"
     with pytest.raises(ValueError, match="riverlog.grpc.transport"):
         build({"riverlog.grpc.transport": "quic"}, {})
 
