@@ -153,7 +153,8 @@ class _Protocol(asyncio.BufferedProtocol):
                 if buf[pos + 4] == 0 and buf[pos + 5] == _DELIVER and buf[pos + 6] == 0 \
                         and buf[pos + 7] in (1, 2) and stop - pos >= 9 + 8 * (buf[pos + 7] - 1):
                     skip = 9 if buf[pos + 7] == 1 else 17
-                    frames.append(f.Deliver(buf[pos + 8], bytes(buf[pos + skip:stop])))
+                    with memoryview(buf) as view:  # bytes(buf[a:b]) would copy twice
+                        frames.append(f.Deliver(buf[pos + 8], bytes(view[pos + skip:stop])))
                 else:
                     frames.append(decode(bytes(buf[pos:stop])))
                 pos = stop
