@@ -194,18 +194,19 @@ def encode_record(record: Record) -> bytes:
 def encode_records(records: Iterable[Record]) -> list[bytes]:
     """``[encode_record(r) for r in records]``, byte for byte, in one pass over a batch (the
     records of one read): what consecutive records share is encoded once — the
-    message-annotations of a timestamp with no key and no ack inbox, the properties up to the
+    message-annotations of a timestamp and ack inbox with no key, the properties up to the
     correlation id (same subject and reply), the application-properties of equal headers.
     Raises what ``encode_record`` raises, for the first record that fails."""
     out = []
     append = out.append
-    last_ts = last_ma = last_sr = last_head = last_headers = last_app = None
+    last_ts = last_ack = last_ma = last_sr = last_head = last_headers = last_app = None
     for record in records:
         ts, key, ack = record.timestamp_ns, record.key, record.ack_inbox
-        if key is None and ack is None:
-            if ts != last_ts or type(ts) is not int:
-                last_ma = _annotations(ts, None, None)
+        if key is None:
+            if ts != last_ts or ack != last_ack or type(ts) is not int:
+                last_ma = _annotations(ts, None, ack)
                 last_ts = ts
+                last_ack = ack
             ma = last_ma
         else:
             ma = _annotations(ts, key, ack)

@@ -25,8 +25,10 @@ from ..errors import CorruptChunkError, LogClosedError, OffsetOutOfRangeError
 from ..log.chunk import CHUNK_USER, ChunkFormatError
 from ..metrics import GRPC, counters
 from ..protocol.liftbridge import api_pb2 as pb
+from ..protocol.liftbridge import envelope
+from ..protocol.liftbridge.envelope import varint
 from ..record import Record, decode_record, encode_records
-from .liftbridge import (ACK_OK, CONFIRMS, LEADER, NONE, Liftbridge, LiftbridgeError,
+from .liftbridge import (ACK_OK, NONE, Liftbridge, LiftbridgeError, RunSink,
                          partition_subject)
 
 log = logging.getLogger("riverlog.grpc")
@@ -303,105 +305,42 @@ async def _closed(service: Liftbridge, stream, partition: Partition, context) ->
 # PublishAsync
 # ---------------------------------------------------------------------------------------------
 
-def _varint(n: int) -> bytes:
-    """Protobuf base-128 varint of a non-negative int (protobuf encoding guide, "Varints")."""
-    if n < 0x80:
-        return _BYTES[n]
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-_BYTES = [bytes((i,)) for i in range(256)]
-
-
-class AckTemplate:
+class AckTemplate(envelope.AckTemplate):
     """Serialized PublishResponse{ack: Ack{...}, correlationId} of successful publishes to one
-    partition with one ack policy, built from bytes prepared once: the same bytes
-    ``pb.PublishResponse(correlationId=c, ack=pb.Ack(...)).SerializeToString()`` gives, fields
-    in number order and proto3 defaults (0, "") left out (api.proto: PublishResponse ack = 1,
-    correlationId = 3; Ack stream..msgSubject = 1..3, offset = 4, correlationId = 6, ackPolicy
-    = 7, receptionTimestamp = 8, commitTimestamp = 9; ackError OK = 0 and an empty ackInbox
-    are not written). ``response(offset, correlation_id, commit_ns)`` returns bytes."""
+    partition with one ack policy: ``response(offset, correlation_id, commit_ns)`` returns the
+    bytes ``pb.PublishResponse(correlationId=c, ack=pb.Ack(...)).SerializeToString()`` gives
+    (api.proto: PublishResponse ack = 1, correlationId = 3; the Ack from the envelope module's
+    AckTemplate, without ackInbox)."""
 
-    __slots__ = ("head", "policy", "reception_ns", "_commit_ns", "_tail")
-
-    def __init__(self, stream: str, partition_subject: str, msg_subject: str, policy: int,
-                 reception_ns: int) -> None:
-        self.head = pb.Ack(stream=stream, partitionSubject=partition_subject,
-                           msgSubject=msg_subject).SerializeToString()
-        self.policy = policy
-        self.reception_ns = reception_ns
-        self._commit_ns = None
-        self._tail = b""
+    __slots__ = ()
 
     def response(self, offset: int, correlation_id: str, commit_ns: int) -> bytes:
-        if commit_ns != self._commit_ns:
-            self._commit_ns = commit_ns
-            self._tail = pb.Ack(ackPolicy=self.policy, receptionTimestamp=self.reception_ns,
-                                commitTimestamp=commit_ns).SerializeToString()
-        off = b"\x20" + _varint(offset) if offset else b""
         corr = correlation_id.encode()
+        ack = self.ack(offset, b"", corr, commit_ns)
         if not corr:
-            ack = self.head + off + self._tail
-            return b"\x0a" + _varint(len(ack)) + ack
-        n = _varint(len(corr))
-        size = len(self.head) + len(off) + 1 + len(n) + len(corr) + len(self._tail)
-        return b"".join((b"\x0a", _varint(size), self.head, off, b"\x32", n, corr, self._tail,
-                         b"\x1a", n, corr))
+            return b"\x0a" + varint(len(ack)) + ack
+        return b"".join((b"\x0a", varint(len(ack)), ack, b"\x1a", varint(len(corr)), corr))
 
 
-class _RunSink:
-    """Appender sink shared by the records of one run (consecutive publishes of a batch to one
-    partition with one ack policy): the appender tells it about them in order, so the n-th
-    ``written``/``committed``/``failed`` call is about the run's n-th record. The Acks sent in
-    one loop turn carry one commit timestamp, and the turn's first one is the confirm latency
-    observation (riverlog.metrics.TurnLatency)."""
+class _RunSink(RunSink):
+    """The RunSink of a PublishAsync run: answers go to the call's session, in the order of
+    the run's correlation ids."""
 
-    __slots__ = ("session", "template", "correlation_ids", "answered", "failures", "on_commit",
-                 "now")
+    __slots__ = ("session", "correlation_ids")
 
     def __init__(self, session: _AsyncSession, template: AckTemplate,
                  correlation_ids: list[str]) -> None:
+        super().__init__(template, GRPC)
         self.session = session
-        self.template = template
         self.correlation_ids = correlation_ids
-        self.answered = 0
-        self.failures = 0
-        self.on_commit = template.policy != LEADER
-        self.now: int | None = None  # commit timestamp of this loop turn's Acks
 
-    def _answer(self, offset: int) -> None:
-        i = self.answered
-        self.answered = i + 1
-        now = self.now
-        if now is None:
-            now = self.now = time.time_ns()
-            asyncio.get_running_loop().call_soon(self._turn_over)
-            CONFIRMS[GRPC].observe((now - self.template.reception_ns) / 1e9)
+    def answer(self, i: int, offset: int, commit_ns: int) -> None:
         session = self.session
         session.inflight -= 1
-        session.send(self.template.response(offset, self.correlation_ids[i], now))
+        session.send(self.template.response(offset, self.correlation_ids[i], commit_ns))
 
-    def _turn_over(self) -> None:
-        self.now = None
-
-    def written(self, offset: int) -> None:
-        if not self.on_commit:
-            self._answer(offset)
-
-    def committed(self, offset: int) -> None:
-        if self.on_commit:
-            self._answer(offset)
-
-    def failed(self, error: BaseException) -> None:
-        i = self.failures
-        self.failures = i + 1
-        if i >= self.answered:  # not acknowledged yet
-            _failed(self.session, self.correlation_ids[i], error)
+    def fail(self, i: int, error: BaseException) -> None:
+        _failed(self.session, self.correlation_ids[i], error)
 
 
 class _AsyncSession:

@@ -133,6 +133,60 @@ class AckSink:
             self.fail(error)
 
 
+class RunSink:
+    """Appender sink shared by the records of one run: consecutive publishes of one loop turn
+    to one partition with one ack policy, handed in with one ``Appender.extend``. The appender
+    tells it about them in order, so the n-th ``written``/``committed``/``failed`` call is about
+    the run's n-th record. A subclass answers record ``i`` in ``answer(i, offset, commit_ns)``
+    (LEADER: once written; any other policy: once committed) and reports a failed record not
+    answered yet in ``fail(i, error)``. The answers of one loop turn share one commit timestamp
+    (ns); the turn's first is the door's confirm latency observation (CONFIRMS). ``template``
+    is any object with ``policy`` and ``reception_ns`` (an envelope.AckTemplate)."""
+
+    __slots__ = ("template", "door", "answered", "failures", "on_commit", "now")
+
+    def __init__(self, template, door: str) -> None:
+        self.template = template
+        self.door = door
+        self.answered = 0
+        self.failures = 0
+        self.on_commit = template.policy != LEADER
+        self.now: int | None = None  # commit timestamp of this loop turn's answers
+
+    def answer(self, i: int, offset: int, commit_ns: int) -> None:
+        raise NotImplementedError
+
+    def fail(self, i: int, error: BaseException) -> None:
+        raise NotImplementedError
+
+    def _answer(self, offset: int) -> None:
+        i = self.answered
+        self.answered = i + 1
+        now = self.now
+        if now is None:
+            now = self.now = time.time_ns()
+            asyncio.get_running_loop().call_soon(self._turn_over)
+            CONFIRMS[self.door].observe((now - self.template.reception_ns) / 1e9)
+        self.answer(i, offset, now)
+
+    def _turn_over(self) -> None:
+        self.now = None
+
+    def written(self, offset: int) -> None:
+        if not self.on_commit:
+            self._answer(offset)
+
+    def committed(self, offset: int) -> None:
+        if self.on_commit:
+            self._answer(offset)
+
+    def failed(self, error: BaseException) -> None:
+        i = self.failures
+        self.failures = i + 1
+        if i >= self.answered:  # not answered yet
+            self.fail(i, error)
+
+
 class Liftbridge:
     """The Liftbridge side of one riverlog server. ``open()`` (sync, after the broker is
     open), ``start()`` (on the loop), ``await close()``."""

@@ -34,6 +34,8 @@ from google.protobuf.message import Message as _ProtoMessage
 from . import api_pb2
 
 __all__ = [
+    "ACK_HEADER",
+    "AckTemplate",
     "FLAG_CRC32C",
     "HEADER_LEN",
     "HEADER_LEN_CRC",
@@ -52,6 +54,7 @@ __all__ = [
     "encode_message",
     "encode_publish",
     "encode_replication_response",
+    "varint",
 ]
 
 Bytes = Union[bytes, bytearray, memoryview]
@@ -120,6 +123,9 @@ _HEADER_CRC = {t: MAGIC + bytes((VERSION, HEADER_LEN_CRC, FLAG_CRC32C, t)) for t
 _DECODE = {h: (t, False) for t, h in _HEADER.items()}
 _DECODE.update({h: (t, True) for t, h in _HEADER_CRC.items()})
 _PUBLISH_HEADER = _HEADER[MsgType.Publish]  # decode_publish's fast path
+ACK_HEADER = _HEADER[MsgType.Ack]
+"""The 8 header bytes of an Ack envelope without CRC (what Liftbridge sends): header + Ack
+protobuf bytes is ``encode_ack(ack)``."""
 
 _REPLICATION = struct.Struct(">Qq")
 
@@ -240,6 +246,64 @@ def decode_ack(data: Bytes) -> Optional[api_pb2.Ack]:
         return api_pb2.Ack.FromString(decoded[1])
     except DecodeError:
         return None
+
+
+def varint(n: int) -> bytes:
+    """Protobuf base-128 varint of a non-negative int (protobuf encoding guide, "Varints")."""
+    if n < 0x80:
+        return _BYTE[n]
+    if n < 0x4000:  # the offsets and lengths of most acks: two or three bytes, no loop
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
+    if n < 0x200000:
+        return bytes(((n & 0x7F) | 0x80, (n >> 7 & 0x7F) | 0x80, n >> 14))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_BYTE = [bytes((i,)) for i in range(128)]
+
+
+class AckTemplate:
+    """Serialized api_pb2.Ack of successful writes (ackError OK) to one partition with one ack
+    policy and one reception time, built from bytes prepared once: ``ack(offset, ack_inbox,
+    correlation_id, commit_ns)`` (inbox and correlation id as UTF-8 bytes, times in ns) returns
+    ``prefix`` (b"" or ACK_HEADER) followed by the bytes ``api_pb2.Ack(...).SerializeToString()``
+    gives for the same fields: fields in number order, proto3 defaults (0, "") left out
+    (api.proto: Ack stream, partitionSubject, msgSubject = 1..3, offset = 4, ackInbox = 5,
+    correlationId = 6, ackPolicy = 7, receptionTimestamp = 8, commitTimestamp = 9; ackError
+    OK = 0 is not written). With ``prefix=ACK_HEADER`` that is ``encode_ack``'s envelope."""
+
+    __slots__ = ("head", "policy", "reception_ns", "_commit_ns", "_tail", "_inbox", "_inbox_field")
+
+    def __init__(self, stream: str, partition_subject: str, msg_subject: str, policy: int,
+                 reception_ns: int, prefix: bytes = b"") -> None:
+        self.head = prefix + api_pb2.Ack(stream=stream, partitionSubject=partition_subject,
+                                         msgSubject=msg_subject).SerializeToString()
+        self.policy = policy
+        self.reception_ns = reception_ns
+        self._commit_ns: int | None = None
+        self._tail = b""
+        self._inbox = b""  # the last ack inbox and its encoded field
+        self._inbox_field = b""
+
+    def ack(self, offset: int, ack_inbox: bytes, correlation_id: bytes, commit_ns: int) -> bytes:
+        if commit_ns != self._commit_ns:
+            self._commit_ns = commit_ns
+            self._tail = api_pb2.Ack(ackPolicy=self.policy, receptionTimestamp=self.reception_ns,
+                                     commitTimestamp=commit_ns).SerializeToString()
+        if ack_inbox != self._inbox:
+            self._inbox = ack_inbox
+            self._inbox_field = b"\x2a" + varint(len(ack_inbox)) + ack_inbox if ack_inbox else b""
+        return b"".join((
+            self.head,
+            b"\x20" + varint(offset) if offset else b"",
+            self._inbox_field,
+            b"\x32" + varint(len(correlation_id)) + correlation_id if correlation_id else b"",
+            self._tail))
 
 
 class ReplicationResponse(NamedTuple):
