@@ -91,17 +91,6 @@ async def publish_batches(server, stream: str, sizes: list[int]) -> tuple[list[b
     return messages, starts
 
 
-@pytest.fixture
-async def stream(stream_server):
-    name = stream_name("rstream")
-    async with producer(stream_server) as p:
-        await p.create_stream(name)
-    yield name
-    if stream_server.alive():
-        async with producer(stream_server) as p:
-            await p.delete_stream(name, missing_ok=True)
-
-
 # -- streams -------------------------------------------------------------------------------------
 
 

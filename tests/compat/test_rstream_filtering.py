@@ -23,7 +23,6 @@ from riverlog.protocol.rabbitmq_stream import simple_entry
 
 from ._helpers import GUEST, Collector, wait_until
 from ._raw import Chunk, RawPeer
-from .test_rstream import stream  # noqa: F401 (the fixture: a new stream, deleted after)
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.riverlog_only]
 

@@ -92,16 +92,6 @@ async def publish(server, stream: str, messages: list[bytes]) -> None:
         await p.send_wait(stream, messages[-1] + b"-last")  # confirms come in order
 
 
-@pytest.fixture
-async def stream(stream_server):
-    name = stream_name("sac")
-    async with Producer(stream_server.host, stream_server.port, **GUEST) as p:
-        await p.create_stream(name)
-    yield name
-    async with Producer(stream_server.host, stream_server.port, **GUEST) as p:
-        await p.delete_stream(name, missing_ok=True)
-
-
 async def test_one_active_member_then_failover_on_unsubscribe_and_on_close(stream_server, stream):
     a, b, c = (Member(stream_server, x) for x in "abc")
     a_id = await a.join(stream, "group")
