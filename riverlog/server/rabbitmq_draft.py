@@ -50,7 +50,7 @@ class DraftAdapter:
                 del conn.publishers[pid]
             code = conn.declare_publisher(pid, None, frame.stream)
             if code != ResponseCode.OK:
-                conn.send(f.PublishError(pid, tuple((i, code) for i, _ in frame.entries)))
+                conn._publish_error(pid, [i for i, _ in frame.entries], code)
                 return None
         return f.Publish(pid, frame.entries)
 

@@ -38,6 +38,7 @@ from rstream import (AMQPMessage, CompressionType, Consumer, ConsumerOffsetSpeci
 from rstream.recovery import BackOffRecoveryStrategy
 
 from riverlog.config import RabbitStreamConfig, ServerConfig
+from riverlog.metrics import RABBITMQ_STREAM, REGISTRY
 from riverlog.server.app import App
 
 pytestmark = pytest.mark.timeout(60)
@@ -167,12 +168,19 @@ async def test_every_offset_type_is_zero_based(app):
     assert await client.messages(5, 1) == [(16, b"16")]
 
 
+def _errors_counted(code: str) -> float:
+    labels = {"door": RABBITMQ_STREAM, "code": code}
+    return REGISTRY.get_sample_value("riverlog_errors_total", labels) or 0.0
+
+
 async def test_errors_use_the_draft_codes(app):
     client = await draft_for(app)
     assert await client.subscribe(1, "missing", FIRST) == STREAM_DOES_NOT_EXIST
+    counted = _errors_counted("0x02")  # the current protocol's code: the door counts those
     client.publish("missing", 2, [(1, b"x"), (2, b"y")])
     await client.wait_confirmed(2, 2)
     assert client.errors[2] == [(1, STREAM_DOES_NOT_EXIST), (2, STREAM_DOES_NOT_EXIST)]
+    assert _errors_counted("0x02") == counted + 1  # one PublishError frame, one error
     # a stream deleted under a subscription: MetadataUpdate with "stream not available" (5)
     await client.create("gone")
     assert await client.subscribe(1, "gone", FIRST) == OK
