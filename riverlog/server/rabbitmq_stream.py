@@ -277,8 +277,15 @@ class RabbitStreamConnection(asyncio.Protocol):
         self._writable.set()
         if self.output_paused:
             self.output_paused = False
-            if not self.reading_paused and not self.closing and self.transport is not None:
-                self.transport.resume_reading()
+            self._resume_reading()
+
+    def _resume_reading(self) -> None:
+        """Read the socket again, unless something still holds it: too many unconfirmed
+        publishes (``reading_paused``), too much unsent output (``output_paused``) or closing."""
+        if self.reading_paused or self.output_paused or self.closing:
+            return
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     def transport_idle(self) -> bool:
         """True when the socket has taken every byte written so far (nothing buffered)."""
@@ -430,8 +437,9 @@ class RabbitStreamConnection(asyncio.Protocol):
         not checked before runs bcrypt in a worker thread (Guard.login_async), this
         connection's reading paused meanwhile, so other connections are not held up."""
         corr = frame.correlation_id
-        if frame.mechanism == "EXTERNAL" and self._peer_certificate():
-            user = self.guard.certificate_user(self._peer_certificate())
+        certificate = self._peer_certificate() if frame.mechanism == "EXTERNAL" else None
+        if certificate:
+            user = self.guard.certificate_user(certificate)
             if user is None:
                 self._refuse_login(corr, ResponseCode.AUTHENTICATION_FAILURE,
                                    "no configured user for the client certificate")
@@ -733,9 +741,7 @@ class RabbitStreamConnection(asyncio.Protocol):
         self.unconfirmed -= n
         if self.reading_paused and self.unconfirmed <= self.config.resume_unconfirmed:
             self.reading_paused = False
-            if self.transport is not None and not self.transport.is_closing() \
-                    and not self.output_paused:
-                self.transport.resume_reading()
+            self._resume_reading()
 
     def on_query_publisher_sequence(self, frame: f.QueryPublisherSequence) -> None:
         if not self._may(frame.stream, PUBLISH):
