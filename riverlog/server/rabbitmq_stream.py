@@ -778,17 +778,23 @@ class RabbitStreamConnection(asyncio.Protocol):
                                           ResponseCode.STREAM_DOES_NOT_EXIST))
             return
         offset = resolve_offset(stream.partitions[0], frame.offset_type, frame.offset)
-        group = _sac_group(frame.properties)
-        if offset is None or group == "":
+        properties = frame.properties or {}
+        # single active consumer (as RabbitMQ's reader): the `name` property is required
+        sac = properties.get("single-active-consumer") == "true"
+        group = properties.get("name") if sac else None
+        index = self.server.super_streams.partition_index(
+            properties.get("super-stream", ""), frame.stream) if sac else -1
+        if offset is None or sac and (group is None or self.server.sac.conflicts(
+                frame.stream, group, index)):
             self.send(f.SubscribeResponse(frame.correlation_id,
                                           ResponseCode.PRECONDITION_FAILED))
             return
         self.send(f.SubscribeResponse(frame.correlation_id, OK))
         self.subscriptions[frame.subscription_id] = Subscription(
-            self, frame.subscription_id, stream, None if group else offset, frame.credit,
+            self, frame.subscription_id, stream, None if sac else offset, frame.credit,
             filter_from_properties(frame.properties))
-        if group:
-            self._join_group(frame, group)
+        if sac:
+            self._join_group(frame, group, index)
 
     def on_resolve_offset_spec(self, frame: f.ResolveOffsetSpec) -> None:
         """ResolveOffsetSpec (0x1f): the offset a Subscribe with this offset spec would start
@@ -852,10 +858,11 @@ class RabbitStreamConnection(asyncio.Protocol):
             self.send(f.QueryOffsetResponse(frame.correlation_id, OK, offset))
 
     # -- single active consumer (sans-IO groups in broker/sac.py) --------------------------
-    def _join_group(self, frame: f.Subscribe, group: str) -> None:
+    def _join_group(self, frame: f.Subscribe, group: str, index: int) -> None:
+        """After SubscribeResponse, as RabbitMQ: register in the group; a ConsumerUpdate
+        follows when the member is active at once. ``index``: the stream's position in
+        the super stream named by the `super-stream` property, else -1."""
         self._sac_specs[frame.subscription_id] = (frame.offset_type, frame.offset)
-        index = self.server.super_streams.partition_index(
-            (frame.properties or {}).get("super-stream", ""), frame.stream)
         _notify(self.server.sac.register(frame.stream, group, index, self,
                                          frame.subscription_id))
 
@@ -945,15 +952,6 @@ def resolve_offset(partition: Partition, kind: int, value: int | None) -> int | 
     if kind == OffsetType.TIMESTAMP:
         return partition.offset_for_timestamp(value or 0)
     return None
-
-
-def _sac_group(properties: dict[str, str] | None) -> str | None:
-    """The group of a single-active-consumer Subscribe (``single-active-consumer=true``,
-    ``name``): None when not one, "" when it has no valid name (RabbitMQ: 0x11)."""
-    if not properties or properties.get("single-active-consumer") != "true":
-        return None
-    name = properties.get("name") or ""
-    return name if len(name.encode()) <= 255 else ""
 
 
 def _notify(notes: list[Notification]) -> None:
