@@ -1,5 +1,6 @@
-# A small riverlog client over the RabbitMQ Stream protocol (TCP 5552), used by the Spark
-# executors, the demo jobs and the benchmarks. Owns one connection: the handshake (peer
+# A small riverlog client over the RabbitMQ Stream protocol (TCP 5552, TLS 5551), used by the
+# Spark executors, the CLI, the demo jobs and the benchmarks. Owns one connection: the
+# handshake (peer
 # properties, SASL PLAIN, tune, open), request/response matching by correlation id,
 # heartbeats, named publishers with publishing ids and confirms, and subscriptions that hand
 # whole chunks (osiris header + data section, as the server sent them) to the caller.
@@ -28,6 +29,7 @@ from .log.chunk import ChunkHeader, HEADER_SIZE, iter_records, parse_header
 from .protocol.rabbitmq_stream import (FrameError, OffsetType, ResponseCode, decode, encode,
                                        simple_entry)
 from .protocol.rabbitmq_stream import frames as f
+from .security.tls import ClientTLS
 
 __all__ = ["AsyncClient", "AsyncPublisher", "AsyncSubscription", "Chunk", "Client",
            "ClientError", "OffsetType", "Publisher", "Subscription", "parse_servers",
@@ -207,16 +209,25 @@ class AsyncClient:
     async def connect(cls, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                       user: str = "guest", password: str = "guest", *, vhost: str = "/",
                       connection_name: str = "riverlog-client",
-                      timeout: float = DEFAULT_TIMEOUT) -> "AsyncClient":
-        """Open a connection and run the handshake. Raises ClientError (refused connection,
-        failed authentication, unknown virtual host)."""
+                      timeout: float = DEFAULT_TIMEOUT,
+                      tls: ClientTLS | None = None) -> "AsyncClient":
+        """Open a connection and run the handshake; with ``tls``, over TLS (the door's TLS
+        port, 5551 by default), verifying the server. Raises ClientError (refused
+        connection, unreadable TLS files, failed TLS handshake or verification, failed
+        authentication, unknown virtual host)."""
         self = cls(timeout)
         loop = asyncio.get_running_loop()
+        where = f"{host}:{port}" + (" over TLS" if tls else "")
         try:
-            await asyncio.wait_for(loop.create_connection(lambda: _Protocol(self), host, port),
-                                   timeout)
+            context = tls.context() if tls else None
+        except OSError as exc:  # ssl.SSLError included
+            raise ClientError(f"TLS settings for {where}: {exc}") from None
+        try:
+            await asyncio.wait_for(loop.create_connection(
+                lambda: _Protocol(self), host, port, ssl=context,
+                server_hostname=(tls.server_name or host) if tls else None), timeout)
         except (OSError, asyncio.TimeoutError) as exc:
-            raise ClientError(f"cannot connect to {host}:{port}: {exc}") from None
+            raise ClientError(f"cannot connect to {where}: {exc}") from None
         self._tune = loop.create_future()
         try:
             await self._request(lambda c: f.PeerProperties(c, {
@@ -230,8 +241,16 @@ class AsyncClient:
             self._send(f.Tune(self.frame_max, self.heartbeat))
             opened = await self._request(lambda c: f.Open(c, vhost))
             self.server_properties = dict(opened.properties or {})
-        except BaseException:
+        except BaseException as exc:
+            if not self._tune.done():  # nobody waits for it any more
+                self._tune.cancel()
+            elif not self._tune.cancelled():
+                self._tune.exception()  # retrieved: no "never retrieved" noise on stderr
             self._abort()
+            if isinstance(exc, ClientError) and exc.code is None:  # the server hung up
+                raise ClientError(f"{where} closed the connection during the handshake "
+                                  f"({exc}; a TLS port spoken to without TLS, or the "
+                                  f"other way round?)") from None
             raise
         if self.heartbeat:
             self._heartbeat_task = loop.create_task(self._heartbeats())
@@ -704,12 +723,12 @@ class Client:
     def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, user: str = "guest",
                  password: str = "guest", *, vhost: str = "/",
                  connection_name: str = "riverlog-client",
-                 timeout: float = DEFAULT_TIMEOUT) -> None:
+                 timeout: float = DEFAULT_TIMEOUT, tls: ClientTLS | None = None) -> None:
         self._thread = _LoopThread()
         try:
             self._async: AsyncClient = self._thread.run(AsyncClient.connect(
                 host, port, user, password, vhost=vhost, connection_name=connection_name,
-                timeout=timeout))
+                timeout=timeout, tls=tls))
         except BaseException:
             self._thread.stop()
             raise
