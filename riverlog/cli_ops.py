@@ -49,14 +49,20 @@ def _target_options(fn):
     @click.option("--tls-server-name", envvar="RIVERLOG_TLS_SERVER_NAME",
                   help="Name the server certificate must carry (and the SNI sent); "
                        "default: the host of --server / --grpc (env RIVERLOG_TLS_SERVER_NAME).")
+    @click.option("--sasl-mechanism", envvar="RIVERLOG_SASL_MECHANISM",
+                  type=click.Choice(["PLAIN", "EXTERNAL"]), default=Target.mechanism,
+                  show_default=True,
+                  help="PLAIN: log in with --user/--password; EXTERNAL: as the user the "
+                       "--tls-cert certificate names (its CN) (env RIVERLOG_SASL_MECHANISM).")
     @functools.wraps(fn)
     def wrapper(server, user, password, grpc, metrics_url, timeout, use_tls, tls_ca,
-                tls_cert, tls_key, tls_server_name, **kwargs):
+                tls_cert, tls_key, tls_server_name, sasl_mechanism, **kwargs):
         try:
             tls = (ClientTLS(tls_ca, tls_cert, tls_key, tls_server_name)
                    if use_tls or tls_ca or tls_cert or tls_key or tls_server_name else None)
             target = Target(server=server, user=user, password=password, grpc=grpc,
-                            metrics=metrics_url, timeout=timeout, tls=tls)
+                            metrics=metrics_url, timeout=timeout, tls=tls,
+                            mechanism=sasl_mechanism)
             return fn(target=target, **kwargs)
         except (RiverlogError, ValueError) as exc:
             raise click.ClickException(str(exc)) from None

@@ -34,7 +34,8 @@ class Target:
     """Where a running server is: its RabbitMQ Stream address (``host:port``), user and
     password, its Liftbridge gRPC address, and its metrics URL. ``timeout`` in seconds.
     With ``tls``, the RabbitMQ Stream address is the door's TLS port and the gRPC door
-    serves TLS (docs/security.md)."""
+    serves TLS (docs/security.md). ``mechanism``: SASL PLAIN (user and password) or
+    EXTERNAL (the user named by the client certificate of ``tls``)."""
 
     server: str = "127.0.0.1:5552"
     user: str = "guest"
@@ -43,13 +44,15 @@ class Target:
     metrics: str = "http://127.0.0.1:15692/metrics"
     timeout: float = 10.0
     tls: ClientTLS | None = None
+    mechanism: str = "PLAIN"
 
     def connect(self) -> Client:
         """A connected Client; raises OpsError when the server cannot be reached."""
         host, port = parse_servers(self.server)[0]
         try:
             return Client(host, port, self.user, self.password, timeout=self.timeout,
-                          connection_name="riverlog-cli", tls=self.tls)
+                          connection_name="riverlog-cli", tls=self.tls,
+                          mechanism=self.mechanism)
         except ClientError as exc:
             hint = " (is `riverlog serve` running there? see --server)" if str(exc).startswith(
                 "cannot connect") else ""
@@ -69,9 +72,9 @@ def _call(what: str, fn: Callable, *args, **kwargs):
 def stream_list(target: Target, internal: bool = False) -> list[tuple[str, int, str]]:
     """``[(name, partitions, subject)]`` of every stream, sorted by name, from the Liftbridge
     gRPC API's FetchMetadata (reference/liftbridge.md). Internal streams (``__cursors``,
-    ``__activity``) only with ``internal``. The call carries the user and password as
-    `authorization: Basic` metadata (a door without authentication ignores it). Raises
-    OpsError."""
+    ``__activity``) only with ``internal``. With SASL PLAIN the call carries the user and
+    password as `authorization: Basic` metadata (a door without authentication ignores it);
+    with EXTERNAL the client certificate names the user. Raises OpsError."""
     import grpc
 
     from .protocol.liftbridge import api_pb2 as pb
@@ -86,11 +89,11 @@ def stream_list(target: Target, internal: bool = False) -> list[tuple[str, int, 
             raise OpsError(f"TLS settings for {target.grpc}: {exc}") from None
         channel = grpc.secure_channel(target.grpc, credentials, target.tls.grpc_options())
     basic = base64.b64encode(f"{target.user}:{target.password}".encode()).decode()
+    metadata = (("authorization", "Basic " + basic),) if target.mechanism == "PLAIN" else ()
     with channel:
         try:
-            resp = APIStub(channel).FetchMetadata(
-                pb.FetchMetadataRequest(), timeout=target.timeout,
-                metadata=(("authorization", "Basic " + basic),))
+            resp = APIStub(channel).FetchMetadata(pb.FetchMetadataRequest(),
+                                                  timeout=target.timeout, metadata=metadata)
         except grpc.RpcError as exc:
             raise OpsError(f"cannot list streams through the Liftbridge gRPC API at "
                            f"{target.grpc}: {exc.code().name} {exc.details()} (see --grpc)"

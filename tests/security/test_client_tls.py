@@ -112,3 +112,30 @@ async def test_cli_and_client_with_a_client_certificate(tmp_path, users, pki):
         with pytest.raises(ClientError):
             await AsyncClient.connect("127.0.0.1", app.rabbitmq_stream.tls_port, "bob",
                                       "bob-pw", timeout=5, tls=ClientTLS(pki.ca))
+
+
+async def test_cli_logs_in_as_the_client_certificate(tmp_path, users, pki):
+    """--sasl-mechanism EXTERNAL: dave, a certificate-only user, logs in on the RabbitMQ
+    Stream door by his certificate's CN (no password sent) and is named by it on gRPC."""
+    async with running(tmp_path, security(users, pki, authz=False, client_auth=True)) as app:
+        dave = ["--server", f"127.0.0.1:{app.rabbitmq_stream.tls_port}",
+                "--grpc", f"127.0.0.1:{app.grpc.port}", "--timeout", "5", "--tls-ca", pki.ca,
+                "--sasl-mechanism", "EXTERNAL"]
+        cert = ["--tls-cert", pki.dave.cert, "--tls-key", pki.dave.key]
+        code, _, err = await riverlog("stream", "create", "dave.s", *dave, *cert)
+        assert code == 0, err
+        code, _, err = await riverlog("publish", "dave.s", "x", *dave, *cert)
+        assert code == 0 and "published 1 message(s)" in err, err
+        code, out, err = await riverlog("tail", "dave.s", "-n", "1", *dave, *cert)
+        assert (code, out.splitlines()) == (0, ["x"]), err
+        code, out, err = await riverlog("stream", "list", *dave, *cert)
+        assert code == 0 and "dave.s" in out, err
+        # a certificate whose CN is no user: refused by the door
+        carol = ["--tls-cert", pki.carol.cert, "--tls-key", pki.carol.key]
+        assert refused(await riverlog("tail", "dave.s", *dave, *carol), "0x08")
+        # EXTERNAL is offered only with a verified client certificate
+        client_auth_off = security(users, pki, authz=False)
+    async with running(tmp_path / "plain", client_auth_off) as app:
+        assert refused(await riverlog(
+            "tail", "dave.s", "--server", f"127.0.0.1:{app.rabbitmq_stream.tls_port}",
+            "--tls-ca", pki.ca, "--sasl-mechanism", "EXTERNAL"), "offers SASL PLAIN, not EXTERNAL")

@@ -47,6 +47,11 @@ def test_tls_options():
         read_options({"stream": "a", "tls.cert": "c.pem"})
     with pytest.raises(ValueError, match="option tls: expected true or false"):
         read_options({"stream": "a", "tls": "sometimes"})
+    assert read_options({"stream": "a"}).connection.mechanism == "PLAIN"
+    assert read_options({"stream": "a", "saslMechanism": "external"}).connection.mechanism == \
+        "EXTERNAL"
+    with pytest.raises(ValueError, match="saslMechanism"):
+        read_options({"stream": "a", "saslMechanism": "GSSAPI"})
 
 
 def test_write_options():
