@@ -14,10 +14,12 @@ from .errors import RiverlogError
 from .ops import (START_POSITIONS, Target, format_record, format_table, publish, scrape,
                   stats_tables, stream_create, stream_delete, stream_describe, stream_list,
                   tail)
+from .security.tls import ClientTLS
 
 
 def _target_options(fn):
-    """--server, --user, --password, --grpc, --metrics-url, --timeout -> ``target``."""
+    """--server, --user, --password, --grpc, --metrics-url, --timeout and the --tls options
+    -> ``target``."""
     @click.option("--server", envvar="RIVERLOG_SERVER", default=Target.server,
                   show_default=True, help="RabbitMQ Stream address of the server "
                                           "(env RIVERLOG_SERVER).")
@@ -32,11 +34,35 @@ def _target_options(fn):
                                           "(env RIVERLOG_METRICS_URL).")
     @click.option("--timeout", type=float, default=Target.timeout, show_default=True,
                   help="Seconds to wait for the server.")
+    @click.option("--tls", "use_tls", is_flag=True, envvar="RIVERLOG_TLS",
+                  help="Speak TLS to the RabbitMQ Stream door (then --server names its TLS "
+                       "port, 5551 by default) and to the gRPC door; implied by any --tls-* "
+                       "option (env RIVERLOG_TLS).")
+    @click.option("--tls-ca", envvar="RIVERLOG_TLS_CA", type=click.Path(exists=True, dir_okay=False),
+                  help="CA certificate (PEM) that signed the server's certificate; default: "
+                       "the system's trust store (env RIVERLOG_TLS_CA).")
+    @click.option("--tls-cert", envvar="RIVERLOG_TLS_CERT", type=click.Path(exists=True, dir_okay=False),
+                  help="Client certificate (PEM), for servers that ask for one; with "
+                       "--tls-key (env RIVERLOG_TLS_CERT).")
+    @click.option("--tls-key", envvar="RIVERLOG_TLS_KEY", type=click.Path(exists=True, dir_okay=False),
+                  help="Private key (PEM) of --tls-cert (env RIVERLOG_TLS_KEY).")
+    @click.option("--tls-server-name", envvar="RIVERLOG_TLS_SERVER_NAME",
+                  help="Name the server certificate must carry (and the SNI sent); "
+                       "default: the host of --server / --grpc (env RIVERLOG_TLS_SERVER_NAME).")
+    @click.option("--sasl-mechanism", envvar="RIVERLOG_SASL_MECHANISM",
+                  type=click.Choice(["PLAIN", "EXTERNAL"]), default=Target.mechanism,
+                  show_default=True,
+                  help="PLAIN: log in with --user/--password; EXTERNAL: as the user the "
+                       "--tls-cert certificate names (its CN) (env RIVERLOG_SASL_MECHANISM).")
     @functools.wraps(fn)
-    def wrapper(server, user, password, grpc, metrics_url, timeout, **kwargs):
-        target = Target(server=server, user=user, password=password, grpc=grpc,
-                        metrics=metrics_url, timeout=timeout)
+    def wrapper(server, user, password, grpc, metrics_url, timeout, use_tls, tls_ca,
+                tls_cert, tls_key, tls_server_name, sasl_mechanism, **kwargs):
         try:
+            tls = (ClientTLS(tls_ca, tls_cert, tls_key, tls_server_name)
+                   if use_tls or tls_ca or tls_cert or tls_key or tls_server_name else None)
+            target = Target(server=server, user=user, password=password, grpc=grpc,
+                            metrics=metrics_url, timeout=timeout, tls=tls,
+                            mechanism=sasl_mechanism)
             return fn(target=target, **kwargs)
         except (RiverlogError, ValueError) as exc:
             raise click.ClickException(str(exc)) from None

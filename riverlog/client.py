@@ -1,5 +1,6 @@
-# A small riverlog client over the RabbitMQ Stream protocol (TCP 5552), used by the Spark
-# executors, the demo jobs and the benchmarks. Owns one connection: the handshake (peer
+# A small riverlog client over the RabbitMQ Stream protocol (TCP 5552, TLS 5551), used by the
+# Spark executors, the CLI, the demo jobs and the benchmarks. Owns one connection: the
+# handshake (peer
 # properties, SASL PLAIN, tune, open), request/response matching by correlation id,
 # heartbeats, named publishers with publishing ids and confirms, and subscriptions that hand
 # whole chunks (osiris header + data section, as the server sent them) to the caller.
@@ -28,6 +29,7 @@ from .log.chunk import ChunkHeader, HEADER_SIZE, iter_records, parse_header
 from .protocol.rabbitmq_stream import (FrameError, OffsetType, ResponseCode, decode, encode,
                                        simple_entry)
 from .protocol.rabbitmq_stream import frames as f
+from .security.tls import ClientTLS
 
 __all__ = ["AsyncClient", "AsyncPublisher", "AsyncSubscription", "Chunk", "Client",
            "ClientError", "OffsetType", "Publisher", "Subscription", "parse_servers",
@@ -207,31 +209,58 @@ class AsyncClient:
     async def connect(cls, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                       user: str = "guest", password: str = "guest", *, vhost: str = "/",
                       connection_name: str = "riverlog-client",
-                      timeout: float = DEFAULT_TIMEOUT) -> "AsyncClient":
-        """Open a connection and run the handshake. Raises ClientError (refused connection,
-        failed authentication, unknown virtual host)."""
+                      timeout: float = DEFAULT_TIMEOUT, tls: ClientTLS | None = None,
+                      mechanism: str = "PLAIN") -> "AsyncClient":
+        """Open a connection and run the handshake; with ``tls``, over TLS (the door's TLS
+        port, 5551 by default), verifying the server. ``mechanism``: SASL ``PLAIN`` (``user``
+        and ``password``) or ``EXTERNAL`` (the user is named by the client certificate of
+        ``tls``; ``user`` and ``password`` are not sent). Raises ClientError (refused
+        connection, unreadable TLS files, failed TLS handshake or verification, a mechanism
+        the server does not offer, failed authentication, unknown virtual host)."""
+        if mechanism not in ("PLAIN", "EXTERNAL"):
+            raise ClientError(f"SASL mechanism {mechanism!r}: PLAIN or EXTERNAL")
         self = cls(timeout)
         loop = asyncio.get_running_loop()
+        where = f"{host}:{port}" + (" over TLS" if tls else "")
         try:
-            await asyncio.wait_for(loop.create_connection(lambda: _Protocol(self), host, port),
-                                   timeout)
+            context = tls.context() if tls else None
+        except OSError as exc:  # ssl.SSLError included
+            raise ClientError(f"TLS settings for {where}: {exc}") from None
+        try:
+            await asyncio.wait_for(loop.create_connection(
+                lambda: _Protocol(self), host, port, ssl=context,
+                server_hostname=(tls.server_name or host) if tls else None), timeout)
         except (OSError, asyncio.TimeoutError) as exc:
-            raise ClientError(f"cannot connect to {host}:{port}: {exc}") from None
+            raise ClientError(f"cannot connect to {where}: {exc}") from None
         self._tune = loop.create_future()
         try:
             await self._request(lambda c: f.PeerProperties(c, {
                 "product": "riverlog-client", "version": __version__, "platform": "Python",
                 "connection_name": connection_name}))
-            await self._request(f.SaslHandshake)
-            await self._request(lambda c: f.SaslAuthenticate(
-                c, "PLAIN", b"\0" + user.encode() + b"\0" + password.encode()))
+            offered = await self._request(f.SaslHandshake)
+            if mechanism not in offered.mechanisms:
+                raise ClientError(f"{where} offers SASL {', '.join(offered.mechanisms)}, not "
+                                  f"{mechanism} (EXTERNAL needs TLS and a client certificate "
+                                  f"the server verifies)")
+            data = b"" if mechanism == "EXTERNAL" else (
+                b"\0" + user.encode() + b"\0" + password.encode())
+            await self._request(lambda c: f.SaslAuthenticate(c, mechanism, data))
             tune = await asyncio.wait_for(self._tune, timeout)
             self.frame_max, self.heartbeat = tune.frame_max, tune.heartbeat
             self._send(f.Tune(self.frame_max, self.heartbeat))
             opened = await self._request(lambda c: f.Open(c, vhost))
             self.server_properties = dict(opened.properties or {})
-        except BaseException:
+        except BaseException as exc:
+            hung_up = exc is self._closed  # the server closed the connection
+            if not self._tune.done():  # nobody waits for it any more
+                self._tune.cancel()
+            elif not self._tune.cancelled():
+                self._tune.exception()  # retrieved: no "never retrieved" noise on stderr
             self._abort()
+            if hung_up:
+                raise ClientError(f"{where} closed the connection during the handshake "
+                                  f"({exc}; a TLS port spoken to without TLS, or the "
+                                  f"other way round?)") from None
             raise
         if self.heartbeat:
             self._heartbeat_task = loop.create_task(self._heartbeats())
@@ -704,12 +733,13 @@ class Client:
     def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, user: str = "guest",
                  password: str = "guest", *, vhost: str = "/",
                  connection_name: str = "riverlog-client",
-                 timeout: float = DEFAULT_TIMEOUT) -> None:
+                 timeout: float = DEFAULT_TIMEOUT, tls: ClientTLS | None = None,
+                 mechanism: str = "PLAIN") -> None:
         self._thread = _LoopThread()
         try:
             self._async: AsyncClient = self._thread.run(AsyncClient.connect(
                 host, port, user, password, vhost=vhost, connection_name=connection_name,
-                timeout=timeout))
+                timeout=timeout, tls=tls, mechanism=mechanism))
         except BaseException:
             self._thread.stop()
             raise

@@ -3,11 +3,12 @@
 # flags and prints; this module talks to the server.
 # Rules: everything the RabbitMQ Stream protocol can express goes through riverlog.client
 # (the blocking Client); listing streams, which that protocol cannot do, asks the Liftbridge
-# gRPC API (FetchMetadata); `stats` scrapes the server's Prometheus endpoint and never reads
+# gRPC API (FetchMetadata) with the same user, password and TLS settings; `stats` scrapes the server's Prometheus endpoint and never reads
 # the data folder (a running server owns it). Every failure raises OpsError with one line
 # that names the server and the cause, never a traceback.
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import time
@@ -18,6 +19,7 @@ from typing import Callable, Iterable, Iterator
 from .client import Client, ClientError, OffsetType, parse_servers
 from .errors import RiverlogError
 from .record import Record, decode_record, encode_record
+from .security.tls import ClientTLS
 
 PUBLISH_BATCH = 1000
 TAIL_POLL_S = 0.5
@@ -30,7 +32,10 @@ class OpsError(RiverlogError):
 @dataclasses.dataclass(frozen=True)
 class Target:
     """Where a running server is: its RabbitMQ Stream address (``host:port``), user and
-    password, its Liftbridge gRPC address, and its metrics URL. ``timeout`` in seconds."""
+    password, its Liftbridge gRPC address, and its metrics URL. ``timeout`` in seconds.
+    With ``tls``, the RabbitMQ Stream address is the door's TLS port and the gRPC door
+    serves TLS (docs/security.md). ``mechanism``: SASL PLAIN (user and password) or
+    EXTERNAL (the user named by the client certificate of ``tls``)."""
 
     server: str = "127.0.0.1:5552"
     user: str = "guest"
@@ -38,15 +43,20 @@ class Target:
     grpc: str = "127.0.0.1:9292"
     metrics: str = "http://127.0.0.1:15692/metrics"
     timeout: float = 10.0
+    tls: ClientTLS | None = None
+    mechanism: str = "PLAIN"
 
     def connect(self) -> Client:
         """A connected Client; raises OpsError when the server cannot be reached."""
         host, port = parse_servers(self.server)[0]
         try:
             return Client(host, port, self.user, self.password, timeout=self.timeout,
-                          connection_name="riverlog-cli")
+                          connection_name="riverlog-cli", tls=self.tls,
+                          mechanism=self.mechanism)
         except ClientError as exc:
-            raise OpsError(f"{exc} (is `riverlog serve` running there? see --server)") from None
+            hint = " (is `riverlog serve` running there? see --server)" if str(exc).startswith(
+                "cannot connect") else ""
+            raise OpsError(f"{exc}{hint}") from None
 
 
 def _call(what: str, fn: Callable, *args, **kwargs):
@@ -62,15 +72,28 @@ def _call(what: str, fn: Callable, *args, **kwargs):
 def stream_list(target: Target, internal: bool = False) -> list[tuple[str, int, str]]:
     """``[(name, partitions, subject)]`` of every stream, sorted by name, from the Liftbridge
     gRPC API's FetchMetadata (reference/liftbridge.md). Internal streams (``__cursors``,
-    ``__activity``) only with ``internal``. Raises OpsError."""
+    ``__activity``) only with ``internal``. With SASL PLAIN the call carries the user and
+    password as `authorization: Basic` metadata (a door without authentication ignores it);
+    with EXTERNAL the client certificate names the user. Raises OpsError."""
     import grpc
 
     from .protocol.liftbridge import api_pb2 as pb
     from .protocol.liftbridge.api_pb2_grpc import APIStub
-    with grpc.insecure_channel(target.grpc) as channel:
+    if target.tls is None:
+        channel = grpc.insecure_channel(target.grpc)
+    else:
+        try:
+            target.tls.context()  # grpc only logs bad files: check them here, by name
+            credentials = target.tls.grpc_credentials()
+        except OSError as exc:
+            raise OpsError(f"TLS settings for {target.grpc}: {exc}") from None
+        channel = grpc.secure_channel(target.grpc, credentials, target.tls.grpc_options())
+    basic = base64.b64encode(f"{target.user}:{target.password}".encode()).decode()
+    metadata = (("authorization", "Basic " + basic),) if target.mechanism == "PLAIN" else ()
+    with channel:
         try:
             resp = APIStub(channel).FetchMetadata(pb.FetchMetadataRequest(),
-                                                  timeout=target.timeout)
+                                                  timeout=target.timeout, metadata=metadata)
         except grpc.RpcError as exc:
             raise OpsError(f"cannot list streams through the Liftbridge gRPC API at "
                            f"{target.grpc}: {exc.code().name} {exc.details()} (see --grpc)"

@@ -8,7 +8,9 @@
 # partition's group (partition index >= 0) wants member ``index % len(members)`` active so
 # that the active consumers spread over the partitions: when that changes, the active member
 # is first told to step down (ConsumerUpdate active=0), and the wanted one is activated only
-# once the client answered, so the old one can store its offset first.
+# once the client answered, so the old one can store its offset first. A group's partition
+# index is fixed by its first member: a member with another one is refused (RabbitMQ:
+# partition_index_conflict, Subscribe answered 0x11).
 from __future__ import annotations
 
 import dataclasses
@@ -70,14 +72,23 @@ class SingleActiveConsumers:
         self.groups: dict[tuple[str, str], Group] = {}
         self._member_group: dict[tuple[Hashable, int], tuple[str, str]] = {}
 
+    def conflicts(self, stream: str, name: str, partition_index: int) -> bool:
+        """True when group (stream, name) exists with another partition index: ``register``
+        would refuse such a member."""
+        group = self.groups.get((stream, name))
+        return group is not None and group.partition_index != partition_index
+
     def register(self, stream: str, name: str, partition_index: int, owner: Hashable,
                  subscription_id: int) -> list[Notification]:
         """Add a member at the end of group (stream, name). ``partition_index`` is the
-        stream's position in its super stream, -1 for a plain stream (the group keeps the
-        index of its first member). Raises ``ValueError`` if the member is already known."""
+        stream's position in its super stream, -1 for a plain stream. Raises ``ValueError``
+        if the member is already known or ``conflicts`` says the index differs from the
+        group's."""
         key = (owner, subscription_id)
         if key in self._member_group:
             raise ValueError(f"subscription {subscription_id} is already in a group")
+        if self.conflicts(stream, name, partition_index):
+            raise ValueError(f"group {name!r} on {stream!r} has another partition index")
         group = self.groups.setdefault((stream, name), Group(partition_index))
         member = Member(owner, subscription_id)
         group.members.append(member)

@@ -8,6 +8,10 @@
 # partitions exist and before they are deleted, so a crash leaves at worst partitions
 # without a super stream, never a super stream without partitions it names; a partition
 # stream deleted on its own leaves its super stream (RabbitMQ drops the binding).
+# A broker stream with several partitions (made through Liftbridge) is a super stream too,
+# derived, never stored: partition i is the stream `<name>-<i>` bound with key "i", as
+# RabbitMQ names the partitions of a super stream made with a partition count; its name is
+# no stream of its own on the RabbitMQ door. A real stream wins over a derived name.
 from __future__ import annotations
 
 import dataclasses
@@ -17,6 +21,7 @@ import os
 
 from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
 from .broker import MAX_NAME_BYTES, Broker
+from .partition import Partition
 from .stream import Stream, StreamConfig
 
 log = logging.getLogger("riverlog.broker")
@@ -45,6 +50,12 @@ class SuperStream:
             return -1
 
 
+def member_name(stream: str, index: int) -> str:
+    """The RabbitMQ Stream name of partition ``index`` of a broker stream with several
+    partitions: ``<stream>-<index>``."""
+    return f"{stream}-{index}"
+
+
 def _check_name(what: str, name: str) -> None:
     if not name or len(name.encode()) > MAX_NAME_BYTES:
         raise InvalidArgumentError(f"a {what} name is 1 to {MAX_NAME_BYTES} bytes: {name!r}")
@@ -61,11 +72,45 @@ class SuperStreams:
         broker.deletion_listeners.append(self._stream_deleted)
 
     def get(self, name: str) -> SuperStream:
-        """Raises ``StreamNotFoundError`` when there is no super stream ``name``."""
+        """The super stream ``name``: a stored one, else the one derived from a broker
+        stream with several partitions. Raises ``StreamNotFoundError`` when neither."""
+        found = self.super_streams.get(name)
+        stream = self.broker.streams.get(name) if found is None else None
+        if stream is not None and len(stream.partitions) > 1:
+            n = len(stream.partitions)
+            found = SuperStream(name, tuple(member_name(name, i) for i in range(n)),
+                                tuple(str(i) for i in range(n)))
+        if found is None:
+            raise StreamNotFoundError(f"super stream {name!r} does not exist")
+        return found
+
+    def find(self, name: str) -> SuperStream | None:
+        """``get``, None instead of the error."""
         try:
-            return self.super_streams[name]
-        except KeyError:
-            raise StreamNotFoundError(f"super stream {name!r} does not exist") from None
+            return self.get(name)
+        except StreamNotFoundError:
+            return None
+
+    def resolve(self, name: str) -> tuple[Stream, Partition] | None:
+        """The stream and partition the RabbitMQ Stream name ``name`` serves: a broker
+        stream of one partition, or partition i of a broker stream with several
+        (``<stream>-<i>``); None otherwise, a stream with several partitions included."""
+        stream = self.broker.streams.get(name)
+        if stream is not None:
+            return (stream, stream.partitions[0]) if len(stream.partitions) == 1 else None
+        base, _, index = name.rpartition("-")
+        stream = self.broker.streams.get(base)
+        if stream is None or len(stream.partitions) < 2 or not (
+                index.isascii() and index.isdigit() and str(int(index)) == index):
+            return None
+        i = int(index)
+        return (stream, stream.partitions[i]) if i < len(stream.partitions) else None
+
+    def door_names(self, stream: Stream) -> list[str]:
+        """The RabbitMQ Stream names of ``stream``'s partitions (``resolve``'s inverse)."""
+        if len(stream.partitions) == 1:
+            return [stream.name]
+        return [member_name(stream.name, i) for i in range(len(stream.partitions))]
 
     def create(self, name: str, partitions: list[str] | tuple[str, ...],
                binding_keys: list[str] | tuple[str, ...],
@@ -83,10 +128,10 @@ class SuperStreams:
             raise InvalidArgumentError(f"duplicate partition names in {list(partitions)}")
         for partition in partitions:
             _check_name("partition", partition)
-        if name in self.super_streams:
+        if self.find(name) is not None:
             raise StreamExistsError(f"super stream {name!r} already exists")
         for partition in partitions:
-            if partition in self.broker.streams:
+            if partition in self.broker.streams or self.resolve(partition) is not None:
                 raise StreamExistsError(f"stream {partition!r} already exists")
         created: list[str] = []
         try:
@@ -105,9 +150,12 @@ class SuperStreams:
         return super_stream
 
     def delete(self, name: str) -> None:
-        """Forget the super stream, then delete its partition streams (those still there).
-        Raises ``StreamNotFoundError``."""
+        """Forget the super stream, then delete its partition streams (those still there);
+        a derived one is its broker stream, deleted. Raises ``StreamNotFoundError``."""
         super_stream = self.get(name)
+        if name not in self.super_streams:
+            self.broker.delete(name)
+            return
         del self.super_streams[name]
         self._save()
         for partition in super_stream.partitions:
@@ -117,7 +165,7 @@ class SuperStreams:
 
     def partition_index(self, super_stream: str, stream: str) -> int:
         """Position of ``stream`` in ``super_stream``; -1 when either is unknown."""
-        found = self.super_streams.get(super_stream)
+        found = self.find(super_stream)
         return found.partition_index(stream) if found else -1
 
     # -- persistence --------------------------------------------------------------------

@@ -1,9 +1,12 @@
-# TLS for every door: server and client ssl contexts from PEM files, gRPC server credentials,
-# and the identity a client certificate carries. Rules: TLS 1.2 at least; with client
-# authentication on, a client without a certificate signed by the configured CA fails the
-# handshake; the identity of a certificate is its subject's common name (CN).
+# TLS for every door: server and client ssl contexts from PEM files, gRPC server and channel
+# credentials, what riverlog's own clients need to reach a TLS door (ClientTLS), and the
+# identity a client certificate carries. Rules: TLS 1.2 at least; clients always verify the
+# server's certificate and name; with client authentication on, a client without a
+# certificate signed by the configured CA fails the handshake; the identity of a
+# certificate is its subject's common name (CN).
 from __future__ import annotations
 
+import dataclasses
 import ssl
 from typing import Any
 
@@ -34,6 +37,48 @@ def client_context(ca: str | None = None, cert: str | None = None,
     if cert:
         context.load_cert_chain(cert, key)
     return context
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientTLS:
+    """How riverlog's own clients (CLI, Spark source and sink) speak TLS to a door: ``ca``
+    verifies the server (PEM path; None: the system's trust store), ``cert``/``key`` are
+    the client certificate (PEM paths, both or neither), ``server_name`` is the name the
+    server certificate must carry and the SNI sent (None: the host connected to).
+    Picklable (paths only): Spark executors build their own context."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    server_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if bool(self.cert) != bool(self.key):
+            raise ValueError("a TLS client certificate needs both its certificate and its "
+                             "key file")
+
+    def context(self) -> ssl.SSLContext:
+        """The client context (``client_context``). Raises ``OSError`` naming the files
+        when one is unreadable or bad."""
+        try:
+            return client_context(self.ca, self.cert, self.key)
+        except OSError as exc:  # ssl.SSLError included; neither names the file
+            files = ", ".join(f"{k} {v}" for k, v in (("CA", self.ca), ("certificate",
+                              self.cert), ("key", self.key)) if v)
+            raise OSError(f"cannot load {files}: {exc.strerror or exc}") from None
+
+    def grpc_credentials(self):
+        """``grpc.ssl_channel_credentials`` from the same files; ``server_name`` goes in the
+        channel options (``grpc_options``). Raises ``OSError`` for unreadable files."""
+        import grpc
+        return grpc.ssl_channel_credentials(
+            root_certificates=_read(self.ca) if self.ca else None,
+            private_key=_read(self.key) if self.key else None,
+            certificate_chain=_read(self.cert) if self.cert else None)
+
+    def grpc_options(self) -> list[tuple[str, str]]:
+        """Channel options: the name to verify the server against, when set."""
+        return [("grpc.ssl_target_name_override", self.server_name)] if self.server_name else []
 
 
 def _read(path: str) -> bytes:

@@ -43,7 +43,7 @@ class DraftAdapter:
         pid = frame.publisher_id
         pub = conn.publishers.get(pid)
         # before Open the door refuses the Publish itself; a deleted stream drops its publishers
-        if conn.opened and (pub is None or pub.stream.name != frame.stream):
+        if conn.opened and (pub is None or pub.name != frame.stream):
             if pub is not None:  # the id moves to another stream: write what it staged first
                 if pid in conn._staged:
                     conn._flush_staged(pid)

@@ -20,7 +20,7 @@ from ..broker import (Broker, Notification, Partition, SingleActiveConsumers, St
                       StreamConfig, SuperStreams)
 from ..config import RabbitStreamConfig, SecurityConfig
 from ..errors import (CorruptChunkError, InvalidArgumentError, LogClosedError, LogError,
-                      OffsetOutOfRangeError, StreamExistsError, StreamNotFoundError)
+                      OffsetOutOfRangeError, StreamExistsError)
 from ..log.bloom import ChunkFilter, filter_from_properties
 from ..log.chunk import CHUNK_USER
 from ..metrics import CONFIRM_RABBITMQ, RABBITMQ_STREAM, counters, error as count_error
@@ -89,13 +89,18 @@ def _negotiate(ours: int, theirs: int) -> int:
 
 
 class Publisher:
-    __slots__ = ("id", "reference", "stream", "partition")
+    """A declared publisher: ``name`` is the stream name the client declared it on,
+    ``partition`` the partition of ``stream`` that name serves."""
 
-    def __init__(self, publisher_id: int, reference: str | None, stream: Stream) -> None:
+    __slots__ = ("id", "reference", "stream", "partition", "name")
+
+    def __init__(self, publisher_id: int, reference: str | None, stream: Stream,
+                 partition: Partition, name: str) -> None:
         self.id = publisher_id
         self.reference = reference or None
         self.stream = stream
-        self.partition: Partition = stream.partitions[0]
+        self.partition = partition
+        self.name = name
 
 
 class _Staged:
@@ -116,20 +121,22 @@ class _Staged:
 class Subscription:
     """One Subscribe: a task that sends chunks from ``offset`` on while credit lasts. With
     ``offset`` None (a single active consumer not active yet) there is no task until
-    ``start``; meanwhile ``offset`` is the partition's next offset (lag 0)."""
+    ``start``; meanwhile ``offset`` is the partition's next offset (lag 0). ``name`` is
+    the stream name subscribed to, ``partition`` the partition of ``stream`` it serves."""
 
-    __slots__ = ("conn", "id", "stream", "partition", "offset", "credit", "_credit_event",
-                 "_buffer", "task", "chunk_filter")
+    __slots__ = ("conn", "id", "stream", "partition", "name", "offset", "credit",
+                 "_credit_event", "_buffer", "task", "chunk_filter")
 
     def __init__(self, conn: "RabbitStreamConnection", sub_id: int, stream: Stream,
-                 offset: int | None, credit: int,
+                 partition: Partition, name: str, offset: int | None, credit: int,
                  chunk_filter: ChunkFilter | None = None) -> None:
         self.conn = conn
         # with a filter, chunks that cannot match are skipped: not sent, no credit used
         self.chunk_filter = chunk_filter
         self.id = sub_id
         self.stream = stream
-        self.partition: Partition = stream.partitions[0]
+        self.partition = partition
+        self.name = name
         self.offset = self.partition.next_offset if offset is None else offset
         self.credit = credit
         self._credit_event = asyncio.Event()
@@ -205,7 +212,7 @@ class Subscription:
             return
         except CorruptChunkError as exc:
             log.error("subscription %d on %r stopped: %s", self.id, self.stream.name, exc)
-            conn.send(f.MetadataUpdate(ResponseCode.STREAM_NOT_AVAILABLE, self.stream.name))
+            conn.send(f.MetadataUpdate(ResponseCode.STREAM_NOT_AVAILABLE, self.name))
 
 
 class RabbitStreamConnection(asyncio.Protocol):
@@ -536,18 +543,28 @@ class RabbitStreamConnection(asyncio.Protocol):
                 self.send(f.Heartbeat())
 
     # -- streams ------------------------------------------------------------------------
+    def _resolve(self, name: str) -> tuple[Stream, Partition] | None:
+        """The stream and partition the name ``name`` serves on this door; partition i of a
+        stream with several partitions is ``<stream>-<i>`` (broker/superstreams.py)."""
+        return self.server.super_streams.resolve(name)
+
     def _may(self, stream: str, action: str) -> bool:
         """Authorization (riverlog.security.authz): False answers ACCESS_REFUSED (0x10), as
         RabbitMQ does for Create, Delete, DeclarePublisher, Subscribe and QueryOffset when the
-        user lacks the configure, write or read permission."""
-        return self.guard.allowed(self.user, stream, action)
+        user lacks the configure, write or read permission. A partition ``<stream>-<i>`` is
+        checked as its stream."""
+        found = self._resolve(stream)
+        return self.guard.allowed(self.user, found[0].name if found else stream, action)
 
     def on_create(self, frame: f.Create) -> None:
         if not self._may(frame.stream, CREATE):
             self.send(f.CreateResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED))
             return
-        code = self._create(frame.stream, frame.arguments,
-                            lambda config: self.broker.create(frame.stream, config))
+        if self._resolve(frame.stream) is not None:  # the partitions of a stream too
+            code = ResponseCode.STREAM_ALREADY_EXISTS
+        else:
+            code = self._create(frame.stream, frame.arguments,
+                                lambda config: self.broker.create(frame.stream, config))
         self.send(f.CreateResponse(frame.correlation_id, code))
 
     @staticmethod
@@ -565,21 +582,27 @@ class RabbitStreamConnection(asyncio.Protocol):
             return ResponseCode.PRECONDITION_FAILED
 
     def on_delete(self, frame: f.Delete) -> None:
+        """A stream with several partitions is no stream here (0x02; DeleteSuperStream
+        deletes it); one of its partitions cannot go alone (0x11)."""
         if not self._may(frame.stream, DELETE):
             self.send(f.DeleteResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED))
             return
-        try:
+        found = self._resolve(frame.stream)
+        if found is None:
+            code = ResponseCode.STREAM_DOES_NOT_EXIST
+        elif found[0].name != frame.stream:
+            log.info("Delete %r refused: a partition of stream %r", frame.stream, found[0].name)
+            code = ResponseCode.PRECONDITION_FAILED
+        else:
             self.broker.delete(frame.stream)
             code = OK
-        except StreamNotFoundError:
-            code = ResponseCode.STREAM_DOES_NOT_EXIST
         self.send(f.DeleteResponse(frame.correlation_id, code))
 
     def on_metadata(self, frame: f.Metadata) -> None:
         host, port = self.server.advertised_for(self.tls)
         streams = []
         for name in frame.streams:
-            if name in self.broker.streams:
+            if self._resolve(name) is not None:
                 streams.append(f.StreamMetadata(name, OK, 0, ()))
             else:
                 streams.append(f.StreamMetadata(name, ResponseCode.STREAM_DOES_NOT_EXIST,
@@ -592,12 +615,12 @@ class RabbitStreamConnection(asyncio.Protocol):
             self.send(f.StreamStatsResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED,
                                             {}))
             return
-        try:
-            partition = self.broker.get(frame.stream).partitions[0]
-        except StreamNotFoundError:
+        found = self._resolve(frame.stream)
+        if found is None:
             self.send(f.StreamStatsResponse(frame.correlation_id,
                                             ResponseCode.STREAM_DOES_NOT_EXIST, {}))
             return
+        partition = found[1]
         committed = partition.committed_offset
         stats = {
             "first_chunk_id": partition.first_offset if committed >= 0 else -1,
@@ -608,20 +631,21 @@ class RabbitStreamConnection(asyncio.Protocol):
 
     def stream_deleted(self, stream: Stream) -> None:
         """Broker callback: drop this connection's publishers and subscriptions on a deleted
-        stream and tell the client with MetadataUpdate (0x06), once."""
-        touched = False
+        stream and tell the client with MetadataUpdate (0x06), once per name they used
+        (each partition's, for a stream with several)."""
+        touched: dict[str, None] = {}
         for sub_id, sub in list(self.subscriptions.items()):
             if sub.stream is stream:
                 sub.cancel()
                 del self.subscriptions[sub_id]
                 self._sac_specs.pop(sub_id, None)  # the server dropped its group
-                touched = True
+                touched[sub.name] = None
         for pub_id, pub in list(self.publishers.items()):
             if pub.stream is stream:
                 del self.publishers[pub_id]
-                touched = True
-        if touched:
-            self.send(f.MetadataUpdate(ResponseCode.STREAM_NOT_AVAILABLE, stream.name))
+                touched[pub.name] = None
+        for name in touched:
+            self.send(f.MetadataUpdate(ResponseCode.STREAM_NOT_AVAILABLE, name))
 
     # -- publishing ---------------------------------------------------------------------
     def on_declare_publisher(self, frame: f.DeclarePublisher) -> None:
@@ -632,17 +656,19 @@ class RabbitStreamConnection(asyncio.Protocol):
         """Add a publisher to this connection (also for the draft dialect's Publish); returns
         the response code: OK, STREAM_DOES_NOT_EXIST, ACCESS_REFUSED or PRECONDITION_FAILED
         (the id, or the reference on that stream, is taken)."""
-        try:
-            stream = self.broker.get(name)
-        except StreamNotFoundError:
+        found = self._resolve(name)
+        if found is None:
             return ResponseCode.STREAM_DOES_NOT_EXIST
+        stream, partition = found
         taken = publisher_id in self.publishers or (reference and any(
-            p.reference == reference and p.stream is stream for p in self.publishers.values()))
+            p.reference == reference and p.partition is partition
+            for p in self.publishers.values()))
         if not self._may(name, PUBLISH):
             return ResponseCode.ACCESS_REFUSED
         if taken:
             return ResponseCode.PRECONDITION_FAILED
-        self.publishers[publisher_id] = Publisher(publisher_id, reference, stream)
+        self.publishers[publisher_id] = Publisher(publisher_id, reference, stream, partition,
+                                                  name)
         return OK
 
     def on_publish(self, frame: f.Publish | f.PublishV2) -> None:
@@ -748,14 +774,13 @@ class RabbitStreamConnection(asyncio.Protocol):
             self.send(f.QueryPublisherSequenceResponse(
                 frame.correlation_id, ResponseCode.ACCESS_REFUSED, 0))
             return
-        try:
-            partition = self.broker.get(frame.stream).partitions[0]
-        except StreamNotFoundError:
+        found = self._resolve(frame.stream)
+        if found is None:
             self.send(f.QueryPublisherSequenceResponse(
                 frame.correlation_id, ResponseCode.STREAM_DOES_NOT_EXIST, 0))
             return
         self.send(f.QueryPublisherSequenceResponse(
-            frame.correlation_id, OK, partition.publishers.get(frame.reference)))
+            frame.correlation_id, OK, found[1].publishers.get(frame.reference)))
 
     def on_delete_publisher(self, frame: f.DeletePublisher) -> None:
         code = OK if self.publishers.pop(frame.publisher_id, None) else \
@@ -771,37 +796,43 @@ class RabbitStreamConnection(asyncio.Protocol):
         if not self._may(frame.stream, CONSUME):
             self.send(f.SubscribeResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED))
             return
-        try:
-            stream = self.broker.get(frame.stream)
-        except StreamNotFoundError:
+        found = self._resolve(frame.stream)
+        if found is None:
             self.send(f.SubscribeResponse(frame.correlation_id,
                                           ResponseCode.STREAM_DOES_NOT_EXIST))
             return
-        offset = resolve_offset(stream.partitions[0], frame.offset_type, frame.offset)
-        group = _sac_group(frame.properties)
-        if offset is None or group == "":
+        stream, partition = found
+        offset = resolve_offset(partition, frame.offset_type, frame.offset)
+        properties = frame.properties or {}
+        # single active consumer (as RabbitMQ's reader): the `name` property is required
+        sac = properties.get("single-active-consumer") == "true"
+        group = properties.get("name") if sac else None
+        index = self.server.super_streams.partition_index(
+            properties.get("super-stream", ""), frame.stream) if sac else -1
+        if offset is None or sac and (group is None or self.server.sac.conflicts(
+                frame.stream, group, index)):
             self.send(f.SubscribeResponse(frame.correlation_id,
                                           ResponseCode.PRECONDITION_FAILED))
             return
         self.send(f.SubscribeResponse(frame.correlation_id, OK))
         self.subscriptions[frame.subscription_id] = Subscription(
-            self, frame.subscription_id, stream, None if group else offset, frame.credit,
-            filter_from_properties(frame.properties))
-        if group:
-            self._join_group(frame, group)
+            self, frame.subscription_id, stream, partition, frame.stream,
+            None if sac else offset, frame.credit, filter_from_properties(frame.properties))
+        if sac:
+            self._join_group(frame, group, index)
 
     def on_resolve_offset_spec(self, frame: f.ResolveOffsetSpec) -> None:
         """ResolveOffsetSpec (0x1f): the offset a Subscribe with this offset spec would start
         at, answered as type OFFSET (as RabbitMQ does). Properties are accepted; filter
         properties do not move the answer (a filtered subscription skips chunks itself)."""
         code, offset = OK, 0
+        found = self._resolve(frame.stream)
         if not self._may(frame.stream, CONSUME):
             code = ResponseCode.ACCESS_REFUSED
-        elif frame.stream not in self.broker.streams:
+        elif found is None:
             code = ResponseCode.STREAM_DOES_NOT_EXIST
         else:
-            resolved = resolve_offset(self.broker.streams[frame.stream].partitions[0],
-                                      frame.offset_type, frame.offset)
+            resolved = resolve_offset(found[1], frame.offset_type, frame.offset)
             if resolved is None:
                 code = ResponseCode.NO_OFFSET
             else:
@@ -830,32 +861,32 @@ class RabbitStreamConnection(asyncio.Protocol):
         self.send(f.UnsubscribeResponse(frame.correlation_id, code))
 
     def on_store_offset(self, frame: f.StoreOffset) -> None:
-        stream = self.broker.streams.get(frame.stream)
-        if stream is not None and frame.reference and self._may(frame.stream, CONSUME):
-            stream.partitions[0].offsets.store(frame.reference, frame.offset)
+        found = self._resolve(frame.stream)
+        if found is not None and frame.reference and self._may(frame.stream, CONSUME):
+            found[1].offsets.store(frame.reference, frame.offset)
 
     def on_query_offset(self, frame: f.QueryOffset) -> None:
         if not self._may(frame.stream, CONSUME):
             self.send(f.QueryOffsetResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED,
                                             0))
             return
-        try:
-            partition = self.broker.get(frame.stream).partitions[0]
-        except StreamNotFoundError:
+        found = self._resolve(frame.stream)
+        if found is None:
             self.send(f.QueryOffsetResponse(frame.correlation_id,
                                             ResponseCode.STREAM_DOES_NOT_EXIST, 0))
             return
-        offset = partition.offsets.query(frame.reference)
+        offset = found[1].offsets.query(frame.reference)
         if offset is None:
             self.send(f.QueryOffsetResponse(frame.correlation_id, ResponseCode.NO_OFFSET, 0))
         else:
             self.send(f.QueryOffsetResponse(frame.correlation_id, OK, offset))
 
     # -- single active consumer (sans-IO groups in broker/sac.py) --------------------------
-    def _join_group(self, frame: f.Subscribe, group: str) -> None:
+    def _join_group(self, frame: f.Subscribe, group: str, index: int) -> None:
+        """After SubscribeResponse, as RabbitMQ: register in the group; a ConsumerUpdate
+        follows when the member is active at once. ``index``: the stream's position in
+        the super stream named by the `super-stream` property, else -1."""
         self._sac_specs[frame.subscription_id] = (frame.offset_type, frame.offset)
-        index = self.server.super_streams.partition_index(
-            (frame.properties or {}).get("super-stream", ""), frame.stream)
         _notify(self.server.sac.register(frame.stream, group, index, self,
                                          frame.subscription_id))
 
@@ -907,7 +938,7 @@ class RabbitStreamConnection(asyncio.Protocol):
 
     def on_delete_super_stream(self, frame: f.DeleteSuperStream) -> None:
         super_streams = self.server.super_streams
-        found = super_streams.super_streams.get(frame.name)
+        found = super_streams.find(frame.name)
         if found is None:
             code = ResponseCode.STREAM_DOES_NOT_EXIST
         elif not all(self._may(name, DELETE) for name in (frame.name, *found.partitions)):
@@ -918,14 +949,17 @@ class RabbitStreamConnection(asyncio.Protocol):
         self.send(f.DeleteSuperStreamResponse(frame.correlation_id, code))
 
     def on_partitions(self, frame: f.Partitions) -> None:
-        found = self.server.super_streams.super_streams.get(frame.super_stream)
+        """Partitions of a super stream; a stream with several partitions answers
+        ``<stream>-0`` .. ``<stream>-<n-1>``."""
+        found = self.server.super_streams.find(frame.super_stream)
         self.send(f.PartitionsResponse(
             frame.correlation_id, OK if found else ResponseCode.STREAM_DOES_NOT_EXIST,
             found.partitions if found else ()))
 
     def on_route(self, frame: f.Route) -> None:
-        """Streams bound with the routing key; OK with none when nothing matches."""
-        found = self.server.super_streams.super_streams.get(frame.super_stream)
+        """Streams bound with the routing key; OK with none when nothing matches (partition
+        i of a stream with several partitions is bound with key "i")."""
+        found = self.server.super_streams.find(frame.super_stream)
         self.send(f.RouteResponse(
             frame.correlation_id, OK if found else ResponseCode.STREAM_DOES_NOT_EXIST,
             tuple(found.route(frame.routing_key)) if found else ()))
@@ -945,15 +979,6 @@ def resolve_offset(partition: Partition, kind: int, value: int | None) -> int | 
     if kind == OffsetType.TIMESTAMP:
         return partition.offset_for_timestamp(value or 0)
     return None
-
-
-def _sac_group(properties: dict[str, str] | None) -> str | None:
-    """The group of a single-active-consumer Subscribe (``single-active-consumer=true``,
-    ``name``): None when not one, "" when it has no valid name (RabbitMQ: 0x11)."""
-    if not properties or properties.get("single-active-consumer") != "true":
-        return None
-    name = properties.get("name") or ""
-    return name if len(name.encode()) <= 255 else ""
 
 
 def _notify(notes: list[Notification]) -> None:
@@ -1057,7 +1082,8 @@ class RabbitStreamServer:
                                      f"{self.config.host}:{port}: {exc.strerror}") from None
 
     def _stream_deleted(self, stream: Stream) -> None:
-        self.sac.drop_stream(stream.name)  # its subscriptions end with MetadataUpdate
+        for name in self.super_streams.door_names(stream):
+            self.sac.drop_stream(name)  # its subscriptions end with MetadataUpdate
         for conn in list(self.connections):
             conn.stream_deleted(stream)
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from ..client import DEFAULT_PORT, Client, parse_servers
+from ..security.tls import ClientTLS
 
 EARLIEST = -2
 """Offset sentinel in JSON offset specs: the oldest record kept (Kafka's -2)."""
@@ -20,12 +21,16 @@ LATEST = -1
 @dataclass(frozen=True)
 class Connection:
     """Where and how to connect: ``servers`` [(host, port)], SASL PLAIN ``user``/``password``,
-    request ``timeout`` in seconds. Picklable: it travels to executors inside partitions."""
+    request ``timeout`` in seconds, ``tls`` (None: plain TCP), SASL ``mechanism`` (PLAIN,
+    or EXTERNAL: the client certificate of ``tls`` names the user). Picklable: it travels
+    to executors inside partitions."""
 
     servers: tuple[tuple[str, int], ...] = (("127.0.0.1", DEFAULT_PORT),)
     user: str = "guest"
     password: str = "guest"
     timeout: float = 30.0
+    tls: ClientTLS | None = None
+    mechanism: str = "PLAIN"
 
     def connect(self, name: str = "riverlog-spark") -> Client:
         """A connected blocking client (the first server that answers). Raises ClientError
@@ -35,7 +40,7 @@ class Connection:
         for host, port in self.servers:
             try:
                 return Client(host, port, self.user, self.password, connection_name=name,
-                              timeout=self.timeout)
+                              timeout=self.timeout, tls=self.tls, mechanism=self.mechanism)
             except ClientError as exc:
                 errors.append(str(exc))
         raise ClientError("; ".join(errors))
@@ -107,9 +112,24 @@ def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
     raise ValueError(f"option {name}: expected true or false, got {raw!r}")
 
 
+def tls(options: Mapping[str, str]) -> ClientTLS | None:
+    """``tls`` (true: TLS with the system's trust store), ``tls.ca``, ``tls.cert``,
+    ``tls.key`` (PEM paths, readable on the driver and every executor) and
+    ``tls.serverName``; any ``tls.*`` option turns TLS on. None: plain TCP."""
+    files = [_get(options, f"tls.{name}") or None for name in ("ca", "cert", "key",
+                                                               "serverName")]
+    if not _bool(options, "tls", False) and not any(files):
+        return None
+    try:
+        return ClientTLS(*files)
+    except ValueError as exc:
+        raise ValueError(f"options tls.cert and tls.key: {exc}") from None
+
+
 def connection(options: Mapping[str, str]) -> Connection:
-    """``servers`` ("host:port,..."; default 127.0.0.1:5552), ``user``, ``password``
-    (default guest/guest), ``timeout`` (seconds, default 30)."""
+    """``servers`` ("host:port,..."; default 127.0.0.1:5552, with TLS the door's TLS port),
+    ``user``, ``password`` (default guest/guest), ``timeout`` (seconds, default 30), the
+    ``tls`` options and ``saslMechanism`` (PLAIN or EXTERNAL, default PLAIN)."""
     servers = _get(options, "servers") or "127.0.0.1:5552"
     try:
         parsed = tuple(parse_servers(servers))
@@ -120,8 +140,11 @@ def connection(options: Mapping[str, str]) -> Connection:
         t = float(timeout) if timeout else 30.0
     except ValueError:
         raise ValueError(f"option timeout: expected seconds, got {timeout!r}") from None
+    mechanism = (_get(options, "saslMechanism") or "PLAIN").strip().upper()
+    if mechanism not in ("PLAIN", "EXTERNAL"):
+        raise ValueError(f"option saslMechanism: expected PLAIN or EXTERNAL, got {mechanism!r}")
     return Connection(parsed, _get(options, "user") or "guest",
-                      _get(options, "password") or "guest", t)
+                      _get(options, "password") or "guest", t, tls(options), mechanism)
 
 
 def streams(options: Mapping[str, str]) -> tuple[str, ...]:

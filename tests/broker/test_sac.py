@@ -119,3 +119,15 @@ def test_dropping_a_stream_forgets_its_groups_silently():
     assert sac.state("B", 1) is None and sac.is_active("B", 2)
     # the same subscription ids can join again
     assert sac.register("s", "g", -1, "B", 1) == [on("B", 1, True)]
+
+
+def test_a_member_with_another_partition_index_is_refused():
+    """RabbitMQ's coordinator answers partition_index_conflict (Subscribe: 0x11) when a group
+    gets a member whose stream position differs from the group's."""
+    sac = SingleActiveConsumers()
+    assert sac.register("s-1", "g", 1, "A", 1) == [on("A", 1, True)]
+    assert sac.conflicts("s-1", "g", -1) and not sac.conflicts("s-1", "g", 1)
+    assert not sac.conflicts("s-1", "other", -1)
+    with pytest.raises(ValueError):
+        sac.register("s-1", "g", -1, "B", 1)
+    assert [m.owner for m in sac.groups[("s-1", "g")].members] == ["A"]

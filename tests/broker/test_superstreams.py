@@ -144,3 +144,33 @@ def test_a_damaged_file_is_set_aside_not_fatal(tmp_path, caplog):
     with open(registry.path) as f:
         assert [s["name"] for s in json.load(f)["super_streams"]] == ["b"]
     close(broker)
+
+
+def test_a_stream_with_several_partitions_is_a_derived_super_stream(tmp_path):
+    """Partition i of a broker stream with several partitions (Liftbridge) is the RabbitMQ
+    name `<stream>-<i>`, bound with key "i"; a real stream of that name wins; nothing is
+    stored for it, and deleting it deletes the broker stream."""
+    broker, registry = open_registry(tmp_path)
+    orders = broker.create("orders", StreamConfig(partitions=3))
+    single = broker.create("single")
+    derived = registry.get("orders")
+    assert (derived.partitions, derived.binding_keys) == (
+        ("orders-0", "orders-1", "orders-2"), ("0", "1", "2"))
+    assert registry.partition_index("orders", "orders-2") == 2
+    assert registry.resolve("orders-1") == (orders, orders.partitions[1])
+    assert registry.resolve("single") == (single, single.partitions[0])
+    for name in ("orders", "orders-3", "orders-01", "orders-x", "orders-", "single-0", "nope"):
+        assert registry.resolve(name) is None, name
+    assert registry.find("single") is None and registry.find("nope") is None
+    assert registry.door_names(orders) == ["orders-0", "orders-1", "orders-2"]
+    assert registry.door_names(single) == ["single"]
+    real = broker.create("orders-1")
+    assert registry.resolve("orders-1") == (real, real.partitions[0])
+    with pytest.raises(StreamExistsError):
+        registry.create("orders", ["o-a"], ["a"])
+    with pytest.raises(StreamExistsError):
+        registry.create("other", ["orders-2"], ["a"])
+    assert registry.super_streams == {}
+    registry.delete("orders")
+    assert "orders" not in broker.streams and registry.find("orders") is None
+    close(broker)

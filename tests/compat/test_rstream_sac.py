@@ -239,8 +239,11 @@ async def test_frames_of_activation_credit_and_connection_loss(stream_server, st
     one = await RawPeer.open(stream_server.host, stream_server.port)
     two = await RawPeer.open(stream_server.host, stream_server.port)
     try:
-        # a name is required
+        # a name is required (the property, even empty, as RabbitMQ's reader)
         assert await subscribe(one, 1, stream, {"single-active-consumer": "true"}) == PRECONDITION_FAILED
+        assert await subscribe(one, 7, stream, sac_properties("")) == OK
+        assert (await one.recv_until(f.ConsumerUpdate)).subscription_id == 7
+        assert (await one.request(f.Unsubscribe(one.next_corr(), 7))).response_code == OK
         assert await subscribe(one, 1, stream, sac_properties("g")) == OK
         update = await one.recv_until(f.ConsumerUpdate)
         assert (update.subscription_id, update.active) == (1, True)
@@ -279,3 +282,70 @@ async def test_frames_of_activation_credit_and_connection_loss(stream_server, st
     finally:
         one.close()
         two.close()
+
+
+async def test_a_member_must_agree_on_the_partition_index(stream_server):
+    """The first member fixes the group's partition index: one naming the super stream
+    (index 1) and one not (-1) in the same group is refused with 0x11, as RabbitMQ's
+    coordinator does (partition_index_conflict); nothing is delivered to it."""
+    name = stream_name("sac-conflict")
+    parts = tuple(f"{name}-{i}" for i in range(2))
+    peer = await RawPeer.open(stream_server.host, stream_server.port)
+    try:
+        r = await peer.request(f.CreateSuperStream(peer.next_corr(), name, parts, ("0", "1"), {}))
+        assert r.response_code == OK
+        assert await subscribe(peer, 1, parts[1], sac_properties("g", **{"super-stream": name})) == OK
+        assert (await peer.recv_until(f.ConsumerUpdate)).subscription_id == 1
+        assert await subscribe(peer, 2, parts[1], sac_properties("g")) == PRECONDITION_FAILED
+        # another group, or the same index, is fine
+        assert await subscribe(peer, 3, parts[1], sac_properties("h")) == OK
+        assert await subscribe(peer, 4, parts[1], sac_properties("g", **{"super-stream": name})) == OK
+        # the refused subscription does not exist
+        peer.send(f.Credit(2, 1))
+        r = await peer.recv_until(f.CreditResponse)
+        assert (r.response_code, r.subscription_id) == (SUBSCRIPTION_DOES_NOT_EXIST, 2)
+        assert (await peer.request(f.DeleteSuperStream(peer.next_corr(), name))).response_code == OK
+    finally:
+        peer.close()
+
+
+async def test_three_super_stream_consumers_of_one_group_share_10000_messages(stream_server):
+    """rstream's own test_consume_superstream_with_sac_all_active, unmodified in substance:
+    three SuperStreamConsumers (the `super-stream` property set, bodies as bytes) over a
+    3-partition super stream, then 10,000 messages through a hash-routing
+    SuperStreamProducer: each consumer gets exactly one partition, together all 10,000.
+    (rstream 1.1 encodes a `str` body as an invalid AMQP message that its own decoder
+    fails on with "'NoneType' object is not callable"; RabbitMQ stores message bytes as
+    they come, so a server cannot help there.)"""
+    name = stream_name("sac-10k")
+    got: list[list[tuple[str, bytes]]] = [[], [], []]
+    consumers = []
+    try:
+        for received in got:
+            c = SuperStreamConsumer(stream_server.host, stream_server.port, **GUEST,
+                                    super_stream=name,
+                                    super_stream_creation_option=SuperStreamCreationOption(3))
+            await c.start()
+            consumers.append(c)
+            await c.subscribe(lambda msg, ctx, received=received: received.append((ctx.stream, msg)),
+                              properties=sac_properties("consumer-group-1", **{"super-stream": name}))
+
+        async def by_id(message: bytes) -> str:
+            return message.split(b":")[1].decode()
+
+        async with SuperStreamProducer(stream_server.host, stream_server.port, **GUEST,
+                                       super_stream=name, routing_extractor=by_id) as p:
+            for i in range(10_000):
+                await p.send(b"a:%d" % i)
+        await wait_until(lambda: sum(map(len, got)) >= 10_000, 30,
+                         lambda: f"10,000 messages (got {[len(g) for g in got]})")
+        await asyncio.sleep(0.5)
+        assert sorted(m for g in got for _, m in g) == sorted(b"a:%d" % i for i in range(10_000))
+        assert sorted({s for s, _ in g}.pop() for g in got if len({s for s, _ in g}) == 1) == \
+            [f"{name}-{i}" for i in range(3)]
+    finally:
+        for c in consumers:
+            await c.close()
+        async with SuperStreamProducer(stream_server.host, stream_server.port, **GUEST,
+                                       super_stream=name, routing_extractor=None) as p:
+            await p.delete_super_stream(name, missing_ok=True)

@@ -37,6 +37,7 @@ from rstream import (AMQPMessage, CompressionType, Consumer, ConsumerOffsetSpeci
                      OffsetType, Producer)
 from rstream.recovery import BackOffRecoveryStrategy
 
+from riverlog.broker import StreamConfig
 from riverlog.config import RabbitStreamConfig, ServerConfig
 from riverlog.metrics import RABBITMQ_STREAM, REGISTRY
 from riverlog.server.app import App
@@ -311,3 +312,22 @@ async def test_first_bytes_may_arrive_one_by_one(app):
     key, body = await asyncio.wait_for(future, 5)
     assert key == PEER_PROPERTIES and body.take("h") == OK
     assert await client.close() == OK
+
+
+async def test_a_partition_of_a_stream_with_several_is_a_stream_to_the_draft(app):
+    """A stream with three partitions (as Liftbridge makes them): the draft publishes to and
+    reads `parts-1`, which is partition 1; rstream reads the same records there."""
+    parts = app.broker.create("parts", StreamConfig(partitions=3))
+    client = await draft_for(app)
+    for batch in range(2):
+        client.publish("parts-1", 4, [(batch * 10 + i, b"p1-%d" % (batch * 10 + i))
+                                      for i in range(10)])
+        await client.wait_confirmed(4, (batch + 1) * 10)
+    assert not client.errors
+    assert [p.next_offset for p in parts.partitions] == [0, 20, 0]
+    _, streams = await client.metadata("parts", "parts-1")
+    assert [(name, code) for name, code, _, _ in streams] == [
+        ("parts", STREAM_DOES_NOT_EXIST), ("parts-1", OK)]
+    got = await rstream_read(app, "parts-1", 20)
+    assert [(o, bytes(m)) for o, m in got] == [(i, b"p1-%d" % i) for i in range(20)]
+    await client.close()

@@ -7,18 +7,20 @@ import asyncio
 import threading
 
 from riverlog.client import Client
-from riverlog.config import RabbitStreamConfig, ServerConfig
+from riverlog.config import RabbitStreamConfig, SecurityConfig, ServerConfig
 from riverlog.server.app import App
 
 
 class ThreadServer:
-    """``start()``, then ``servers`` ("127.0.0.1:PORT") and ``client()``; ``stop()``."""
+    """``start()``, then ``servers`` ("127.0.0.1:PORT") and ``client()``; ``stop()``. With
+    ``security`` holding TLS, the door's TLS listener is on ``app.rabbitmq_stream.tls_port``."""
 
-    def __init__(self, data_dir: str) -> None:
+    def __init__(self, data_dir: str, security: SecurityConfig | None = None) -> None:
         self.data_dir = data_dir
         self.loop = asyncio.new_event_loop()
         self.app = App(ServerConfig(data_dir=data_dir,
-                                    rabbitmq_stream=RabbitStreamConfig(port=0)))
+                                    rabbitmq_stream=RabbitStreamConfig(port=0, tls_port=0),
+                                    security=security or SecurityConfig()))
         self.thread = threading.Thread(target=self.loop.run_forever, name="riverlog-test-server",
                                        daemon=True)
         self.port = 0

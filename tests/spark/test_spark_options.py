@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from riverlog.security.tls import ClientTLS
 from riverlog.spark import offsets as plan
 from riverlog.spark.options import read_options, write_options
 
@@ -32,6 +33,25 @@ def test_read_options_defaults_and_parsing():
 def test_read_options_errors(options, message):
     with pytest.raises(ValueError, match=message):
         read_options(options)
+
+
+def test_tls_options():
+    assert read_options({"stream": "a"}).connection.tls is None
+    assert read_options({"stream": "a", "tls": "false"}).connection.tls is None
+    assert read_options({"stream": "a", "tls": "true"}).connection.tls == ClientTLS()
+    o = read_options({"stream": "a", "TLS.CA": "ca.pem", "tls.cert": "c.pem", "tls.key": "c.key",
+                      "tls.serverName": "riverlog.example"})
+    assert o.connection.tls == ClientTLS("ca.pem", "c.pem", "c.key", "riverlog.example")
+    assert write_options({"stream": "a", "tls.ca": "ca.pem"}).connection.tls == ClientTLS("ca.pem")
+    with pytest.raises(ValueError, match="tls.cert and tls.key"):
+        read_options({"stream": "a", "tls.cert": "c.pem"})
+    with pytest.raises(ValueError, match="option tls: expected true or false"):
+        read_options({"stream": "a", "tls": "sometimes"})
+    assert read_options({"stream": "a"}).connection.mechanism == "PLAIN"
+    assert read_options({"stream": "a", "saslMechanism": "external"}).connection.mechanism == \
+        "EXTERNAL"
+    with pytest.raises(ValueError, match="saslMechanism"):
+        read_options({"stream": "a", "saslMechanism": "GSSAPI"})
 
 
 def test_write_options():
