@@ -203,10 +203,13 @@ async def test_acks_go_only_to_inboxes_never_to_stream_subjects(tmp_path, users)
             await client.nc.close()
 
 
-async def test_remote_clients_must_log_in_on_every_door(tmp_path, users, remote_host, caplog):
+@pytest.mark.parametrize("transport", ["h2", "grpcio"])
+async def test_remote_clients_must_log_in_on_every_door(tmp_path, users, remote_host, caplog,
+                                                        transport):
     """Users configured, authorization off, every door on 0.0.0.0: loopback clients need no
     credentials on gRPC, remote ones must log in on gRPC and NATS."""
-    async with running(tmp_path, security(users, authz=False), host="0.0.0.0") as app:
+    async with running(tmp_path, security(users, authz=False), host="0.0.0.0",
+                       transport=transport) as app:
         channel, stub = stub_of(app, remote_host)
         async with channel:
             assert await status_of(stub.FetchMetadata(pb.FetchMetadataRequest(),
@@ -230,7 +233,7 @@ async def test_remote_clients_must_log_in_on_every_door(tmp_path, users, remote_
         await client.nc.close()
     caplog.clear()
     # the default users: guest, from loopback only
-    async with running(tmp_path, SecurityConfig(), host="0.0.0.0") as app:
+    async with running(tmp_path, SecurityConfig(), host="0.0.0.0", transport=transport) as app:
         channel, stub = stub_of(app, remote_host)
         async with channel:
             assert await status_of(stub.FetchMetadata(
