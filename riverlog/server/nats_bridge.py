@@ -71,7 +71,8 @@ class NatsBridge:
         self.config = config
         self.guard = guard
         self.auth: NatsAuth | None = None  # the embedded server's TLS and users, when ours
-        self._reload_pending = False
+        self._reload_task: asyncio.Task | None = None
+        self._permissions_dirty = False
         self.embedded: EmbeddedNats | None = None
         self.nc: NatsClient | None = None
         self.servers: list[str] = list(config.servers)
@@ -104,7 +105,9 @@ class NatsBridge:
             auth = NatsAuth(guard, self.config.host)
             if auth.needed and not self.config.embedded_config:
                 self.auth = auth
-                settings = auth.settings(self._attached.values())
+                for stream in self._attached.values():
+                    auth.add(stream)
+                settings = auth.settings()
             self.embedded = EmbeddedNats(self.config.host, self.config.port,
                                          self.config.embedded_config, self.config.binary,
                                          self.config.port_fallback, settings)
@@ -215,10 +218,12 @@ class NatsBridge:
         return self.servers[0] if self.servers else ""
 
     # -- subscriptions ------------------------------------------------------------------
-    def _task(self, coro) -> None:
+    def _task(self, coro) -> asyncio.Task:
+        """A task ``sync()`` waits for."""
         task = asyncio.get_running_loop().create_task(coro)
         self._pending.add(task)
         task.add_done_callback(self._done)
+        return task
 
     def _done(self, task: asyncio.Task) -> None:
         self._pending.discard(task)
@@ -236,7 +241,9 @@ class NatsBridge:
         """Subscribe every unpaused partition of a stream that has a subject."""
         if self._index(stream):
             self._subscribe_all(stream)
-            self._permissions_changed()
+            if self.auth is not None:
+                self.auth.add(stream)
+                self._permissions_changed()
 
     def _subscribe_all(self, stream: Stream) -> None:
         for partition in stream.partitions:
@@ -249,7 +256,9 @@ class NatsBridge:
         if self._attached.get(stream.name) is stream:
             del self._attached[stream.name]
             self._count_subjects(stream, -1)
-            self._permissions_changed()
+            if self.auth is not None:
+                self.auth.remove(stream)
+                self._permissions_changed()
 
     def _index(self, stream: Stream) -> bool:
         """Count ``stream`` as attached (its partition subjects are what ack inboxes must not
@@ -314,17 +323,25 @@ class NatsBridge:
 
     def _permissions_changed(self) -> None:
         """A stream's subjects came or went: the embedded server's user permissions follow
-        (in effect once ``sync()`` returns)."""
-        if self.auth is None or not self.auth.users_on or self._reload_pending:
+        (in effect once ``sync()`` returns). One reload runs at a time; changes made while
+        it runs get one more."""
+        if self.auth is None or not self.auth.users_on:
             return
-        self._reload_pending = True
-        self._task(self._reload())
+        self._permissions_dirty = True
+        if self._reload_task is None:
+            self._reload_task = self._task(self._reload())
 
     async def _reload(self) -> None:
-        await asyncio.sleep(0)  # one reload for every change made in this turn
-        self._reload_pending = False
-        if self.embedded is not None:
-            await self.embedded.reload(self.auth.settings(self._attached.values()))
+        try:
+            while self._permissions_dirty:
+                await asyncio.sleep(0)  # one reload for every change made in this turn
+                self._permissions_dirty = False
+                if self.embedded is not None and self.auth is not None:
+                    settings = await asyncio.to_thread(self.auth.settings,
+                                                       self.auth.snapshot())
+                    await self.embedded.reload(settings)
+        finally:
+            self._reload_task = None
 
     def pause(self, stream: Stream, partition: Partition) -> None:
         sub = self._subs.pop(id(partition), None)
