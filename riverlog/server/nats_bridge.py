@@ -405,12 +405,14 @@ class NatsBridge:
             subject = msg.subject
             reply = msg.reply
             envelope = decode_publish(data) if data[:4] == MAGIC else None
-            if envelope is not None and envelope.ackInbox and envelope.ackInbox != inbox_ok:
-                error = self.ack_inbox_error(envelope.ackInbox)
-                if error is not None:
-                    self._refuse(subject, error)
-                    continue
-                inbox_ok = envelope.ackInbox
+            if envelope is not None:
+                inbox = envelope.ackInbox
+                if inbox and inbox != inbox_ok:
+                    error = self.ack_inbox_error(inbox)
+                    if error is not None:
+                        self._refuse(subject, error)
+                        continue
+                    inbox_ok = inbox
             if len(data) > limit or (envelope is not None and concurrency
                                      and envelope.offset != -1):
                 if records:
@@ -429,7 +431,6 @@ class NatsBridge:
                 value = data
                 record = Record(value, None, headers, now, record_subject, record_reply)
             else:
-                inbox = envelope.ackInbox
                 policy = envelope.ackPolicy
                 if not inbox or (policy != LEADER and policy != ALL):
                     policy = None  # no ack (ingest's AckSink never answers other policies)
