@@ -10,11 +10,12 @@
 # naming an ack inbox riverlog does not send to (``ack_inbox_error``) is not stored, counted
 # and logged; paused partitions are not subscribed; read-only partitions drop what arrives.
 # When the server closes the connection for good (nats-py reconnects by itself only after a
-# lost socket, not after an -ERR), a new one is made and every partition subscribed again. The messages a partition gets in one
-# event-loop turn are stored together, in order: runs of them (same subject, same ack mode)
-# encoded in one pass and appended at once, acks built from template bytes; what one-by-one
-# ingest would store and ack stays exactly the same (tests: test_lb_envelope_batch.py). The
-# publishes (acks) queued during one turn go out as one write of PUB commands. Wire facts:
+# lost socket, not after an -ERR), a new one is made and every partition subscribed again.
+# The messages a partition gets in one event-loop turn are stored together, in order: runs of
+# them (same subject, same ack mode) encoded in one pass and appended at once, acks built from
+# template bytes; what one-by-one ingest would store and ack stays exactly the same (tests:
+# test_lb_envelope_batch.py). The publishes (acks) queued during one turn go out as one write
+# of PUB commands. Wire facts:
 # reference/liftbridge.md "Envelope and NATS subjects"; the envelope codec is
 # riverlog.protocol.liftbridge.envelope; PUB from the NATS client protocol (docs.nats.io).
 from __future__ import annotations
@@ -194,7 +195,8 @@ class NatsBridge:
                     nc = await self._connect()
                 except Exception as exc:
                     log.error("cannot connect to NATS at %s again: %s; next try in %.0fs",
-                              ", ".join(self.servers), exc or "timed out", RECONNECT_WAIT_S)
+                              ", ".join(self.servers), str(exc) or "timed out",
+                              RECONNECT_WAIT_S)
                     await asyncio.sleep(RECONNECT_WAIT_S)
                     continue
                 if self._stopping:

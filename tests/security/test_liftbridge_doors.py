@@ -12,6 +12,7 @@ import logging
 import grpc
 import nats
 import pytest
+from rstream import Producer, exceptions
 
 from _sec import Client, basic, running, security, status_of, stored, wait_stored
 from riverlog.broker import StreamConfig
@@ -243,6 +244,11 @@ async def test_remote_clients_must_log_in_on_every_door(tmp_path, users, remote_
         with pytest.raises(nats.errors.Error, match="Authorization Violation"):
             await Client().connect(f"nats://{remote_host}:{app.nats.embedded.port}", "guest",
                                    "guest")
+        producer = Producer(remote_host, port=app.rabbitmq_stream.port, username="guest",
+                            password="guest")  # the RabbitMQ door's rule, as in RabbitMQ
+        with pytest.raises(exceptions.SASLAuthenticationFailureLoopback):
+            await producer.start()
+        await producer.close()
         for door in ("RabbitMQ Stream", "Liftbridge gRPC", "NATS"):
             assert f"{door} listens on 0.0.0.0 beyond loopback" in caplog.text, door
 
