@@ -174,7 +174,7 @@ def tail_cmd(target: Target, stream: str, start: str, follow: bool, max_messages
 @_target_options
 def stats_cmd(target: Target) -> None:
     """Print a running server's metrics as tables (scraped from its Prometheus endpoint,
-    --metrics-url): streams, doors, consumer lag, errors."""
+    --metrics-url): streams, doors, consumer lag, errors, the NATS link."""
     samples = scrape(target.metrics, target.timeout)
     for title, header, rows in stats_tables(samples):
         click.echo(f"{title}:")

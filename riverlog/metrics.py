@@ -48,6 +48,10 @@ ERRORS = Counter(
     "PublishError frames and of Close frames the server sent; gRPC status codes of failed "
     "calls; Liftbridge Ack errors (TOO_LARGE, INCORRECT_OFFSET); NATS: messages not stored.",
     ["door", "code"], registry=REGISTRY)
+NATS_RECONNECTS = Counter(
+    "riverlog_nats_reconnects", "Times the NATS door got its connection to the NATS server "
+    "back after losing it (nats-py's own reconnects, and new connections riverlog makes when "
+    "the server closed the old one for good).", registry=REGISTRY)
 
 CONFIRM_RABBITMQ = CONFIRM_LATENCY.labels(RABBITMQ_STREAM)
 

@@ -265,7 +265,8 @@ def stats_tables(samples) -> list[tuple[str, list[str], list[list[str]]]]:
     """The tables ``riverlog stats`` prints, as ``(title, header, rows)``: streams
     (partitions, disk, messages kept, messages and bytes in and out over every door since
     the server started), doors (connections,
-    subscriptions, confirms, mean confirm latency, errors), consumers (lag) and errors."""
+    subscriptions, confirms, mean confirm latency, errors), consumers (lag), errors, and the
+    NATS door's link to its NATS server (connected, reconnects; no row without NATS)."""
     disk = _by(samples, "riverlog_stream_disk_bytes", "stream")
     first = _by(samples, "riverlog_partition_first_offset", "stream", "partition")
     kept: dict[tuple[str, ...], float] = {}
@@ -297,6 +298,10 @@ def stats_tables(samples) -> list[tuple[str, list[str], list[list[str]]]]:
     lag_rows = [[*k, _int(v)] for k, v in sorted(lag.items())]
     err = _by(samples, "riverlog_errors_total", "door", "code")
     err_rows = [[*k, _int(v)] for k, v in sorted(err.items())]
+    connected = _by(samples, "riverlog_nats_connected")
+    nats_rows = [["yes" if connected[()] else "no",
+                  _int(_by(samples, "riverlog_nats_reconnects_total").get((), 0))]
+                 ] if connected else []
     return [
         ("streams", ["stream", "partitions", "disk", "messages", "published", "bytes in",
                      "delivered", "bytes out"], streams),
@@ -304,6 +309,7 @@ def stats_tables(samples) -> list[tuple[str, list[str], list[list[str]]]]:
                    "errors"], door_rows),
         ("consumers", ["stream", "partition", "consumer", "source", "lag"], lag_rows),
         ("errors", ["door", "code", "count"], err_rows),
+        ("nats", ["connected", "reconnects"], nats_rows),
     ]
 
 

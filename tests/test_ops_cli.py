@@ -134,13 +134,14 @@ def test_stats_prints_tables_from_metrics(server):
     for block in text.strip().split("\n\n"):
         title, *lines = block.splitlines()
         sections[title] = lines
-    assert list(sections) == ["streams:", "doors:", "consumers:", "errors:"]
+    assert list(sections) == ["streams:", "doors:", "consumers:", "errors:", "nats:"]
     streams = {row.split()[0]: row.split() for row in sections["streams:"][1:]}
     # stream, partitions, disk (2 words), messages, published, bytes in (2 words), ...
     assert streams["counted"][:2] == ["counted", "1"]
     assert streams["counted"][4:6] == ["2", "2"]
     doors = {row.split()[0]: row.split() for row in sections["doors:"][1:]}
     assert int(doors["rabbitmq_stream"][3]) >= 1  # confirms
+    assert sections["nats:"][1].split() == ["yes", "0"]  # connected, no reconnects
 
 
 def test_no_server_is_one_clear_line(server):

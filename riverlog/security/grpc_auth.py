@@ -1,11 +1,16 @@
 # Authentication and per-stream authorization on the Liftbridge gRPC door, as one grpc.aio
-# server interceptor (installed only when the door requires credentials); ``wrap`` applies the
-# same checks to a method handler for the h2 transport. Owns how a gRPC
-# client proves who it is and which stream each RPC touches. Rules: credentials come from the
-# `authorization` metadata (`Basic base64(user:password)`, RFC 7617) or, when TLS client
-# authentication is on, from the verified client certificate's CN; none or wrong ones end the
-# call with UNAUTHENTICATED, a stream the user may not touch with PERMISSION_DENIED (the gRPC
-# status codes, grpc/doc/statuscodes.md). FetchMetadata and the consumer-group bookkeeping
+# server interceptor (installed when the door requires credentials or listens beyond
+# loopback); ``wrap`` applies the same checks to a method handler for the h2 transport. Owns
+# how a gRPC client proves who it is and which stream each RPC touches. Rules: credentials come
+# from the `authorization` metadata (`Basic base64(user:password)`, RFC 7617) or, when TLS
+# client authentication is on, from the verified client certificate's CN; wrong ones end the
+# call with UNAUTHENTICATED, and so do none unless the door needs no credentials and the
+# client is on loopback (the one rule of every door: anonymous clients are served from
+# loopback only); a stream the user may not touch ends it with PERMISSION_DENIED (the gRPC
+# status codes, grpc/doc/statuscodes.md). CreateStream also needs `publish` and `consume` on
+# the subject (the policy's patterns match subjects as they match stream names), and
+# PublishToSubject `publish` on the subject of every stream it reaches, so no stream gives a
+# user NATS subjects the policy does not. FetchMetadata and the consumer-group bookkeeping
 # calls need a user but no stream permission. A request that does not parse is left to the
 # handler, which answers INVALID_ARGUMENT.
 from __future__ import annotations
@@ -19,8 +24,10 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from ..protocol.liftbridge import api_pb2 as pb
+from ..protocol.nats_subject import matches
 from .authz import ADMIN, CONSUME, CREATE, DELETE, PUBLISH
 from .guard import Guard
+from .users import is_loopback
 
 log = logging.getLogger("riverlog.security")
 
@@ -41,21 +48,18 @@ _RULES: dict[str, tuple[type, str, Callable]] = {
 }
 
 
-def streams_on_subject(streams: Iterable, subject: str) -> list[str]:
-    """Names of the streams whose partitions listen on ``subject`` (``subj`` is partition 0,
-    ``subj.N`` partition N)."""
-    names = []
+def streams_on_subject(streams: Iterable, subject: str) -> list:
+    """The streams a partition of which listens on the literal ``subject`` (partition 0 on the
+    stream's subject, partition N on ``subject.N``; wildcard subjects match as NATS does)."""
+    found = []
+    parent, _, last = subject.rpartition(".")
+    index = int(last) if parent and last.isdigit() else 0
     for stream in streams:
         base = stream.config.subject
-        if not base:
-            continue
-        if subject == base:
-            names.append(stream.name)
-        elif subject.startswith(base + "."):
-            index = subject[len(base) + 1:]
-            if index.isdigit() and int(index) < len(stream.partitions):
-                names.append(stream.name)
-    return names
+        if base and (matches(base, subject) or (
+                0 < index < len(stream.partitions) and matches(base, parent))):
+            found.append(stream)
+    return found
 
 
 def _peer_host(peer: str) -> str | None:
@@ -76,9 +80,11 @@ class GrpcAuth(grpc.aio.ServerInterceptor):
         self.streams = streams
         tls = guard.config.tls
         self.certificates = tls is not None and tls.client_auth  # CN only when verified
+        self.anonymous = not guard.require_auth  # loopback clients need no credentials
 
-    async def user(self, context) -> str:
-        """The caller's user name; aborts with UNAUTHENTICATED when there is none."""
+    async def user(self, context) -> str | None:
+        """The caller's user name (None: an anonymous loopback client of a door that needs no
+        credentials); aborts with UNAUTHENTICATED when there is none."""
         metadata = dict(context.invocation_metadata() or ())
         header = metadata.get("authorization")
         if header:
@@ -102,33 +108,47 @@ class GrpcAuth(grpc.aio.ServerInterceptor):
                 cn = cn.decode() if isinstance(cn, bytes) else cn
                 if cn in self.guard.users:
                     return cn
+        if self.anonymous and is_loopback(_peer_host(context.peer())):
+            return None
         await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                            "credentials required: authorization metadata or a client certificate")
+                            "credentials required: authorization metadata or a client certificate"
+                            + (" (only loopback clients are served without)"
+                               if self.anonymous else ""))
 
-    async def check(self, method: str, user: str, raw: bytes, context) -> None:
+    async def check(self, method: str, user: str | None, raw: bytes, context) -> None:
         """Abort with PERMISSION_DENIED unless ``user`` may do ``method``'s request."""
+        subjects: tuple[tuple[str, str], ...] = ()  # (subject, action) it needs too
         if method == "PublishToSubject":
             try:
                 subject = pb.PublishToSubjectRequest.FromString(raw).subject
             except DecodeError:
                 return
-            action, names = PUBLISH, streams_on_subject(self.streams(), subject)
-            if not names:
+            streams = streams_on_subject(self.streams(), subject)
+            if not streams:
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                     f"no stream listens on subject {subject!r}")
+            action, names = PUBLISH, [s.name for s in streams]
+            subjects = tuple((s.config.subject, PUBLISH) for s in streams)
         else:
             rule = _RULES.get(method)
             if rule is None:
                 return
             request_type, action, stream_names = rule
             try:
-                names = stream_names(request_type.FromString(raw))
+                request = request_type.FromString(raw)
             except DecodeError:
                 return
+            names = stream_names(request)
+            if method == "CreateStream" and request.subject:
+                subjects = ((request.subject, PUBLISH), (request.subject, CONSUME))
         for name in names:
             if not self.guard.allowed(user, name, action):
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                     f"user {user!r} may not {action} stream {name!r}")
+        for subject, need in subjects:
+            if not self.guard.allowed(user, subject, need):
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                    f"user {user!r} may not {need} subject {subject!r}")
 
     async def intercept_service(self, continuation, details):
         """The grpc.aio transport's hook: ``wrap`` of the method's handler."""

@@ -52,6 +52,16 @@ class Guard:
         return await asyncio.get_running_loop().run_in_executor(None, self.login, user,
                                                                 password, peer_host)
 
+    def remote_users(self, certificates: bool) -> list[str]:
+        """The users who may log in from beyond loopback: those with a password that are not
+        loopback-only, and with ``certificates`` (a door that takes client certificates,
+        when TLS has a client CA) every user that is not loopback-only."""
+        users = self.users
+        tls = self.config.tls
+        by_certificate = certificates and tls is not None and tls.ca is not None
+        return [name for name in users if name not in users.loopback_only
+                and (by_certificate or users.hash_of(name))]
+
     def certificate_user(self, peercert: dict | None) -> str | None:
         """The configured user named by a verified client certificate's CN, else None."""
         name = common_name(peercert)

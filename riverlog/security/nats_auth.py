@@ -1,25 +1,36 @@
 # The embedded nats-server's share of riverlog's security: its TLS block and its users with
 # their permissions, written in nats-server's configuration format and derived from riverlog's
-# users and authorization policy. Rules: every riverlog user with a password becomes a NATS
-# user with the same bcrypt hash (nats-server checks bcrypt itself); with authorization on, a
-# user may publish on the subjects of the streams it may publish to (`subject` for partition 0,
-# `subject.N` for partition N: plain and enveloped publishes alike) and subscribe to inboxes
-# and to the subjects of the streams it may consume, nothing else; the bridge itself is one
+# users, its authorization policy and the streams attached to subjects. Rules: nats-server has
+# users when authorization is on or when it listens beyond loopback (it cannot serve anonymous
+# clients from loopback only, so then every client logs in); every riverlog user with a
+# password becomes a NATS user with the same bcrypt hash (nats-server checks bcrypt itself),
+# except loopback-only users when nats-server listens beyond loopback. With authorization on,
+# a user may publish on the subjects (`subject` for partition 0, `subject.N` for partition N:
+# plain and enveloped publishes alike) of the streams it may publish to, and subscribe to
+# INBOXES and to the subjects of the streams it may consume, nothing else; a stream counts
+# only when the user holds that right on its subject too (the policy's patterns match
+# subjects as they match stream names), so a stream never widens anyone's NATS rights. No
+# user may join a queue group on a stream's subject: those are the bridge's (nats-server's
+# `"subject queue"` deny entries, `>` matching every queue name). The bridge itself is one
 # more user, allowed everything, whose random password exists only in riverlog's memory.
-# Loopback-only users are left out unless nats-server listens on loopback.
-# Format: nats-server's configuration file (docs.nats.io "Configuration", "Authorization").
+# Permissions are kept per stream (``add``/``remove``: a few policy checks per user when a
+# stream comes or goes, never users x streams), and ``settings`` only assembles them, so it can
+# run off the event loop on a ``snapshot``.
+# Format: nats-server's configuration file (docs.nats.io "Configuration", "Authorization";
+# queue permissions: nats-server client.go canSubscribe/queueMatches).
 from __future__ import annotations
 
 import secrets
 import ssl
-from typing import Iterable
 
 from .authz import CONSUME, PUBLISH
 from .guard import Guard
 from .tls import client_context
-from .users import hash_password, is_loopback
+from .users import hash_password, listens_on_loopback
 
 INBOXES = ("_INBOX.>",)
+"""The subjects every NATS user may subscribe to for acks and replies; with authorization on,
+riverlog sends acks only there."""
 
 
 def _subjects(stream) -> list[str]:
@@ -32,13 +43,21 @@ def _permission(allow: list[str]) -> dict:
 
 
 class NatsAuth:
-    """The nats-server settings for ``guard``. ``bridge_user``/``bridge_password``: what the
-    bridge connects with (None when nats-server needs no users)."""
+    """The nats-server settings for ``guard`` on ``host``. ``bridge_user``/
+    ``bridge_password``: what the bridge connects with (None when nats-server needs no
+    users). Tell it the streams attached to subjects with ``add``/``remove``."""
 
     def __init__(self, guard: Guard, host: str) -> None:
         self.guard = guard
-        self.on_loopback = is_loopback(host) or host == "localhost"
-        self.users_on = guard.config.authz
+        self.on_loopback = listens_on_loopback(host)
+        self.authz = guard.config.authz
+        self.users_on = self.authz or not self.on_loopback
+        users = guard.users
+        # (name, bcrypt hash) of the NATS users
+        self.users = [(name, users.hash_of(name)) for name in users if users.hash_of(name)
+                      and (name not in users.loopback_only or self.on_loopback)]
+        # stream name -> (its partition subjects, users who may publish, users who may consume)
+        self._grants: dict[str, tuple[list[str], list[str], list[str]]] = {}
         self.bridge_user: str | None = None
         self.bridge_password: str | None = None
         self._bridge_hash = ""
@@ -52,31 +71,65 @@ class NatsAuth:
         """True when nats-server needs a configuration of ours (TLS or users)."""
         return self.users_on or self.guard.config.tls is not None
 
-    def settings(self, streams: Iterable) -> dict:
-        """nats-server settings (``tls``, ``authorization``) for the streams there are now,
-        as a map in the shape of its configuration file."""
+    def may(self, user: str, stream, action: str) -> bool:
+        """Whether ``user`` holds ``action`` on ``stream``'s NATS subjects: on the stream and
+        on its subject."""
+        allowed = self.guard.allowed
+        return allowed(user, stream.name, action) and allowed(user, stream.config.subject,
+                                                               action)
+
+    def add(self, stream) -> None:
+        """``stream`` is attached to its subject: note who may use its subjects (two policy
+        checks per user and right, on the event loop; nothing to do without users)."""
+        if not self.users_on:
+            return
+        names = [name for name, _ in self.users] if self.authz else []
+        self._grants[stream.name] = (
+            _subjects(stream), [name for name in names if self.may(name, stream, PUBLISH)],
+            [name for name in names if self.may(name, stream, CONSUME)])
+
+    def remove(self, stream) -> None:
+        """``stream`` left its subject (deleted)."""
+        self._grants.pop(stream.name, None)
+
+    def snapshot(self) -> list:
+        """What ``settings`` needs of the streams now, safe to hand to another thread."""
+        return list(self._grants.values())
+
+    def settings(self, grants: list | None = None) -> dict:
+        """nats-server settings (``tls``, ``authorization``) for the streams added (or a
+        ``snapshot`` of them), as a map in the shape of its configuration file. Only
+        assembles lists: no policy check, so it may run in a worker thread."""
         config: dict = {}
         tls = self.guard.config.tls
         if tls is not None:
             config["tls"] = {"cert_file": tls.cert, "key_file": tls.key}
             if tls.ca:
                 config["tls"]["ca_file"] = tls.ca
-        if self.users_on:
-            streams = [s for s in streams if s.config.subject]
-            users = [{"user": self.bridge_user, "password": self._bridge_hash}]
-            for name in self.guard.users:
-                hashed = self.guard.users.hash_of(name)
-                if not hashed or (name in self.guard.users.loopback_only
-                                  and not self.on_loopback):
-                    continue
-                publish = [subj for s in streams if self.guard.allowed(name, s.name, PUBLISH)
-                           for subj in _subjects(s)]
-                consume = [subj for s in streams if self.guard.allowed(name, s.name, CONSUME)
-                           for subj in _subjects(s)]
-                users.append({"user": name, "password": hashed, "permissions": {
-                    "publish": _permission(publish),
-                    "subscribe": _permission(list(INBOXES) + consume)}})
-            config["authorization"] = {"users": users}
+        if not self.users_on:
+            return config
+        if grants is None:
+            grants = self.snapshot()
+        publish: dict[str, list[str]] = {name: [] for name, _ in self.users}
+        consume: dict[str, list[str]] = {name: list(INBOXES) for name, _ in self.users}
+        queues = []
+        for subjects, publishers, consumers in grants:
+            queues += [f"{subject} >" for subject in subjects]
+            for name in publishers:
+                publish[name] += subjects
+            for name in consumers:
+                consume[name] += subjects
+        users = [{"user": self.bridge_user, "password": self._bridge_hash}]
+        for name, hashed in self.users:
+            permissions: dict = {}
+            if self.authz:
+                permissions = {"publish": _permission(publish[name]),
+                               "subscribe": _permission(consume[name])}
+            if queues:
+                permissions.setdefault("subscribe", {})["deny"] = queues
+            users.append({"user": name, "password": hashed, "permissions": permissions}
+                         if permissions else {"user": name, "password": hashed})
+        config["authorization"] = {"users": users}
         return config
 
 

@@ -45,6 +45,12 @@ def is_loopback(host: str | None) -> bool:
     return address.is_loopback or (mapped is not None and mapped.is_loopback)
 
 
+def listens_on_loopback(host: str) -> bool:
+    """True when a server bound to ``host`` is reachable from loopback only (a loopback
+    address or ``localhost``; a wildcard such as 0.0.0.0 or any other address is not)."""
+    return is_loopback(host) or host == "localhost"
+
+
 class Users:
     """The user table: ``users`` (name, bcrypt hash or "" for certificate-only users) and the
     names in ``loopback_only``. Raises ``ValueError`` naming a user whose hash is not bcrypt."""

@@ -1,7 +1,9 @@
 # The running server: opens the broker, starts every front door, and stops them in order on
 # shutdown (stop accepting, finish in-flight confirms, close connections, close the logs).
 # Rules: startup failures (a port taken, a data folder not writable) raise with a message
-# that names the cause; shutdown never loses a confirmed message.
+# that names the cause; shutdown never loses a confirmed message; a door listening beyond
+# loopback that no remote client can log in to, or whose logins riverlog does not manage, is
+# warned about at start (every door serves clients without credentials from loopback only).
 from __future__ import annotations
 
 import logging
@@ -11,6 +13,7 @@ from .. import __version__
 from ..broker import Broker
 from ..config import ServerConfig
 from ..security.guard import Guard
+from ..security.users import listens_on_loopback
 from .rabbitmq_stream import RabbitStreamServer
 
 # The Liftbridge doors (NATS bridge, gRPC API) import grpc and nats-py: loaded only when on.
@@ -49,10 +52,40 @@ class App:
             await self._stop_liftbridge()
             await self.broker.close()
             raise
+        self._warn_beyond_loopback()
         log.info("riverlog %s serving %s (%d streams, durability %s)", __version__,
                  os.path.abspath(self.config.data_dir),
                  sum(1 for name in self.broker.streams if not name.startswith("__")),
                  self.config.log.durability.value)
+
+    def _warn_beyond_loopback(self) -> None:
+        """Warn about each door that listens beyond loopback where no user may log in from
+        there (remote clients are all refused), and about an embedded nats-server with a
+        configuration file of its own there (its logins are not riverlog's)."""
+        guard = self.guard
+        doors = []  # (name, host, takes client certificates)
+        if self.rabbitmq_stream is not None:
+            doors.append(("RabbitMQ Stream", self.config.rabbitmq_stream.host, True))
+        if self.grpc is not None:
+            doors.append(("Liftbridge gRPC", self.grpc.config.host, True))
+        if self.nats is not None and self.nats.embedded is not None:
+            host = self.nats.embedded.host
+            if not self.nats.config.embedded_config:
+                doors.append(("NATS", host, False))
+            elif not listens_on_loopback(host):
+                log.warning("NATS listens on %s beyond loopback with a nats-server "
+                            "configuration of its own (nats.embedded.config): riverlog does "
+                            "not manage its logins, make sure it requires them", host)
+        for name, host, certificates in doors:
+            if listens_on_loopback(host):
+                continue
+            if not guard.remote_users(certificates):
+                log.warning("%s listens on %s beyond loopback, but no user may log in from "
+                            "there (loopback-only users: %s): remote clients are refused",
+                            name, host, ", ".join(sorted(guard.users.loopback_only)) or "none")
+            elif name == "NATS":
+                log.info("NATS listens on %s beyond loopback: every NATS client logs in, on "
+                         "loopback too (nats-server cannot tell them apart)", host)
 
     async def stop(self) -> None:
         log.info("shutting down")

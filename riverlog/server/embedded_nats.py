@@ -168,13 +168,14 @@ class EmbeddedNats:
 
     async def reload(self, settings: dict, timeout: float = 10.0) -> None:
         """Replace the settings and have nats-server reload them (SIGHUP); returns once it
-        logged the reload. Raises ``OSError`` when it refuses them or does not reload in
-        ``timeout`` s."""
+        logged the reload. The file is written in a worker thread (with thousands of streams
+        it is megabytes). Raises ``OSError`` when nats-server refuses them or does not reload
+        in ``timeout`` s."""
         self.settings = settings
         proc = self.proc
         if proc is None or self.config_file:
             return
-        self._write_settings(settings)
+        await asyncio.to_thread(self._write_settings, settings)
         self._reloaded.clear()
         self._reload_error = ""
         proc.send_signal(signal.SIGHUP)

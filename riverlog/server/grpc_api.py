@@ -4,7 +4,8 @@
 # the streaming RPCs are in grpc_streams.py. Rules: handlers get raw request bytes and parse
 # them, so a malformed request gets InvalidArgument naming the message type; every refusal uses
 # exactly the gRPC status code Liftbridge uses, with its message; Publish waits for its ack
-# only when the call has a deadline and the ack policy is not NONE.
+# only when the call has a deadline and the ack policy is not NONE; a subject or ack inbox that
+# NATS or riverlog refuses (NatsBridge.ack_inbox_error) is refused before anything is stored.
 # Wire facts: reference/liftbridge.md (service, field numbers, status codes); checks and
 # messages from liftbridge's server/api.go and metadata.go (liftbridge-io/liftbridge 50ac358).
 from __future__ import annotations
@@ -15,7 +16,6 @@ import logging
 from typing import Callable
 
 import grpc
-import nats.errors
 from google.protobuf.message import DecodeError
 
 from ..broker import Partition, StreamConfig
@@ -26,9 +26,11 @@ from ..errors import LogClosedError
 from ..metrics import GRPC, CallTracker
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge.envelope import encode_publish
+from ..protocol.nats_subject import subject_problem
 from ..security.grpc_auth import GrpcAuth
 from ..security.guard import Guard
 from ..security.tls import grpc_server_credentials, server_context
+from ..security.users import listens_on_loopback
 from .grpc_streams import (ack_error_to_async, exact_nats_size, nats_size, publish_async,
                            subscribe)
 from .liftbridge import NONE, Liftbridge, LiftbridgeError, new_id, partition_subject
@@ -86,10 +88,8 @@ class GrpcApi:
         options = [("grpc.max_receive_message_length", self.config.max_message_bytes),
                    ("grpc.max_send_message_length", self.config.max_message_bytes),
                    ("grpc.so_reuseport", 0)]
-        interceptors = []
-        if self.guard is not None and self.guard.require_auth:
-            interceptors.append(GrpcAuth(self.guard, lambda: self.service.broker.streams.values()))
-        server = grpc.aio.server(options=options, interceptors=interceptors)
+        auth = self._auth()
+        server = grpc.aio.server(options=options, interceptors=[auth] if auth else [])
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
             SERVICE, self._handlers()),))
         host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
@@ -115,8 +115,8 @@ class GrpcApi:
         """The same handlers on riverlog's own HTTP/2 transport (server/grpc_h2_server.py)."""
         from .grpc_h2_server import GrpcH2Server
         handlers = self._handlers()
-        if self.guard is not None and self.guard.require_auth:
-            auth = GrpcAuth(self.guard, lambda: self.service.broker.streams.values())
+        auth = self._auth()
+        if auth is not None:
             handlers = {name: auth.wrap(name, h) for name, h in handlers.items()}
         tls = self.guard.config.tls if self.guard is not None else None
         context = None if tls is None else server_context(tls.cert, tls.key, tls.ca,
@@ -139,6 +139,16 @@ class GrpcApi:
         self.port = self.service.port = port
         log.info("Liftbridge gRPC API (h2 transport) listening on %s:%d%s", self.config.host,
                  port, " (TLS)" if context is not None else "")
+
+    def _auth(self) -> GrpcAuth | None:
+        """The checks in front of the handlers: when the door requires credentials, or
+        listens beyond loopback (remote clients must log in); None: every client is on
+        loopback and needs none."""
+        guard = self.guard
+        if guard is None or not (guard.require_auth
+                                 or not listens_on_loopback(self.config.host)):
+            return None
+        return GrpcAuth(guard, lambda: self.service.broker.streams.values())
 
     @staticmethod
     def _listen(server, address: str, credentials) -> int:
@@ -319,14 +329,19 @@ class GrpcApi:
         except LiftbridgeError as exc:
             await context.abort(_PUBLISH_STATUS.get(exc.code, grpc.StatusCode.UNKNOWN),
                                 exc.message)
+        bridge = service.bridge
+        nats_ack = None
+        if bridge is not None and req.ackInbox:
+            error = bridge.ack_inbox_error(req.ackInbox)
+            if error is not None:
+                raise error
+            nats_ack = bridge.send_ack
         service.resume_for_publish(stream, partition)
         subject = partition_subject(stream.config.subject or "", partition.index)
         size = nats_size(req, subject)
         if size > service.config.replication_max_bytes:
             size = exact_nats_size(req, subject)
         timeout = context.time_remaining()
-        bridge = service.bridge
-        nats_ack = bridge.send_ack if (bridge is not None and req.ackInbox) else None
         expected = None if req.expectedOffset == -1 else req.expectedOffset
         if timeout is None or req.ackPolicy == NONE:
             service.ingest(stream, partition, value=req.value, key=req.key or None,
@@ -372,6 +387,13 @@ class GrpcApi:
             raise LiftbridgeError("UNAVAILABLE", "NATS is not configured on this server")
         if not req.subject:
             raise LiftbridgeError("INVALID_ARGUMENT", "No subject provided")
+        problem = subject_problem(req.subject)
+        if problem is not None:
+            raise LiftbridgeError("INVALID_ARGUMENT", f"the subject {problem}")
+        if req.ackInbox:
+            error = bridge.ack_inbox_error(req.ackInbox)
+            if error is not None:
+                raise error
         inbox = req.ackInbox or f"{self.service.namespace}.ack.{new_id()}"
         data = encode_publish(pb.Message(
             key=req.key, value=req.value, subject=req.subject, headers=dict(req.headers),
@@ -383,9 +405,6 @@ class GrpcApi:
             ack = await bridge.publish_wait_ack(req.subject, data, inbox, timeout)
         except asyncio.TimeoutError:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "timed out waiting for the ack")
-        except nats.errors.BadSubjectError:  # "", spaces, ... (found by tests/fuzz)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"invalid subject {req.subject!r} or ack inbox {inbox!r}")
         except OSError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         return pb.PublishToSubjectResponse(ack=ack) if ack is not None else \

@@ -26,6 +26,7 @@ from ..config import GrpcConfig, NatsConfig
 from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
 from ..metrics import DOORS, TurnLatency, counters, error as count_error
 from ..protocol.liftbridge import api_pb2 as pb
+from ..protocol.nats_subject import queue_problem, subject_problem
 from ..record import Record, encode_record
 
 log = logging.getLogger("riverlog.liftbridge")
@@ -51,13 +52,6 @@ class LiftbridgeError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-
-
-def is_valid_subject(subject: str) -> bool:
-    """A NATS subject: no whitespace, no empty token (liftbridge api.go isValidSubject)."""
-    if not subject or any(c in subject for c in " \t\r\n"):
-        return False
-    return all(subject.split("."))
 
 
 def partition_subject(subject: str, index: int) -> str:
@@ -291,12 +285,18 @@ class Liftbridge:
 
     # -- stream administration ----------------------------------------------------------
     def create_stream(self, name: str, subject: str, config: StreamConfig) -> Stream:
-        """CreateStream with Liftbridge's checks. Raises LiftbridgeError INVALID_ARGUMENT
-        (empty name, bad subject, reserved name, bad settings) or ALREADY_EXISTS."""
+        """CreateStream with Liftbridge's checks, and a subject and queue group NATS takes
+        (riverlog.protocol.nats_subject: wildcards allowed, at most MAX_SUBJECT_BYTES).
+        Raises LiftbridgeError INVALID_ARGUMENT (empty name, bad subject or group, reserved
+        name, bad settings) or ALREADY_EXISTS."""
         if not name:
             raise LiftbridgeError("INVALID_ARGUMENT", "Name cannot be empty")
-        if not is_valid_subject(subject):
-            raise LiftbridgeError("INVALID_ARGUMENT", "Subject is invalid")
+        problem = subject_problem(subject, wildcards=True)
+        if problem is not None:  # Liftbridge's message, and why
+            raise LiftbridgeError("INVALID_ARGUMENT", f"Subject is invalid: it {problem}")
+        problem = queue_problem(config.group or "")
+        if problem is not None:
+            raise LiftbridgeError("INVALID_ARGUMENT", f"Group is invalid: it {problem}")
         if name in RESERVED_STREAMS:
             raise LiftbridgeError("INVALID_ARGUMENT", "Stream is reserved")
         try:

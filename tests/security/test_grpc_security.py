@@ -5,24 +5,16 @@
 # grpcio channels with the generated Liftbridge stub (the one gufo-liftbridge ships too).
 from __future__ import annotations
 
-import base64
-
 import grpc
 import pytest
 from gufo.liftbridge.api_pb2_grpc import APIStub
 from gufo.liftbridge.client import LiftbridgeClient
 
-from _sec import PASSWORDS, running, security
+from _sec import basic, running, security, status_of
 from riverlog.protocol.liftbridge import api_pb2 as pb
 
 DENIED = grpc.StatusCode.PERMISSION_DENIED
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
-
-
-def basic(user: str, password: str | None = None) -> tuple[tuple[str, str]]:
-    password = PASSWORDS.get(user, "") if password is None else password
-    token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    return (("authorization", f"Basic {token}"),)
 
 
 def channel(app, pki=None, cert=None) -> grpc.aio.Channel:
@@ -38,13 +30,6 @@ def channel(app, pki=None, cert=None) -> grpc.aio.Channel:
         with open(cert.cert, "rb") as f:
             chain = f.read()
     return grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(root, key, chain))
-
-
-async def status_of(call) -> grpc.StatusCode:
-    """The status code a refused call ends with (the call must fail)."""
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await call
-    return info.value.code()
 
 
 async def subscribe_status(stub, stream: str, metadata) -> grpc.StatusCode:

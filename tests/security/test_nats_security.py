@@ -5,15 +5,11 @@
 # deleted. Streams are managed over gRPC as ops.
 from __future__ import annotations
 
-import asyncio
-import base64
-import ssl
-
 import grpc
 import nats
 import pytest
 
-from _sec import PASSWORDS, running, security
+from _sec import Client, basic, running, security, stored, wait_stored
 from riverlog.broker import StreamConfig
 from riverlog.config import GrpcConfig, NatsConfig, RabbitStreamConfig, ServerConfig
 from riverlog.protocol.liftbridge import api_pb2 as pb
@@ -24,53 +20,7 @@ from riverlog.security.users import hash_password
 from riverlog.server.app import App
 from riverlog.server.embedded_nats import EmbeddedNats
 
-OPS = (("authorization", "Basic " + base64.b64encode(b"ops:" + PASSWORDS["ops"].encode())
-        .decode()),)
-
-
-class Client:
-    """A nats-py connection that keeps the asynchronous errors nats-server sends."""
-
-    def __init__(self) -> None:
-        self.errors: list[str] = []
-        self.nc = None
-
-    async def connect(self, url: str, user: str | None, password: str | None = None,
-                      tls: ssl.SSLContext | None = None) -> "Client":
-        async def on_error(exc):
-            self.errors.append(str(exc))
-        options = {"tls": tls} if tls is not None else {}
-        if user is not None:
-            options.update(user=user,
-                           password=PASSWORDS.get(user, "") if password is None else password)
-        self.nc = await nats.connect(url, error_cb=on_error, allow_reconnect=False,
-                                     connect_timeout=5, **options)
-        return self
-
-    async def publish(self, subject: str, data: bytes) -> None:
-        await self.nc.publish(subject, data)
-        await self.nc.flush()
-
-    async def errors_reach(self, count: int) -> list[str]:
-        """nats-server reports violations asynchronously: wait for ``count`` of them."""
-        for _ in range(500):
-            if len(self.errors) >= count:
-                break
-            await asyncio.sleep(0.01)
-        assert len(self.errors) == count, self.errors
-        return self.errors
-
-
-def stored(app, stream: str) -> int:
-    return app.broker.streams[stream].partitions[0].next_offset
-
-
-async def wait_stored(app, stream: str, count: int) -> None:
-    for _ in range(500):
-        if stored(app, stream) >= count:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{stream}: {stored(app, stream)} messages stored, not {count}")
+OPS = basic("ops")
 
 
 async def create(stub, name: str) -> None:
