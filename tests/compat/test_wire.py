@@ -13,7 +13,7 @@ import time
 import pytest
 
 from riverlog.protocol.rabbitmq_stream import frames as f
-from riverlog.protocol.rabbitmq_stream import simple_entry
+from riverlog.protocol.rabbitmq_stream import encode, simple_entry
 
 from ._helpers import stream_name
 from ._raw import Chunk, RawPeer
@@ -252,6 +252,17 @@ async def test_heartbeats_when_idle(stream_server):
         p.send(f.Heartbeat())  # stay alive
     assert beats >= 2
     p.close()
+
+
+async def test_pipelined_close_frames_are_each_answered(peer):
+    """Two Close frames in one write (the Node client closing a consumer and the client at
+    once): a CloseResponse for each, then the socket closes. RabbitMQ 3.10 answers both."""
+    peer.send_bytes(encode(f.Close(7, OK, "consumer closed")) + encode(f.Close(8, OK, "bye")))
+    await peer.drain()
+    frames = await peer.wait_closed()
+    assert [(type(x), x.correlation_id, x.response_code) for x in frames
+            if not isinstance(x, f.Heartbeat)] == [(f.CloseResponse, 7, OK),
+                                                   (f.CloseResponse, 8, OK)]
 
 
 # -- riverlog-only: commands RabbitMQ 3.10 does not have --------------------------------------

@@ -1,0 +1,28 @@
+"""The Node.js client (rabbitmq-stream-js-client 1.0.0, installed by the `node_client`
+fixture) against the `stream_server` fixture, where it broke on riverlog: closing a client
+while one of its consumers closes, a refused login."""
+from __future__ import annotations
+
+import pytest
+
+from ._helpers import stream_name
+
+pytestmark = pytest.mark.timeout(120)
+
+
+async def test_client_close_while_a_consumer_closes_returns(stream_server, node_client):
+    """consumer.close() and client.close() together send two Close frames on the consumer's
+    connection; client.close() returns once both are answered (it hung when the server
+    answered the first and hung up)."""
+    result = await node_client.run("close_while_consumer_closes", stream_server, timeout=30,
+                                   stream=stream_name("node-close"))
+    assert result == {"closed": True}
+
+
+async def test_wrong_password_is_refused_without_a_server_close(stream_server, node_client):
+    """The refusal (0x08) is all the client gets before the socket closes: a Close frame
+    from the server there made it throw "Unknown response 22" from its socket handler."""
+    result = await node_client.run("refused_connect", stream_server, timeout=30,
+                                   password="not-the-password")
+    # this client version reports a refused login as an unhandled rejection
+    assert result == {"closed": True, "errors": ["Unable Authenticate -> 8"]}
