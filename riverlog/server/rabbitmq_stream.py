@@ -18,9 +18,10 @@ from typing import Callable
 from .. import __version__
 from ..broker import (Broker, Notification, Partition, SingleActiveConsumers, Stream,
                       StreamConfig, SuperStreams)
-from ..config import RabbitStreamConfig, SecurityConfig
+from ..config import MIN_SEGMENT_MAX_BYTES, RabbitStreamConfig, SecurityConfig
 from ..errors import (CorruptChunkError, InvalidArgumentError, LogClosedError, LogError,
                       OffsetOutOfRangeError, StreamExistsError, StreamNotFoundError)
+from ..log import bloom
 from ..log.bloom import ChunkFilter, filter_from_properties
 from ..log.chunk import CHUNK_USER
 from ..metrics import CONFIRM_RABBITMQ, RABBITMQ_STREAM, counters, error as count_error
@@ -58,26 +59,50 @@ SERVER_COMMAND_VERSIONS = tuple(
 _AGE = re.compile(r"^\s*(\d+)\s*([YMDhms])\s*$")
 _AGE_MS = {"Y": 365 * 86_400_000, "M": 30 * 86_400_000, "D": 86_400_000, "h": 3_600_000,
            "m": 60_000, "s": 1000}
-_IGNORED_ARGUMENTS = {"initial-cluster-size", "queue-leader-locator", "x-queue-type"}
+# Create argument limits, RabbitMQ's (rabbit_stream_manager:validate_stream_queue_arguments,
+# rabbit_stream_queue:check_max_segment_size_bytes/check_filter_size): anything else is taken.
+MAX_SEGMENT_SIZE_BYTES = 3_000_000_000
+LEADER_LOCATORS = frozenset(("client-local", "balanced", "random", "least-leaders",
+                             "min-masters"))
+# arguments checked as RabbitMQ checks them, then without effect on one server (chunk filters
+# keep bloom.DEFAULT_SIZE)
+_CHECKED_ONLY: dict[str, Callable[[str], bool]] = {
+    "initial-cluster-size": lambda value: int(value) >= 1,
+    "queue-leader-locator": lambda value: value in LEADER_LOCATORS,
+    "stream-filter-size-bytes": lambda value: bloom.MIN_SIZE <= int(value) <= bloom.MAX_SIZE,
+    "x-queue-type": lambda value: True,
+}
 
 
 def stream_config_from_arguments(arguments: dict[str, str]) -> StreamConfig:
-    """Translate Create arguments to a StreamConfig: ``max-length-bytes``, ``max-age`` (e.g.
-    ``7D``, ``12h``, ``30s``; units Y M D h m s), ``stream-max-segment-size-bytes``.
-    Cluster-only arguments are ignored with a log line. Raises ``InvalidArgumentError``."""
+    """Translate Create arguments to a StreamConfig, validating them as RabbitMQ does:
+    ``max-length-bytes``; ``max-age`` (e.g. ``7D``, ``12h``, ``30s``; units Y M D h m s);
+    ``stream-max-segment-size-bytes`` up to 3,000,000,000, raised to the commit log's
+    smallest segment (MIN_SEGMENT_MAX_BYTES) when below it, as RabbitMQ takes any smaller
+    value; ``initial-cluster-size`` (at least 1), ``queue-leader-locator`` (one of
+    LEADER_LOCATORS) and ``stream-filter-size-bytes`` (16..255) are checked, then ignored
+    with a log line, as are unknown arguments. Raises ``InvalidArgumentError``."""
     kwargs = {}
     for key, value in arguments.items():
         try:
             if key == "max-length-bytes":
                 kwargs["retention_max_bytes"] = int(value)
             elif key == "stream-max-segment-size-bytes":
-                kwargs["segment_max_bytes"] = int(value)
+                size = int(value)
+                if size > MAX_SEGMENT_SIZE_BYTES:
+                    raise ValueError(value)
+                if size < MIN_SEGMENT_MAX_BYTES:
+                    log.info("Create: %s=%s raised to %d bytes, the smallest segment", key,
+                             value, MIN_SEGMENT_MAX_BYTES)
+                kwargs["segment_max_bytes"] = max(size, MIN_SEGMENT_MAX_BYTES)
             elif key == "max-age":
                 m = _AGE.match(value)
                 if not m:
                     raise ValueError(value)
                 kwargs["retention_max_age_ms"] = int(m.group(1)) * _AGE_MS[m.group(2)]
-            elif key in _IGNORED_ARGUMENTS or key == "stream-filter-size-bytes":
+            elif key in _CHECKED_ONLY:
+                if not _CHECKED_ONLY[key](value):
+                    raise ValueError(value)
                 log.info("Create: argument %s=%s has no effect on a single server", key, value)
             else:
                 log.info("Create: unknown argument %s=%s ignored", key, value)

@@ -26,3 +26,13 @@ async def test_wrong_password_is_refused_without_a_server_close(stream_server, n
                                    password="not-the-password")
     # this client version reports a refused login as an unhandled rejection
     assert result == {"closed": True, "errors": ["Unable Authenticate -> 8"]}
+
+
+@pytest.mark.parametrize("segment_size", [1, 1000])
+async def test_small_max_segment_size_is_accepted(stream_server, node_client, segment_size):
+    """RabbitMQ takes any stream-max-segment-size-bytes up to 3 GB (riverlog raises those
+    below its smallest segment, 4096); the stream then works as any other."""
+    result = await node_client.run(
+        "create_publish_consume", stream_server, stream=stream_name("node-segment"), count=50,
+        arguments={"stream-max-segment-size-bytes": segment_size})
+    assert result == {"bodies": [f"message-{i}" for i in range(50)]}

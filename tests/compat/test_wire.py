@@ -254,6 +254,31 @@ async def test_heartbeats_when_idle(stream_server):
     p.close()
 
 
+@pytest.mark.parametrize("arguments, code", [
+    ({"stream-max-segment-size-bytes": "1"}, OK),
+    ({"stream-max-segment-size-bytes": "1000"}, OK),
+    ({"stream-max-segment-size-bytes": "3000000000"}, OK),
+    ({"stream-max-segment-size-bytes": "3000000001"}, PRECONDITION),
+    ({"stream-filter-size-bytes": "16"}, OK),
+    ({"stream-filter-size-bytes": "255"}, OK),
+    ({"stream-filter-size-bytes": "15"}, PRECONDITION),
+    ({"stream-filter-size-bytes": "256"}, PRECONDITION),
+    ({"initial-cluster-size": "3"}, OK),
+    ({"initial-cluster-size": "0"}, PRECONDITION),
+    ({"queue-leader-locator": "client-local"}, OK),
+    ({"queue-leader-locator": "least-leaders"}, OK),
+    ({"queue-leader-locator": "nearest"}, PRECONDITION),
+    ({"an-argument-nobody-knows": "x"}, OK),
+])
+async def test_create_arguments_are_checked_as_rabbitmq_does(peer, arguments, code):
+    """What RabbitMQ takes is taken, what it refuses is refused with 0x11
+    (rabbit_stream_manager:validate_stream_queue_arguments, rabbit_stream_queue:declare)."""
+    name = stream_name("args")
+    assert await peer.create(name, arguments) == code
+    if code == OK:
+        assert await peer.delete(name) == OK
+
+
 async def test_pipelined_close_frames_are_each_answered(peer):
     """Two Close frames in one write (the Node client closing a consumer and the client at
     once): a CloseResponse for each, then the socket closes. RabbitMQ 3.10 answers both."""

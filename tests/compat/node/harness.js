@@ -33,4 +33,17 @@ function main(body) {
   });
 }
 
-module.exports = { args, rabbit, connect, answer, main };
+/** The first `count` messages of `stream` from its first offset, as the client decoded them. */
+async function consume(client, stream, count) {
+  const messages = [];
+  let done;
+  const all = new Promise((resolve) => { done = resolve; });
+  const consumer = await client.declareConsumer(
+    { stream, offset: rabbit.Offset.first() },
+    (message) => { messages.push(message); if (messages.length === count) done(); });
+  if (count > 0) await all;
+  await consumer.close();
+  return messages.slice(0, count);
+}
+
+module.exports = { args, rabbit, connect, answer, main, consume };
