@@ -48,16 +48,18 @@ def install(timeout: float = 300) -> None:
 
 
 class NodeClient:
-    """Runs NODE_DIR/<script>.js against a stream server."""
+    """Runs NODE_DIR/<script>.js against a RabbitMQ Stream door."""
 
-    async def run(self, script: str, server: Any, timeout: float = 60, **fields: Any) -> dict:
-        """Run ``script`` (a name in NODE_DIR, without .js) with the JSON argument
-        ``{"host", "port", "username": "guest", "password": "guest", "vhost": "/", **fields}``
-        (``fields`` may override the credentials); returns the JSON object it printed.
-        Raises AssertionError when it exits non-zero, prints no JSON object, or is still
-        running after ``timeout`` seconds (then it is killed)."""
-        argument = {"host": server.host, "port": server.port, "username": "guest",
-                    "password": "guest", "vhost": "/", **fields}
+    async def run(self, script: str, host: str, port: int, timeout: float = 60,
+                  **fields: Any) -> dict:
+        """Run ``script`` (a name in NODE_DIR, without .js) against the RabbitMQ Stream door
+        at ``host``:``port`` with the JSON argument ``{"host", "port", "username": "guest",
+        "password": "guest", "vhost": "/", **fields}`` (``fields`` may override the
+        credentials); returns the JSON object it printed. Raises AssertionError when it exits
+        non-zero, prints no JSON object, or is still running after ``timeout`` seconds (then
+        it is killed)."""
+        argument = {"host": host, "port": port, "username": "guest", "password": "guest",
+                    "vhost": "/", **fields}
         proc = await asyncio.create_subprocess_exec(
             "node", os.path.join(NODE_DIR, f"{script}.js"), json.dumps(argument),
             cwd=NODE_DIR, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -1,12 +1,10 @@
-# Fixtures shared by the compat tests (the servers themselves come from tests/conftest.py):
-# an rstream-made `stream`, and `node_client`, the Node.js client installed with npm.
+# Fixtures shared by the rstream compat tests (the servers themselves come from tests/conftest.py).
 from __future__ import annotations
 
 import pytest
 from rstream import Producer
 
 from ._helpers import GUEST, stream_name
-from ._node import NodeClient, NodeUnavailable, install
 
 
 @pytest.fixture
@@ -21,14 +19,3 @@ async def stream(stream_server):
         async with Producer(stream_server.host, stream_server.port, **GUEST) as p:
             await p.delete_stream(name, missing_ok=True)
 
-
-@pytest.fixture(scope="session")
-def node_client() -> NodeClient:
-    """The Node.js RabbitMQ Stream client, installed with npm once per session
-    (tests/compat/_node.py). Skips only when node/npm is missing or the registry is
-    unreachable."""
-    try:
-        install()
-    except NodeUnavailable as exc:
-        pytest.skip(f"Node.js client tests: {exc}")
-    return NodeClient()

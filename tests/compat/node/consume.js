@@ -1,5 +1,5 @@
 // Read the first `count` messages of `stream`: answers {messages: [{content (hex),
-// applicationProperties, messageAnnotations, properties}]} as the client decoded them.
+// applicationProperties, messageAnnotations, messageProperties}]} as the client decoded them.
 "use strict";
 const { connect, consume, main } = require("./harness");
 
@@ -12,7 +12,7 @@ main(async (args) => {
       content: m.content.toString("hex"),
       applicationProperties: m.applicationProperties,
       messageAnnotations: m.messageAnnotations,
-      properties: m.properties,
+      messageProperties: m.messageProperties,
     })),
   };
 });
