@@ -23,6 +23,9 @@ class Durability(enum.Enum):
     NEVER = "never"
 
 
+MIN_SEGMENT_MAX_BYTES = 4096  # LogConfig.segment_max_bytes may not be smaller
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class LogConfig:
     """Options of one partition's commit log.
@@ -43,8 +46,9 @@ class LogConfig:
     verify_reads: bool = True
 
     def __post_init__(self) -> None:
-        if not 4096 <= self.segment_max_bytes <= 0xFFFF_FFFF:
-            raise ValueError("segment_max_bytes must be between 4096 and 4294967295 bytes")
+        if not MIN_SEGMENT_MAX_BYTES <= self.segment_max_bytes <= 0xFFFF_FFFF:
+            raise ValueError(f"segment_max_bytes must be between {MIN_SEGMENT_MAX_BYTES} and "
+                             f"4294967295 bytes")
         for name in ("segment_max_age_ms", "retention_max_bytes", "retention_max_age_ms",
                      "retention_max_messages", "fsync_interval_ms"):
             if getattr(self, name) < 0:

@@ -8,7 +8,8 @@
 # Rules:
 # - A record is an AMQP 1.0 message (AMQP 1.0 part 3 "Messaging", section 3.2), so a RabbitMQ
 #   Stream client (rstream, rbfly, Java, Go, .NET, Node) decodes it as a normal message whose
-#   body is the value (one `data` section), whose application-properties are the headers and
+#   body is the value (one `data` section), whose application-properties are the headers
+#   (strings when UTF-8: what clients show as text; the Node client reads no binary there) and
 #   whose properties carry subject, reply-to and correlation-id.
 # - What AMQP has no standard place for (key, nanosecond timestamp, ack inbox) goes into the
 #   message-annotations under `x-opt-` symbol keys, so every field a Liftbridge reader needs
@@ -47,8 +48,8 @@ __all__ = [
 # reserves every key not starting with "x-", and tells a container to refuse keys it does not
 # understand unless they start with "x-opt-": with this prefix, any AMQP 1.0 intermediary may
 # ignore them safely.
-ANNOTATION_KEY = "x-opt-key"  # binary; absent when the key is None
-ANNOTATION_TIMESTAMP_NS = "x-opt-timestamp-ns"  # long, nanoseconds since the Unix epoch
+ANNOTATION_KEY = "x-opt-key"  # string (binary when not UTF-8); absent when the key is None
+ANNOTATION_TIMESTAMP_NS = "x-opt-timestamp-ns"  # ulong (long when < 0), ns since the Unix epoch
 ANNOTATION_ACK_INBOX = "x-opt-ack-inbox"  # string; absent when there is no ack inbox
 
 
@@ -90,7 +91,11 @@ _pack_u32x2 = struct.Struct(">II").pack
 _VBIN8 = [bytes((0xA0, n)) for n in range(256)]  # vbin8 constructor + 1-octet size
 _STR8 = [bytes((0xA1, n)) for n in range(256)]  # str8-utf8 constructor + 1-octet size
 
-_MA_TIMESTAMP = b"\xa3\x12" + ANNOTATION_TIMESTAMP_NS.encode() + b"\x81"  # sym8 key, long
+_MA_TIMESTAMP_NAME = b"\xa3\x12" + ANNOTATION_TIMESTAMP_NS.encode()  # sym8 key
+# its value: ulong, which every stream client decodes (the Node client reads no long), or
+# long for a timestamp before 1970 (the same 8 octets would read as a huge ulong)
+_MA_TIMESTAMP = _MA_TIMESTAMP_NAME + b"\x80"
+_MA_TIMESTAMP_LONG = _MA_TIMESTAMP_NAME + b"\x81"
 _MA_KEY = b"\xa3\x09" + ANNOTATION_KEY.encode()
 _MA_ACK = b"\xa3\x0f" + ANNOTATION_ACK_INBOX.encode()
 _NULL3 = b"\x40\x40\x40"  # properties: message-id, user-id, to are null
@@ -101,6 +106,8 @@ _SEC_APP_PROPERTIES = b"\x00\x53\x74"
 _SEC_DATA = b"\x00\x53\x75"
 # message-annotations holding only the timestamp: map8 of 2 items, size = items + count octet
 _MA_TIMESTAMP_ONLY = _SEC_MA + bytes((0xC1, len(_MA_TIMESTAMP) + 8 + 1, 2)) + _MA_TIMESTAMP
+_MA_TIMESTAMP_LONG_ONLY = (_SEC_MA + bytes((0xC1, len(_MA_TIMESTAMP) + 8 + 1, 2))
+                           + _MA_TIMESTAMP_LONG)
 
 
 def _vbin(n: int) -> bytes:
@@ -108,9 +115,25 @@ def _vbin(n: int) -> bytes:
 
 
 def _str(s: str) -> bytes:
-    b = s.encode()
+    return _utf8_bytes(s.encode())
+
+
+def _utf8_bytes(b: bytes) -> bytes:
+    """str8/str32 holding ``b``, which must be UTF-8."""
     n = len(b)
     return (_STR8[n] if n < 256 else b"\xb1" + n.to_bytes(4, "big")) + b
+
+
+def _text_or_binary(b: bytes) -> bytes:
+    """``b`` as str8/str32 when it is valid UTF-8, else as vbin8/vbin32: clients hand a string
+    to applications as text (and the Node client cannot read a binary here); a reader of the
+    record gets the same bytes back either way."""
+    if not b.isascii():
+        try:
+            b.decode()
+        except UnicodeDecodeError:
+            return _vbin(len(b)) + b
+    return _utf8_bytes(b)
 
 
 def _compound(section: bytes, small: int, body: bytes, count: int) -> bytes:
@@ -125,11 +148,11 @@ def _annotations(ts: int, key: bytes | None, ack: str | None) -> bytes:
     if not _INT64_MIN <= ts <= _INT64_MAX:
         raise ValueError(f"timestamp_ns {ts!r} does not fit a signed 64-bit integer")
     if key is None and ack is None:
-        return _MA_TIMESTAMP_ONLY + _pack_long(ts)
-    body = [_MA_TIMESTAMP, _pack_long(ts)]
+        return (_MA_TIMESTAMP_ONLY if ts >= 0 else _MA_TIMESTAMP_LONG_ONLY) + _pack_long(ts)
+    body = [_MA_TIMESTAMP if ts >= 0 else _MA_TIMESTAMP_LONG, _pack_long(ts)]
     count = 2
     if key is not None:
-        body += (_MA_KEY, _vbin(len(key)), key)
+        body += (_MA_KEY, _text_or_binary(key))
         count = 4
     if ack is not None:
         body += (_MA_ACK, _str(ack))
@@ -160,8 +183,7 @@ def _app_properties(headers: dict[str, bytes]) -> bytes:
     body = []
     for name, hval in headers.items():
         body.append(_str(name))
-        body.append(_vbin(len(hval)))
-        body.append(hval)
+        body.append(_text_or_binary(hval))
     return _compound(_SEC_APP_PROPERTIES, 0xC1, b"".join(body), 2 * len(headers))
 
 
@@ -170,19 +192,21 @@ def encode_record(record: Record) -> bytes:
 
     Sections, in the order of AMQP 1.0 part 3 section 3.2:
 
-    - message-annotations (3.2.3), always: ``x-opt-timestamp-ns`` (long, ns), then
-      ``x-opt-key`` (binary) when the key is not None, ``x-opt-ack-inbox`` (string) when set.
+    - message-annotations (3.2.3), always: ``x-opt-timestamp-ns`` (ns: ulong, long when
+      negative), then ``x-opt-key`` when the key is not None, ``x-opt-ack-inbox`` (string)
+      when set.
     - properties (3.2.4), only when subject, reply or correlation_id is set: a list of
       message-id, user-id, to (all null), subject, reply-to, correlation-id (strings or null),
       trailing nulls left out.
-    - application-properties (3.2.5), only when there are headers: string -> binary.
+    - application-properties (3.2.5), only when there are headers: string -> value.
     - data (3.2.6), always, holding the value (also when empty).
 
-    Encodings are from AMQP 1.0 part 1 section 1.6: sym8, str8/str32, vbin8/vbin32, long,
-    null, list8/list32, map8/map32. Returns bytes. Raises ValueError when the timestamp does
-    not fit a signed 64-bit long or a string is not encodable as UTF-8 (lone surrogates),
-    OverflowError for a field of 4 GiB or more, TypeError (or struct.error) for a field of
-    the wrong type.
+    The key and header values are strings (str8/str32) when they are valid UTF-8, else
+    binary (vbin8/vbin32): decode_record gives the same bytes back. Encodings are from AMQP
+    1.0 part 1 section 1.6: sym8, str8/str32, vbin8/vbin32, ulong, long, null, list8/list32,
+    map8/map32. Returns bytes. Raises ValueError when the timestamp does not fit a signed
+    64-bit long or a string is not encodable as UTF-8 (lone surrogates), OverflowError for a
+    field of 4 GiB or more, TypeError (or struct.error) for a field of the wrong type.
     """
     value = record.value
     return b"".join((
@@ -739,6 +763,15 @@ def _own_bin(buf: bytes, pos: int) -> tuple[bytes, int]:
     return _own_variable(buf, pos, 0xA0)
 
 
+def _own_text_or_bin(buf: bytes, pos: int) -> tuple[bytes, int]:
+    """What _text_or_binary wrote at ``pos``: the bytes of a binary, or of a string as the
+    general parser gives them (UTF-8, invalid sequences replaced)."""
+    if (buf[pos] & 0xEF) == 0xA0:  # vbin8 or vbin32
+        return _own_variable(buf, pos, 0xA0)
+    raw, nxt = _own_variable(buf, pos, 0xA1)
+    return (raw if raw.isascii() else _utf8(raw).encode()), nxt
+
+
 def _own_compound(buf: bytes, pos: int, small: int) -> tuple[int, int, int]:
     """(count, first item, end) of the list8/map8 (``small``) or list32/map32 at ``pos``."""
     code = buf[pos]
@@ -757,14 +790,17 @@ def _decode_own(buf: bytes) -> Record | None:
     if not buf.startswith(_SEC_MA):
         return None
     count, pos, end = _own_compound(buf, 3, 0xC1)
-    if not buf.startswith(_MA_TIMESTAMP, pos):
+    if not buf.startswith(_MA_TIMESTAMP_NAME, pos):
         return None
-    pos += len(_MA_TIMESTAMP)
+    pos += len(_MA_TIMESTAMP_NAME) + 1
     record = Record(timestamp_ns=_i64(buf, pos)[0])
+    code = buf[pos - 1]
+    if code != 0x81 and (code != 0x80 or record.timestamp_ns < 0):  # a ulong over 2**63 - 1
+        return None
     pos += 8
     seen = 2
     if seen < count and buf.startswith(_MA_KEY, pos):
-        record.key, pos = _own_bin(buf, pos + len(_MA_KEY))
+        record.key, pos = _own_text_or_bin(buf, pos + len(_MA_KEY))
         seen = 4
     if seen < count and buf.startswith(_MA_ACK, pos):
         record.ack_inbox, pos = _own_str(buf, pos + len(_MA_ACK))
@@ -800,7 +836,7 @@ def _decode_own(buf: bytes) -> Record | None:
         headers = record.headers
         for _ in range(count >> 1):
             name, pos = _own_str(buf, pos)
-            headers[name], pos = _own_bin(buf, pos)
+            headers[name], pos = _own_text_or_bin(buf, pos)
         if pos != end:
             return None
 
@@ -825,9 +861,9 @@ def decode_record(data: bytes, default_timestamp_ns: int = 0) -> Record:
       subject, reply = properties.subject and reply-to (3.2.4); correlation_id =
       properties.correlation-id as text (ulong in decimal, uuid in canonical form, binary as
       UTF-8 or else hex). key, timestamp_ns, ack_inbox = the message-annotations (3.2.3)
-      ``x-opt-key`` (binary, or string as UTF-8), ``x-opt-timestamp-ns`` (long, ns) and
-      ``x-opt-ack-inbox`` (string); timestamp_ns is ``default_timestamp_ns`` when absent
-      (pass the chunk's timestamp, in ns).
+      ``x-opt-key`` (binary, or string as UTF-8), ``x-opt-timestamp-ns`` (ns: long, or ulong
+      up to 2**63 - 1) and ``x-opt-ack-inbox`` (string); timestamp_ns is
+      ``default_timestamp_ns`` when absent (pass the chunk's timestamp, in ns).
     - Anything that is not exactly an AMQP 1.0 message (raw bytes, truncated or trailing
       garbage, unknown constructors, nesting deeper than 64) becomes
       Record(value=data, timestamp_ns=default_timestamp_ns): no key, no headers.
@@ -866,7 +902,7 @@ def _to_record(msg: _Message, default_timestamp_ns: int) -> Record:
         elif isinstance(key, str):
             record.key = key.encode("utf-8")
         ts = ann.get(ANNOTATION_TIMESTAMP_NS)
-        if type(ts) is int:
+        if type(ts) is int and _INT64_MIN <= ts <= _INT64_MAX:  # long or ulong
             record.timestamp_ns = ts
         ack = ann.get(ANNOTATION_ACK_INBOX)
         if isinstance(ack, str):

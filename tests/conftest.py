@@ -2,6 +2,9 @@
 #   stream_server          one `python -m riverlog serve` subprocess (free port, temporary data
 #                          dir) shared by the session; restarted if a test killed it
 #   stream_server_factory  make() -> a fresh server of the test's own (for restart() tests)
+#   node_client            the Node.js RabbitMQ Stream client, installed with npm once per
+#                          session (tests/compat/_node.py; used by tests/compat and
+#                          tests/liftbridge)
 # With RIVERLOG_TEST_PEER=rabbitmq:PORT both point at an already-running RabbitMQ on
 # 127.0.0.1:PORT instead, to check the tests themselves against the real thing. Markers:
 #   riverlog_only  needs something RabbitMQ 3.10 lacks: skipped against the peer
@@ -13,6 +16,7 @@ import os
 
 import pytest
 
+from compat._node import NodeClient, NodeUnavailable, install
 from compat._servers import PeerServer, RiverlogServer
 
 
@@ -105,3 +109,14 @@ def stream_server_factory(request, tmp_path):
 
     yield make
     _stop(servers)
+
+
+@pytest.fixture(scope="session")
+def node_client() -> NodeClient:
+    """The Node.js RabbitMQ Stream client (tests/compat/_node.py), installed with npm once per
+    session. Skips only when node/npm is missing or the npm registry is unreachable."""
+    try:
+        install()
+    except NodeUnavailable as exc:
+        pytest.skip(f"Node.js client tests: {exc}")
+    return NodeClient()

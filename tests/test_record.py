@@ -190,13 +190,17 @@ DOC_EXAMPLE = Record(
 )
 DOC_EXAMPLE_HEX = (
     "005372c14406"
-    "a312782d6f70742d74696d657374616d702d6e73" "8117979cfe362a0000"
-    "a309782d6f70742d6b6579" "a0026b31"
+    "a312782d6f70742d74696d657374616d702d6e73" "8017979cfe362a0000"
+    "a309782d6f70742d6b6579" "a1026b31"
     "a30f782d6f70742d61636b2d696e626f78" "a10461636b73"
     "005373c01a06" "404040" "a1066f7264657273" "a1085f494e424f582e72" "a1026337"
-    "005374c10702" "a10168" "a00176"
+    "005374c10702" "a10168" "a10176"
     "005375" "a0026869"
 )
+# The same record as riverlog wrote it before the timestamp became a ulong and UTF-8 keys and
+# header values strings: a long and binaries. Such records stay on disk and must read the same.
+DOC_EXAMPLE_V1_HEX = (DOC_EXAMPLE_HEX.replace("8017979c", "8117979c")
+                      .replace("a1026b31", "a0026b31").replace("a10176", "a00176"))
 
 
 def test_golden_vector_matches_the_docs() -> None:
@@ -204,10 +208,33 @@ def test_golden_vector_matches_the_docs() -> None:
     assert decode_record(bytes.fromhex(DOC_EXAMPLE_HEX)) == DOC_EXAMPLE
 
 
+def test_records_of_the_first_layout_read_the_same() -> None:
+    old = bytes.fromhex(DOC_EXAMPLE_V1_HEX)
+    assert rec._decode_own(old) == rec._to_record(rec._parse_message(old), 0) == DOC_EXAMPLE
+
+
+def test_key_and_header_values_are_strings_when_utf8_else_binary() -> None:
+    r = Record(value=b"v", key=b"\xff\xfe", headers={"text": "värde".encode(), "bin": b"\x80",
+                                                      "empty": b""}, timestamp_ns=7)
+    message = proton.Message()
+    message.decode(encode_record(r))
+    assert message.properties == {"text": "värde", "bin": b"\x80", "empty": ""}
+    assert message.annotations[proton.symbol("x-opt-key")] == b"\xff\xfe"
+    assert decode_record(encode_record(r)) == r
+
+
+def test_timestamp_is_a_ulong_and_a_long_only_before_1970() -> None:
+    assert encode_record(Record(timestamp_ns=5))[26] == 0x80
+    assert encode_record(Record(timestamp_ns=-5))[26] == 0x81
+    # a ulong beyond a signed 64-bit timestamp is not one: the chunk's timestamp is used
+    huge = encode_record(Record(timestamp_ns=5)).replace(bytes(7) + b"\x05", b"\xff" * 8)
+    assert decode_record(huge, default_timestamp_ns=9).timestamp_ns == 9
+
+
 def test_minimal_record_layout() -> None:
     data = encode_record(Record(value=b"x", timestamp_ns=5))
     assert data == bytes.fromhex(
-        "005372c11e02a312782d6f70742d74696d657374616d702d6e73810000000000000005" "005375a00178"
+        "005372c11e02a312782d6f70742d74696d657374616d702d6e73800000000000000005" "005375a00178"
     )
 
 
@@ -243,6 +270,18 @@ def enc_opt(s: str | None) -> bytes | None:
     return None if s is None else s.encode()
 
 
+def _utf8_or_bytes(value) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _proton_sections(data: bytes) -> list:
     """Every top-level value Proton's decoder finds in ``data`` (the message sections)."""
     decoder = proton.Data()
@@ -273,14 +312,17 @@ def test_proton_decodes_our_records(record: Record) -> None:
     assert fields == [None, None, None, record.subject, record.reply, record.correlation_id]
     assert all(type(f) is str for f in fields[3:] if f is not None)
     assert message.id is None
-    headers = {k: bytes(v) for k, v in (message.properties or {}).items()}
+    headers = {k: _utf8_or_bytes(v) for k, v in (message.properties or {}).items()}
     assert headers == record.headers
     assert all(type(k) is str for k in headers)
+    # values that are UTF-8 arrive as strings, the others as binary
+    assert all(type(v) is str for k, v in (message.properties or {}).items()
+               if _is_utf8(record.headers[k]))
     annotations = message.annotations
     assert all(isinstance(k, proton.symbol) for k in annotations)
     assert annotations[proton.symbol("x-opt-timestamp-ns")] == record.timestamp_ns
     key = annotations.get(proton.symbol("x-opt-key"))
-    assert (None if key is None else bytes(key)) == record.key
+    assert (None if key is None else _utf8_or_bytes(key)) == record.key
     assert annotations.get(proton.symbol("x-opt-ack-inbox")) == record.ack_inbox
 
 

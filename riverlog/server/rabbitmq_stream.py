@@ -18,9 +18,10 @@ from typing import Callable
 from .. import __version__
 from ..broker import (Broker, Notification, Partition, SingleActiveConsumers, Stream,
                       StreamConfig, SuperStreams)
-from ..config import RabbitStreamConfig, SecurityConfig
+from ..config import MIN_SEGMENT_MAX_BYTES, RabbitStreamConfig, SecurityConfig
 from ..errors import (CorruptChunkError, InvalidArgumentError, LogClosedError, LogError,
                       OffsetOutOfRangeError, StreamExistsError)
+from ..log import bloom
 from ..log.bloom import ChunkFilter, filter_from_properties
 from ..log.chunk import CHUNK_USER
 from ..metrics import CONFIRM_RABBITMQ, RABBITMQ_STREAM, counters, error as count_error
@@ -46,6 +47,9 @@ STAGE_MAX_ENTRIES = 60_000
 OUTPUT_PAUSE_BYTES = 4 * 1024 * 1024
 PRE_OPEN_FRAME_MAX = max(INITIAL_FRAME_MAX, 65536)
 LOGIN_REFUSED_LINGER_S = 0.2
+# after a client's Close, how long a Close sent behind it is still answered (unless the client
+# hangs up first, as clients do once answered)
+CLOSE_LINGER_S = 1.0
 
 # ExchangeCommandVersions: [key, min, max] in key order (Publish and Deliver go to 2).
 SERVER_COMMAND_VERSIONS = tuple(
@@ -55,26 +59,50 @@ SERVER_COMMAND_VERSIONS = tuple(
 _AGE = re.compile(r"^\s*(\d+)\s*([YMDhms])\s*$")
 _AGE_MS = {"Y": 365 * 86_400_000, "M": 30 * 86_400_000, "D": 86_400_000, "h": 3_600_000,
            "m": 60_000, "s": 1000}
-_IGNORED_ARGUMENTS = {"initial-cluster-size", "queue-leader-locator", "x-queue-type"}
+# Create argument limits, RabbitMQ's (rabbit_stream_manager:validate_stream_queue_arguments,
+# rabbit_stream_queue:check_max_segment_size_bytes/check_filter_size): anything else is taken.
+MAX_SEGMENT_SIZE_BYTES = 3_000_000_000
+LEADER_LOCATORS = frozenset(("client-local", "balanced", "random", "least-leaders",
+                             "min-masters"))
+# arguments checked as RabbitMQ checks them, then without effect on one server (chunk filters
+# keep bloom.DEFAULT_SIZE)
+_CHECKED_ONLY: dict[str, Callable[[str], bool]] = {
+    "initial-cluster-size": lambda value: int(value) >= 1,
+    "queue-leader-locator": lambda value: value in LEADER_LOCATORS,
+    "stream-filter-size-bytes": lambda value: bloom.MIN_SIZE <= int(value) <= bloom.MAX_SIZE,
+    "x-queue-type": lambda value: True,
+}
 
 
 def stream_config_from_arguments(arguments: dict[str, str]) -> StreamConfig:
-    """Translate Create arguments to a StreamConfig: ``max-length-bytes``, ``max-age`` (e.g.
-    ``7D``, ``12h``, ``30s``; units Y M D h m s), ``stream-max-segment-size-bytes``.
-    Cluster-only arguments are ignored with a log line. Raises ``InvalidArgumentError``."""
+    """Translate Create arguments to a StreamConfig, validating them as RabbitMQ does:
+    ``max-length-bytes``; ``max-age`` (e.g. ``7D``, ``12h``, ``30s``; units Y M D h m s);
+    ``stream-max-segment-size-bytes`` up to 3,000,000,000, raised to the commit log's
+    smallest segment (MIN_SEGMENT_MAX_BYTES) when below it, as RabbitMQ takes any smaller
+    value; ``initial-cluster-size`` (at least 1), ``queue-leader-locator`` (one of
+    LEADER_LOCATORS) and ``stream-filter-size-bytes`` (16..255) are checked, then ignored
+    with a log line, as are unknown arguments. Raises ``InvalidArgumentError``."""
     kwargs = {}
     for key, value in arguments.items():
         try:
             if key == "max-length-bytes":
                 kwargs["retention_max_bytes"] = int(value)
             elif key == "stream-max-segment-size-bytes":
-                kwargs["segment_max_bytes"] = int(value)
+                size = int(value)
+                if size > MAX_SEGMENT_SIZE_BYTES:
+                    raise ValueError(value)
+                if size < MIN_SEGMENT_MAX_BYTES:
+                    log.info("Create: %s=%s raised to %d bytes, the smallest segment", key,
+                             value, MIN_SEGMENT_MAX_BYTES)
+                kwargs["segment_max_bytes"] = max(size, MIN_SEGMENT_MAX_BYTES)
             elif key == "max-age":
                 m = _AGE.match(value)
                 if not m:
                     raise ValueError(value)
                 kwargs["retention_max_age_ms"] = int(m.group(1)) * _AGE_MS[m.group(2)]
-            elif key in _IGNORED_ARGUMENTS or key == "stream-filter-size-bytes":
+            elif key in _CHECKED_ONLY:
+                if not _CHECKED_ONLY[key](value):
+                    raise ValueError(value)
                 log.info("Create: argument %s=%s has no effect on a single server", key, value)
             else:
                 log.info("Create: unknown argument %s=%s ignored", key, value)
@@ -246,6 +274,7 @@ class RabbitStreamConnection(asyncio.Protocol):
         self._writable.set()
         self._last_received = self._last_sent = time.monotonic()
         self._heartbeat_task: asyncio.Task | None = None
+        self._close_timer: asyncio.TimerHandle | None = None  # set by the client's Close
         self._pending: set[asyncio.Task] = set()
         self._staged: dict[int, _Staged] = {}
         self._flush_scheduled = False
@@ -323,8 +352,8 @@ class RabbitStreamConnection(asyncio.Protocol):
             self.fail(exc.code, exc.message)
             return
         for frame in frames:
-            if self.closing:
-                return
+            if self.closing and type(frame) is not f.Close:
+                return  # a Close is still answered (on_close)
             self._handle(frame)
         if self.transport.get_write_buffer_size() > OUTPUT_PAUSE_BYTES and not self.closing:
             self.output_paused = True  # until resume_writing: the peer reads again
@@ -355,15 +384,17 @@ class RabbitStreamConnection(asyncio.Protocol):
         self.transport.writelines((deliver_prefix(sub_id, len(chunk), committed), chunk))
         self._last_sent = time.monotonic()
 
-    def fail(self, code: int, reason: str, linger: float = 0.0) -> None:
-        """Close this connection because of the peer: a Close frame with ``code``, then
-        the socket (after what is buffered is sent; ``linger`` s later when given)."""
+    def fail(self, code: int, reason: str, linger: float = 0.0, send_close: bool = True) -> None:
+        """Close this connection because of the peer: a Close frame with ``code`` (none
+        when not ``send_close``), then the socket (after what is buffered is sent;
+        ``linger`` s later when given)."""
         if self.closing:
             return
         log.warning("closing connection from %s: %s (code 0x%02x)", self.peer, reason, code)
         if code != OK:
             count_error(RABBITMQ_STREAM, code)
-        self.send(f.Close(0, code, reason[:200]))
+        if send_close:
+            self.send(f.Close(0, code, reason[:200]))
         self.closing = True
         if self.transport is not None:
             if linger:
@@ -429,12 +460,16 @@ class RabbitStreamConnection(asyncio.Protocol):
         mechanisms = ("PLAIN", "EXTERNAL") if self._peer_certificate() else ("PLAIN",)
         self.send(f.SaslHandshakeResponse(frame.correlation_id, OK, mechanisms))
 
-    def _refuse_login(self, correlation_id: int, code: int, reason: str) -> None:
-        """Answer SaslAuthenticate with ``code`` and close a little later: a client that
-        reads its last frames and the end of the stream together (rstream over TLS drops
-        them) sees the refusal, and password guessing slows down."""
-        self.send(f.SaslAuthenticateResponse(correlation_id, code))
-        self.fail(code, reason, linger=LOGIN_REFUSED_LINGER_S)
+    def _refuse(self, response: f.SaslAuthenticateResponse | f.OpenResponse, reason: str) -> None:
+        """Answer SaslAuthenticate or Open with ``response`` (an error code) and close the
+        socket a little later, without a Close frame: RabbitMQ's reader stops the connection
+        there and sends nothing more (rabbit_stream_reader, handle_frame_pre_auth: steps
+        ``failure``/``silent_close``), and a client that reads a Close there fails (the Node
+        client cannot decode one). The delay lets a client that reads its last frames and the
+        end of the stream together (rstream over TLS drops them) see the refusal, and slows
+        password guessing down."""
+        self.send(response)
+        self.fail(response.response_code, reason, linger=LOGIN_REFUSED_LINGER_S, send_close=False)
 
     def on_sasl_authenticate(self, frame: f.SaslAuthenticate) -> None:
         """PLAIN (NUL user NUL password, checked against the bcrypt hashes) or, on a TLS
@@ -448,14 +483,15 @@ class RabbitStreamConnection(asyncio.Protocol):
         if certificate:
             user = self.guard.certificate_user(certificate)
             if user is None:
-                self._refuse_login(corr, ResponseCode.AUTHENTICATION_FAILURE,
-                                   "no configured user for the client certificate")
+                self._refuse(f.SaslAuthenticateResponse(corr, ResponseCode.AUTHENTICATION_FAILURE),
+                             "no configured user for the client certificate")
             else:
                 self._logged_in(corr, user, None)
         elif frame.mechanism == "PLAIN":
             parts = (frame.data or b"").split(b"\0")
             if len(parts) != 3:
-                self._refuse_login(corr, ResponseCode.SASL_ERROR, "malformed PLAIN response")
+                self._refuse(f.SaslAuthenticateResponse(corr, ResponseCode.SASL_ERROR),
+                             "malformed PLAIN response")
                 return
             user, password = parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
             self.transport.pause_reading()
@@ -472,11 +508,12 @@ class RabbitStreamConnection(asyncio.Protocol):
             return
         self.transport.resume_reading()
         if refused == "password":
-            self._refuse_login(corr, ResponseCode.AUTHENTICATION_FAILURE,
-                               f"authentication failed for {user!r}")
+            self._refuse(f.SaslAuthenticateResponse(corr, ResponseCode.AUTHENTICATION_FAILURE),
+                         f"authentication failed for {user!r}")
         elif refused == "loopback":
-            self._refuse_login(corr, ResponseCode.SASL_AUTHENTICATION_FAILURE_LOOPBACK,
-                               f"user {user!r} may only connect from loopback")
+            self._refuse(f.SaslAuthenticateResponse(
+                corr, ResponseCode.SASL_AUTHENTICATION_FAILURE_LOOPBACK),
+                f"user {user!r} may only connect from loopback")
         else:
             self.user = user
             self.authenticated = True
@@ -495,10 +532,9 @@ class RabbitStreamConnection(asyncio.Protocol):
             self.fail(ResponseCode.ACCESS_REFUSED, "Open before authentication")
             return
         if frame.virtual_host not in ("/", ""):
-            self.send(f.OpenResponse(frame.correlation_id,
-                                     ResponseCode.VIRTUAL_HOST_ACCESS_FAILURE))
-            self.fail(ResponseCode.VIRTUAL_HOST_ACCESS_FAILURE,
-                      f"no virtual host {frame.virtual_host!r}")
+            self._refuse(f.OpenResponse(frame.correlation_id,
+                                        ResponseCode.VIRTUAL_HOST_ACCESS_FAILURE),
+                         f"no virtual host {frame.virtual_host!r}")
             return
         self.opened = True
         self.decoder.max_frame_size = self.frame_max
@@ -519,10 +555,16 @@ class RabbitStreamConnection(asyncio.Protocol):
         pass  # receiving it already refreshed _last_received
 
     def on_close(self, frame: f.Close) -> None:
+        """CloseResponse; the socket closes when the client hangs up, at the latest
+        CLOSE_LINGER_S after its first Close. Meanwhile other frames are ignored but a Close
+        sent behind the first one is answered too: RabbitMQ 3.10 answers every Close of the
+        read it closes in, and the Node client sends a second Close when a consumer closes
+        during client.close() and waits for both answers (its two writes may arrive apart)."""
         self.send(f.CloseResponse(frame.correlation_id, OK))
         self.closing = True
-        if self.transport is not None:
-            self.transport.close()
+        if self._close_timer is None:
+            self._close_timer = asyncio.get_running_loop().call_later(CLOSE_LINGER_S,
+                                                                      self.transport.close)
 
     def on_close_response(self, frame: f.CloseResponse) -> None:
         if self.transport is not None:

@@ -27,9 +27,10 @@ __all__ = ["arrow_schema", "chunks_to_batch"]
 
 _U32 = struct.Struct(">I")
 _MA_OPEN = b"\x00\x53\x72\xc1"  # message-annotations section holding a map8
-_MA_TS = b"\xa3\x12" + ANNOTATION_TIMESTAMP_NS.encode() + b"\x81"  # 21 bytes, then an i64
-_MA_KEY = b"\xa3\x09" + ANNOTATION_KEY.encode()  # 11 bytes, then vbin8/vbin32
-_HEAD = _MA_OPEN + b"\0\0" + _MA_TS  # bytes 4 and 5 (map size and count) vary
+# 21 bytes: the name, then the constructor (ulong 0x80, or long 0x81), then 8 bytes
+_MA_TS = b"\xa3\x12" + ANNOTATION_TIMESTAMP_NS.encode() + b"\x80"
+_MA_KEY = b"\xa3\x09" + ANNOTATION_KEY.encode()  # 11 bytes, then str8/32 or vbin8/32
+_HEAD = _MA_OPEN + b"\0\0" + _MA_TS  # bytes 4 and 5 (map size and count) vary, and byte 26
 _TS_AT = len(_HEAD)  # 27: the i64 timestamp
 _KEY_AT = _TS_AT + 8  # 35: the key annotation, when there is one
 _MIN_OWN = _KEY_AT + 5  # smallest record in our layout: annotations + empty data section
@@ -42,11 +43,13 @@ def _word(data: bytes, at: int) -> int:
 
 
 # The 27-byte head checked as four little-endian u64 words at +0 (size/count masked), +8,
-# +16 and +19; the key annotation as a word at +0 and the big-endian word at +8 that also
-# holds the key's constructor and length.
+# +16 and +19 (the timestamp's constructor, byte 26, masked and checked apart); the key
+# annotation as a word at +0 and the big-endian word at +8 that also holds the key's
+# constructor and length.
 _HEAD_MASK0 = 0xFFFF_0000_FFFF_FFFF
+_HEAD_MASK19 = 0x00FF_FFFF_FFFF_FFFF
 _HEAD_WORDS = ((0, _word(_HEAD, 0) & _HEAD_MASK0), (8, _word(_HEAD, 8)), (16, _word(_HEAD, 16)),
-               (19, _word(_HEAD, 19)))
+               (19, _word(_HEAD, 19) & _HEAD_MASK19))
 _KEY_WORDS = ((0, _word(_MA_KEY, 0)),)
 _KEY_TAIL = int.from_bytes(_MA_KEY[8:], "big")  # "key": bytes 8-10, then the constructor
 
@@ -203,14 +206,20 @@ def _fast_fields(v: _Views, loc: _Located) -> _Fields | None:
     w0 = le8[s]
     if not np.all((w0 & _HEAD_MASK0) == _HEAD_WORDS[0][1]):
         return None
-    for at, word in _HEAD_WORDS[1:]:
+    for at, word in _HEAD_WORDS[1:3]:
         if not np.all(le8[s + at] == word):
             return None
+    w19 = le8[s + 19]
+    if not np.all((w19 & _HEAD_MASK19) == _HEAD_WORDS[3][1]):
+        return None
     end = s + n
     ma_end = s + 5 + ((w0 >> 32) & 0xFF).astype(np.int64)
     count = (w0 >> 40) & 0xFF
     f = _Fields()
     f.ts_ns = v.be8[s + _TS_AT].astype(np.int64)
+    ts_code = w19 >> 56  # ulong (riverlog writes it unless negative) or long
+    if not np.all((ts_code == 0x81) | ((ts_code == 0x80) & (f.ts_ns >= 0))):
+        return None
     has_key = count == 4
     if not np.all(has_key | (count == 2)):
         return None  # an ack inbox annotation, or something else
@@ -223,12 +232,15 @@ def _fast_fields(v: _Views, loc: _Located) -> _Fields | None:
             return None
         w = v.be8u[ks + 8]  # "key", constructor, length
         code = (w >> 32) & 0xFF
-        small = code == 0xA0
-        if not np.all(((w >> 40) == _KEY_TAIL) & (small | (code == 0xB0))):
+        small = (code & 0x10) == 0
+        if not np.all(((w >> 40) == _KEY_TAIL) & ((code & 0xEE) == 0xA0)):  # vbin or str
             return None
         klen = _length(w, small)
         kstart = ks + 11 + np.where(small, 2, 5)
         if not np.array_equal(kstart + klen, ma_end[has_key]):
+            return None
+        text = (code & 1) == 1
+        if text.any() and not _utf8(v, kstart[text], klen[text]):
             return None
         f.key_start[has_key] = kstart
         f.key_len[has_key] = klen
@@ -301,10 +313,20 @@ def _slices(buf: pa.Buffer, starts: np.ndarray, lens: np.ndarray, valid: np.ndar
     return taken.cast(typ) if taken.type != typ else taken
 
 
+def _utf8(v: _Views, starts: np.ndarray, lens: np.ndarray) -> bool:
+    """Whether the (ascending, disjoint) slices of the buffer are all UTF-8: a string there
+    is then the bytes decode_record gives (it replaces invalid sequences)."""
+    try:
+        _slices(pa.py_buffer(v.raw), starts, lens, None, pa.string())
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
 def _headers(v: _Views, buf: pa.Buffer, f: _Fields, n: int,
              map_type: pa.MapType) -> pa.Array | None:
     """The headers column (null where a record has none) from application-properties maps
-    of str -> binary pairs; None when one holds anything else."""
+    of str -> str or binary pairs; None when one holds anything else."""
     has = f.has_hdr
     if not has.any():
         return pa.nulls(n, map_type)
@@ -322,6 +344,7 @@ def _headers(v: _Views, buf: pa.Buffer, f: _Fields, n: int,
     np.cumsum(counts, out=offsets[1:])
     total = int(offsets[-1])
     parts = {name: np.empty(total, dtype=np.int64) for name in ("ks", "kl", "vs", "vl")}
+    text = np.zeros(total, dtype=bool)  # values that are strings
     # step j reads the j-th pair of every record with more than j (sorted: a prefix)
     order = np.argsort(-pairs, kind="stable")
     pos = (hp + np.where(small, 3, 9))[order]
@@ -333,12 +356,14 @@ def _headers(v: _Views, buf: pa.Buffer, f: _Fields, n: int,
             active -= 1
         p = pos[:active]
         slot = base[:active] + j
-        for st, ln, small_code, big_code in (("ks", "kl", 0xA1, 0xB1), ("vs", "vl", 0xA0, 0xB0)):
+        for st, ln, mask in (("ks", "kl", 0xEF), ("vs", "vl", 0xEE)):
             w = v.be8u[p - 3]  # bytes p-3..p+4: the constructor is byte 3
             code = (w >> 32) & 0xFF
-            sm = code == small_code
-            if not np.all(sm | (code == big_code)):
+            if not np.all((code & mask) == (mask & 0xA1)):  # key: str; value: str or vbin
                 return None
+            if st == "vs":
+                text[slot] = (code & 1) == 1
+            sm = (code & 0x10) == 0
             length = _length(w, sm)
             start = p + np.where(sm, 2, 5)
             parts[st][slot] = start
@@ -348,6 +373,8 @@ def _headers(v: _Views, buf: pa.Buffer, f: _Fields, n: int,
     try:  # the cast to string checks UTF-8, as Spark strings must be
         keys = _slices(buf, parts["ks"], parts["kl"], None, pa.string())
     except pa.ArrowInvalid:
+        return None
+    if text.any() and not _utf8(v, parts["vs"][text], parts["vl"][text]):
         return None
     values = _slices(buf, parts["vs"], parts["vl"], None, pa.binary())
     return pa.MapArray.from_arrays(pa.array(offsets.astype(np.int32)), keys, values,

@@ -7,7 +7,7 @@ import pytest
 
 from riverlog.broker import Broker, StreamConfig
 from riverlog.broker.tracking import decode_writer_trailer, encode_writer_trailer
-from riverlog.config import LogConfig
+from riverlog.config import MIN_SEGMENT_MAX_BYTES, LogConfig
 from riverlog.errors import (InvalidArgumentError, LogClosedError, StreamExistsError,
                              StreamNotFoundError)
 from riverlog.log.chunk import encode_entries
@@ -191,4 +191,7 @@ def test_create_arguments():
         stream_config_from_arguments({"max-age": "forever"})
     with pytest.raises(InvalidArgumentError):
         stream_config_from_arguments({"max-length-bytes": "lots"})
+    # below the log's smallest segment: raised to it, as RabbitMQ takes any size up to 3 GB
+    tiny = stream_config_from_arguments({"stream-max-segment-size-bytes": "1000"})
+    assert tiny.segment_max_bytes == MIN_SEGMENT_MAX_BYTES
     assert dataclasses.asdict(stream_config_from_arguments({})) == dataclasses.asdict(StreamConfig())

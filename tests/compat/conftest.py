@@ -18,3 +18,4 @@ async def stream(stream_server):
     if stream_server.alive():
         async with Producer(stream_server.host, stream_server.port, **GUEST) as p:
             await p.delete_stream(name, missing_ok=True)
+

@@ -27,7 +27,7 @@ from ._raw import Chunk, Closed, RawPeer
 
 pytestmark = pytest.mark.timeout(120)
 
-UNKNOWN_FRAME, FRAME_TOO_LARGE, ACCESS_REFUSED, AUTH_FAILURE = 0x0D, 0x0E, 0x10, 0x08
+UNKNOWN_FRAME, FRAME_TOO_LARGE, ACCESS_REFUSED = 0x0D, 0x0E, 0x10
 
 
 def frame(key: int, version: int, body: bytes) -> bytes:
@@ -156,11 +156,23 @@ async def test_truncated_frame_then_close_after_open(stream_server, stream_with_
 
 
 async def test_wrong_password_is_refused(stream_server, stream_with_data):
+    """SaslAuthenticateResponse 0x08, then the socket closes without a Close frame, as
+    RabbitMQ's reader does (a client decoding a server Close there may fail)."""
     name, data = stream_with_data
     peer = await RawPeer.connect(stream_server.host, stream_server.port)
     with pytest.raises(PermissionError, match="0x08"):
         await peer.handshake("guest", "not-the-password")
-    await assert_closed(peer, {AUTH_FAILURE})
+    await assert_closed(peer, set())
+    await still_serves(stream_server, name, data)
+
+
+async def test_unknown_virtual_host_is_refused(stream_server, stream_with_data):
+    """OpenResponse 0x0c, then the socket closes without a Close frame (RabbitMQ)."""
+    name, data = stream_with_data
+    peer = await RawPeer.connect(stream_server.host, stream_server.port)
+    with pytest.raises(AssertionError, match="response_code=12"):
+        await peer.handshake("guest", "guest", vhost="no-such-vhost")
+    await assert_closed(peer, set())
     await still_serves(stream_server, name, data)
 
 

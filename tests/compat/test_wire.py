@@ -13,7 +13,7 @@ import time
 import pytest
 
 from riverlog.protocol.rabbitmq_stream import frames as f
-from riverlog.protocol.rabbitmq_stream import simple_entry
+from riverlog.protocol.rabbitmq_stream import encode, simple_entry
 
 from ._helpers import stream_name
 from ._raw import Chunk, RawPeer
@@ -252,6 +252,45 @@ async def test_heartbeats_when_idle(stream_server):
         p.send(f.Heartbeat())  # stay alive
     assert beats >= 2
     p.close()
+
+
+@pytest.mark.parametrize("arguments, code", [
+    ({"stream-max-segment-size-bytes": "1"}, OK),
+    ({"stream-max-segment-size-bytes": "1000"}, OK),
+    ({"stream-max-segment-size-bytes": "3000000000"}, OK),
+    ({"stream-max-segment-size-bytes": "3000000001"}, PRECONDITION),
+    ({"stream-filter-size-bytes": "16"}, OK),
+    ({"stream-filter-size-bytes": "255"}, OK),
+    # RabbitMQ checks the filter size from 3.13 on (filtering came then)
+    pytest.param({"stream-filter-size-bytes": "15"}, PRECONDITION,
+                 marks=pytest.mark.riverlog_only),
+    pytest.param({"stream-filter-size-bytes": "256"}, PRECONDITION,
+                 marks=pytest.mark.riverlog_only),
+    ({"initial-cluster-size": "3"}, OK),
+    ({"initial-cluster-size": "0"}, PRECONDITION),
+    ({"queue-leader-locator": "client-local"}, OK),
+    ({"queue-leader-locator": "least-leaders"}, OK),
+    ({"queue-leader-locator": "nearest"}, PRECONDITION),
+    ({"an-argument-nobody-knows": "x"}, OK),
+])
+async def test_create_arguments_are_checked_as_rabbitmq_does(peer, arguments, code):
+    """What RabbitMQ takes is taken, what it refuses is refused with 0x11
+    (rabbit_stream_manager:validate_stream_queue_arguments, rabbit_stream_queue:declare)."""
+    name = stream_name("args")
+    assert await peer.create(name, arguments) == code
+    if code == OK:
+        assert await peer.delete(name) == OK
+
+
+async def test_pipelined_close_frames_are_each_answered(peer):
+    """Two Close frames in one write (the Node client closing a consumer and the client at
+    once): a CloseResponse for each, then the socket closes. RabbitMQ 3.10 answers both."""
+    peer.send_bytes(encode(f.Close(7, OK, "consumer closed")) + encode(f.Close(8, OK, "bye")))
+    await peer.drain()
+    frames = await peer.wait_closed()
+    assert [(type(x), x.correlation_id, x.response_code) for x in frames
+            if not isinstance(x, f.Heartbeat)] == [(f.CloseResponse, 7, OK),
+                                                   (f.CloseResponse, 8, OK)]
 
 
 # -- riverlog-only: commands RabbitMQ 3.10 does not have --------------------------------------

@@ -97,7 +97,7 @@ async def test_wrong_password_is_refused_with_the_draft_code(app):
     client = await DraftClient.connect("127.0.0.1", app.rabbitmq_stream.port)
     assert await client.handshake(password="nope") == AUTHENTICATION_FAILURE
     await client.wait_closed()
-    assert client.closed_with[0] == AUTHENTICATION_FAILURE
+    assert client.closed_with is None  # the socket closes without a Close frame
 
 
 async def test_create_publish_subscribe_commit_query_delete(app):

@@ -102,8 +102,7 @@ async def test_wrong_password_is_refused_and_closed(app):
     client = await RawClient.connect(app.rabbitmq_stream.port)
     assert await client.handshake(password="nope") == ResponseCode.AUTHENTICATION_FAILURE
     assert await client.closed()
-    close = [fr for fr in client.frames if isinstance(fr, f.Close)]
-    assert close and close[0].code == ResponseCode.AUTHENTICATION_FAILURE
+    assert not [fr for fr in client.frames if isinstance(fr, f.Close)]  # as RabbitMQ: none
 
 
 def test_guest_is_loopback_only():

@@ -22,12 +22,14 @@ def make_record(rnd: random.Random, i: int, variety: int) -> bytes:
     """variety 0: value + timestamp; 1: + keys (None, empty, short); 2: + headers; 3: + NATS
     properties; from 4 on, layouts the vectorized path leaves to decode_record: 4: + keys
     over 255 bytes (a map32 of annotations); 5: + ack inbox; 6: + raw non-AMQP bytes."""
-    keys = [None, b"", b"k%d" % i] + ([b"K" * 300] if variety >= 4 else [])
+    # keys and header values: ASCII and other UTF-8 (stored as strings) and not UTF-8 (binary)
+    keys = [None, b"", b"k%d" % i, "ключ".encode(), b"\xff\xfe"] + (
+        [b"K" * 300] if variety >= 4 else [])
     key = rnd.choice(keys) if variety >= 1 else None
     headers = {}
     if variety >= 2 and rnd.random() < 0.5:
-        headers = {f"h{j}": rnd.choice([b"", b"x" * rnd.randint(0, 300)])
-                   for j in range(rnd.randint(0, 4))}
+        headers = {f"h{j}": rnd.choice([b"", b"x" * rnd.randint(0, 300), "värde".encode(),
+                                        b"\x80\x81"]) for j in range(rnd.randint(0, 4))}
     props = {}
     if variety >= 3 and rnd.random() < 0.3:
         props = {"subject": "sub", "reply": rnd.choice([None, "r"]),
@@ -84,6 +86,34 @@ def test_same_as_decode_record(variety, n_chunks, per, monkeypatch):
         batch = arrow.chunks_to_batch([c for _, c in chunks], "s", 3, start, end, SCHEMA)
         assert batch.schema.equals(SCHEMA)
         assert rows(batch) == expected(chunks, start, end)
+
+
+def test_timestamps_written_as_long_take_the_vectorized_path(monkeypatch):
+    # before the timestamp became a ulong riverlog wrote a long (0x81) for every record: such
+    # records stay on disk and must be read as fast, and the same
+    recs = [bytearray(encode_record(Record(value=b"v%d" % i, key=b"k", headers={"h": b"\xff"},
+                                           timestamp_ns=10**18 + i))) for i in range(30)]
+    for r in recs:
+        assert r[26] == 0x80
+        r[26] = 0x81
+    recs = [bytes(r) for r in recs]
+    chunk = Chunk(encode_chunk(encode_entries(recs), 30, 30, first_offset=0, timestamp_ms=1))
+    monkeypatch.setattr(arrow, "_slow_batch", None)
+    batch = arrow.chunks_to_batch([chunk], "s", 3, 0, 30, SCHEMA)
+    assert rows(batch) == expected([(recs, chunk)], 0, 30)
+
+
+@pytest.mark.parametrize("field", ["key", "header"])
+def test_strings_that_are_not_utf8_read_as_decode_record_reads_them(field):
+    # riverlog writes binary for bytes that are not UTF-8; another writer's str8 holding such
+    # bytes reads as decode_record gives it (invalid sequences replaced)
+    record = Record(value=b"v", key=b"\x80\x81" if field == "key" else None,
+                    headers={"h": b"\x80\x81"} if field == "header" else {}, timestamp_ns=1)
+    data = encode_record(record).replace(b"\xa0\x02\x80\x81", b"\xa1\x02\x80\x81")
+    assert decode_record(data) != record  # now a string: read with replacement characters
+    chunk = Chunk(encode_chunk(encode_entries([data]), 1, 1, first_offset=0, timestamp_ms=1))
+    batch = arrow.chunks_to_batch([chunk], "s", 3, 0, 1, SCHEMA)
+    assert rows(batch) == expected([([data], chunk)], 0, 1)
 
 
 def test_value_that_looks_like_a_record_start():
