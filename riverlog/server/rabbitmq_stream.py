@@ -39,11 +39,12 @@ log = logging.getLogger("riverlog.rabbitmq_stream")
 OK = ResponseCode.OK
 READ_BYTES = 1024 * 1024
 # At most this much goes into one chunk: a chunk built from several Publish frames stays below
-# what a client with the default frame_max (1 MiB) can receive in one Deliver, and holds at
-# most as many entries as one of RabbitMQ's (osiris_writer writes one gen_batch_server batch
-# per chunk, at most 8,192 messages), so `last` replays a short slice (benchmarks/README.md).
+# what a client with the default frame_max (1 MiB) can receive in one Deliver, and holds no
+# more entries than one of RabbitMQ's (osiris_writer writes one gen_batch_server batch per
+# chunk, at most 8,192 messages), so `last` replays a short slice. 4,096 was measured the
+# cheapest per published message among 2,048..16,384 (benchmarks/README.md).
 CHUNK_MAX_BYTES = 1024 * 1024 - 64 * 1024
-CHUNK_MAX_ENTRIES = 8192
+CHUNK_MAX_ENTRIES = 4096
 # A peer that sends requests but does not read the answers is not read either once this much
 # output waits for it (benchmarks/load_bench.py, "deaf" client: unbounded before).
 OUTPUT_PAUSE_BYTES = 4 * 1024 * 1024
