@@ -21,6 +21,7 @@ from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, Producer
 
 from riverlog.protocol.rabbitmq_stream import FrameError, encode, simple_entry
 from riverlog.protocol.rabbitmq_stream import frames as f
+from riverlog.server.rabbitmq_stream import PUBLISH_FRAME_MAX
 
 from ._helpers import GUEST, Collector, stream_name
 from ._raw import Chunk, Closed, RawPeer
@@ -172,7 +173,7 @@ async def test_oversized_frame_after_open_is_refused(stream_server, stream_with_
     waits for the body; a Publish between frame_max and the bound is taken (as RabbitMQ 3.10
     does: test_rstream.py, test_a_publish_frame_above_frame_max_is_stored)."""
     name, data = stream_with_data
-    for size, key in ((None, 0x000D), (16 * 1024 * 1024 + 1, 0x0002)):  # Create, Publish
+    for size, key in ((None, 0x000D), (PUBLISH_FRAME_MAX + 1, 0x0002)):  # Create, Publish
         peer = await open_peer(stream_server, handshake=True)
         assert peer.tune.frame_max > 0
         peer.send_bytes(struct.pack(">IHH", size or peer.tune.frame_max + 1, key, 1) + b"\0" * 64)

@@ -42,7 +42,7 @@ from ._wire import (
     optional,
     record,
 )
-from .constants import DEFAULT_FRAME_MAX, RESPONSE_FLAG, ResponseCode
+from .constants import DEFAULT_FRAME_MAX, RESPONSE_FLAG, Command, ResponseCode
 from .errors import FrameError, malformed
 
 __all__ = [
@@ -296,7 +296,7 @@ class Dialect:
         return cls(name, readers, writers, keys, frozenset(publish_keys))
 
 
-CURRENT = Dialect.from_rows("current", _CURRENT_ROWS, publish_keys=(0x0002,))
+CURRENT = Dialect.from_rows("current", _CURRENT_ROWS, publish_keys=(Command.Publish,))
 """The protocol spoken by RabbitMQ >= 3.9 and every maintained client."""
 
 
