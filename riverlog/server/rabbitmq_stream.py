@@ -781,10 +781,11 @@ class RabbitStreamConnection(asyncio.Protocol):
         """Send a PublishConfirm per publisher (``confirms``: publisher id -> publishing ids);
         ``received`` (time.monotonic()) is when the first Publish frame of these ids came."""
         n = 0
+        latency = time.monotonic() - received
         for publisher_id, ids in confirms.items():
             self.send(f.PublishConfirm(publisher_id, tuple(ids)))
+            CONFIRM_RABBITMQ.observe(latency)  # one per frame (docs/operations.md)
             n += len(ids)
-        CONFIRM_RABBITMQ.observe(time.monotonic() - received)
         self._unconfirmed_done(n)
 
     def _fail_confirms(self, confirms: dict[int, list[int]], code: int) -> None:
