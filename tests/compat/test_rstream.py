@@ -713,7 +713,7 @@ async def test_interleaved_publishers_on_one_connection_keep_arrival_order(strea
 
 async def test_a_publish_frame_above_frame_max_is_stored(stream_server, stream):
     """rstream's send_batch sends its whole batch as one Publish frame: 100,000 messages make
-    one of ~2.6 MB, over the 1 MiB frame_max both servers propose. RabbitMQ takes it."""
+    one of ~3.3 MB, over the 1 MiB frame_max both servers propose. RabbitMQ takes it."""
     messages = [b"over-frame-max-%06d" % i for i in range(100_000)]
     async with producer(stream_server) as p:
         assert (await p.default_client).frame_max <= 1024 * 1024
@@ -725,7 +725,7 @@ async def test_a_publish_frame_above_frame_max_is_stored(stream_server, stream):
 
 
 async def test_one_frame_of_more_than_65535_messages_becomes_several_chunks(stream_server, stream):
-    """70,000 empty messages fit one 1 MiB frame (13 bytes each); a chunk holds at most
+    """70,000 empty messages fit one 1 MiB frame (12 bytes each); a chunk holds at most
     65,535 entries. Every message is confirmed and stored, in chunks of at most 8,192
     entries as on RabbitMQ, so a consumer starting at `last` replays only the newest ones."""
     n = 70_000
