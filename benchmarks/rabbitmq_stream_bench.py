@@ -6,9 +6,14 @@ RabbitMQ's 50,000 back-pressure mark); the figure is messages/s from the first w
 last PublishConfirm. Consume: subscriptions from `first` on the stream just written, one
 after the other (a new connection each) for at least --min-seconds, with --credit chunks
 granted up front and one more per Deliver (as rstream does); records are counted from each
-chunk header, nothing is decoded. Chunk sizes differ: RabbitMQ merges publish frames that
-queue up into one chunk, riverlog writes one chunk per Publish frame; msgs/chunk is printed.
-The generator reports its own CPU use, so it can be seen not to be the bottleneck.
+chunk header, nothing is decoded. Both servers merge the Publish frames that queue up into
+one chunk (RabbitMQ: one gen_batch_server batch, growing from 32 to at most 8,192 messages
+while frames keep coming; riverlog: the frames of one event-loop turn, at most 4,096 messages
+and ~960 KiB);
+msgs/chunk is printed.
+The generator reports its own CPU use, so it can be seen not to be the bottleneck, and the
+server's CPU time per message (from /proc: riverlog's process, RabbitMQ's beam.smp found by
+its listening port), a cost that other load on the machine moves much less than the rates.
 
 Filtered consumer (riverlog only: RabbitMQ 3.10 has no filtering): a stream of
 --filter-chunks chunks of --filter-per-chunk messages, published with Publish v2, one chunk
@@ -256,19 +261,26 @@ async def with_admin(port: int, fn):
 
 
 async def run_case(port: int, total: int, batch: int, size: int, window: int, credit: int,
-                   min_seconds: float) -> dict:
+                   min_seconds: float, server_cpu) -> dict:
+    """One stream published then consumed; rates, the generator's CPU share, records per
+    chunk, and the server's CPU nanoseconds per message (``server_cpu()``: its process CPU
+    seconds so far), which a busy machine moves much less than the rates."""
     stream = f"bench-{uuid.uuid4().hex[:8]}"
     frames = publish_frames(total, batch, size)
     r = await with_admin(port, lambda c: c.request(f.Create(c.next_corr(), stream, {})))
     assert r.response_code == 1, r
     try:
+        cpu0, t0 = server_cpu(), time.perf_counter()
         pub, pub_cpu = await measure_publish(port, stream, frames, batch, window)
+        cpu1, t1 = server_cpu(), time.perf_counter()
         del frames
         con, con_cpu, per_chunk = await measure_consume(port, stream, total, credit, min_seconds)
+        cpu2, t2 = server_cpu(), time.perf_counter()
     finally:
         await with_admin(port, lambda c: c.request(f.Delete(c.next_corr(), stream)))
     return {"publish": pub, "consume": con, "publish_cpu": pub_cpu, "consume_cpu": con_cpu,
-            "per_chunk": per_chunk}
+            "per_chunk": per_chunk, "publish_ns": 1e9 * (cpu1 - cpu0) / (pub * (t1 - t0)),
+            "consume_ns": 1e9 * (cpu2 - cpu1) / (con * (t2 - t1))}
 
 
 async def publish_filtered(port: int, stream: str, chunks: int, per_chunk: int, size: int,
@@ -326,6 +338,19 @@ async def run_filtered(port: int, args) -> dict:
 # -- servers ------------------------------------------------------------------------------------
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def listener_pid(port: int) -> int:
+    """The process listening on ``port`` (from ``ss``)."""
+    out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True).stdout
+    return int(out.split("pid=", 1)[1].split(",", 1)[0])
+
+
 def listening(port: int) -> bool:
     try:
         socket.create_connection((HOST, port), timeout=1).close()
@@ -358,6 +383,9 @@ class Riverlog:
         self.describe = f"riverlog on {HOST}:{self.port} ({' '.join(self.extra) or 'default flags'})"
         return self
 
+    def cpu_seconds(self) -> float:
+        return process_cpu_seconds(self.proc.pid)
+
     def __exit__(self, *exc) -> None:
         self.proc.send_signal(signal.SIGTERM)
         try:
@@ -383,7 +411,11 @@ class RabbitMQ:
         version = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "rabbitmq-server"],
                                  capture_output=True, text=True).stdout or "?"
         self.describe = f"RabbitMQ {version} on {HOST}:{self.port}" + (" (started here)" if self.started else "")
+        self.pid = listener_pid(self.port)  # beam.smp
         return self
+
+    def cpu_seconds(self) -> float:
+        return process_cpu_seconds(self.pid)
 
     def __exit__(self, *exc) -> None:
         if self.started:
@@ -423,13 +455,14 @@ async def bench(server, args) -> dict:
         return results
     for batch in args.batch:
         runs = [await run_case(server.port, args.messages, batch, args.size, args.window, args.credit,
-                               args.min_seconds) for _ in range(args.repeat)]
+                               args.min_seconds, server.cpu_seconds) for _ in range(args.repeat)]
         results[batch] = {k: summarize(runs, k) for k in ("publish", "consume")}
         for k in ("publish", "consume"):
             r = results[batch][k]
             print(f"  {server.name:9} {k:8} batch {batch:5}: {r.median:12,.0f} msg/s median "
                   f"({r.best:,.0f} best, {r.median * args.size / 1e6:6.1f} MB/s), "
-                  f"generator CPU {r.cpu:4.0%}"
+                  f"generator CPU {r.cpu:4.0%}, server {statistics.median(x[k + '_ns'] for x in runs):,.0f}"
+                  f" CPU ns/msg"
                   + (f", {statistics.median(x['per_chunk'] for x in runs):,.0f} msgs/chunk" if k == "consume" else ""),
                   flush=True)
     return results

@@ -4,13 +4,13 @@
 # (fsync) are awaited separately via ``flush``; nothing here knows any wire format.
 from __future__ import annotations
 
-from typing import Callable, Collection, Iterable, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 from ..config import LogConfig
 from ..log import ChunkSlice, CommitLog
 from ..log.bloom import build_bloom
 from ..log.chunk import encode_entries
-from .tracking import ConsumerOffsets, PublisherSequences
+from .tracking import ConsumerOffsets, PublisherSequences, encode_writer_trailer
 
 
 def entry_records(entry: bytes) -> int:
@@ -40,15 +40,20 @@ class Partition:
 
     # -- writing ------------------------------------------------------------------------
     def new_entries(self, reference: str | None, entries: Sequence[tuple[int, bytes]],
-                    last: int | None = None) -> list[tuple[int, bytes]]:
-        """The entries of a publish to store: with a named publisher, those whose publishing
-        id is above the highest stored one (or ``last``, for a caller holding entries not
-        written yet), and above earlier ids in the same batch; all of them without a
-        reference. The others are duplicates: confirm them, store nothing."""
+                    held: Mapping[str, int] | None = None) -> list[tuple[int, bytes]]:
+        """The entries of a publish to store, in order: all of them without a reference; with
+        a named publisher, those whose publishing id is above its highest one so far and
+        above earlier ids in ``entries``. "So far" is ``held[reference]`` when the caller
+        holds entries of it not written yet (``held``: reference -> highest id held), else
+        the highest stored id; with neither, every id is new, 0 included (as osiris). The
+        others are duplicates: confirm them, store nothing."""
         if not reference:
             return list(entries)
+        last = held.get(reference) if held else None
         if last is None:
             last = self.publishers.get(reference)
+        if last is None:
+            last = -1
         out = []
         for publishing_id, entry in entries:
             if publishing_id > last:
@@ -56,21 +61,24 @@ class Partition:
                 last = publishing_id
         return out
 
-    def write_entries(self, entries: Iterable[bytes], *, reference: str | None = None,
-                      sequence: int = 0, timestamp_ms: int | None = None,
+    def write_entries(self, entries: Sequence[bytes], *,
+                      writers: Mapping[str, int] | None = None,
+                      timestamp_ms: int | None = None,
                       filter_values: Collection[str | None] = ()) -> range:
         """Write encoded entries (simple or sub-batch, kept as given) as one chunk, now.
-        With ``reference``, the chunk also records ``sequence`` as that publisher's highest
-        publishing id. ``filter_values`` are the entries' filter values (None for an entry
-        without one; a superset is fine): the chunk's bloom filter is built from them.
-        Returns the offsets; await ``flush`` when ``needs_flush``."""
-        entries = list(entries)
+        ``writers`` (reference -> highest publishing id among these entries) are recorded
+        with the chunk as those publishers' sequences. ``filter_values`` are the entries'
+        filter values (None for an entry without one; a superset is fine): the chunk's bloom
+        filter is built from them. Returns the offsets; await ``flush`` when ``needs_flush``."""
         records = sum(entry_records(e) for e in entries)
         bloom = build_bloom(filter_values) if filter_values else b""
-        trailer = self.publishers.record(reference, sequence) if reference else b""
-        return self.log.write_entries(b"".join(entries), len(entries), records,
-                                      timestamp_ms=timestamp_ms, trailer=bloom + trailer,
-                                      bloom_size=len(bloom))
+        trailer = encode_writer_trailer(writers.items()) if writers else b""
+        offsets = self.log.write_entries(b"".join(entries), len(entries), records,
+                                         timestamp_ms=timestamp_ms, trailer=bloom + trailer,
+                                         bloom_size=len(bloom))
+        if writers:  # only once written: a failed write must not make its ids duplicates
+            self.publishers.record(writers)
+        return offsets
 
     def write_records(self, records: Sequence[bytes], *,
                       timestamp_ms: int | None = None) -> range:

@@ -1,9 +1,10 @@
 # Tracking state of one partition: publisher sequences (deduplication) and stored consumer
-# offsets. Rules: a named publisher's highest publishing id travels in the trailer of the
-# chunk it wrote, so it is exactly as durable as the data; at every segment roll a snapshot
-# of all publisher sequences is written next to the new segment, so opening only scans the
-# newest segment's trailers. Consumer offsets are kept in memory and saved to one file
-# (atomically) at most every second and on close.
+# offsets. Rules: the highest publishing id of every named publisher with entries in a chunk
+# travels in that chunk's trailer, so it is exactly as durable as the data; at every segment
+# roll a snapshot of all publisher sequences is written next to the new segment, so opening
+# only scans the newest segment's trailers. A reference never seen has no sequence (not 0):
+# its publishing id 0 is new, as in osiris. Consumer offsets are kept in memory and saved to
+# one file (atomically) at most every second and on close.
 from __future__ import annotations
 
 import json
@@ -11,6 +12,7 @@ import logging
 import os
 import struct
 import zlib
+from typing import Iterable, Mapping
 
 from ..errors import LogError
 from ..log import CommitLog
@@ -24,37 +26,47 @@ SNAPSHOT_SUFFIX = ".writers"
 OFFSETS_FILE = "offsets.json"
 
 
-def encode_writer_trailer(reference: str, sequence: int) -> bytes:
-    """Trailer bytes recording that publisher ``reference`` reached ``sequence``:
-    ``'W' | len u8 | reference (UTF-8) | sequence u64 | CRC-32 u32`` of what precedes it.
-    Raises ``ValueError`` for a reference longer than 255 bytes."""
-    ref = reference.encode()
-    if len(ref) > 255:
-        raise ValueError("a publisher reference is at most 255 bytes")
-    body = WRITER_TAG + bytes((len(ref),)) + ref + sequence.to_bytes(8, "big")
-    return body + _CRC.pack(zlib.crc32(body))
+def encode_writer_trailer(writers: Iterable[tuple[str, int]]) -> bytes:
+    """Trailer bytes recording that each publisher ``reference`` reached ``sequence``, one
+    record per ``(reference, sequence)``: ``'W' | len u8 | reference (UTF-8) | sequence u64 |
+    CRC-32 u32`` of what precedes it in the record. Raises ``ValueError`` for a reference
+    longer than 255 bytes."""
+    out = []
+    for reference, sequence in writers:
+        ref = reference.encode()
+        if len(ref) > 255:
+            raise ValueError("a publisher reference is at most 255 bytes")
+        body = WRITER_TAG + bytes((len(ref),)) + ref + sequence.to_bytes(8, "big")
+        out.append(body + _CRC.pack(zlib.crc32(body)))
+    return b"".join(out)
 
 
-def decode_writer_trailer(trailer: bytes | memoryview) -> tuple[str, int] | None:
-    """``(reference, sequence)`` from a trailer, or None when it holds no (valid) record."""
-    if len(trailer) < 14 or trailer[0] != WRITER_TAG[0]:
-        return None
-    n = trailer[1]
-    end = 2 + n + 8
-    if len(trailer) != end + 4 or _CRC.unpack_from(trailer, end)[0] != zlib.crc32(trailer[:end]):
-        return None
-    try:
-        ref = bytes(trailer[2:2 + n]).decode()
-    except UnicodeDecodeError:
-        return None
-    return ref, int.from_bytes(trailer[2 + n:end], "big")
+def decode_writer_trailer(trailer: bytes | memoryview) -> list[tuple[str, int]] | None:
+    """The ``(reference, sequence)`` records of a trailer, in order; None when it is not a
+    sequence of valid records (damaged, or not written by ``encode_writer_trailer``)."""
+    out = []
+    pos, size = 0, len(trailer)
+    while pos < size:
+        if size - pos < 14 or trailer[pos] != WRITER_TAG[0]:
+            return None
+        end = pos + 2 + trailer[pos + 1] + 8
+        if end + 4 > size or _CRC.unpack_from(trailer, end)[0] != zlib.crc32(trailer[pos:end]):
+            return None
+        try:
+            ref = bytes(trailer[pos + 2:end - 8]).decode()
+        except UnicodeDecodeError:
+            return None
+        out.append((ref, int.from_bytes(trailer[end - 8:end], "big")))
+        pos = end + 4
+    return out or None
 
 
 class PublisherSequences:
     """Highest publishing id per publisher reference, for deduplication.
 
-    RabbitMQ semantics (reference/rabbitmq-stream-protocol.md, "Deduplication"): with a named
-    publisher, a publishing id at or below the highest stored one is dropped and confirmed.
+    RabbitMQ semantics (reference/rabbitmq-stream-protocol.md, "Deduplication"; osiris_writer
+    ``is_duplicate``): with a named publisher, a publishing id at or below the highest stored
+    one is dropped and confirmed; a reference with none stored takes any id, 0 included.
     """
 
     def __init__(self, log: CommitLog) -> None:
@@ -63,15 +75,20 @@ class PublisherSequences:
         self._load()
         log.on_roll = self._snapshot
 
-    def get(self, reference: str) -> int:
-        """Highest publishing id stored for ``reference``; 0 when none."""
-        return self._seqs.get(reference, 0)
+    def get(self, reference: str) -> int | None:
+        """Highest publishing id stored for ``reference``; None when it never stored one
+        (QueryPublisherSequence answers 0 then, as RabbitMQ)."""
+        return self._seqs.get(reference)
 
-    def record(self, reference: str, sequence: int) -> bytes:
-        """Note ``sequence`` for ``reference``; returns the chunk trailer that persists it."""
-        if sequence > self._seqs.get(reference, 0):
+    def record(self, writers: Mapping[str, int]) -> None:
+        """Note each publisher's new highest publishing id (``writers``: reference -> id),
+        once the chunk whose trailer holds them (``encode_writer_trailer``) is written."""
+        for reference, sequence in writers.items():
+            self._raise(reference, sequence)
+
+    def _raise(self, reference: str, sequence: int) -> None:
+        if sequence > self._seqs.get(reference, -1):
             self._seqs[reference] = sequence
-        return encode_writer_trailer(reference, sequence)
 
     def _snapshot_path(self, base_offset: int) -> str:
         return os.path.join(self._log.directory, segment_name(base_offset) + SNAPSHOT_SUFFIX)
@@ -114,8 +131,8 @@ class PublisherSequences:
                 if h.trailer_length > h.bloom_size:
                     found = decode_writer_trailer(
                         chunk.raw[HEADER_SIZE + h.data_length + h.bloom_size:])
-                    if found and found[1] > self._seqs.get(found[0], 0):
-                        self._seqs[found[0]] = found[1]
+                    for reference, sequence in found or ():
+                        self._raise(reference, sequence)
             offset = chunks[-1].header.next_offset
 
 

@@ -44,9 +44,7 @@ class DraftAdapter:
         pub = conn.publishers.get(pid)
         # before Open the door refuses the Publish itself; a deleted stream drops its publishers
         if conn.opened and (pub is None or pub.name != frame.stream):
-            if pub is not None:  # the id moves to another stream: write what it staged first
-                if pid in conn._staged:
-                    conn._flush_staged(pid)
+            if pub is not None:  # the id moves to another stream (what it staged stays staged)
                 del conn.publishers[pid]
             code = conn.declare_publisher(pid, None, frame.stream)
             if code != ResponseCode.OK:

@@ -3,7 +3,8 @@
 # heartbeats) and flow control; decodes and encodes with the sans-IO codec in
 # riverlog.protocol.rabbitmq_stream and never touches files.
 # Rules: a bad frame closes only its own connection (Close with the protocol's code); writes
-# to the log happen in arrival order on the event loop; a confirm is sent only once the chunk
+# to the log happen in arrival order on the event loop, across the publishers of a connection
+# too, in chunks of at most CHUNK_MAX_ENTRIES entries; a confirm is sent only once the chunk
 # is committed under the durability policy; credit counts chunks and is never exceeded;
 # a publisher with too many unconfirmed messages stops being read until they drain.
 # Wire facts: ../shared/reference/rabbitmq-stream-protocol.md.
@@ -38,14 +39,21 @@ log = logging.getLogger("riverlog.rabbitmq_stream")
 
 OK = ResponseCode.OK
 READ_BYTES = 1024 * 1024
-# A chunk built from several Publish frames stays below what a client with the default
-# frame_max (1 MiB) can receive in one Deliver.
-STAGE_MAX_BYTES = 1024 * 1024 - 64 * 1024
-STAGE_MAX_ENTRIES = 60_000
+# At most this much goes into one chunk: a chunk built from several Publish frames stays below
+# what a client with the default frame_max (1 MiB) can receive in one Deliver, and holds no
+# more entries than one of RabbitMQ's (osiris_writer writes one gen_batch_server batch per
+# chunk, at most 8,192 messages), so `last` replays a short slice. 4,096 was measured the
+# cheapest per published message among 2,048..16,384 (benchmarks/README.md).
+CHUNK_MAX_BYTES = 1024 * 1024 - 64 * 1024
+CHUNK_MAX_ENTRIES = 4096
 # A peer that sends requests but does not read the answers is not read either once this much
 # output waits for it (benchmarks/load_bench.py, "deaf" client: unbounded before).
 OUTPUT_PAUSE_BYTES = 4 * 1024 * 1024
 PRE_OPEN_FRAME_MAX = max(INITIAL_FRAME_MAX, 65536)
+# After Open a Publish frame may exceed the negotiated frame_max, as RabbitMQ 3.9 to 4.2 allow
+# (rstream's send_batch sends any batch as one frame), up to this bound on what one frame
+# may make the server buffer (and decode: ~130 bytes of Python objects per message).
+PUBLISH_FRAME_MAX = 16 * 1024 * 1024
 LOGIN_REFUSED_LINGER_S = 0.2
 # after a client's Close, how long a Close sent behind it is still answered (unless the client
 # hangs up first, as clients do once answered)
@@ -132,18 +140,34 @@ class Publisher:
 
 
 class _Staged:
-    """Entries of one publisher received in this batch of frames, not written yet."""
+    """Entries for one partition received in this batch of frames, in arrival order (whatever
+    the publisher), not written yet: at most one chunk (``CHUNK_MAX_ENTRIES``,
+    ``CHUNK_MAX_BYTES``), and the publishing ids to confirm once it is written."""
 
-    __slots__ = ("pub", "entries", "ids", "last", "size", "received", "filters")
+    __slots__ = ("partition", "stream", "entries", "size", "filters", "writers", "confirms",
+                 "received")
 
-    def __init__(self, pub: Publisher) -> None:
-        self.pub = pub
+    def __init__(self, partition: Partition, stream: str) -> None:
+        self.partition = partition
+        self.stream = stream
         self.received = time.monotonic()  # for the confirm latency metric
         self.entries: list[bytes] = []
-        self.ids: list[int] = []
-        self.last = pub.partition.publishers.get(pub.reference) if pub.reference else None
         self.size = 0
         self.filters: set[str | None] = set()  # filter values (None: an entry without one)
+        self.writers: dict[str, int] = {}  # reference -> highest publishing id held here
+        self.confirms: dict[int, list[int]] = {}  # publisher id -> publishing ids
+
+    def full(self) -> bool:
+        return len(self.entries) >= CHUNK_MAX_ENTRIES or self.size >= CHUNK_MAX_BYTES
+
+
+def _fitting(entries: list[bytes], room: int) -> int:
+    """How many of ``entries``, from the first, fit in ``room`` bytes."""
+    for i, entry in enumerate(entries):
+        room -= len(entry)
+        if room < 0:
+            return i
+    return len(entries)
 
 
 class Subscription:
@@ -276,7 +300,7 @@ class RabbitStreamConnection(asyncio.Protocol):
         self._heartbeat_task: asyncio.Task | None = None
         self._close_timer: asyncio.TimerHandle | None = None  # set by the client's Close
         self._pending: set[asyncio.Task] = set()
-        self._staged: dict[int, _Staged] = {}
+        self._staged: dict[Partition, _Staged] = {}  # publishes not written yet
         self._flush_scheduled = False
         # single active consumer: ConsumerUpdate requests awaiting an answer (correlation
         # id -> subscription id, active) and each member's Subscribe offset spec
@@ -538,6 +562,7 @@ class RabbitStreamConnection(asyncio.Protocol):
             return
         self.opened = True
         self.decoder.max_frame_size = self.frame_max
+        self.decoder.max_publish_frame_size = PUBLISH_FRAME_MAX
         host, port = self.server.advertised_for(self.tls)
         self.send(f.OpenResponse(frame.correlation_id, OK, {
             "advertised_host": host, "advertised_port": str(port)}))
@@ -714,9 +739,12 @@ class RabbitStreamConnection(asyncio.Protocol):
         return OK
 
     def on_publish(self, frame: f.Publish | f.PublishV2) -> None:
-        """Stage the new entries; ``_flush_publishes`` writes each publisher's staged entries
-        as one chunk once the frames at hand are handled (RabbitMQ too merges queued publish
-        frames into one chunk), then confirms."""
+        """Stage the new entries after those already staged for the partition, whatever
+        their publisher, so the log keeps the order the frames arrived in. The staged
+        entries are written as one chunk once the frames at hand are handled (RabbitMQ too
+        merges queued publish frames into one chunk), or as soon as the chunk is full: a
+        frame of more entries than a chunk holds becomes several chunks. The frame's ids
+        are confirmed with the chunk holding its last entry."""
         entries = frame.entries
         if not entries:
             return
@@ -727,78 +755,112 @@ class RabbitStreamConnection(asyncio.Protocol):
                     else ResponseCode.STREAM_DOES_NOT_EXIST)
             self._publish_error(frame.publisher_id, ids, code)
             return
-        if pub.partition.readonly:  # set through Liftbridge's SetStreamReadonly
+        partition = pub.partition
+        if partition.readonly:  # set through Liftbridge's SetStreamReadonly
             self._publish_error(frame.publisher_id, ids, ResponseCode.ACCESS_REFUSED)
             return
-        staged = self._staged.get(frame.publisher_id)
-        if staged is None:
-            staged = self._staged[frame.publisher_id] = _Staged(pub)
-        if type(frame) is f.Publish:
-            pairs = entries
-            staged.filters.add(None)
-        else:
-            pairs = [(e[0], e[2]) for e in entries]
-            staged.filters.update([e[1] for e in entries])
-        new = pub.partition.new_entries(pub.reference, pairs, staged.last)
-        staged.ids += ids
-        if new:
-            staged.last = new[-1][0]
-            for _, entry in new:
-                staged.entries.append(entry)
-                staged.size += len(entry)
         self.unconfirmed += len(ids)
         if self.unconfirmed > self.config.max_unconfirmed and not self.reading_paused:
             self.reading_paused = True
             self.transport.pause_reading()
-        if staged.size >= STAGE_MAX_BYTES or len(staged.entries) >= STAGE_MAX_ENTRIES:
-            self._flush_staged(frame.publisher_id)
+        if type(frame) is f.Publish:
+            pairs, values = entries, {None}
+        else:  # each chunk gets the values of the whole frame: a superset is fine
+            pairs, values = [(e[0], e[2]) for e in entries], {e[1] for e in entries}
+        staged = self._stage(partition, pub.stream.name)
+        new = partition.new_entries(pub.reference, pairs, staged.writers)
+        start, n = 0, len(new)
+        while start < n:
+            if staged.full():
+                staged = self._restage(partition)
+            piece = new[start:start + CHUNK_MAX_ENTRIES - len(staged.entries)]
+            data = [entry for _, entry in piece]
+            size = sum(map(len, data))
+            if staged.size + size > CHUNK_MAX_BYTES:
+                cut = _fitting(data, CHUNK_MAX_BYTES - staged.size)
+                if not cut and staged.entries:
+                    staged = self._restage(partition)
+                    continue
+                cut = cut or 1  # an entry larger than a chunk's bytes: a chunk of its own
+                piece, data = piece[:cut], data[:cut]
+                size = sum(map(len, data))
+            staged.entries += data
+            staged.size += size
+            staged.filters.update(values)
+            if pub.reference:
+                staged.writers[pub.reference] = piece[-1][0]
+            start += len(piece)
+        staged.confirms.setdefault(frame.publisher_id, []).extend(ids)
+        if staged.full():
+            self._write_staged(partition)
 
     def _flush_publishes(self) -> None:
         self._flush_scheduled = False
-        for publisher_id in list(self._staged):
-            self._flush_staged(publisher_id)
+        for partition in list(self._staged):
+            self._write_staged(partition)
 
-    def _flush_staged(self, publisher_id: int) -> None:
-        staged = self._staged.pop(publisher_id)
-        partition = staged.pub.partition
+    def _stage(self, partition: Partition, stream: str) -> _Staged:
+        """What is staged for ``partition`` (a new, empty stage when nothing is)."""
+        staged = self._staged.get(partition)
+        if staged is None:
+            staged = self._staged[partition] = _Staged(partition, stream)
+        return staged
+
+    def _restage(self, partition: Partition) -> _Staged:
+        """Write the full stage of ``partition``; returns its next, empty one."""
+        stream = self._staged[partition].stream
+        self._write_staged(partition)
+        return self._stage(partition, stream)
+
+    def _write_staged(self, partition: Partition) -> None:
+        """Write what is staged for ``partition`` as one chunk, then confirm (after the fsync
+        under ``always``)."""
+        staged = self._staged.pop(partition)
         if staged.entries:
             try:
-                offsets = partition.write_entries(staged.entries, reference=staged.pub.reference,
-                                                  sequence=staged.last,
+                offsets = partition.write_entries(staged.entries, writers=staged.writers,
                                                   filter_values=staged.filters)
             except (OSError, LogError) as exc:
-                log.error("publish to %r failed: %s", staged.pub.stream.name, exc)
+                log.error("publish to %r failed: %s", staged.stream, exc)
                 code = (ResponseCode.STREAM_DOES_NOT_EXIST if isinstance(exc, LogClosedError)
                         else ResponseCode.INTERNAL_ERROR)
-                self._publish_error(publisher_id, staged.ids, code)
-                self._unconfirmed_done(len(staged.ids))
+                self._fail_confirms(staged.confirms, code)
                 return
-            counters(staged.pub.stream.name, RABBITMQ_STREAM).published(len(offsets), staged.size)
+            counters(staged.stream, RABBITMQ_STREAM).published(len(offsets), staged.size)
         if staged.entries and partition.needs_flush:
             task = asyncio.get_running_loop().create_task(
-                self._confirm_after_flush(partition, publisher_id, staged.ids, staged.received))
+                self._confirm_after_flush(partition, staged.confirms, staged.received))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
-        else:
-            self._confirm(publisher_id, staged.ids, staged.received)
+        elif staged.confirms:
+            self._confirm(staged.confirms, staged.received)
 
-    async def _confirm_after_flush(self, partition: Partition, publisher_id: int,
-                                   ids: list[int], received: float) -> None:
+    async def _confirm_after_flush(self, partition: Partition, confirms: dict[int, list[int]],
+                                   received: float) -> None:
         try:
             await partition.flush()
         except Exception as exc:
             log.error("fsync failed, publish not confirmed: %s", exc)
-            self._publish_error(publisher_id, ids, ResponseCode.INTERNAL_ERROR)
-            self._unconfirmed_done(len(ids))
+            self._fail_confirms(confirms, ResponseCode.INTERNAL_ERROR)
             return
-        self._confirm(publisher_id, ids, received)
+        self._confirm(confirms, received)
 
-    def _confirm(self, publisher_id: int, ids: list[int], received: float) -> None:
-        """Send PublishConfirm; ``received`` (time.monotonic()) is when the first Publish
-        frame of these ids arrived."""
-        self.send(f.PublishConfirm(publisher_id, tuple(ids)))
-        CONFIRM_RABBITMQ.observe(time.monotonic() - received)
-        self._unconfirmed_done(len(ids))
+    def _confirm(self, confirms: dict[int, list[int]], received: float) -> None:
+        """Send a PublishConfirm per publisher (``confirms``: publisher id -> publishing ids);
+        ``received`` (time.monotonic()) is when the first Publish frame of these ids came."""
+        n = 0
+        latency = time.monotonic() - received
+        for publisher_id, ids in confirms.items():
+            self.send(f.PublishConfirm(publisher_id, tuple(ids)))
+            CONFIRM_RABBITMQ.observe(latency)  # one per frame (docs/operations.md)
+            n += len(ids)
+        self._unconfirmed_done(n)
+
+    def _fail_confirms(self, confirms: dict[int, list[int]], code: int) -> None:
+        """PublishError with ``code`` instead of the confirms ``confirms``."""
+        for publisher_id, ids in confirms.items():
+            self._publish_error(publisher_id, ids, code)
+            self._unconfirmed_done(len(ids))
 
     def _publish_error(self, publisher_id: int, ids: list[int], code: int) -> None:
         """PublishError (0x04) with ``code`` for every id, counted as one error."""
@@ -821,8 +883,9 @@ class RabbitStreamConnection(asyncio.Protocol):
             self.send(f.QueryPublisherSequenceResponse(
                 frame.correlation_id, ResponseCode.STREAM_DOES_NOT_EXIST, 0))
             return
+        sequence = found[1].publishers.get(frame.reference)
         self.send(f.QueryPublisherSequenceResponse(
-            frame.correlation_id, OK, found[1].publishers.get(frame.reference)))
+            frame.correlation_id, OK, 0 if sequence is None else sequence))
 
     def on_delete_publisher(self, frame: f.DeletePublisher) -> None:
         code = OK if self.publishers.pop(frame.publisher_id, None) else \

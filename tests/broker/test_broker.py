@@ -67,21 +67,38 @@ def test_deduplication_by_publisher_reference(tmp_path):
     batch = [(1, b"a"), (2, b"b"), (3, b"c")]
     new = part.new_entries("pub", batch)
     assert new == batch
-    part.write_entries([e for _, e in new], reference="pub", sequence=3)
+    part.write_entries([e for _, e in new], writers={"pub": 3})
     assert part.publishers.get("pub") == 3
     assert part.new_entries("pub", [(2, b"x"), (3, b"y"), (4, b"z"), (4, b"again")]) == [(4, b"z")]
     assert part.new_entries(None, batch) == batch          # unnamed: no deduplication
-    assert part.publishers.get("other") == 0
+    assert part.publishers.get("other") is None
+    held = {"pub": 4}  # a caller's entries not written yet count as seen
+    assert part.new_entries("pub", [(4, b"z"), (5, b"w")], held) == [(5, b"w")]
     close(broker)
+
+
+def test_deduplication_starts_from_nothing_seen(tmp_path):
+    """A reference never seen takes publishing id 0 (osiris); once stored, 0 is known, also
+    after a restart; one chunk records every named publisher that wrote into it."""
+    broker = open_broker(tmp_path)
+    part = broker.create("s").partitions[0]
+    assert part.new_entries("new", [(0, b"a"), (1, b"b")]) == [(0, b"a"), (1, b"b")]
+    part.write_entries(entries(b"a"), writers={"zero": 0, "other": 9})
+    assert part.new_entries("zero", [(0, b"again")]) == []
+    close(broker)
+    again = open_broker(tmp_path)
+    publishers = again.get("s").partitions[0].publishers
+    assert (publishers.get("zero"), publishers.get("other"), publishers.get("new")) == (0, 9, None)
+    close(again)
 
 
 def test_publisher_sequences_survive_restart_and_segment_rolls(tmp_path):
     broker = open_broker(tmp_path, segment_max_bytes=4096)
     part = broker.create("s").partitions[0]
     for seq in range(1, 200):
-        part.write_entries(entries(b"x" * 100), reference="p1", sequence=seq)
+        part.write_entries(entries(b"x" * 100), writers={"p1": seq})
         if seq % 3 == 0:
-            part.write_entries(entries(b"y"), reference="p2", sequence=seq * 10)
+            part.write_entries(entries(b"y"), writers={"p2": seq * 10})
     part.write_entries(entries(b"anonymous"))
     assert len(part.log.segments) > 3
     close(broker)
@@ -95,9 +112,9 @@ def test_publisher_sequences_survive_restart_and_segment_rolls(tmp_path):
 def test_sequences_come_from_the_newest_snapshot_and_trailers(tmp_path):
     broker = open_broker(tmp_path, segment_max_bytes=4096)
     part = broker.create("s").partitions[0]
-    part.write_entries(entries(b"early"), reference="early", sequence=7)
+    part.write_entries(entries(b"early"), writers={"early": 7})
     for seq in range(1, 100):
-        part.write_entries(entries(b"x" * 200), reference="p", sequence=seq)
+        part.write_entries(entries(b"x" * 200), writers={"p": seq})
     segments = part.log.segments
     assert len(segments) > 3
     close(broker)
@@ -112,14 +129,15 @@ def test_sequences_come_from_the_newest_snapshot_and_trailers(tmp_path):
 
 
 def test_writer_trailer_is_checked():
-    trailer = encode_writer_trailer("ref", 42)
-    assert decode_writer_trailer(trailer) == ("ref", 42)
+    trailer = encode_writer_trailer([("ref", 42), ("ref-2", 0)])
+    assert decode_writer_trailer(trailer) == [("ref", 42), ("ref-2", 0)]
     damaged = bytearray(trailer)
     damaged[5] ^= 1
     assert decode_writer_trailer(bytes(damaged)) is None
+    assert decode_writer_trailer(trailer[:-1]) is None
     assert decode_writer_trailer(b"") is None
     with pytest.raises(ValueError):
-        encode_writer_trailer("r" * 256, 1)
+        encode_writer_trailer([("r" * 256, 1)])
 
 
 def test_consumer_offsets_persist(tmp_path):

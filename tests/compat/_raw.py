@@ -95,6 +95,17 @@ class RawPeer:
             if isinstance(got, f.Close):
                 raise Closed(f"server sent Close code 0x{got.code:02x} {got.reason!r}")
 
+    async def chunks_until(self, subscription_id: int, records: int,
+                           timeout: float = TIMEOUT) -> list["Chunk"]:
+        """The chunks delivered (Deliver v1) to ``subscription_id`` until they hold at least
+        ``records`` records; other frames are dropped. Raises TimeoutError on silence."""
+        chunks: list[Chunk] = []
+        while sum(c.records for c in chunks) < records:
+            frame = await self.recv_until(f.Deliver, timeout)
+            if frame.subscription_id == subscription_id:
+                chunks.append(Chunk.parse(frame.chunk))
+        return chunks
+
     async def wait_closed(self, timeout: float = TIMEOUT) -> list:
         """Read until EOF; returns every frame received meanwhile (e.g. a Close). A Close from
         the server is answered, as a client would. Raises TimeoutError if the server keeps the

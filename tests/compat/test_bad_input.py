@@ -7,7 +7,7 @@ What RabbitMQ 3.10 does, for reference: before the handshake completes, any bad 
 closes the socket without a Close frame; after Open, an unknown key or version, a truncated
 body or trailing bytes get Close(0x0d "unknown frame") and then the socket closes. It does
 not check frame_max on incoming frames (it waits for the body), so "oversized after Open" is
-riverlog-only (newer RabbitMQ closes with 0x0e)."""
+riverlog-only (RabbitMQ 4.3 closes with 0x0e; riverlog takes a Publish frame up to 16 MiB)."""
 from __future__ import annotations
 
 import asyncio
@@ -21,6 +21,7 @@ from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, Producer
 
 from riverlog.protocol.rabbitmq_stream import FrameError, encode, simple_entry
 from riverlog.protocol.rabbitmq_stream import frames as f
+from riverlog.server.rabbitmq_stream import PUBLISH_FRAME_MAX
 
 from ._helpers import GUEST, Collector, stream_name
 from ._raw import Chunk, Closed, RawPeer
@@ -178,15 +179,18 @@ async def test_unknown_virtual_host_is_refused(stream_server, stream_with_data):
 
 @pytest.mark.riverlog_only
 async def test_oversized_frame_after_open_is_refused(stream_server, stream_with_data):
-    """A size field above the negotiated frame_max: Close(0x0e) or just closing, without
-    waiting for (or buffering) the body. RabbitMQ 3.10 waits for the body instead."""
+    """A command other than Publish above the negotiated frame_max, or a Publish frame above
+    the door's 16 MiB bound: Close(0x0e) or just closing, as soon as the size and key have
+    arrived, without waiting for (or buffering) the body. RabbitMQ 3.10 has no bound and
+    waits for the body; a Publish between frame_max and the bound is taken (as RabbitMQ 3.10
+    does: test_rstream.py, test_a_publish_frame_above_frame_max_is_stored)."""
     name, data = stream_with_data
-    peer = await open_peer(stream_server, handshake=True)
-    limit = peer.tune.frame_max
-    assert limit > 0
-    peer.send_bytes(struct.pack(">IHH", limit + 1, 0x0002, 1) + b"\0" * 64)
-    await peer.drain()
-    await assert_closed(peer, {FRAME_TOO_LARGE})
+    for size, key in ((None, 0x000D), (PUBLISH_FRAME_MAX + 1, 0x0002)):  # Create, Publish
+        peer = await open_peer(stream_server, handshake=True)
+        assert peer.tune.frame_max > 0
+        peer.send_bytes(struct.pack(">IHH", size or peer.tune.frame_max + 1, key, 1) + b"\0" * 64)
+        await peer.drain()
+        await assert_closed(peer, {FRAME_TOO_LARGE})
     peer = await open_peer(stream_server, handshake=True)
     peer.send_bytes(GARBAGE)  # 0xdeadbeef bytes announced
     await peer.drain()

@@ -4,7 +4,10 @@ fixture: riverlog by default, or a real RabbitMQ with RIVERLOG_TEST_PEER=rabbitm
 Covers: create with arguments, 100k messages with confirms, every offset spec with exact
 contents and order, named-publisher deduplication (also across a restart), stored offsets,
 delete with MetadataUpdate, consuming while publishers append, AMQP 1.0 bodies, sub-entry
-batches, filtering, and the code snippets of rstream's README."""
+batches, filtering, the code snippets of rstream's README, and the publish path as real
+programs drive it: publishing id 0 of a new named publisher, two publishers interleaved on
+one connection (raw frames: rstream has one publisher per stream), a Publish frame larger
+than frame_max, and one frame of more than 65,535 messages."""
 from __future__ import annotations
 
 import asyncio
@@ -27,7 +30,12 @@ from rstream import (
 from rstream import exceptions as rexc
 from rstream.recovery import BackOffRecoveryStrategy
 
+from riverlog.protocol.rabbitmq_stream import OffsetType as WireOffsetType
+from riverlog.protocol.rabbitmq_stream import encode, simple_entry
+from riverlog.protocol.rabbitmq_stream import frames as f
+
 from ._helpers import GUEST, Collector, now_ms, payload, stream_name, wait_stream_ready, wait_until
+from ._raw import RawPeer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -639,3 +647,103 @@ async def test_filtering_publish_v2_and_filtered_consumer(stream_server, stream)
                                                            match_unfiltered=False))
         await got.wait_for(101)
     assert [_body(m) for m in got.messages] == [b"m%d" % i for i in range(0, 200, 2)] + [b"last"]
+
+
+# -- the publish path (issue 12): id 0, arrival order, frames over frame_max, huge frames ----------
+
+# osiris' writer is a gen_batch_server: one chunk per batch, a batch of at most 8,192 commands
+# (gen_batch_server's default max_batch_size), one command per published message
+RABBITMQ_CHUNK_MAX_ENTRIES = 8192
+
+
+async def test_publishing_id_0_of_a_new_named_publisher_is_stored(stream_server, stream):
+    ref = "starts-at-zero"
+    async with producer(stream_server) as p:
+        # unknown: 0, as RabbitMQ
+        assert await (await p.default_client).query_publisher_sequence(stream, ref) == 0
+        first = [RawMessage(b"id-%d" % i, publishing_id=i) for i in (0, 1, 2)]
+        statuses = await publish_confirmed(p, stream, first, batch=3, publisher_name=ref)
+        assert sorted(s.message_id for s in statuses) == [0, 1, 2]
+        assert all(s.is_confirmed for s in statuses)
+        assert await (await p.default_client).query_publisher_sequence(stream, ref) == 2
+        # now 0 has been seen: sent again it is a duplicate (confirmed, not stored)
+        again = [RawMessage(b"again-%d" % i, publishing_id=i) for i in (0, 2)]
+        statuses = await publish_confirmed(p, stream, again, batch=2, publisher_name=ref)
+        assert all(s.is_confirmed for s in statuses)
+    got = await consume(stream_server, stream, FIRST, 3)
+    assert got.messages == [b"id-0", b"id-1", b"id-2"]
+
+
+async def test_a_lone_publishing_id_0_is_remembered(stream_server, stream):
+    """Id 0 alone in its own frame is stored, and then known: a second 0 is a duplicate."""
+    ref = "only-zero"
+    async with producer(stream_server) as p:
+        await p.send_wait(stream, RawMessage(b"zero", publishing_id=0), publisher_name=ref)
+        await p.send_wait(stream, RawMessage(b"zero again", publishing_id=0), publisher_name=ref)
+        await p.send_wait(stream, RawMessage(b"one", publishing_id=1), publisher_name=ref)
+    got = await consume(stream_server, stream, FIRST, 2)
+    assert got.messages == [b"zero", b"one"]
+
+
+async def test_interleaved_publishers_on_one_connection_keep_arrival_order(stream_server, stream):
+    """Two publishers on one connection (one named, one not), 40 Publish frames alternating
+    between them, all in one write: stored in the order the frames came."""
+    peer = await RawPeer.open(stream_server.host, stream_server.port)
+    try:
+        for pid, ref in ((1, "order-a"), (2, "")):  # "": no reference (RabbitMQ refuses null)
+            r = await peer.request(f.DeclarePublisher(peer.next_corr(), pid, ref, stream))
+            assert r.response_code == 1, r
+        expected, frames, unconfirmed = [], [], {1: set(), 2: set()}
+        for i in range(40):
+            pid = 1 + i % 2
+            batch = [(i * 10 + k + 1, b"p%d-frame%02d-%d" % (pid, i, k)) for k in range(1 + i % 3)]
+            frames.append(encode(f.Publish(pid, tuple((n, simple_entry(m)) for n, m in batch))))
+            expected += [m for _, m in batch]
+            unconfirmed[pid].update(n for n, _ in batch)
+        peer.send_bytes(b"".join(frames))
+        await peer.drain()
+        while unconfirmed[1] or unconfirmed[2]:
+            confirm = await peer.recv_until(f.PublishConfirm)
+            unconfirmed[confirm.publisher_id].difference_update(confirm.publishing_ids)
+    finally:
+        peer.close()
+    got = await consume(stream_server, stream, FIRST, len(expected))
+    assert got.messages == expected
+
+
+async def test_a_publish_frame_above_frame_max_is_stored(stream_server, stream):
+    """rstream's send_batch sends its whole batch as one Publish frame: 100,000 messages make
+    one of ~3.3 MB, over the 1 MiB frame_max both servers propose. RabbitMQ takes it."""
+    messages = [b"over-frame-max-%06d" % i for i in range(100_000)]
+    async with producer(stream_server) as p:
+        assert (await p.default_client).frame_max <= 1024 * 1024
+        statuses = await publish_confirmed(p, stream, messages, batch=len(messages))
+    assert all(s.is_confirmed for s in statuses)
+    got = await consume(stream_server, stream, FIRST, len(messages), timeout=60)
+    assert got.offsets == list(range(len(messages)))
+    assert got.messages == messages
+
+
+async def test_one_frame_of_more_than_65535_messages_becomes_several_chunks(stream_server, stream):
+    """70,000 empty messages fit one 1 MiB frame (12 bytes each); a chunk holds at most
+    65,535 entries. Every message is confirmed and stored, in chunks of at most 8,192
+    entries as on RabbitMQ, so a consumer starting at `last` replays only the newest ones."""
+    n = 70_000
+    async with producer(stream_server) as p:
+        statuses = await publish_confirmed(p, stream, [b""] * n, batch=n)
+    assert all(s.is_confirmed for s in statuses) and len(statuses) == n
+    peer = await RawPeer.open(stream_server.host, stream_server.port)
+    try:
+        r = await peer.request(f.Subscribe(peer.next_corr(), 1, stream, WireOffsetType.FIRST,
+                                           None, 1000))
+        assert r.response_code == 1
+        chunks = await peer.chunks_until(1, n)
+    finally:
+        peer.close()
+    assert [c.chunk_id for c in chunks] == [0] + [sum(c.records for c in chunks[:i + 1])
+                                                 for i in range(len(chunks) - 1)]
+    assert sum(c.records for c in chunks) == n
+    assert max(c.entries for c in chunks) <= RABBITMQ_CHUNK_MAX_ENTRIES
+    got = await consume(stream_server, stream, LAST, 1)
+    assert 0 < len(got.items) <= RABBITMQ_CHUNK_MAX_ENTRIES
+    assert got.offsets[-1] == n - 1

@@ -239,8 +239,8 @@ def test_writer_record_follows_the_filter_in_the_trailer(tmp_path):
     """A named publisher's chunk carries both: the filter first, then the writer record that
     deduplication reads back after a restart."""
     part = Partition("s", 0, str(tmp_path / "p"), LogConfig())
-    part.write_entries([encode_entries([b"a"]), encode_entries([b"b"])], reference="app",
-                       sequence=41, filter_values={"eu", None})
+    part.write_entries([encode_entries([b"a"]), encode_entries([b"b"])], writers={"app": 41},
+                       filter_values={"eu", None})
     part.log.close()
     part = Partition("s", 0, str(tmp_path / "p"), LogConfig())
     assert part.publishers.get("app") == 41

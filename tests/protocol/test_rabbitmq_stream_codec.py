@@ -417,13 +417,14 @@ def test_encode_rejects_bad_values():
 # -- FrameError contract ----------------------------------------------------------------------
 
 
-def test_oversized_frame_is_refused_at_its_size_field():
+def test_oversized_frame_is_refused_at_its_size_field_and_key():
     decoder = FrameDecoder(max_frame_size=8192)
     hb = encode(f.Heartbeat())
+    assert decoder.feed(hb + struct.pack(">I", 8193)) == [f.Heartbeat()]  # the key decides
     with pytest.raises(FrameError) as err:
-        decoder.feed(hb + struct.pack(">I", 8193))  # body never sent
+        decoder.feed(struct.pack(">H", 0x000D))  # Create; its body never sent
     assert err.value.code == ResponseCode.FRAME_TOO_LARGE == 0x0E
-    assert err.value.frames == (f.Heartbeat(),)
+    assert err.value.frames == ()
     with pytest.raises(FrameError) as again:
         decoder.feed(hb)
     assert again.value.code == 0x0E
@@ -433,6 +434,25 @@ def test_oversized_frame_is_refused_at_its_size_field():
     decoder = FrameDecoder(max_frame_size=100)
     decoder.max_frame_size = 0
     assert decoder.feed(struct.pack(">I", len(body)) + body)
+
+
+def test_a_publish_frame_may_exceed_frame_max_up_to_its_own_bound():
+    """RabbitMQ 3.9-4.2 take any incoming frame; riverlog takes Publish frames above
+    frame_max up to max_publish_frame_size, and refuses every other frame above frame_max."""
+    publish = encode(f.Publish(1, tuple((i, simple_entry(b"x" * 90)) for i in range(200))))
+    assert 8192 < len(publish) - 4 < 30_000
+    decoder = FrameDecoder(max_frame_size=8192, max_publish_frame_size=30_000)
+    (frame,) = decoder.feed(publish[:3]) + decoder.feed(publish[3:])
+    assert len(frame.entries) == 200
+    with pytest.raises(FrameError, match="Publish frame of 30001 bytes"):
+        FrameDecoder(max_frame_size=8192, max_publish_frame_size=30_000).feed(
+            struct.pack(">IHH", 30_001, 0x0002, 1))
+    with pytest.raises(FrameError, match="frame of 8193 bytes is larger than the limit of 8192"):
+        FrameDecoder(max_frame_size=8192, max_publish_frame_size=30_000).feed(
+            struct.pack(">IHH", 8193, 0x0005, 1))
+    # by default a Publish frame has no more room than any other
+    with pytest.raises(FrameError):
+        FrameDecoder(max_frame_size=8192).feed(publish)
 
 
 @pytest.mark.parametrize(

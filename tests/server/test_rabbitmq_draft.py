@@ -41,6 +41,7 @@ from riverlog.broker import StreamConfig
 from riverlog.config import RabbitStreamConfig, ServerConfig
 from riverlog.metrics import RABBITMQ_STREAM, REGISTRY
 from riverlog.server.app import App
+from riverlog.server.rabbitmq_stream import PUBLISH_FRAME_MAX
 
 pytestmark = pytest.mark.timeout(60)
 GUEST = {"username": "guest", "password": "guest"}
@@ -278,7 +279,8 @@ async def _closed_with(client: DraftClient) -> int:
      UNKNOWN_FRAME),  # offset type 9
     (frame(14, b"", version=1), UNKNOWN_FRAME),  # version 1: the draft has 0 only
     (frame(0x11, struct.pack(">ii", 1, 0), version=1), UNKNOWN_FRAME),  # a current frame
-    (struct.pack(">i", 2 * 1024 * 1024) + b"\0" * 64, FRAME_TOO_LARGE),
+    (struct.pack(">iHH", 2 * 1024 * 1024, 2, 0) + b"\0" * 64, FRAME_TOO_LARGE),  # Subscribe
+    (struct.pack(">iHH", PUBLISH_FRAME_MAX + 1, 0, 0) + b"\0" * 64, FRAME_TOO_LARGE),  # Publish
 ])
 async def test_bad_frames_close_only_that_connection(app, wire, code):
     good = await draft_for(app)

@@ -10,7 +10,10 @@ import pytest
 from riverlog.config import Durability, LogConfig, RabbitStreamConfig, ServerConfig
 from riverlog.protocol.rabbitmq_stream import FrameDecoder, ResponseCode, encode, simple_entry
 from riverlog.protocol.rabbitmq_stream import frames as f
+from riverlog.broker.tracking import decode_writer_trailer
+from riverlog.log.chunk import HEADER_SIZE, iter_records
 from riverlog.server.app import App
+from riverlog.server.rabbitmq_stream import CHUNK_MAX_ENTRIES
 from riverlog.security.users import is_loopback
 
 
@@ -167,6 +170,36 @@ async def test_publish_frames_received_together_become_one_chunk(app):
     log = app.broker.get("merged").partitions[0].log
     assert log.next_offset == 50
     assert len(log.read_chunks(0)) < 5
+
+
+async def test_a_frame_split_into_chunks_records_each_chunks_own_last_id(app):
+    """One frame of 10,000 messages of a named publisher, after another publisher's frame:
+    chunks of at most CHUNK_MAX_ENTRIES, and each chunk's trailer holds, for every named
+    publisher with messages in it, the highest id written in that chunk (never a later one:
+    a crash between the chunks must not make unwritten ids duplicates)."""
+    client = await client_for(app)
+    await client.call(f.Create(client.next_corr(), "split", {}), f.CreateResponse)
+    for pid, ref in ((1, "early"), (2, "big")):
+        await client.call(f.DeclarePublisher(client.next_corr(), pid, ref, "split"),
+                          f.DeclarePublisherResponse)
+    client.writer.write(encode(f.Publish(1, ((0, simple_entry(b"early 0")),))) + encode(
+        f.Publish(2, tuple((i, simple_entry(b"big %d" % i)) for i in range(10_000)))))
+    confirmed = set()
+    while len(confirmed) < 10_001:
+        confirm = await client.recv(f.PublishConfirm)
+        confirmed.update((confirm.publisher_id, i) for i in confirm.publishing_ids)
+    chunks = app.broker.get("split").partitions[0].log.read_chunks(0, 1 << 24)
+    assert len(chunks) > 1 and max(c.header.num_entries for c in chunks) <= CHUNK_MAX_ENTRIES
+    stored = []
+    for chunk in chunks:
+        highest = {}
+        for _, record in iter_records(chunk.header, chunk.data):
+            ref, publishing_id = record.split()
+            highest[ref.decode()] = int(publishing_id)
+            stored.append(record)
+        trailer = decode_writer_trailer(chunk.raw[HEADER_SIZE + chunk.header.data_length:])
+        assert dict(trailer) == highest
+    assert stored == [b"early 0"] + [b"big %d" % i for i in range(10_000)]
 
 
 async def test_credit_counts_chunks_and_is_never_exceeded(app):

@@ -42,7 +42,7 @@ from ._wire import (
     optional,
     record,
 )
-from .constants import DEFAULT_FRAME_MAX, RESPONSE_FLAG, ResponseCode
+from .constants import DEFAULT_FRAME_MAX, RESPONSE_FLAG, Command, ResponseCode
 from .errors import FrameError, malformed
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
 
 _U32 = struct.Struct(">I")
 _KEY_VERSION = struct.Struct(">HH")
+_KEY = struct.Struct(">H")
 _HEADER = struct.Struct(">IHH")
 _BODY = _HEADER.size  # a body starts 8 bytes into the frame: size u32, key u16, version u16
 _PUBLISH_HEAD = struct.Struct(">BI")  # publisher id u8, count u32
@@ -266,16 +267,19 @@ class Dialect:
 
     ``readers`` maps ``(key, version)`` to ``read(frame bytes) -> (frame, end offset)``;
     ``writers`` maps a frame class to ``(packed key+version, write(frame) -> [body parts])``;
-    ``keys`` maps a frame class to its ``(key, version)``.
+    ``keys`` maps a frame class to its ``(key, version)``; ``publish_keys`` are the keys of
+    the Publish frames it reads (they may be larger than frame_max: see ``FrameDecoder``).
     """
 
     name: str
     readers: Mapping[tuple[int, int], BodyReader]
     writers: Mapping[type, tuple[bytes, BodyWriter]]
     keys: Mapping[type, tuple[int, int]]
+    publish_keys: frozenset[int] = frozenset()
 
     @classmethod
-    def from_rows(cls, name: str, rows: Iterable[tuple]) -> "Dialect":
+    def from_rows(cls, name: str, rows: Iterable[tuple],
+                  publish_keys: Iterable[int] = ()) -> "Dialect":
         readers: dict = {}
         writers: dict = {}
         keys: dict = {}
@@ -289,10 +293,10 @@ class Dialect:
             readers[(key, version)] = read
             writers[frame_cls] = (_KEY_VERSION.pack(key, version), write)
             keys[frame_cls] = (key, version)
-        return cls(name, readers, writers, keys)
+        return cls(name, readers, writers, keys, frozenset(publish_keys))
 
 
-CURRENT = Dialect.from_rows("current", _CURRENT_ROWS)
+CURRENT = Dialect.from_rows("current", _CURRENT_ROWS, publish_keys=(Command.Publish,))
 """The protocol spoken by RabbitMQ >= 3.9 and every maintained client."""
 
 
@@ -337,19 +341,25 @@ class FrameDecoder:
     ``max_frame_size`` bounds the u32 size field of a frame (the bytes after the size itself,
     as rabbit_stream_core.erl checks it), 0 meaning no limit. A server starts at
     ``INITIAL_FRAME_MAX`` (8192) and raises it to the negotiated frame_max after Open; a new
-    value takes effect on the next ``feed``. A frame above the limit is refused as soon as its
-    size field arrives, without buffering its body. ``dialect`` may be swapped between feeds
-    (after the first frame tells the dialect apart).
+    value takes effect on the next ``feed``. A Publish frame (``dialect.publish_keys``) may be
+    larger, up to ``max_publish_frame_size`` when that is larger still: RabbitMQ 3.9 to 4.2
+    take any incoming frame whatever its size, and clients rely on it for Publish (rstream's
+    ``send_batch`` sends its whole batch as one frame). A frame above its limit is refused as
+    soon as its size field and key arrive, without buffering its body. ``dialect`` may be
+    swapped between feeds (after the first frame tells the dialect apart).
 
     Errors are final: after a FrameError every later ``feed`` raises FrameError again (the
     connection must be closed with ``error.code``). Frames that preceded the bad one in the same
     call are on ``error.frames``.
     """
 
-    __slots__ = ("max_frame_size", "dialect", "_buf", "_need", "_error")
+    __slots__ = ("max_frame_size", "max_publish_frame_size", "dialect", "_buf", "_need",
+                 "_error")
 
-    def __init__(self, max_frame_size: int = DEFAULT_FRAME_MAX, dialect: Dialect = CURRENT) -> None:
+    def __init__(self, max_frame_size: int = DEFAULT_FRAME_MAX, dialect: Dialect = CURRENT,
+                 max_publish_frame_size: int = 0) -> None:
         self.max_frame_size = max_frame_size
+        self.max_publish_frame_size = max_publish_frame_size
         self.dialect = dialect
         self._buf = bytearray()
         self._need = 4  # bytes the buffer must hold before a frame can complete
@@ -388,10 +398,10 @@ class FrameDecoder:
             while n - pos >= 4:
                 (size,) = _U32.unpack_from(src, pos)
                 if limit and size > limit:
-                    raise FrameError(
-                        ResponseCode.FRAME_TOO_LARGE,
-                        f"frame of {size} bytes is larger than the limit of {limit}",
-                    )
+                    if n - pos < 6:  # its key decides: wait for it
+                        need = 6
+                        break
+                    self._check_large(size, _KEY.unpack_from(src, pos + 4)[0])
                 end = pos + 4 + size
                 if end > n:
                     need = 4 + size
@@ -406,6 +416,16 @@ class FrameDecoder:
             buf += memoryview(src)[pos:]
         self._need = need
         return out
+
+    def _check_large(self, size: int, key: int) -> None:
+        """Raise FrameError (0x0e) unless a frame of ``size`` bytes (above max_frame_size)
+        with ``key`` is a Publish frame within ``max_publish_frame_size``."""
+        publish = key in self.dialect.publish_keys
+        limit = max(self.max_publish_frame_size, self.max_frame_size) if publish \
+            else self.max_frame_size
+        if size > limit:
+            raise FrameError(ResponseCode.FRAME_TOO_LARGE, f"{'Publish frame' if publish else 'frame'}"
+                             f" of {size} bytes is larger than the limit of {limit}")
 
 
 # -- encoding ---------------------------------------------------------------------------------

@@ -246,16 +246,18 @@ _FROM_SERVER = (
 )
 
 
-def _role(name: str, reads: tuple, writes: tuple) -> Dialect:
+def _role(name: str, reads: tuple, writes: tuple, publish_keys: tuple = ()) -> Dialect:
     """A Dialect that reads the frames of one direction and writes those of the other (the
     draft reuses request keys for responses, so one table cannot hold both directions)."""
-    r = Dialect.from_rows(name, [(cls, key, VERSION, layout) for cls, key, layout in reads])
+    r = Dialect.from_rows(name, [(cls, key, VERSION, layout) for cls, key, layout in reads],
+                          publish_keys)
     w = Dialect.from_rows(name, [(cls, key, VERSION, layout) for cls, key, layout in writes])
     c = Dialect.from_rows(name, _CLOSE_RESPONSE)  # shares key 13 with Close: its own table
-    return Dialect(name, r.readers, {**w.writers, **c.writers}, {**w.keys, **c.keys})
+    return Dialect(name, r.readers, {**w.writers, **c.writers}, {**w.keys, **c.keys},
+                   r.publish_keys)
 
 
-DRAFT_SERVER = _role("draft (server side)", _FROM_CLIENT, _FROM_SERVER)
+DRAFT_SERVER = _role("draft (server side)", _FROM_CLIENT, _FROM_SERVER, (Key.Publish,))
 """A server's dialect for a draft connection: reads client frames, writes server frames."""
 DRAFT_CLIENT = _role("draft (client side)", _FROM_SERVER, _FROM_CLIENT)
 """A draft client's dialect: reads server frames, writes client frames."""
