@@ -117,21 +117,21 @@ class Appender:
                     wanted = True
             if not wanted:
                 continue
-            if partition.needs_flush:
-                task = asyncio.get_running_loop().create_task(self._commit(first, sinks))
-                self._flushing.add(task)
-                task.add_done_callback(self._flushing.discard)
-            else:
+            if partition.is_committed(offsets[-1]):
                 for i, sink in enumerate(sinks):
                     if sink is not None:
                         sink.committed(first + i)
+            else:
+                task = asyncio.get_running_loop().create_task(
+                    self._commit(first, offsets[-1], sinks))
+                self._flushing.add(task)
+                task.add_done_callback(self._flushing.discard)
 
-    async def _commit(self, first: int, sinks: list) -> None:
+    async def _commit(self, first: int, last: int, sinks: list) -> None:
         try:
-            await self.partition.flush()
+            await self.partition.wait_committed(last)
         except Exception as exc:
-            log.error("fsync of %r failed, %d records not committed: %s", self.partition,
-                      len(sinks), exc)
+            log.error("%r: records %d..%d not committed: %s", self.partition, first, last, exc)
             for sink in sinks:
                 if sink is not None:
                     sink.failed(exc)

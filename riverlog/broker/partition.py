@@ -1,7 +1,9 @@
 # One partition of a stream: its commit log plus its tracking state (publisher sequences for
 # deduplication, stored consumer offsets). The only way front doors write and read data.
-# Rules: writes happen synchronously on the event loop, in arrival order; durability waits
-# (fsync) are awaited separately via ``flush``; nothing here knows any wire format.
+# Rules: writes happen synchronously on the event loop, in arrival order; "committed" is one
+# event, the high watermark passing an offset, and every door's confirm or ALL ack waits for
+# it through ``wait_committed`` (the commit pipeline; LEADER acks wait only for the write);
+# nothing here knows any wire format.
 from __future__ import annotations
 
 from typing import Callable, Collection, Mapping, Sequence
@@ -69,7 +71,8 @@ class Partition:
         ``writers`` (reference -> highest publishing id among these entries) are recorded
         with the chunk as those publishers' sequences. ``filter_values`` are the entries'
         filter values (None for an entry without one; a superset is fine): the chunk's bloom
-        filter is built from them. Returns the offsets; await ``flush`` when ``needs_flush``."""
+        filter is built from them. Returns the offsets; confirm them once ``is_committed`` of
+        the last one holds (now, or after ``await wait_committed``)."""
         records = sum(entry_records(e) for e in entries)
         bloom = build_bloom(filter_values) if filter_values else b""
         trailer = encode_writer_trailer(writers.items()) if writers else b""
@@ -86,13 +89,29 @@ class Partition:
         return self.log.write_entries(encode_entries(records), len(records), len(records),
                                       timestamp_ms=timestamp_ms)
 
+    # -- the commit pipeline ------------------------------------------------------------
     @property
-    def needs_flush(self) -> bool:
-        return self.log.needs_flush
+    def high_watermark(self) -> int:
+        """Offset of the newest committed record (-1: none): what readers may see and what
+        confirms and ALL acks wait for. On one server it follows the durability policy
+        (docs/durability.md); a replicated partition will advance it as its ISR catches up."""
+        return self.log.committed_offset
 
-    async def flush(self) -> None:
-        """Wait until what was written is durable and committed (``Durability.ALWAYS``)."""
-        await self.log.flush()
+    def is_committed(self, offset: int) -> bool:
+        """Whether the record at ``offset`` is committed (at or below the high watermark)."""
+        return offset <= self.log.committed_offset
+
+    async def wait_committed(self, offset: int) -> None:
+        """Return once the high watermark reaches ``offset``: under ``Durability.ALWAYS``
+        this joins (or starts) the group fsync that commits it; otherwise writes commit at
+        once. Raises ``LogClosedError`` when the partition closes or is deleted first,
+        ``OSError`` when the fsync fails."""
+        log = self.log
+        if offset <= log.committed_offset:
+            return
+        if log.needs_flush:
+            await log.flush()
+        await log.wait_for(offset)
 
     # -- reading ------------------------------------------------------------------------
     def read_chunks(self, offset: int, max_bytes: int = 1024 * 1024, max_chunks: int = 0,

@@ -813,8 +813,9 @@ class RabbitStreamConnection(asyncio.Protocol):
         return self._stage(partition, stream)
 
     def _write_staged(self, partition: Partition) -> None:
-        """Write what is staged for ``partition`` as one chunk, then confirm (after the fsync
-        under ``always``)."""
+        """Write what is staged for ``partition`` as one chunk, then confirm once it is
+        committed (``Partition.wait_committed``). Duplicates are confirmed once everything
+        written before them is committed, their originals included."""
         staged = self._staged.pop(partition)
         if staged.entries:
             try:
@@ -827,20 +828,24 @@ class RabbitStreamConnection(asyncio.Protocol):
                 self._fail_confirms(staged.confirms, code)
                 return
             counters(staged.stream, RABBITMQ_STREAM).published(len(offsets), staged.size)
-        if staged.entries and partition.needs_flush:
-            task = asyncio.get_running_loop().create_task(
-                self._confirm_after_flush(partition, staged.confirms, staged.received))
+        last = offsets[-1] if staged.entries else partition.next_offset - 1
+        if not staged.confirms:
+            return
+        if partition.is_committed(last):
+            self._confirm(staged.confirms, staged.received)
+        else:
+            task = asyncio.get_running_loop().create_task(self._confirm_when_committed(
+                partition, last, staged.confirms, staged.received))
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
-        elif staged.confirms:
-            self._confirm(staged.confirms, staged.received)
 
-    async def _confirm_after_flush(self, partition: Partition, confirms: dict[int, list[int]],
-                                   received: float) -> None:
+    async def _confirm_when_committed(self, partition: Partition, last: int,
+                                      confirms: dict[int, list[int]], received: float) -> None:
         try:
-            await partition.flush()
+            await partition.wait_committed(last)
         except Exception as exc:
-            log.error("fsync failed, publish not confirmed: %s", exc)
+            log.error("%r: offset %d not committed, publish not confirmed: %s", partition,
+                      last, exc)
             self._fail_confirms(confirms, ResponseCode.INTERNAL_ERROR)
             return
         self._confirm(confirms, received)

@@ -173,6 +173,34 @@ def test_delete_wakes_readers_and_tells_listeners(tmp_path):
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("durability", ["always", "interval", "never"])
+def test_the_commit_pipeline_follows_the_durability_policy(tmp_path, durability):
+    """One event, the high watermark passing an offset, is what every confirm waits for: under
+    ``always`` a write is committed by the group fsync ``wait_committed`` joins, under the
+    other policies at once; readers see only committed records."""
+    async def main():
+        broker = open_broker(tmp_path, durability=durability)
+        part = broker.create("s").partitions[0]
+        assert part.high_watermark == -1 and part.is_committed(-1)
+        offsets = part.write_entries(entries(b"a", b"b"))
+        assert list(offsets) == [0, 1]
+        committed_now = durability != "always"
+        assert part.is_committed(1) is committed_now
+        assert len(part.read_chunks(0)) == int(committed_now)
+        both = await asyncio.gather(part.wait_committed(1), part.wait_committed(0))
+        assert both == [None, None] and part.high_watermark == 1
+        assert len(part.read_chunks(0)) == 1
+        await part.wait_committed(1)  # already committed: returns at once
+        waiter = asyncio.create_task(part.wait_committed(2))  # not written yet
+        await asyncio.sleep(0.05)
+        assert not waiter.done()
+        broker.delete("s")
+        with pytest.raises(LogClosedError):
+            await asyncio.wait_for(waiter, 1)
+        await broker.close()
+    asyncio.run(main())
+
+
 def test_housekeeping_applies_retention_and_compaction(tmp_path):
     async def main():
         from riverlog.record import Record, encode_record

@@ -240,6 +240,46 @@ async def test_deduplication_confirms_but_does_not_store(app):
     assert seq.sequence == 24
 
 
+async def test_a_duplicate_is_confirmed_only_once_its_original_is_committed(tmp_path,
+                                                                          monkeypatch):
+    """Under ``always`` a publish is confirmed after its fsync; a duplicate of it arriving
+    while that fsync is still running must wait for it too (it was confirmed at once: a
+    client could then lose a message it was told was stored). The disk is made slow by
+    holding the fsync until the test lets it go."""
+    import threading
+    from riverlog.log import commitlog
+
+    disk = threading.Event()
+    real_fsync_all = commitlog._fsync_all
+    monkeypatch.setattr(commitlog, "_fsync_all", lambda fds: (disk.wait(10), real_fsync_all(fds)))
+    app = App(ServerConfig(data_dir=str(tmp_path), log=LogConfig(durability=Durability.ALWAYS),
+                           rabbitmq_stream=RabbitStreamConfig(port=0)))
+    await app.start()
+    try:
+        client = await client_for(app)
+        await client.call(f.Create(client.next_corr(), "dup", {}), f.CreateResponse)
+        await client.call(f.DeclarePublisher(client.next_corr(), 1, "app-1", "dup"),
+                          f.DeclarePublisherResponse)
+        client.send(f.Publish(1, ((1, simple_entry(b"original")),)))
+        part = app.broker.get("dup").partitions[0]
+        for _ in range(100):  # the original is written; its fsync is held
+            if part.next_offset == 1:
+                break
+            await asyncio.sleep(0.02)
+        client.send(f.Publish(1, ((1, simple_entry(b"duplicate")),)))
+        with pytest.raises(asyncio.TimeoutError):
+            await client.recv(f.PublishConfirm, timeout=0.5)
+        assert part.high_watermark == -1
+        disk.set()
+        confirmed = []
+        while len(confirmed) < 2:
+            confirmed += (await client.recv(f.PublishConfirm)).publishing_ids
+        assert confirmed == [1, 1] and part.next_offset == 1 and part.high_watermark == 0
+    finally:
+        disk.set()
+        await app.stop()
+
+
 async def test_publish_to_unknown_publisher_gets_publish_error(app):
     client = await client_for(app)
     client.send(f.Publish(9, ((1, simple_entry(b"x")),)))
