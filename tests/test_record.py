@@ -283,9 +283,34 @@ DOC_EXAMPLE_V1_HEX = (DOC_EXAMPLE_HEX.replace("8017979c", "8117979c")
                       .replace("a1026b31", "a0026b31").replace("a10176", "a00176"))
 
 
+# The second example of docs/record-format.md: a plain NATS publish without a reply subject.
+DOC_NATS_EXAMPLE = Record(value=b"hi", headers={"subject": b"orders", "reply": b""},
+                          timestamp_ns=1_700_000_000_000_000_000, subject="orders")
+DOC_NATS_EXAMPLE_HEX = (
+    "005372c13e04"
+    "a312782d6f70742d74696d657374616d702d6e73" "8017979cfe362a0000"
+    "a313782d6f70742d656d7074792d68656164657273" "a1095b227265706c79225d"
+    "005373c00c04" "404040" "a1066f7264657273"
+    "005374c11202" "a1077375626a656374" "a1066f7264657273"
+    "005375" "a0026869"
+)
+
+
 def test_golden_vector_matches_the_docs() -> None:
     assert encode_record(DOC_EXAMPLE).hex() == DOC_EXAMPLE_HEX
     assert decode_record(bytes.fromhex(DOC_EXAMPLE_HEX)) == DOC_EXAMPLE
+    assert encode_record(DOC_NATS_EXAMPLE).hex() == DOC_NATS_EXAMPLE_HEX
+    assert decode_record(bytes.fromhex(DOC_NATS_EXAMPLE_HEX)) == DOC_NATS_EXAMPLE
+
+
+def test_empty_headers_written_as_application_properties_read_the_same() -> None:
+    # before x-opt-empty-headers, an empty header value was an empty string property
+    old = encode_record(Record(value=b"v", headers={"subject": b"s", "reply": b"-"},
+                               timestamp_ns=5))
+    old = old.replace(b"\xc1\x17\x04", b"\xc1\x16\x04").replace(b"\xa1\x01-", b"\xa1\x00")
+    assert decode_record(old) == Record(value=b"v", headers={"subject": b"s", "reply": b""},
+                                        timestamp_ns=5)
+    assert rec._decode_own(old) is not None
 
 
 def test_records_of_the_first_layout_read_the_same() -> None:

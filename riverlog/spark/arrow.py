@@ -7,13 +7,13 @@
 # entries as the chunk header says; if not, a struct loop walks the entries. numpy gathers
 # over unaligned word views then check the layout and locate timestamp, key, headers and value
 # of all records at once, and Arrow builds the columns by slicing the received buffer
-# (offsets with gaps, then ``take``). A header named only in the annotation x-opt-empty-headers
-# is taken vectorized when that annotation is exactly ["reply"] (every NATS publish without
-# a reply subject, every gRPC publish). Anything else (sub-batch entries, foreign AMQP layouts
-# from other RabbitMQ clients, raw bytes, an ack inbox annotation, other empty headers) goes
-# through
-# riverlog.record.decode_record one record at a time, for that batch only, so the result is
-# always exactly what decode_record gives (tests hold the two paths to that). numpy and
+# (offsets with gaps, then ``take``). The empty headers named in the x-opt-empty-headers
+# annotation are taken vectorized when it is exactly ["reply"] (every NATS publish without a
+# reply subject, every gRPC PublishAsync; a unary Publish also has an ack inbox). Anything
+# else (sub-batch entries, foreign AMQP layouts from other RabbitMQ clients, raw bytes, an
+# ack inbox annotation, other empty headers) goes through riverlog.record.decode_record one
+# record at a time, for that batch only, so the result is always exactly what
+# decode_record gives (tests hold the two paths to that). numpy and
 # pyarrow are imported here: import this module only where they are installed (executors).
 from __future__ import annotations
 
