@@ -224,7 +224,7 @@ def _fast_fields(v: _Views, loc: _Located) -> _Fields | None:
         return None
     end = s + n
     ma_end = s + 5 + ((w0 >> 32) & 0xFF).astype(np.int64)
-    count = (w0 >> 40) & 0xFF
+    count = ((w0 >> 40) & 0xFF).astype(np.int64)
     f = _Fields()
     f.ts_ns = v.be8[s + _TS_AT].astype(np.int64)
     ts_code = w19 >> 56  # ulong (riverlog writes it unless negative) or long
