@@ -14,6 +14,9 @@
 # - What AMQP has no standard place for (key, nanosecond timestamp, ack inbox) goes into the
 #   message-annotations under `x-opt-` symbol keys, so every field a Liftbridge reader needs
 #   comes back exactly: a None key stays None, an empty key stays b"".
+# - A header whose value is empty is not an application property (the Node client throws on
+#   any empty one, and every gRPC publish stores `reply` empty): its name goes into the
+#   `x-opt-empty-headers` annotation, a JSON array of names, and comes back as b"".
 # - Records published by RabbitMQ clients are stored as they came: usually AMQP 1.0 from any
 #   encoder, sometimes raw bytes. decode_record therefore reads any valid AMQP 1.0 message
 #   (every primitive encoding of part 1 "Types", described types, arrays, all nine sections in
@@ -32,6 +35,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 
 __all__ = [
     "ANNOTATION_ACK_INBOX",
+    "ANNOTATION_EMPTY_HEADERS",
     "ANNOTATION_KEY",
     "ANNOTATION_TIMESTAMP_NS",
     "Described",
@@ -51,6 +55,9 @@ __all__ = [
 ANNOTATION_KEY = "x-opt-key"  # string (binary when not UTF-8); absent when the key is None
 ANNOTATION_TIMESTAMP_NS = "x-opt-timestamp-ns"  # ulong (long when < 0), ns since the Unix epoch
 ANNOTATION_ACK_INBOX = "x-opt-ack-inbox"  # string; absent when there is no ack inbox
+# string: a JSON array of the names of the headers whose value is empty, in the headers'
+# order; absent when there is none
+ANNOTATION_EMPTY_HEADERS = "x-opt-empty-headers"
 
 
 @dataclass(slots=True)
@@ -59,7 +66,8 @@ class Record:
 
     - value: the payload bytes (an AMQP `data` body).
     - key: the Liftbridge message key; None (no key) is distinct from b"" (empty key).
-    - headers: Liftbridge headers, str -> bytes (AMQP application-properties).
+    - headers: Liftbridge headers, str -> bytes (AMQP application-properties; the names of
+      those whose value is empty in the ``x-opt-empty-headers`` message-annotation).
     - timestamp_ns: reception time, nanoseconds since the Unix epoch (signed 64-bit).
     - subject: the NATS subject the message was published on (AMQP properties.subject).
     - reply: the NATS reply subject (AMQP properties.reply-to).
@@ -98,6 +106,9 @@ _MA_TIMESTAMP = _MA_TIMESTAMP_NAME + b"\x80"
 _MA_TIMESTAMP_LONG = _MA_TIMESTAMP_NAME + b"\x81"
 _MA_KEY = b"\xa3\x09" + ANNOTATION_KEY.encode()
 _MA_ACK = b"\xa3\x0f" + ANNOTATION_ACK_INBOX.encode()
+_MA_EMPTY = b"\xa3\x13" + ANNOTATION_EMPTY_HEADERS.encode()
+_EMPTY_REPLY = b'["reply"]'  # what NATS (no reply subject) and gRPC publishes store
+_MA_EMPTY_REPLY = _MA_EMPTY + bytes((0xA1, len(_EMPTY_REPLY))) + _EMPTY_REPLY
 _NULL3 = b"\x40\x40\x40"  # properties: message-id, user-id, to are null
 
 _SEC_MA = b"\x00\x53\x72"
@@ -144,10 +155,11 @@ def _compound(section: bytes, small: int, body: bytes, count: int) -> bytes:
     return section + bytes((small + 0x10,)) + _pack_u32x2(n + 4, count) + body
 
 
-def _annotations(ts: int, key: bytes | None, ack: str | None) -> bytes:
+def _annotations(ts: int, key: bytes | None, ack: str | None, empty: bytes) -> bytes:
+    # ``empty``: the encoded x-opt-empty-headers item (name and value), or b""
     if not _INT64_MIN <= ts <= _INT64_MAX:
         raise ValueError(f"timestamp_ns {ts!r} does not fit a signed 64-bit integer")
-    if key is None and ack is None:
+    if key is None and ack is None and not empty:
         return (_MA_TIMESTAMP_ONLY if ts >= 0 else _MA_TIMESTAMP_LONG_ONLY) + _pack_long(ts)
     body = [_MA_TIMESTAMP if ts >= 0 else _MA_TIMESTAMP_LONG, _pack_long(ts)]
     count = 2
@@ -156,6 +168,9 @@ def _annotations(ts: int, key: bytes | None, ack: str | None) -> bytes:
         count = 4
     if ack is not None:
         body += (_MA_ACK, _str(ack))
+        count += 2
+    if empty:
+        body.append(empty)
         count += 2
     return _compound(_SEC_MA, 0xC1, b"".join(body), count)
 
@@ -177,14 +192,32 @@ def _properties(subject: str | None, reply: str | None, corr: str | None) -> byt
     return _compound(_SEC_PROPERTIES, 0xC0, props + _str(reply), 5)
 
 
-def _app_properties(headers: dict[str, bytes]) -> bytes:
+def _headers(headers: dict[str, bytes]) -> tuple[bytes, bytes]:
+    """(application-properties section of the headers with a value, x-opt-empty-headers
+    annotation item naming the others), each b"" when there is nothing to write."""
     if not headers:
-        return b""
+        return b"", b""
     body = []
+    empty = None
     for name, hval in headers.items():
-        body.append(_str(name))
-        body.append(_text_or_binary(hval))
-    return _compound(_SEC_APP_PROPERTIES, 0xC1, b"".join(body), 2 * len(headers))
+        if hval == b"":
+            if empty is None:
+                empty = [name]
+            else:
+                empty.append(name)
+        else:
+            body.append(_str(name))
+            body.append(_text_or_binary(hval))
+    app = _compound(_SEC_APP_PROPERTIES, 0xC1, b"".join(body), len(body)) if body else b""
+    if empty is None:
+        return app, b""
+    if empty == ["reply"]:
+        return app, _MA_EMPTY_REPLY
+    for name in empty:
+        if not isinstance(name, str):
+            raise TypeError(f"header name {name!r} is not a str")
+    # JSON: exact for any str, and the Node client reads a string annotation
+    return app, _MA_EMPTY + _str(json.dumps(empty, ensure_ascii=False, separators=(",", ":")))
 
 
 def encode_record(record: Record) -> bytes:
@@ -194,11 +227,13 @@ def encode_record(record: Record) -> bytes:
 
     - message-annotations (3.2.3), always: ``x-opt-timestamp-ns`` (ns: ulong, long when
       negative), then ``x-opt-key`` when the key is not None, ``x-opt-ack-inbox`` (string)
-      when set.
+      when set, ``x-opt-empty-headers`` (string: a compact JSON array of the names of the
+      headers whose value is b"", in the headers' order) when there are such headers.
     - properties (3.2.4), only when subject, reply or correlation_id is set: a list of
       message-id, user-id, to (all null), subject, reply-to, correlation-id (strings or null),
       trailing nulls left out.
-    - application-properties (3.2.5), only when there are headers: string -> value.
+    - application-properties (3.2.5), only when there are headers with a non-empty value:
+      string -> value, in the headers' order.
     - data (3.2.6), always, holding the value (also when empty).
 
     The key and header values are strings (str8/str32) when they are valid UTF-8, else
@@ -208,32 +243,42 @@ def encode_record(record: Record) -> bytes:
     64-bit long or a string is not encodable as UTF-8 (lone surrogates), OverflowError for a
     field of 4 GiB or more, TypeError (or struct.error) for a field of the wrong type.
     """
+    app, empty = _headers(record.headers)
     value = record.value
     return b"".join((
-        _annotations(record.timestamp_ns, record.key, record.ack_inbox),
+        _annotations(record.timestamp_ns, record.key, record.ack_inbox, empty),
         _properties(record.subject, record.reply, record.correlation_id),
-        _app_properties(record.headers), _SEC_DATA, _vbin(len(value)), value))
+        app, _SEC_DATA, _vbin(len(value)), value))
 
 
 def encode_records(records: Iterable[Record]) -> list[bytes]:
     """``[encode_record(r) for r in records]``, byte for byte, in one pass over a batch (the
     records of one read): what consecutive records share is encoded once — the
     message-annotations of a timestamp and ack inbox with no key, the properties up to the
-    correlation id (same subject and reply), the application-properties of equal headers.
-    Raises what ``encode_record`` raises, for the first record that fails."""
+    correlation id (same subject and reply), the application-properties and empty header
+    names of equal headers. Raises what ``encode_record`` raises, for the first record that
+    fails."""
     out = []
     append = out.append
     last_ts = last_ack = last_ma = last_sr = last_head = last_headers = last_app = None
+    last_empty = b""
+    ma_empty = None  # the empty header names last_ma was encoded with
     for record in records:
+        headers = record.headers
+        if headers != last_headers:
+            last_app, last_empty = _headers(headers)
+            last_headers = dict(headers)  # a copy: the caller may reuse the dict
         ts, key, ack = record.timestamp_ns, record.key, record.ack_inbox
         if key is None:
-            if ts != last_ts or ack != last_ack or type(ts) is not int:
-                last_ma = _annotations(ts, None, ack)
+            if (ts != last_ts or ack != last_ack or last_empty is not ma_empty
+                    or type(ts) is not int):
+                last_ma = _annotations(ts, None, ack, last_empty)
                 last_ts = ts
                 last_ack = ack
+                ma_empty = last_empty
             ma = last_ma
         else:
-            ma = _annotations(ts, key, ack)
+            ma = _annotations(ts, key, ack, last_empty)
         corr = record.correlation_id
         if corr is None:
             props = _properties(record.subject, record.reply, None)
@@ -243,10 +288,6 @@ def encode_records(records: Iterable[Record]) -> list[bytes]:
                 last_head = _properties_head(*sr)
                 last_sr = sr
             props = _compound(_SEC_PROPERTIES, 0xC0, last_head + _str(corr), 6)
-        headers = record.headers
-        if headers != last_headers:
-            last_app = _app_properties(headers)
-            last_headers = dict(headers)  # a copy: the caller may reuse the dict
         value = record.value
         append(b"".join((ma, props, last_app, _SEC_DATA, _vbin(len(value)), value)))
     return out
@@ -737,6 +778,23 @@ def _text(value: Any) -> str:
     return _to_bytes(value).decode("utf-8", "replace")
 
 
+def _add_empty_headers(headers: dict[str, bytes], names: str) -> None:
+    """Add ``name: b""`` to ``headers`` for each string of the JSON array ``names`` (an
+    ``x-opt-empty-headers`` value) that is encodable as UTF-8; anything else is ignored."""
+    try:
+        parsed = json.loads(names)
+    except (ValueError, RecursionError):
+        return
+    if type(parsed) is list:
+        for name in parsed:
+            if type(name) is str:
+                try:
+                    name.encode()
+                except UnicodeEncodeError:  # a lone surrogate escaped in the JSON
+                    continue
+                headers[name] = b""
+
+
 def _own_variable(buf: bytes, pos: int, short_code: int) -> tuple[bytes, int]:
     """The bytes of a str8/sym8/vbin8 (``short_code``) or its 32-bit form (``short_code``
     + 0x10) at ``pos``, and the position after it."""
@@ -805,6 +863,14 @@ def _decode_own(buf: bytes) -> Record | None:
     if seen < count and buf.startswith(_MA_ACK, pos):
         record.ack_inbox, pos = _own_str(buf, pos + len(_MA_ACK))
         seen += 2
+    if seen < count and buf.startswith(_MA_EMPTY, pos):
+        if buf.startswith(_MA_EMPTY_REPLY, pos):
+            record.headers["reply"] = b""
+            pos += len(_MA_EMPTY_REPLY)
+        else:
+            names, pos = _own_str(buf, pos + len(_MA_EMPTY))
+            _add_empty_headers(record.headers, names)
+        seen += 2
     if seen != count or pos != end:
         return None
 
@@ -857,7 +923,10 @@ def decode_record(data: bytes, default_timestamp_ns: int = 0) -> Record:
       `amqp-sequence` sections (3.2.7) as a JSON array; else the `amqp-value` (3.2.8) as
       bytes (binary as is, string/symbol as UTF-8, numbers as decimal text, true/false,
       null as b"", lists/maps/described values as JSON); b"" when there is no body.
-      headers = application-properties (3.2.5), keys as str, values as bytes by the same rule.
+      headers = the names in the message-annotation ``x-opt-empty-headers`` (a JSON array
+      of strings) with the value b"", then the application-properties (3.2.5), keys as str,
+      values as bytes by the same rule (a name in both gets the application property's
+      value, at its first place): the order they come in the record.
       subject, reply = properties.subject and reply-to (3.2.4); correlation_id =
       properties.correlation-id as text (ulong in decimal, uuid in canonical form, binary as
       UTF-8 or else hex). key, timestamp_ns, ack_inbox = the message-annotations (3.2.3)
@@ -918,6 +987,10 @@ def _to_record(msg: _Message, default_timestamp_ns: int) -> Record:
         if n > 5 and props[5] is not None:
             record.correlation_id = _text(props[5])
 
+    if ann:
+        names = ann.get(ANNOTATION_EMPTY_HEADERS)
+        if isinstance(names, str):
+            _add_empty_headers(record.headers, names)
     app = msg.app_properties
     if app:
         headers = record.headers

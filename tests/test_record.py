@@ -58,6 +58,19 @@ def raw(data: bytes, ts: int = 0) -> Record:
     return Record(value=data, timestamp_ns=ts)
 
 
+def record_order(headers: dict[str, bytes]) -> list[tuple[str, bytes]]:
+    """The order decode_record gives headers in: as they come in the record, the empty ones
+    (x-opt-empty-headers) first, then the others (application-properties)."""
+    return ([(k, v) for k, v in headers.items() if v == b""]
+            + [(k, v) for k, v in headers.items() if v != b""])
+
+
+def empty_names(headers: dict[str, bytes]) -> str | None:
+    """The x-opt-empty-headers annotation encode_record writes for ``headers``."""
+    names = [k for k, v in headers.items() if v == b""]
+    return json.dumps(names, ensure_ascii=False, separators=(",", ":")) if names else None
+
+
 # --------------------------------------------------------------------------- our round trip
 
 
@@ -65,7 +78,9 @@ def raw(data: bytes, ts: int = 0) -> Record:
 @given(records)
 def test_round_trip_is_exact(record: Record) -> None:
     data = encode_record(record)
-    assert decode_record(data, default_timestamp_ns=123) == record
+    decoded = decode_record(data, default_timestamp_ns=123)
+    assert decoded == record
+    assert list(decoded.headers.items()) == record_order(record.headers)
 
 
 @FAST
@@ -76,7 +91,9 @@ def test_fast_path_and_general_parser_agree(record: Record) -> None:
     data = encode_record(record)
     fast = rec._decode_own(data)
     assert fast is not None
-    assert rec._to_record(rec._parse_message(data), 0) == fast == record
+    general = rec._to_record(rec._parse_message(data), 0)
+    assert general == fast == record
+    assert list(general.headers.items()) == list(fast.headers.items())
 
 
 # Batches as a read brings them: records sharing timestamp, subject, reply and headers, with
@@ -113,6 +130,16 @@ def test_batch_encoder_sees_a_reused_headers_dict_change() -> None:
         encode_record(Record(value=b"y", headers={"a": b"2"}, timestamp_ns=5, correlation_id="2"))]
 
 
+def test_batch_encoder_sees_empty_headers_come_and_go() -> None:
+    # same timestamp, no key: the cached annotations must follow the empty header names
+    batch = [Record(value=b"v", headers=h, timestamp_ns=5)
+             for h in ({}, {"reply": b""}, {"reply": b"", "a": b"1"}, {"a": b"1"},
+                       {"b": b""}, {"b": b""}, {"c": b"", "reply": b""}, {})]
+    encoded = encode_records(batch)
+    assert encoded == [encode_record(r) for r in batch]
+    assert [decode_record(d) for d in encoded] == batch
+
+
 def test_batch_encoder_raises_like_the_single_one() -> None:
     good = Record(value=b"v", timestamp_ns=1)
     with pytest.raises(ValueError, match="64-bit"):
@@ -126,6 +153,59 @@ def test_none_key_is_distinct_from_empty_key() -> None:
     assert none_key != empty_key
     assert decode_record(none_key).key is None
     assert decode_record(empty_key).key == b""
+
+
+def test_empty_header_values_are_annotated_not_application_properties() -> None:
+    # the Node client (rabbitmq-stream-js-client 1.0.0) throws on an empty application
+    # property value; a plain NATS publish stores `reply` empty, as does every gRPC publish
+    nats = Record(value=b"v", headers={"subject": b"orders", "reply": b""}, timestamp_ns=5,
+                  subject="orders")
+    message = amqp_decoder(encode_record(nats))
+    assert message.application_properties == {b"subject": b"orders"}
+    assert message.message_annotations[b"x-opt-empty-headers"] == b'["reply"]'
+    assert decode_record(encode_record(nats)).headers == {"reply": b"", "subject": b"orders"}
+    only_empty = Record(value=b"v", headers={"reply": b""}, timestamp_ns=5)
+    message = amqp_decoder(encode_record(only_empty))
+    assert message.application_properties is None
+    assert decode_record(encode_record(only_empty)) == only_empty
+
+
+def test_empty_header_names_come_back_exactly() -> None:
+    # names JSON must escape, the empty name, non-ASCII, and an order with values between
+    headers = {'quote"back\\slash': b"", "a": b"1", "": b"", "ctl\x00\n\u2028": b"",
+               "ключ-🔑": b"", "b": b"2"}
+    r = Record(value=b"v", headers=headers, timestamp_ns=5)
+    data = encode_record(r)
+    message = amqp_decoder(data)
+    assert json.loads(message.message_annotations[b"x-opt-empty-headers"]) == [
+        'quote"back\\slash', "", "ctl\x00\n\u2028", "ключ-🔑"]
+    assert message.application_properties == {b"a": b"1", b"b": b"2"}
+    decoded = decode_record(data)
+    assert decoded == r and list(decoded.headers.items()) == record_order(headers)
+
+
+def test_encode_rejects_empty_header_names_that_are_not_str() -> None:
+    with pytest.raises(TypeError):
+        encode_record(Record(headers={b"bytes": b""}))  # type: ignore[dict-item]
+    with pytest.raises(ValueError):
+        encode_record(Record(headers={"\ud800": b""}))
+
+
+@pytest.mark.parametrize("names, expected", [
+    ('["a"]', {"a": b"", "h": b"app"}),
+    ('["h"]', {"h": b"app"}),  # named and an application property: the property wins
+    ('not json', {"h": b"app"}),
+    ('{"a": 1}', {"h": b"app"}),
+    ('["b", 7, null, ["c"], "\\ud800"]', {"b": b"", "h": b"app"}),
+    ("[" * 5000, {"h": b"app"}),
+])
+def test_foreign_empty_header_annotations(names, expected) -> None:
+    # another AMQP writer's x-opt-empty-headers: strings taken, the rest ignored, never raises
+    data = bytes(AMQPMessage(body=b"v", application_properties={"h": "app"},
+                             message_annotations={"x-opt-empty-headers": names}))
+    decoded = decode_record(data)
+    assert decoded.headers == expected
+    assert list(decoded.headers) == list(expected)
 
 
 def test_empty_strings_are_distinct_from_none() -> None:
@@ -203,9 +283,34 @@ DOC_EXAMPLE_V1_HEX = (DOC_EXAMPLE_HEX.replace("8017979c", "8117979c")
                       .replace("a1026b31", "a0026b31").replace("a10176", "a00176"))
 
 
+# The second example of docs/record-format.md: a plain NATS publish without a reply subject.
+DOC_NATS_EXAMPLE = Record(value=b"hi", headers={"subject": b"orders", "reply": b""},
+                          timestamp_ns=1_700_000_000_000_000_000, subject="orders")
+DOC_NATS_EXAMPLE_HEX = (
+    "005372c13e04"
+    "a312782d6f70742d74696d657374616d702d6e73" "8017979cfe362a0000"
+    "a313782d6f70742d656d7074792d68656164657273" "a1095b227265706c79225d"
+    "005373c00c04" "404040" "a1066f7264657273"
+    "005374c11202" "a1077375626a656374" "a1066f7264657273"
+    "005375" "a0026869"
+)
+
+
 def test_golden_vector_matches_the_docs() -> None:
     assert encode_record(DOC_EXAMPLE).hex() == DOC_EXAMPLE_HEX
     assert decode_record(bytes.fromhex(DOC_EXAMPLE_HEX)) == DOC_EXAMPLE
+    assert encode_record(DOC_NATS_EXAMPLE).hex() == DOC_NATS_EXAMPLE_HEX
+    assert decode_record(bytes.fromhex(DOC_NATS_EXAMPLE_HEX)) == DOC_NATS_EXAMPLE
+
+
+def test_empty_headers_written_as_application_properties_read_the_same() -> None:
+    # before x-opt-empty-headers, an empty header value was an empty string property
+    old = encode_record(Record(value=b"v", headers={"subject": b"s", "reply": b"-"},
+                               timestamp_ns=5))
+    old = old.replace(b"\xc1\x17\x04", b"\xc1\x16\x04").replace(b"\xa1\x01-", b"\xa1\x00")
+    assert decode_record(old) == Record(value=b"v", headers={"subject": b"s", "reply": b""},
+                                        timestamp_ns=5)
+    assert rec._decode_own(old) is not None
 
 
 def test_records_of_the_first_layout_read_the_same() -> None:
@@ -218,7 +323,8 @@ def test_key_and_header_values_are_strings_when_utf8_else_binary() -> None:
                                                       "empty": b""}, timestamp_ns=7)
     message = proton.Message()
     message.decode(encode_record(r))
-    assert message.properties == {"text": "värde", "bin": b"\x80", "empty": ""}
+    assert message.properties == {"text": "värde", "bin": b"\x80"}
+    assert message.annotations[proton.symbol("x-opt-empty-headers")] == '["empty"]'
     assert message.annotations[proton.symbol("x-opt-key")] == b"\xff\xfe"
     assert decode_record(encode_record(r)) == r
 
@@ -247,8 +353,9 @@ def test_rstream_decodes_our_records(record: Record) -> None:
     message = amqp_decoder(encode_record(record))  # what rstream's consumer hands to callbacks
     assert message.body == record.value
     assert message.value is None and message.sequence is None
-    if record.headers:  # rstream returns AMQP strings as bytes
-        assert message.application_properties == {k.encode(): v for k, v in record.headers.items()}
+    valued = {k.encode(): v for k, v in record.headers.items() if v}
+    if valued:  # rstream returns AMQP strings as bytes
+        assert message.application_properties == valued
     else:
         assert message.application_properties is None
     props = message.properties
@@ -264,6 +371,7 @@ def test_rstream_decodes_our_records(record: Record) -> None:
     assert annotations[b"x-opt-timestamp-ns"] == record.timestamp_ns
     assert annotations.get(b"x-opt-key") == record.key
     assert annotations.get(b"x-opt-ack-inbox") == enc_opt(record.ack_inbox)
+    assert annotations.get(b"x-opt-empty-headers") == enc_opt(empty_names(record.headers))
 
 
 def enc_opt(s: str | None) -> bytes | None:
@@ -313,7 +421,7 @@ def test_proton_decodes_our_records(record: Record) -> None:
     assert all(type(f) is str for f in fields[3:] if f is not None)
     assert message.id is None
     headers = {k: _utf8_or_bytes(v) for k, v in (message.properties or {}).items()}
-    assert headers == record.headers
+    assert headers == {k: v for k, v in record.headers.items() if v}
     assert all(type(k) is str for k in headers)
     # values that are UTF-8 arrive as strings, the others as binary
     assert all(type(v) is str for k, v in (message.properties or {}).items()
@@ -324,6 +432,7 @@ def test_proton_decodes_our_records(record: Record) -> None:
     key = annotations.get(proton.symbol("x-opt-key"))
     assert (None if key is None else _utf8_or_bytes(key)) == record.key
     assert annotations.get(proton.symbol("x-opt-ack-inbox")) == record.ack_inbox
+    assert annotations.get(proton.symbol("x-opt-empty-headers")) == empty_names(record.headers)
 
 
 # ------------------------------------------------------------- we read third-party messages

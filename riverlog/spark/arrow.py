@@ -7,10 +7,13 @@
 # entries as the chunk header says; if not, a struct loop walks the entries. numpy gathers
 # over unaligned word views then check the layout and locate timestamp, key, headers and value
 # of all records at once, and Arrow builds the columns by slicing the received buffer
-# (offsets with gaps, then ``take``). Anything else (sub-batch entries, foreign AMQP layouts
-# from other RabbitMQ clients, raw bytes, an ack inbox annotation) goes through
-# riverlog.record.decode_record one record at a time, for that batch only, so the result is
-# always exactly what decode_record gives (tests hold the two paths to that). numpy and
+# (offsets with gaps, then ``take``). The empty headers named in the x-opt-empty-headers
+# annotation are taken vectorized when it is exactly ["reply"] (every NATS publish without a
+# reply subject, every gRPC PublishAsync; a unary Publish also has an ack inbox). Anything
+# else (sub-batch entries, foreign AMQP layouts from other RabbitMQ clients, raw bytes, an
+# ack inbox annotation, other empty headers) goes through riverlog.record.decode_record one
+# record at a time, for that batch only, so the result is always exactly what
+# decode_record gives (tests hold the two paths to that). numpy and
 # pyarrow are imported here: import this module only where they are installed (executors).
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..log.chunk import HEADER_SIZE, ChunkHeader, iter_records
-from ..record import ANNOTATION_KEY, ANNOTATION_TIMESTAMP_NS, decode_record
+from ..record import (ANNOTATION_EMPTY_HEADERS, ANNOTATION_KEY, ANNOTATION_TIMESTAMP_NS,
+                      decode_record)
 
 __all__ = ["arrow_schema", "chunks_to_batch"]
 
@@ -34,6 +38,11 @@ _HEAD = _MA_OPEN + b"\0\0" + _MA_TS  # bytes 4 and 5 (map size and count) vary, 
 _TS_AT = len(_HEAD)  # 27: the i64 timestamp
 _KEY_AT = _TS_AT + 8  # 35: the key annotation, when there is one
 _MIN_OWN = _KEY_AT + 5  # smallest record in our layout: annotations + empty data section
+# the last annotation of a record whose only empty header is "reply" (32 bytes): the name
+# "reply" is its bytes -7..-2
+_EMPTY_REPLY = b"\xa3\x13" + ANNOTATION_EMPTY_HEADERS.encode() + b'\xa1\x09["reply"]'
+_REPLY_FROM_END = 7
+_REPLY_BE = int.from_bytes(b"reply", "big")
 _SEC_PROPERTIES, _SEC_APP_PROPERTIES, _SEC_DATA = 0x73, 0x74, 0x75
 _MA_OPEN_BE = int.from_bytes(_MA_OPEN, "big")
 
@@ -51,6 +60,7 @@ _HEAD_MASK19 = 0x00FF_FFFF_FFFF_FFFF
 _HEAD_WORDS = ((0, _word(_HEAD, 0) & _HEAD_MASK0), (8, _word(_HEAD, 8)), (16, _word(_HEAD, 16)),
                (19, _word(_HEAD, 19) & _HEAD_MASK19))
 _KEY_WORDS = ((0, _word(_MA_KEY, 0)),)
+_EMPTY_REPLY_WORDS = tuple((at, _word(_EMPTY_REPLY, at)) for at in range(0, 32, 8))
 _KEY_TAIL = int.from_bytes(_MA_KEY[8:], "big")  # "key": bytes 8-10, then the constructor
 
 
@@ -181,7 +191,7 @@ class _Fields:
     """Where the parts of each record are (numpy arrays)."""
 
     __slots__ = ("ts_ns", "key_start", "key_len", "has_key", "value_start", "value_len",
-                 "hdr_at", "has_hdr")
+                 "hdr_at", "has_hdr", "has_empty_reply", "reply_at")
 
 
 def _section(v: _Views, pos: np.ndarray, end: np.ndarray):
@@ -214,15 +224,27 @@ def _fast_fields(v: _Views, loc: _Located) -> _Fields | None:
         return None
     end = s + n
     ma_end = s + 5 + ((w0 >> 32) & 0xFF).astype(np.int64)
-    count = (w0 >> 40) & 0xFF
+    count = ((w0 >> 40) & 0xFF).astype(np.int64)
     f = _Fields()
     f.ts_ns = v.be8[s + _TS_AT].astype(np.int64)
     ts_code = w19 >> 56  # ulong (riverlog writes it unless negative) or long
     if not np.all((ts_code == 0x81) | ((ts_code == 0x80) & (f.ts_ns >= 0))):
         return None
-    has_key = count == 4
-    if not np.all(has_key | (count == 2)):
+    # the x-opt-empty-headers annotation ["reply"], last: the key (if any) ends before it
+    empty = count >= 4
+    if empty.any():
+        tail = ma_end - len(_EMPTY_REPLY)
+        for at, word in _EMPTY_REPLY_WORDS:
+            empty &= le8[tail + at] == word
+    key_end = ma_end - np.where(empty, len(_EMPTY_REPLY), 0)
+    rest = count - 2 * empty
+    has_key = rest == 4
+    if not np.all(has_key | (rest == 2)):
         return None  # an ack inbox annotation, or something else
+    if not np.array_equal(key_end[~has_key], s[~has_key] + _KEY_AT):
+        return None
+    f.has_empty_reply = empty
+    f.reply_at = ma_end[empty] - _REPLY_FROM_END
     f.has_key = has_key
     f.key_start = np.zeros(len(s), dtype=np.int64)
     f.key_len = np.zeros(len(s), dtype=np.int64)
@@ -237,15 +259,13 @@ def _fast_fields(v: _Views, loc: _Located) -> _Fields | None:
             return None
         klen = _length(w, small)
         kstart = ks + 11 + np.where(small, 2, 5)
-        if not np.array_equal(kstart + klen, ma_end[has_key]):
+        if not np.array_equal(kstart + klen, key_end[has_key]):
             return None
         text = (code & 1) == 1
         if text.any() and not _utf8(v, kstart[text], klen[text]):
             return None
         f.key_start[has_key] = kstart
         f.key_len[has_key] = klen
-    elif not np.array_equal(ma_end, s + _KEY_AT):
-        return None
     pos = ma_end
     sec = _section(v, pos, end)
     if sec is None:
@@ -325,10 +345,14 @@ def _utf8(v: _Views, starts: np.ndarray, lens: np.ndarray) -> bool:
 
 def _headers(v: _Views, buf: pa.Buffer, f: _Fields, n: int,
              map_type: pa.MapType) -> pa.Array | None:
-    """The headers column (null where a record has none) from application-properties maps
-    of str -> str or binary pairs; None when one holds anything else."""
+    """The headers column (null where a record has none) in decode_record's order: "reply"
+    with an empty value where x-opt-empty-headers names it, then the application-properties
+    pairs (str -> str or binary). Every key and value is a slice of the buffer, in buffer
+    order ("reply" is in the annotation, before the application-properties). None when a
+    map holds anything else, or also names "reply"."""
     has = f.has_hdr
-    if not has.any():
+    extra = f.has_empty_reply
+    if not has.any() and not extra.any():
         return pa.nulls(n, map_type)
     hp = f.hdr_at
     small = v.u8[hp] == 0xC1
@@ -338,8 +362,8 @@ def _headers(v: _Views, buf: pa.Buffer, f: _Fields, n: int,
     if np.any(pairs & 1):
         return None
     pairs >>= 1
-    counts = np.zeros(n, dtype=np.int64)
-    counts[has] = pairs
+    counts = extra.astype(np.int64)
+    counts[has] += pairs
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     total = int(offsets[-1])
@@ -348,7 +372,7 @@ def _headers(v: _Views, buf: pa.Buffer, f: _Fields, n: int,
     # step j reads the j-th pair of every record with more than j (sorted: a prefix)
     order = np.argsort(-pairs, kind="stable")
     pos = (hp + np.where(small, 3, 9))[order]
-    base = offsets[:-1][has][order]
+    base = (offsets[:-1] + extra)[has][order]
     left = pairs[order]
     active = len(left)
     for j in range(int(left[0]) if len(left) else 0):
@@ -370,6 +394,17 @@ def _headers(v: _Views, buf: pa.Buffer, f: _Fields, n: int,
             parts[ln][slot] = length
             p = start + length
         pos[:active] = p
+    if extra.any():
+        app_slot = np.repeat(extra, counts)  # slots of records with the annotation ...
+        reply_slot = offsets[:-1][extra]
+        app_slot[reply_slot] = False  # ... that are application properties
+        maybe = np.flatnonzero(app_slot & (parts["kl"] == 5))
+        if len(maybe) and np.any((v.be8u[parts["ks"][maybe]] >> 24) == _REPLY_BE):
+            return None  # "reply" is also an application property: decode_record decides
+        parts["ks"][reply_slot] = f.reply_at
+        parts["kl"][reply_slot] = 5
+        parts["vs"][reply_slot] = f.reply_at + 5  # empty, between key and next slice
+        parts["vl"][reply_slot] = 0
     try:  # the cast to string checks UTF-8, as Spark strings must be
         keys = _slices(buf, parts["ks"], parts["kl"], None, pa.string())
     except pa.ArrowInvalid:
@@ -378,7 +413,7 @@ def _headers(v: _Views, buf: pa.Buffer, f: _Fields, n: int,
         return None
     values = _slices(buf, parts["vs"], parts["vl"], None, pa.binary())
     return pa.MapArray.from_arrays(pa.array(offsets.astype(np.int32)), keys, values,
-                                   type=map_type, mask=pa.array(~has))
+                                   type=map_type, mask=pa.array(~(has | extra)))
 
 
 def _constant_string(value: str, n: int) -> pa.Array:

@@ -56,11 +56,12 @@ async def test_nats_to_rstream(server, stub, nc):
     body = enveloped.body
     assert (b"".join(body) if isinstance(body, list) else body) == b"enveloped"
     props = {_s(k): _s(v) for k, v in enveloped.application_properties.items()}
-    assert props == {"color": "blue", "subject": "n2r.subject", "reply": ""}
+    assert props == {"color": "blue", "subject": "n2r.subject"}  # the empty one annotated:
     assert _s(enveloped.properties.subject) == "n2r.subject"
     assert _s(enveloped.properties.correlation_id) == "corr-7"
     assert _s(plain.properties.reply_to) == "the.reply"
     annotations = {_s(k): v for k, v in enveloped.message_annotations.items()}
+    assert annotations["x-opt-empty-headers"] == b'["reply"]'
     assert annotations["x-opt-key"] == b"key-1"
     stamps = [m.timestamp for m in await read_all(stub, "n2r")]  # Liftbridge's, in ns
     assert [m.message_annotations[b"x-opt-timestamp-ns"] for _, m in got] == stamps
@@ -68,9 +69,7 @@ async def test_nats_to_rstream(server, stub, nc):
 
 async def test_nats_records_decode_in_the_node_client(server, stub, nc, node_client):
     """The Node client reads no AMQP long and no binary application property: the timestamp
-    is a ulong, UTF-8 keys and header values are strings. (It cannot read an empty
-    application property value at all, so these messages have a reply subject: see
-    docs/record-format.md, Limits.)"""
+    is a ulong, UTF-8 keys and header values are strings."""
     await create(stub, "n2node", "n2node.subject")
     await nc.publish("n2node.subject", b"plain payload", reply="the.reply")
     await nc.publish("n2node.subject", encode_publish(pb.Message(
@@ -91,6 +90,50 @@ async def test_nats_records_decode_in_the_node_client(server, stub, nc, node_cli
          "messageAnnotations": {"x-opt-timestamp-ns": stamps[1], "x-opt-key": "key-1"},
          "messageProperties": {"subject": "n2node.subject", "replyTo": "r2",
                                "correlationId": "corr-7"}}]
+
+
+async def test_records_with_an_empty_reply_decode_in_the_node_client(server, stub, nc, lb,
+                                                                      node_client):
+    """Every gRPC publish and every NATS publish without a reply subject stores the header
+    `reply` empty, which the Node client cannot read as an application property (it throws
+    on any falsy value): the name goes to the `x-opt-empty-headers` annotation, and
+    Liftbridge readers still get the header back."""
+    await create(stub, "empty2node", "empty2node.subject")
+    await nc.publish("empty2node.subject", b"nats, no reply")
+    await nc.flush()
+    await wait_for_offset(server, "empty2node", 0)
+    await stub.Publish(pb.PublishRequest(stream="empty2node", value=b"grpcio",
+                                         headers={"color": b"blue", "none": b""}), timeout=5)
+    async for _ack in lb.publish_bulk([lb.get_publish_request(b"gufo", stream="empty2node")]):
+        pass
+    await wait_for_offset(server, "empty2node", 2)
+    got = await read_all(stub, "empty2node")
+    assert [dict(m.headers) for m in got] == [
+        {"subject": b"empty2node.subject", "reply": b""},
+        {"color": b"blue", "none": b"", "subject": b"empty2node.subject", "reply": b""},
+        {"subject": b"empty2node.subject", "reply": b""}]
+    result = await node_client.run("consume", "127.0.0.1", server.stream_port,
+                                   stream="empty2node", count=3)
+    # a unary Publish gets an ack inbox as in Liftbridge (<namespace>.ack.<id>)
+    inbox = result["messages"][1]["messageAnnotations"].pop("x-opt-ack-inbox")
+    assert inbox.startswith("liftbridge-default.ack.")
+
+    def annotations(m: pb.Message, empty: str) -> dict:
+        return {"x-opt-timestamp-ns": str(m.timestamp), "x-opt-empty-headers": empty}
+
+    assert result["messages"] == [
+        {"content": b"nats, no reply".hex(),
+         "applicationProperties": {"subject": "empty2node.subject"},
+         "messageAnnotations": annotations(got[0], '["reply"]'),
+         "messageProperties": {"subject": "empty2node.subject"}},
+        {"content": b"grpcio".hex(),
+         "applicationProperties": {"color": "blue", "subject": "empty2node.subject"},
+         "messageAnnotations": annotations(got[1], '["none","reply"]'),
+         "messageProperties": {"subject": "empty2node.subject"}},
+        {"content": b"gufo".hex(),
+         "applicationProperties": {"subject": "empty2node.subject"},
+         "messageAnnotations": annotations(got[2], '["reply"]'),
+         "messageProperties": {"subject": "empty2node.subject"}}]
 
 
 async def test_liftbridge_readers_get_header_and_key_bytes_back(server, stub):

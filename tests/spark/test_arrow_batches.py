@@ -19,17 +19,21 @@ SCHEMA = arrow.arrow_schema()
 
 
 def make_record(rnd: random.Random, i: int, variety: int) -> bytes:
-    """variety 0: value + timestamp; 1: + keys (None, empty, short); 2: + headers; 3: + NATS
-    properties; from 4 on, layouts the vectorized path leaves to decode_record: 4: + keys
-    over 255 bytes (a map32 of annotations); 5: + ack inbox; 6: + raw non-AMQP bytes."""
+    """variety 0: value + timestamp; 1: + keys (None, empty, short); 2: + headers (with a
+    value, and "reply" empty as NATS and gRPC write it); 3: + NATS properties; from 4 on,
+    layouts the vectorized path leaves to decode_record: 4: + keys over 255 bytes (a map32
+    of annotations) and other empty headers; 5: + ack inbox; 6: + raw non-AMQP bytes."""
     # keys and header values: ASCII and other UTF-8 (stored as strings) and not UTF-8 (binary)
     keys = [None, b"", b"k%d" % i, "ключ".encode(), b"\xff\xfe"] + (
         [b"K" * 300] if variety >= 4 else [])
     key = rnd.choice(keys) if variety >= 1 else None
     headers = {}
     if variety >= 2 and rnd.random() < 0.5:
-        headers = {f"h{j}": rnd.choice([b"", b"x" * rnd.randint(0, 300), "värde".encode(),
-                                        b"\x80\x81"]) for j in range(rnd.randint(0, 4))}
+        values = [b"x" * rnd.randint(1, 300), "värde".encode(), b"\x80\x81"] + (
+            [b""] if variety >= 4 else [])
+        headers = {f"h{j}": rnd.choice(values) for j in range(rnd.randint(0, 4))}
+    if variety >= 2 and rnd.random() < 0.5:
+        headers["reply"] = b""
     props = {}
     if variety >= 3 and rnd.random() < 0.3:
         props = {"subject": "sub", "reply": rnd.choice([None, "r"]),
@@ -63,7 +67,7 @@ def expected(chunks, start, end):
             if start <= offset < end:
                 r = decode_record(data, chunk.header.timestamp_ms * 1_000_000)
                 rows.append((r.key, r.value, "s", 3, offset, r.timestamp_ns // 1000,
-                             sorted(r.headers.items()) or None))
+                             list(r.headers.items()) or None))
     return rows
 
 
@@ -71,7 +75,7 @@ def rows(batch):
     d = batch.to_pydict()
     ts = batch.column("timestamp").cast(pa.int64()).to_pylist()
     return [(d["key"][i], d["value"][i], d["stream"][i], d["partition"][i], d["offset"][i],
-             ts[i], sorted(d["headers"][i]) if d["headers"][i] is not None else None)
+             ts[i], d["headers"][i])
             for i in range(batch.num_rows)]
 
 
@@ -114,6 +118,47 @@ def test_strings_that_are_not_utf8_read_as_decode_record_reads_them(field):
     chunk = Chunk(encode_chunk(encode_entries([data]), 1, 1, first_offset=0, timestamp_ms=1))
     batch = arrow.chunks_to_batch([chunk], "s", 3, 0, 1, SCHEMA)
     assert rows(batch) == expected([([data], chunk)], 0, 1)
+
+
+def _one_chunk(recs):
+    return Chunk(encode_chunk(encode_entries(recs), len(recs), len(recs), first_offset=0,
+                              timestamp_ms=1))
+
+
+def test_empty_reply_header_takes_the_vectorized_path(monkeypatch):
+    # what every plain NATS publish and every gRPC PublishAsync stores; a key over it too
+    recs = [encode_record(Record(value=b"v%d" % i, key=None if i % 3 else b"k%d" % i,
+                                 headers={"subject": b"s", "reply": b""} if i % 2 else
+                                 {"reply": b""}, timestamp_ns=i, subject="s"))
+            for i in range(30)]
+    chunk = _one_chunk(recs)
+    monkeypatch.setattr(arrow, "_slow_batch", None)
+    got = rows(arrow.chunks_to_batch([chunk], "s", 3, 0, 30, SCHEMA))
+    assert got == expected([(recs, chunk)], 0, 30)
+    assert got[1][6] == [("reply", b""), ("subject", b"s")] and got[0][6] == [("reply", b"")]
+
+
+@pytest.mark.parametrize("headers", [
+    {"reply": b"", "other": b""},  # another empty header: a JSON array the fast path leaves
+    {"other": b""},
+])
+def test_other_empty_headers_take_the_per_record_path(headers):
+    recs = [encode_record(Record(value=b"v", headers=headers, timestamp_ns=1))] * 3
+    chunk = _one_chunk(recs)
+    batch = arrow.chunks_to_batch([chunk], "s", 3, 0, 3, SCHEMA)
+    assert rows(batch) == expected([(recs, chunk)], 0, 3)
+    assert batch.column("headers").to_pylist()[0] == list(headers.items())
+
+
+def test_reply_annotated_and_an_application_property_reads_as_decode_record():
+    # not what riverlog writes: "reply" both empty (annotation) and with a value; the value wins
+    data = encode_record(Record(value=b"v", headers={"reply": b"", "rep1y": b"x"},
+                                timestamp_ns=1)).replace(b"rep1y", b"reply")
+    assert decode_record(data).headers == {"reply": b"x"}
+    recs = [encode_record(Record(value=b"w", headers={"reply": b""}, timestamp_ns=2)), data]
+    chunk = _one_chunk(recs)
+    assert rows(arrow.chunks_to_batch([chunk], "s", 3, 0, 2, SCHEMA)) == expected(
+        [(recs, chunk)], 0, 2)
 
 
 def test_value_that_looks_like_a_record_start():
