@@ -55,12 +55,14 @@ SERVER_COMMAND_VERSIONS = tuple(
 _AGE = re.compile(r"^\s*(\d+)\s*([YMDhms])\s*$")
 _AGE_MS = {"Y": 365 * 86_400_000, "M": 30 * 86_400_000, "D": 86_400_000, "h": 3_600_000,
            "m": 60_000, "s": 1000}
+TABLE_ARGUMENT = "x-riverlog-table"
 _IGNORED_ARGUMENTS = {"initial-cluster-size", "queue-leader-locator", "x-queue-type"}
 
 
 def stream_config_from_arguments(arguments: dict[str, str]) -> StreamConfig:
     """Translate Create arguments to a StreamConfig: ``max-length-bytes``, ``max-age`` (e.g.
-    ``7D``, ``12h``, ``30s``; units Y M D h m s), ``stream-max-segment-size-bytes``.
+    ``7D``, ``12h``, ``30s``; units Y M D h m s), ``stream-max-segment-size-bytes``,
+    riverlog's ``x-riverlog-table`` (``true``/``false``: mirror the stream to Parquet).
     Cluster-only arguments are ignored with a log line. Raises ``InvalidArgumentError``."""
     kwargs = {}
     for key, value in arguments.items():
@@ -74,11 +76,13 @@ def stream_config_from_arguments(arguments: dict[str, str]) -> StreamConfig:
                 if not m:
                     raise ValueError(value)
                 kwargs["retention_max_age_ms"] = int(m.group(1)) * _AGE_MS[m.group(2)]
+            elif key == TABLE_ARGUMENT:
+                kwargs["table"] = {"true": True, "false": False}[value.strip().lower()]
             elif key in _IGNORED_ARGUMENTS or key == "stream-filter-size-bytes":
                 log.info("Create: argument %s=%s has no effect on a single server", key, value)
             else:
                 log.info("Create: unknown argument %s=%s ignored", key, value)
-        except ValueError:
+        except (ValueError, KeyError):
             raise InvalidArgumentError(f"bad value for {key}: {value!r}") from None
     return StreamConfig(**kwargs)
 

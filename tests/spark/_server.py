@@ -12,13 +12,14 @@ from riverlog.server.app import App
 
 
 class ThreadServer:
-    """``start()``, then ``servers`` ("127.0.0.1:PORT") and ``client()``; ``stop()``."""
+    """``start()``, then ``servers`` ("127.0.0.1:PORT") and ``client()``; ``stop()``.
+    ``config``: more ServerConfig fields (e.g. ``tables``)."""
 
-    def __init__(self, data_dir: str) -> None:
+    def __init__(self, data_dir: str, **config) -> None:
         self.data_dir = data_dir
         self.loop = asyncio.new_event_loop()
-        self.app = App(ServerConfig(data_dir=data_dir,
-                                    rabbitmq_stream=RabbitStreamConfig(port=0)))
+        self.app = App(ServerConfig(data_dir=data_dir, rabbitmq_stream=RabbitStreamConfig(port=0),
+                                    **config))
         self.thread = threading.Thread(target=self.loop.run_forever, name="riverlog-test-server",
                                        daemon=True)
         self.port = 0
