@@ -31,6 +31,7 @@ from ..protocol.rabbitmq_stream.constants import INITIAL_FRAME_MAX
 from ..protocol.rabbitmq_stream.draft import opens_draft
 from ..security.authz import CONSUME, CREATE, DELETE, PUBLISH
 from ..security.guard import Guard
+from ..tables import TABLE_ARGUMENT
 from .rabbitmq_draft import DraftAdapter
 
 log = logging.getLogger("riverlog.rabbitmq_stream")
@@ -55,7 +56,6 @@ SERVER_COMMAND_VERSIONS = tuple(
 _AGE = re.compile(r"^\s*(\d+)\s*([YMDhms])\s*$")
 _AGE_MS = {"Y": 365 * 86_400_000, "M": 30 * 86_400_000, "D": 86_400_000, "h": 3_600_000,
            "m": 60_000, "s": 1000}
-TABLE_ARGUMENT = "x-riverlog-table"
 _IGNORED_ARGUMENTS = {"initial-cluster-size", "queue-leader-locator", "x-queue-type"}
 
 

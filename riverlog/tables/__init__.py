@@ -7,3 +7,7 @@
 # table is derived and rebuildable; table writing never runs on the event loop and never
 # blocks publishers. Docs: docs/spark.md "Streams as tables".
 from __future__ import annotations
+
+TABLE_ARGUMENT = "x-riverlog-table"
+"""The RabbitMQ Stream Create argument that turns a stream's table on ("true") or off
+("false") whatever the server's default."""

@@ -52,27 +52,30 @@ class TableService:
         self._task: asyncio.Task | None = None
         self._worker: asyncio.subprocess.Process | None = None
         self._dropped: list[str] = []
+        self._started_s = time.monotonic()
 
     def enabled(self, stream: Stream) -> bool:
         """Whether ``stream`` has a table: its ``table`` setting, else the server's."""
         own = stream.config.table
         return self.config.enabled if own is None else own
 
-    def lag(self, stream: Stream, partition: int) -> tuple[int, float] | None:
-        """``(messages, seconds)`` the table of ``partition`` is behind its committed offset;
-        None when it has no table (yet)."""
+    def lag(self, stream: Stream, partition: int) -> tuple[int, float]:
+        """``(messages, seconds)`` the table of ``partition`` is behind: committed records it
+        does not hold yet, and how long it has not held them all (since the service started,
+        when it never did); ``(0, 0.0)`` when up to date."""
+        p = stream.partitions[partition]
         status = self.status.get((stream.name, partition))
-        if status is None:
-            return None
-        committed_end = stream.partitions[partition].committed_offset + 1
-        behind = max(committed_end - (status.end or stream.partitions[partition].first_offset),
-                     0)
+        end = p.first_offset
+        if status is not None and status.end is not None:
+            end = max(end, status.end)
+        behind = max(p.committed_offset + 1 - end, 0)
         if not behind:
             return 0, 0.0
-        since = status.synced_s
-        return behind, (time.monotonic() - since) if since is not None else float("inf")
+        since = self._started_s if status is None or status.synced_s is None else status.synced_s
+        return behind, time.monotonic() - since
 
     def start(self) -> None:
+        self._started_s = time.monotonic()
         self.broker.deletion_listeners.append(self._deleted)
         self._task = asyncio.get_running_loop().create_task(self._run())
 
