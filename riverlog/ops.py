@@ -99,7 +99,8 @@ def stream_describe(target: Target, name: str,
                     consumers: Iterable[str] = ()) -> list[tuple[str, str]]:
     """``[(field, value)]`` about stream ``name``: its leader, first and end offsets, chunk
     ids (RabbitMQ StreamStats), the offset stored by each of ``consumers`` with its lag, and
-    its Parquet table (``table_rows``). Raises OpsError (the stream does not exist, the server cannot be reached)."""
+    its Parquet table (``table_rows``). Raises OpsError (the stream does not exist, the
+    server cannot be reached)."""
     with target.connect() as client:
         _, host, port = _call("metadata", client.metadata, name)[name]
         if host is None:

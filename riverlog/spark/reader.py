@@ -108,6 +108,25 @@ def _lost(part: RangePartition, start: int, head: int) -> None:
                 part.partition, start, head - 1)
 
 
+def planned_ranges(opts: ReadOptions) -> list[plan.Range]:
+    """The ranges a batch read with ``opts`` covers, one per partition (possibly empty):
+    ``startingOffsets`` (default earliest) / ``startingTimestamp`` to ``endingOffsets``
+    (default latest), resolved now against the server. Raises DataLossError (see
+    check_loss), ValueError for an ``endingOffsets`` past the last committed offset."""
+    with opts.connection.connect("riverlog-spark-plan") as client:
+        first, end = plan.available(client, opts.streams)
+        start = plan.resolve(client, opts.starting, "earliest", first, end,
+                             opts.starting_timestamp)
+        stop = plan.resolve(client, opts.ending, "latest", first, end)
+    start = plan.check_loss(start, first, end, opts.fail_on_data_loss)
+    for stream, parts in stop.items():
+        for p, hi in parts.items():
+            if hi > end[stream][p]:
+                raise ValueError(f"option endingOffsets: {stream!r}/{p} ends at {hi}, past "
+                                 f"the last committed offset {end[stream][p] - 1}")
+    return plan.ranges(start, stop)
+
+
 class RiverlogReader(DataSourceReader):
     """Batch read: ``startingOffsets`` (default earliest) / ``startingTimestamp`` to
     ``endingOffsets`` (default latest), resolved once when Spark plans the query; one task
@@ -118,20 +137,8 @@ class RiverlogReader(DataSourceReader):
         self.columns = columns
 
     def partitions(self) -> list[RangePartition]:
-        opts = self.opts
-        with opts.connection.connect("riverlog-spark-plan") as client:
-            first, end = plan.available(client, opts.streams)
-            start = plan.resolve(client, opts.starting, "earliest", first, end,
-                                 opts.starting_timestamp)
-            stop = plan.resolve(client, opts.ending, "latest", first, end)
-        start = plan.check_loss(start, first, end, opts.fail_on_data_loss)
-        for stream, parts in stop.items():
-            for p, hi in parts.items():
-                if hi > end[stream][p]:
-                    raise ValueError(f"option endingOffsets: {stream!r}/{p} ends at {hi}, past "
-                                     f"the last committed offset {end[stream][p] - 1}")
-        return to_partitions(plan.split(plan.ranges(start, stop), opts.min_partitions), opts,
-                             self.columns)
+        return to_partitions(plan.split(planned_ranges(self.opts), self.opts.min_partitions),
+                             self.opts, self.columns)
 
     def read(self, partition: RangePartition) -> Iterator:
         if not isinstance(partition, RangePartition):  # Spark's stand-in when there is

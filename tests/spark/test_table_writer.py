@@ -17,63 +17,14 @@ pytest.importorskip("pyspark")
 
 from riverlog.broker.broker import record_key  # noqa: E402
 from riverlog.config import TableConfig  # noqa: E402
-from riverlog.record import Record, encode_record  # noqa: E402
 from riverlog.spark.options import Connection  # noqa: E402
 from riverlog.spark.reader import RangePartition, read_partition  # noqa: E402
 from riverlog.tables import manifest as mf  # noqa: E402
 
 from ._server import ThreadServer  # noqa: E402
+from .conftest import partition_of, send, varied, wait_table  # noqa: E402
 
-LAG = TableConfig(lag_ms=300)
 SMALL_SEGMENTS = {"x-riverlog-table": "true", "stream-max-segment-size-bytes": "8192"}
-
-
-def records(start: int, n: int, keys: int = 7) -> list[bytes]:
-    """Records in riverlog's layout and in others (headers on every third, no key on every
-    fifth, an AMQP body another client would send on every eleventh)."""
-    out = []
-    for i in range(start, start + n):
-        if i % 11 == 0:  # a bare AMQP 1.0 data section: decoded one record at a time
-            body = b"raw%d" % i
-            out.append(b"\x00\x53\x75\xa0" + bytes([len(body)]) + body)
-            continue
-        out.append(encode_record(Record(
-            value=b"v%d" % i, key=None if i % 5 == 0 else b"k%d" % (i % keys),
-            headers={"h": b"%d" % i, "n": b"x"} if i % 3 == 0 else {},
-            timestamp_ns=1_700_000_000_000_000_000 + i * 1000)))
-    return out
-
-
-def publish(server: ThreadServer, stream: str, values: list[bytes], batch: int = 50) -> None:
-    with server.client() as c, c.publisher(stream) as pub:
-        for i in range(0, len(values), batch):
-            pub.publish(values[i:i + batch])
-        pub.flush()
-
-
-def partition_of(server: ThreadServer, stream: str):
-    return server.app.broker.get(stream).partitions[0]
-
-
-def wait_table(server: ThreadServer, stream: str, *, sealed: bool = True) -> mf.Manifest:
-    """The manifest once the table holds every committed offset (and, with ``sealed``, one
-    sealed file per sealed segment of the log)."""
-    p = partition_of(server, stream)
-    directory = mf.partition_dir(server.app.config.table_dir, stream, 0)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            m = mf.load(directory)
-        except mf.ManifestError:  # damaged on purpose: the server has not rebuilt it yet
-            m = None
-        segments = {s.base_offset for s in p.log.segments[:-1]}
-        if m is not None and m.end == p.committed_offset + 1 and (
-                not sealed or segments <= {f.start for f in m.files if f.sealed}):
-            return m
-        assert time.monotonic() < deadline, (
-            f"table of {stream} never caught up: {m}, log segments "
-            f"{[(s.base_offset, s.next_offset) for s in p.log.segments]}")
-        time.sleep(0.1)
 
 
 def table_rows(server: ThreadServer, stream: str, m: mf.Manifest) -> pa.Table:
@@ -88,48 +39,42 @@ def source_rows(server: ThreadServer, stream: str, start: int, end: int) -> pa.T
     return pa.Table.from_batches(list(read_partition(part)))
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    s = ThreadServer(str(tmp_path_factory.mktemp("tables")), tables=LAG).start()
-    yield s
-    s.stop()
-
-
-def test_table_holds_exactly_what_the_source_reads(server):
-    with server.client() as c:
+def test_table_holds_exactly_what_the_source_reads(table_server):
+    with table_server.client() as c:
         c.create_stream("mirrored", SMALL_SEGMENTS)
-    publish(server, "mirrored", records(0, 2000))
-    m = wait_table(server, "mirrored")
-    p = partition_of(server, "mirrored")
+    send(table_server, "mirrored", varied(0, 2000))
+    m = wait_table(table_server, "mirrored")
+    p = partition_of(table_server, "mirrored")
     assert len(p.log.segments) > 3
     assert m.first == 0
-    rows = table_rows(server, "mirrored", m)
-    assert rows.equals(source_rows(server, "mirrored", 0, m.end))
+    rows = table_rows(table_server, "mirrored", m)
+    assert rows.equals(source_rows(table_server, "mirrored", 0, m.end))
     # one file per sealed segment, offsets and timestamps with statistics, zstd
     assert [(f.start, f.end) for f in m.files if f.sealed] == [
         (s.base_offset, s.next_offset) for s in p.log.segments[:-1]]
-    meta = pq.ParquetFile(os.path.join(mf.partition_dir(server.app.config.table_dir,
+    meta = pq.ParquetFile(os.path.join(mf.partition_dir(table_server.app.config.table_dir,
                                                         "mirrored", 0), m.files[0].name)).metadata
     column = meta.row_group(0).column(rows.schema.get_field_index("offset"))
     assert (column.statistics.min, column.statistics.max) == (m.files[0].start,
                                                               m.files[0].end - 1)
     assert column.compression == "ZSTD"
     # more records: the table follows, small files of the active segment first
-    publish(server, "mirrored", records(2000, 30))
-    m = wait_table(server, "mirrored", sealed=False)
-    assert table_rows(server, "mirrored", m).equals(source_rows(server, "mirrored", 0, m.end))
+    send(table_server, "mirrored", varied(2000, 30))
+    m = wait_table(table_server, "mirrored", sealed=False)
+    assert table_rows(table_server, "mirrored", m).equals(
+        source_rows(table_server, "mirrored", 0, m.end))
 
 
-def test_only_table_streams_get_a_table_and_delete_removes_it(server):
-    with server.client() as c:
+def test_only_table_streams_get_a_table_and_delete_removes_it(table_server):
+    with table_server.client() as c:
         c.create_stream("plain")
         c.create_stream("doomed", {"x-riverlog-table": "true"})
-    publish(server, "plain", records(0, 10))
-    publish(server, "doomed", records(0, 10))
-    wait_table(server, "doomed")
-    table_dir = server.app.config.table_dir
+    send(table_server, "plain", varied(0, 10))
+    send(table_server, "doomed", varied(0, 10))
+    wait_table(table_server, "doomed")
+    table_dir = table_server.app.config.table_dir
     assert not os.path.exists(mf.stream_dir(table_dir, "plain"))
-    with server.client() as c:
+    with table_server.client() as c:
         c.delete_stream("doomed")
     deadline = time.monotonic() + 30
     while os.path.exists(mf.stream_dir(table_dir, "doomed")):
@@ -137,37 +82,37 @@ def test_only_table_streams_get_a_table_and_delete_removes_it(server):
         time.sleep(0.1)
 
 
-def test_bad_table_argument_is_refused(server):
+def test_bad_table_argument_is_refused(table_server):
     from riverlog.client import ClientError
-    with server.client() as c, pytest.raises(ClientError):
+    with table_server.client() as c, pytest.raises(ClientError):
         c.create_stream("bad-table", {"x-riverlog-table": "maybe"})
 
 
-def test_retention_and_compaction_reach_the_table(server):
-    with server.client() as c:
+def test_retention_and_compaction_reach_the_table(table_server):
+    with table_server.client() as c:
         c.create_stream("kept", dict(SMALL_SEGMENTS, **{"max-length-bytes": "60000"}))
     for start in range(0, 3000, 500):
-        publish(server, "kept", records(start, 500))
-        m = wait_table(server, "kept")
-    p = partition_of(server, "kept")
+        send(table_server, "kept", varied(start, 500))
+        m = wait_table(table_server, "kept")
+    p = partition_of(table_server, "kept")
     assert p.first_offset > 0 and len(p.log.segments) > 2  # retention removed segments
     assert m.first == p.log.segments[0].base_offset
-    assert table_rows(server, "kept", m).equals(
-        source_rows(server, "kept", m.first, m.end))
+    assert table_rows(table_server, "kept", m).equals(
+        source_rows(table_server, "kept", m.first, m.end))
     # a compaction rewrites sealed segments: their files are written again
     import asyncio
-    asyncio.run_coroutine_threadsafe(p.log.compact(record_key), server.loop).result(30)
+    asyncio.run_coroutine_threadsafe(p.log.compact(record_key), table_server.loop).result(30)
     before = {f.name for f in m.files if f.sealed}
     deadline = time.monotonic() + 60
     while True:
-        m = wait_table(server, "kept")
+        m = wait_table(table_server, "kept")
         if before.isdisjoint(f.name for f in m.files if f.sealed):
             break
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    rows = table_rows(server, "kept", m)
+    rows = table_rows(table_server, "kept", m)
     assert rows.num_rows < m.end - m.first
-    assert rows.equals(source_rows(server, "kept", m.first, m.end))
+    assert rows.equals(source_rows(table_server, "kept", m.first, m.end))
 
 
 def test_archive_keeps_what_retention_drops(tmp_path):
@@ -178,7 +123,7 @@ def test_archive_keeps_what_retention_drops(tmp_path):
             c.create_stream("archived", {"stream-max-segment-size-bytes": "8192",
                                          "max-length-bytes": "30000"})
         for start in range(0, 3000, 500):  # the table keeps up: it has what retention drops
-            publish(s, "archived", records(start, 500))
+            send(s, "archived", varied(start, 500))
             m = wait_table(s, "archived")
         p = partition_of(s, "archived")
         assert p.first_offset > 0 and m.first == 0
@@ -196,7 +141,7 @@ def test_start_removes_leftovers_and_rebuilds_a_damaged_manifest(tmp_path):
     try:
         with s.client() as c:
             c.create_stream("crashy", {"stream-max-segment-size-bytes": "8192"})
-        publish(s, "crashy", records(0, 600))
+        send(s, "crashy", varied(0, 600))
         m = wait_table(s, "crashy")
     finally:
         s.stop()
@@ -209,7 +154,7 @@ def test_start_removes_leftovers_and_rebuilds_a_damaged_manifest(tmp_path):
         f.write(b"PAR1")
     s = ThreadServer(str(tmp_path), tables=config).start()
     try:
-        publish(s, "crashy", records(600, 100))
+        send(s, "crashy", varied(600, 100))
         m = wait_table(s, "crashy")
         assert sorted(os.listdir(directory)) == sorted(
             [mf.MANIFEST] + [f.name for f in m.files] + [name for name, _ in m.retired])
