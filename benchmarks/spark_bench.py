@@ -16,6 +16,7 @@
 #
 #   .venv/bin/python benchmarks/spark_bench.py                 # 5M records, local[*]
 #   .venv/bin/python benchmarks/spark_bench.py --records 1000000 --repeat 2
+#   .venv/bin/python benchmarks/spark_bench.py --table-compression snappy
 from __future__ import annotations
 
 import argparse
@@ -27,16 +28,18 @@ import tempfile
 import time
 
 
-def _serve(data_dir: str, port_pipe) -> None:
-    """Child process: a riverlog with only its RabbitMQ Stream door, on a free port."""
+def _serve(data_dir: str, port_pipe, compression: str) -> None:
+    """Child process: a riverlog with only its RabbitMQ Stream door, on a free port; tables
+    in Parquet files with ``compression``."""
     import asyncio
     import signal
 
-    from riverlog.config import RabbitStreamConfig, ServerConfig
+    from riverlog.config import RabbitStreamConfig, ServerConfig, TableConfig
     from riverlog.server.app import App
 
     async def serve() -> None:
-        app = App(ServerConfig(data_dir=data_dir, rabbitmq_stream=RabbitStreamConfig(port=0)))
+        app = App(ServerConfig(data_dir=data_dir, rabbitmq_stream=RabbitStreamConfig(port=0),
+                               tables=TableConfig(compression=compression)))
         await app.start()
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -51,13 +54,14 @@ def _serve(data_dir: str, port_pipe) -> None:
         asyncio.run(serve())
 
 
-def start_server(data_dir: str):
-    """A riverlog server process (RabbitMQ Stream door only); returns (process, servers)."""
+def start_server(data_dir: str, compression: str = "zstd"):
+    """A riverlog server process (RabbitMQ Stream door only; table files in
+    ``compression``); returns (process, servers)."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_serve, args=(data_dir, child), daemon=True)
+    proc = ctx.Process(target=_serve, args=(data_dir, child, compression), daemon=True)
     proc.start()
     if not parent.poll(30):
         proc.kill()
@@ -191,6 +195,8 @@ def main() -> None:
                     help="riverlog read tasks (default: Spark's default parallelism)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--workdir", default=None, help="keeps data between runs when given")
+    ap.add_argument("--table-compression", default="zstd", choices=("zstd", "snappy"),
+                    help="Parquet codec of the table (streams.table.compression)")
     ap.add_argument("--table-dir", default=None,
                     help="the server's table directory, with --servers (default: the one of "
                          "the server started here)")
@@ -201,7 +207,7 @@ def main() -> None:
     proc = None
     servers = args.servers
     if servers is None:
-        proc, servers = start_server(os.path.join(work, "data"))
+        proc, servers = start_server(os.path.join(work, "data"), args.table_compression)
     stream = f"bench-{args.records}-{args.value_size}"
     table_dir = args.table_dir or os.path.join(work, "data", "tables")
     try:

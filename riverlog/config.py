@@ -242,6 +242,9 @@ class MetricsConfig:
             raise ValueError("metrics port must be between 0 and 65535")
 
 
+TABLE_CODECS = ("zstd", "snappy", "none")
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class TableConfig:
     """Streams as tables (docs/spark.md "Streams as tables"): committed chunks mirrored to
@@ -251,16 +254,21 @@ class TableConfig:
     in the table (``streams.table.lag``); with ``archive`` retention and compaction leave
     the table alone, so it keeps what the log drops (``streams.table.archive``);
     ``directory`` is where tables live (``streams.table.dir``, ``--table-dir``; None:
-    ``DATA/tables``)."""
+    ``DATA/tables``); ``compression`` is the Parquet codec of new files
+    (``streams.table.compression``: ``zstd``, smaller, or ``snappy``, faster to read)."""
 
     enabled: bool = False
     lag_ms: int = 5000
     archive: bool = False
     directory: str | None = None
+    compression: str = "zstd"
 
     def __post_init__(self) -> None:
         if self.lag_ms < 100:
             raise ValueError("streams.table.lag must be at least 100ms")
+        if self.compression not in TABLE_CODECS:
+            raise ValueError(f"streams.table.compression: expected one of "
+                             f"{', '.join(TABLE_CODECS)}, got {self.compression!r}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

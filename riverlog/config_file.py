@@ -45,6 +45,7 @@ USED_KEYS = {
     "riverlog.metrics.enabled", "riverlog.metrics.host", "riverlog.metrics.port",
     "riverlog.log.format", "riverlog.grpc.transport",
     "streams.table.enabled", "streams.table.lag", "streams.table.archive", "streams.table.dir",
+    "streams.table.compression",
 }
 # Liftbridge keys that have no effect on one riverlog server (accepted, logged).
 IGNORED_KEYS = {
@@ -387,7 +388,9 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
     for key, field, conv in (("streams.table.enabled", "enabled", _bool),
                              ("streams.table.lag", "lag_ms", _ms),
                              ("streams.table.archive", "archive", _bool),
-                             ("streams.table.dir", "directory", lambda k, x: str(x) or None)):
+                             ("streams.table.dir", "directory", lambda k, x: str(x) or None),
+                             ("streams.table.compression", "compression",
+                              lambda k, x: str(x).lower())):
         if v.get(key) is not None:
             table_kwargs[field] = conv(key, v[key])
     try:

@@ -2,7 +2,8 @@
 # riverlog source does, then serves each offset range from the table's Parquet files where
 # they hold it (Spark's own Parquet reader: column pruning, no Python per row) and from the
 # riverlog source for the rest (offsets the table has not got yet, or whose file is damaged),
-# as one DataFrame with the source's schema.
+# as one DataFrame with the source's schema; ``table_files`` lists a table's checked files
+# for other readers (DuckDB, pandas, Polars).
 # Rules: the rows are exactly those ``spark.read.format("riverlog")`` returns for the same
 # offsets (the table holds what riverlog.spark.arrow builds from the same chunks); every
 # listed file is checked before use (size, footer, row count, offset statistics within its
@@ -74,6 +75,14 @@ def read_table(spark, stream: str, table_dir: str, *, columns: Iterable[str] | N
     if not frames:
         return spark.createDataFrame([], schema)
     return functools.reduce(lambda a, b: a.unionByName(b), frames)
+
+
+def table_files(table_dir: str, stream: str, partition: int = 0) -> list[str]:
+    """Paths of the Parquet files the table of ``partition`` of ``stream`` lists now, in
+    offset order, each checked as read_table checks them (the others are reported and left
+    out): for DuckDB, pandas or Polars. They hold what the table has, not the newest records
+    it has not got yet (see the lag in ``riverlog stream describe``)."""
+    return [path for _, path in _usable(table_dir, stream, partition, 0, 1 << 63)]
 
 
 def _partial(spark, schema, pieces):

@@ -139,7 +139,8 @@ class TableService:
                     "segments": [(s.base_offset, s.next_offset) for s in segments],
                     "first": p.first_offset, "committed": p.committed_offset})
         return {"table_dir": self.table_dir, "archive": self.config.archive,
-                "partitions": partitions, "drop": list(self._dropped)}
+                "compression": self.config.compression, "partitions": partitions,
+                "drop": list(self._dropped)}
 
     async def _call(self, request: dict) -> dict:
         if self._worker is None or self._worker.returncode is not None:

@@ -69,11 +69,14 @@ class Status:
 
 
 class TableWriter:
-    """Brings tables under ``table_dir`` up to date, one ``update`` per partition state."""
+    """Brings tables under ``table_dir`` up to date, one ``update`` per partition state;
+    new files with the Parquet codec ``compression`` (riverlog.config.TABLE_CODECS)."""
 
-    def __init__(self, table_dir: str, archive: bool = False) -> None:
+    def __init__(self, table_dir: str, archive: bool = False,
+                 compression: str = "zstd") -> None:
         self.table_dir = table_dir
         self.archive = archive
+        self.compression = compression
         self._visited: set[tuple[str, int, int]] = set()
         self._resume: dict[str, tuple[int, int]] = {}  # segment path -> (offset, file position)
         self._schema = None
@@ -199,7 +202,7 @@ class TableWriter:
         rows = 0
         try:
             source = os.fstat(fd)
-            writer = pq.ParquetWriter(tmp, self.schema, compression="zstd",
+            writer = pq.ParquetWriter(tmp, self.schema, compression=self.compression,
                                       write_statistics=STATISTICS)
             try:
                 group: list = []
@@ -280,13 +283,13 @@ def _now_ms() -> int:
 
 def serve(stdin, stdout) -> None:
     """The worker loop: one request line in, one reply line out, until ``stdin`` closes.
-    Request: ``{"table_dir", "archive", "partitions": [PartitionState fields],
-    "drop": [stream]}``; reply: ``{"statuses": [Status fields]}``. ``drop`` names deleted
-    streams whose tables go."""
-    writers: dict[tuple[str, bool], TableWriter] = {}
+    Request: ``{"table_dir", "archive", "compression", "partitions": [PartitionState
+    fields], "drop": [stream]}``; reply: ``{"statuses": [Status fields]}``. ``drop`` names
+    deleted streams whose tables go."""
+    writers: dict[tuple[str, bool, str], TableWriter] = {}
     for line in stdin:
         request = json.loads(line)
-        key = (request["table_dir"], bool(request["archive"]))
+        key = (request["table_dir"], bool(request["archive"]), request["compression"])
         writer = writers.get(key) or writers.setdefault(key, TableWriter(*key))
         for stream in request.get("drop", ()):
             shutil.rmtree(mf.stream_dir(writer.table_dir, stream), ignore_errors=True)

@@ -20,6 +20,7 @@ from riverlog.config import TableConfig  # noqa: E402
 from riverlog.spark.options import Connection  # noqa: E402
 from riverlog.spark.reader import RangePartition, read_partition  # noqa: E402
 from riverlog.tables import manifest as mf  # noqa: E402
+from riverlog.tables.read import table_files  # noqa: E402
 
 from ._server import ThreadServer  # noqa: E402
 from .conftest import partition_of, send, varied, wait_table  # noqa: E402
@@ -63,6 +64,25 @@ def test_table_holds_exactly_what_the_source_reads(table_server):
     m = wait_table(table_server, "mirrored", sealed=False)
     assert table_rows(table_server, "mirrored", m).equals(
         source_rows(table_server, "mirrored", 0, m.end))
+
+
+def test_duckdb_reads_the_table(table_server):
+    """The docs/spark.md example: DuckDB over the files a table lists."""
+    duckdb = pytest.importorskip("duckdb")
+    with table_server.client() as c:
+        c.create_stream("ducks", SMALL_SEGMENTS)
+    send(table_server, "ducks", varied(0, 700))
+    m = wait_table(table_server, "ducks")
+    files = table_files(table_server.app.config.table_dir, "ducks")
+    assert [os.path.basename(f) for f in files] == [f.name for f in m.files]
+    got = duckdb.sql(f"select key, count(*) as n, sum(octet_length(value)) as bytes "
+                     f"from read_parquet({files!r}) group by key order by key").fetchall()
+    rows = table_rows(table_server, "ducks", m).to_pylist()
+    want = sorted({k: (k, sum(1 for r in rows if r["key"] == k),
+                       sum(len(r["value"]) for r in rows if r["key"] == k))
+                   for k in {r["key"] for r in rows}}.values(),
+                  key=lambda t: (t[0] is None, t[0] or b""))
+    assert got == want
 
 
 def test_only_table_streams_get_a_table_and_delete_removes_it(table_server):
@@ -116,8 +136,8 @@ def test_retention_and_compaction_reach_the_table(table_server):
 
 
 def test_archive_keeps_what_retention_drops(tmp_path):
-    s = ThreadServer(str(tmp_path), tables=TableConfig(lag_ms=300, archive=True,
-                                                       enabled=True)).start()
+    s = ThreadServer(str(tmp_path), tables=TableConfig(lag_ms=300, archive=True, enabled=True,
+                                                       compression="snappy")).start()
     try:
         with s.client() as c:
             c.create_stream("archived", {"stream-max-segment-size-bytes": "8192",
@@ -129,6 +149,9 @@ def test_archive_keeps_what_retention_drops(tmp_path):
         assert p.first_offset > 0 and m.first == 0
         rows = table_rows(s, "archived", m)
         assert rows.column("offset").to_pylist()[:3] == [0, 1, 2]
+        newest = os.path.join(mf.partition_dir(s.app.config.table_dir, "archived", 0),
+                              m.files[-1].name)
+        assert pq.ParquetFile(newest).metadata.row_group(0).column(0).compression == "SNAPPY"
         assert rows.slice(rows.num_rows - 100).equals(source_rows(s, "archived", m.end - 100,
                                                                   m.end))
     finally:
