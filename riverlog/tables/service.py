@@ -54,6 +54,12 @@ class TableService:
         self._dropped: list[str] = []
         self._started_s = time.monotonic()
 
+    @property
+    def worker_pid(self) -> int | None:
+        """The writer process's pid; None while there is none."""
+        worker = self._worker
+        return worker.pid if worker is not None and worker.returncode is None else None
+
     def enabled(self, stream: Stream) -> bool:
         """Whether ``stream`` has a table: its ``table`` setting, else the server's."""
         own = stream.config.table

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 
 import pytest
@@ -100,6 +101,22 @@ def test_only_table_streams_get_a_table_and_delete_removes_it(table_server):
     while os.path.exists(mf.stream_dir(table_dir, "doomed")):
         assert time.monotonic() < deadline
         time.sleep(0.1)
+
+
+def test_a_killed_writer_is_started_again(table_server):
+    """The worker process dies (SIGKILL mid-pass or idle): the server starts another, which
+    goes on from the manifest."""
+    with table_server.client() as c:
+        c.create_stream("phoenix", SMALL_SEGMENTS)
+    send(table_server, "phoenix", varied(0, 300))
+    wait_table(table_server, "phoenix")
+    pid = table_server.app.tables.worker_pid
+    os.kill(pid, signal.SIGKILL)
+    send(table_server, "phoenix", varied(300, 300))
+    m = wait_table(table_server, "phoenix")
+    assert table_server.app.tables.worker_pid not in (pid, None)
+    assert table_rows(table_server, "phoenix", m).equals(
+        source_rows(table_server, "phoenix", 0, 600))
 
 
 def test_bad_table_argument_is_refused(table_server):
