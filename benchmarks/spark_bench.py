@@ -70,10 +70,10 @@ def start_server(data_dir: str, compression: str = "zstd"):
 
 
 def load(servers: str, stream: str, n: int, value_size: int,
-         arguments: dict[str, str] | None = None) -> float:
+         arguments: dict[str, str] | None = None, random_values: bool = False) -> float:
     """Publish ``n`` records (key ``k<i % 1000>``, a JSON-ish value of about ``value_size``
-    bytes) unless the stream already holds them (creating it with the Create ``arguments``);
-    returns seconds spent."""
+    bytes, padded with x, or with random hex digits with ``random_values``) unless the stream
+    already holds them (creating it with the Create ``arguments``); returns seconds spent."""
     from riverlog.record import Record, encode_record
     from riverlog.spark.options import connection
 
@@ -83,14 +83,18 @@ def load(servers: str, stream: str, n: int, value_size: int,
         have = client.offset_range(stream)[1]
         if have >= n:
             return 0.0
-        pad = "x" * max(value_size - 60, 0)
+        width = max(value_size - 60, 0)
+
+        def pad() -> str:
+            return os.urandom(width // 2 + 1).hex()[:width] if random_values else "x" * width
+
         with client.publisher(stream, "spark-bench-loader") as pub:
             step = 20_000
             now = time.time_ns()
             for i in range(have, n, step):
                 m = min(step, n - i)
                 records = [encode_record(Record(
-                    value=f'{{"id":{j},"group":{j % 97},"payload":"{pad}"}}'.encode(),
+                    value=f'{{"id":{j},"group":{j % 97},"payload":"{pad()}"}}'.encode(),
                     key=b"k%d" % (j % 1000), timestamp_ns=now + j)) for j in range(i, i + m)]
                 pub.publish(records, range(i + 1, i + 1 + m))
     return time.perf_counter() - started

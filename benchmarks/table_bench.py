@@ -11,6 +11,7 @@
 # Records as spark_bench.py publishes them (key k<i % 1000>, a ~100-byte JSON value).
 #
 #   .venv/bin/python benchmarks/table_bench.py --records 1000000 --rounds 3
+#   .venv/bin/python benchmarks/table_bench.py --records 1000000 --rounds 1 --random-values
 from __future__ import annotations
 
 import argparse
@@ -53,6 +54,8 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=1_000_000, help="per stream and round")
     ap.add_argument("--value-size", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--random-values", action="store_true",
+                    help="values padded with random hex digits, not x (for the disk ratio)")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="riverlog-table-bench-")
     data = os.path.join(work, "data")
@@ -64,7 +67,8 @@ def main() -> None:
             for kind, arguments in (("without table", None),
                                     ("with table", {"x-riverlog-table": "true"})):
                 stream = f"{kind.replace(' ', '-')}-{r}"
-                took = load(servers, stream, args.records, args.value_size, arguments)
+                took = load(servers, stream, args.records, args.value_size, arguments,
+                            args.random_values)
                 rates[kind] = max(rates[kind], args.records / took)
                 print(f"  round {r + 1} {kind:<14} {args.records / took:>12,.0f} records/s",
                       file=sys.stderr)
