@@ -16,7 +16,6 @@ import json
 import os
 from typing import Iterable
 
-from ..broker.broker import folder_name
 from ..errors import RiverlogError
 
 MANIFEST = "manifest.json"
@@ -38,6 +37,7 @@ def partition_dir(table_dir: str, stream: str, partition: int) -> str:
 
 def stream_dir(table_dir: str, stream: str) -> str:
     """The folder of ``stream``'s table under ``table_dir``."""
+    from ..broker.broker import folder_name  # the broker's import is not for Spark workers
     return os.path.join(table_dir, folder_name(stream))
 
 
