@@ -79,6 +79,7 @@ class TableWriter:
         self.compression = compression
         self._visited: set[tuple[str, int, int]] = set()
         self._resume: dict[str, tuple[int, int]] = {}  # segment path -> (offset, file position)
+        self._errors: dict[tuple[str, int], str] = {}  # the last error logged per partition
         self._schema = None
 
     @property
@@ -90,7 +91,8 @@ class TableWriter:
 
     def update(self, state: PartitionState) -> Status:
         """One pass over ``state``'s partition. Errors (a full disk, a damaged segment) are
-        logged and returned in the status; what was published before them stays."""
+        returned in the status and logged when they differ from the last pass's; what was
+        published before them stays."""
         directory = mf.partition_dir(self.table_dir, state.stream, state.partition)
         m = None
         try:
@@ -99,12 +101,23 @@ class TableWriter:
             self._advance(directory, m, state)
             error = None
         except (OSError, ChunkFormatError, mf.ManifestError) as exc:
-            log.error("table of %r partition %d: %s", state.stream, state.partition, exc)
             error = str(exc)
+        self._report(state.stream, state.partition, error)
         if m is None:
             return Status(state.stream, state.partition, None, None, 0, 0, error)
         return Status(state.stream, state.partition, m.first, m.end, len(m.files),
                       sum(f.size for f in m.files), error)
+
+    def _report(self, stream: str, partition: int, error: str | None) -> None:
+        """Log a partition's error once, not every pass, and when it is gone."""
+        last = self._errors.pop((stream, partition), None)
+        if error is not None:
+            self._errors[(stream, partition)] = error
+            if error != last:
+                log.error("table of %r partition %d: %s (tried again every pass)", stream,
+                          partition, error)
+        elif last is not None:
+            log.info("table of %r partition %d: written again", stream, partition)
 
     # -- manifest -----------------------------------------------------------------------
     def _open(self, directory: str, state: PartitionState) -> mf.Manifest:
