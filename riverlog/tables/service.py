@@ -18,6 +18,7 @@ import time
 from ..broker import Broker
 from ..broker.stream import Stream
 from ..config import TableConfig
+from .writer import EXIT_MISSING
 
 log = logging.getLogger("riverlog.tables")
 
@@ -52,6 +53,7 @@ class TableService:
         self._task: asyncio.Task | None = None
         self._worker: asyncio.subprocess.Process | None = None
         self._dropped: list[str] = []
+        self._failure: str | None = None
         self._started_s = time.monotonic()
 
     @property
@@ -121,10 +123,16 @@ class TableService:
             self._dropped = []
             try:
                 reply = await self._call(request)
+            except ModuleNotFoundError as exc:
+                log.error("%s: no table is written until the server is restarted", exc)
+                return
             except (OSError, ValueError, EOFError) as exc:
-                log.error("table writer failed (%s); starting it again", exc)
+                if str(exc) != self._failure:  # once, not every tick
+                    log.error("table writer failed (%s); starting it again", exc)
+                self._failure = str(exc)
                 await self._kill()
                 continue
+            self._failure = None
             for p, s in zip(request["partitions"], reply["statuses"]):
                 status = self.status.setdefault((s["stream"], s["partition"]), TableStatus())
                 status.first, status.end = s["first"], s["end"]
@@ -158,7 +166,10 @@ class TableService:
         await worker.stdin.drain()
         line = await worker.stdout.readline()
         if not line:
-            raise EOFError(f"the worker exited with code {await worker.wait()}")
+            code = await worker.wait()
+            if code == EXIT_MISSING:
+                raise ModuleNotFoundError("the table writer cannot import pyarrow or pyspark")
+            raise EOFError(f"the worker exited with code {code}")
         return json.loads(line)
 
     async def _kill(self) -> None:

@@ -37,6 +37,8 @@ MAX_SMALL_FILES = 16
 STATISTICS = ["stream", "partition", "offset", "timestamp"]
 """Columns with min/max statistics (for offset and timestamp filters)."""
 NICE = 10
+EXIT_MISSING = 2
+"""The worker's exit code when pyarrow or pyspark is not installed."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,6 +318,13 @@ def serve(stdin, stdout) -> None:
 def main() -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import pyarrow.parquet  # noqa: F401
+        from ..spark.arrow import arrow_schema
+        arrow_schema()
+    except ImportError as exc:
+        log.error("tables need pyarrow and pyspark (pip install 'riverlog[spark]'): %s", exc)
+        sys.exit(EXIT_MISSING)
     try:
         os.nice(NICE)  # publishers first: the table may lag, the log may not
     except OSError:
