@@ -35,18 +35,22 @@ class RangePartition(InputPartition):
     fail_on_data_loss: bool = True
     batch_rows: int = 65_536
     columns: tuple[str, ...] | None = None  # a projection (user schema); None: all columns
+    table_dir: str | None = None  # the offsets the stream's table holds are read from it
 
 
 def to_partitions(rs: list[plan.Range], opts: ReadOptions,
                   columns: tuple[str, ...] | None = None) -> list[RangePartition]:
     return [RangePartition(r.stream, r.partition, r.start, r.end, opts.connection,
-                           opts.fail_on_data_loss, opts.max_records_per_batch, columns)
+                           opts.fail_on_data_loss, opts.max_records_per_batch, columns,
+                           opts.table_dir)
             for r in rs]
 
 
 def read_partition(part: RangePartition) -> Iterator:
     """Yield ``pyarrow.RecordBatch``es (riverlog.spark.schema) with every record of
-    ``part``, in offset order. One connection, opened here and closed at the end. Raises
+    ``part``, in offset order: with ``table_dir``, those the stream's table holds from the
+    start of the range on from its Parquet files (riverlog.tables.read.table_batches), the
+    rest from the server over one connection, opened here and closed at the end. Raises
     DataLossError (failOnDataLoss) when the first records of the range are gone, ClientError
     when the server stops answering."""
     if part.end <= part.start:
@@ -56,6 +60,12 @@ def read_partition(part: RangePartition) -> Iterator:
 
     schema = arrow_schema(part.columns)
     start, end = part.start, part.end
+    if part.table_dir is not None:
+        from ..tables.read import table_batches
+        start = yield from table_batches(part.table_dir, part.stream, part.partition, start,
+                                         end, schema, part.batch_rows)
+        if start >= end:
+            return
     client = part.connection.connect("riverlog-spark-read")
     try:
         sub = client.subscribe(plan.address(part.stream, part.partition), OffsetType.OFFSET,

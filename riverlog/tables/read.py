@@ -3,7 +3,9 @@
 # they hold it (Spark's own Parquet reader: column pruning, no Python per row) and from the
 # riverlog source for the rest (offsets the table has not got yet, or whose file is damaged),
 # as one DataFrame with the source's schema; ``table_files`` lists a table's checked files
-# for other readers (DuckDB, pandas, Polars).
+# for other readers (DuckDB, pandas, Polars); ``table_batches`` serves the riverlog source's
+# ``tableDir`` option (a streaming query from earliest catches up from the table, then goes
+# on from the log).
 # Rules: the rows are exactly those ``spark.read.format("riverlog")`` returns for the same
 # offsets (the table holds what riverlog.spark.arrow builds from the same chunks); every
 # listed file is checked before use (size, footer, row count, offset statistics within its
@@ -85,6 +87,41 @@ def table_files(table_dir: str, stream: str, partition: int = 0) -> list[str]:
     return [path for _, path in _usable(table_dir, stream, partition, 0, 1 << 63)]
 
 
+def table_batches(table_dir: str, stream: str, partition: int, start: int, end: int,
+                  schema, batch_rows: int):
+    """Yield the records ``[start, t)`` of the partition's table as ``pyarrow.RecordBatch``es
+    of ``schema`` (riverlog.spark.arrow.arrow_schema, or a projection of it) and at most
+    ``batch_rows`` rows, in offset order; ``t`` (returned) is where the table stops holding
+    the range without a gap (``start`` when it holds none of it), ``end`` at most. Row
+    groups outside the range are skipped by their offset statistics. For the riverlog
+    source's ``tableDir`` option (executor side: pyarrow, no Spark)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    pos = start
+    for f, path in _usable(table_dir, stream, partition, start, end):
+        if f.start > pos:
+            break  # a gap: the rest comes from the log
+        hi = min(f.end, end)
+        pf = pq.ParquetFile(path)
+        columns = list(dict.fromkeys(schema.names + ["offset"]))
+        at = _offset_column(pf.metadata)  # _usable checked it is there, with statistics
+        for i in range(pf.metadata.num_row_groups):
+            stats = pf.metadata.row_group(i).column(at).statistics
+            if stats.max < pos or stats.min >= hi:
+                continue
+            table = pf.read_row_group(i, columns=columns)
+            offsets = table.column("offset")
+            table = table.filter(pc.and_(pc.greater_equal(offsets, pos), pc.less(offsets, hi)))
+            for batch in table.select(schema.names).to_batches(max_chunksize=batch_rows):
+                yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+        pos = hi
+        if pos >= end:
+            break
+    return pos
+
+
 def _partial(spark, schema, pieces):
     """The Parquet files of ``pieces`` with only the offsets asked of each (the offset
     statistics let Spark skip row groups outside them)."""
@@ -137,13 +174,19 @@ def _check(path: str, f: mf.TableFile) -> str | None:
         return f"cannot be read ({exc})"
     if meta.num_rows != f.rows:
         return f"holds {meta.num_rows} rows, the manifest says {f.rows}"
-    paths = [meta.schema.column(i).path for i in range(meta.num_columns)]
-    if "offset" not in paths:
+    at = _offset_column(meta)
+    if at is None:
         return "has no offset column"
-    at = paths.index("offset")
     for i in range(meta.num_row_groups):
         stats = meta.row_group(i).column(at).statistics
         if stats is None or not stats.has_min_max or stats.min < f.start \
                 or stats.max >= f.end:
             return f"has offsets outside {f.start}..{f.end - 1}"
     return None
+
+
+def _offset_column(meta) -> int | None:
+    """The index of the ``offset`` column among a Parquet file's leaf columns (what
+    ``row_group(i).column(j)`` counts), None when it has none."""
+    paths = [meta.schema.column(i).path for i in range(meta.num_columns)]
+    return paths.index("offset") if "offset" in paths else None

@@ -88,3 +88,45 @@ def test_damaged_files_and_manifest_are_read_from_the_log(spark, table_server, t
         got, want = both(spark, table_server, table, table_dir=copy)
     assert got == want and len(got) == 1500
     assert "damaged manifest" in caplog.text
+
+
+def test_streaming_query_catches_up_from_the_table(spark, table_server, tmp_path):
+    """The source's tableDir option: a streaming query from earliest reads what the table
+    holds from its files and only the rest from the server, then goes on with records the
+    table has not got; the rows are the source's."""
+    from riverlog.metrics import REGISTRY
+
+    def delivered():
+        return REGISTRY.get_sample_value("riverlog_delivered_messages_total", {
+            "stream": "catch-up", "door": "rabbitmq_stream"}) or 0
+
+    with table_server.client() as c:
+        c.create_stream("catch-up", {"x-riverlog-table": "true"})
+    send(table_server, "catch-up", varied(0, 1000))
+    wait_table(table_server, "catch-up")
+    out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
+    query = (spark.readStream.format("riverlog").option("servers", table_server.servers)
+             .option("stream", "catch-up").option("startingOffsets", "earliest")
+             .option("tableDir", table_server.app.config.table_dir).load()
+             .writeStream.format("parquet").option("path", out)
+             .option("checkpointLocation", ck).trigger(availableNow=True))
+    before = delivered()
+    q = query.start()  # the history, from the table
+    try:
+        q.awaitTermination(120)
+    finally:
+        q.stop()
+    # the server sent none of the 1000 records to the executors, only the newest chunk (50
+    # records) to each offset lookup of the planner (riverlog.client offset_range)
+    assert [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]] == [1000]
+    assert delivered() - before < 1000
+    send(table_server, "catch-up", varied(1000, 20))
+    q = query.start()  # newer records: what the table has not got yet comes from the log
+    try:
+        q.awaitTermination(120)
+    finally:
+        q.stop()
+    got = rows(spark.read.schema(spark_schema()).parquet(out))
+    want = rows(reader(spark, table_server.servers, "catch-up",
+                       endingOffsets=json.dumps({"catch-up": {"0": 1020}})).load())
+    assert len(got) == 1020 and got == want
