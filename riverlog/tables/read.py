@@ -35,7 +35,8 @@ def read_table(spark, stream: str, table_dir: str, *, columns: Iterable[str] | N
     ``DATA/tables``), a path Spark's executors can read. ``options``: the riverlog source's
     read options (``servers``, ``startingOffsets``, ``endingOffsets``,
     ``startingTimestamp``, ``failOnDataLoss``, ``user``, ...; docs/spark.md), resolved once
-    here. Raises what the source raises for bad options, DataLossError and ValueError."""
+    here. Raises what the source raises for bad options, DataLossError, and ValueError (also
+    for ``columns`` naming a column the schema does not have)."""
     from ..spark import register
     from ..spark.options import read_options
     from ..spark.reader import planned_ranges
@@ -44,6 +45,10 @@ def read_table(spark, stream: str, table_dir: str, *, columns: Iterable[str] | N
     opts = read_options(dict(options, stream=stream))
     full = spark_schema()
     names = tuple(c.lower() for c in columns) if columns is not None else tuple(full.names)
+    unknown = [c for c in names if c not in full.names]
+    if unknown or not names or len(set(names)) != len(names):
+        raise ValueError(f"read_table: columns {list(names)}: name each of "
+                         f"{', '.join(full.names)} at most once, at least one")
     schema = projected_schema(names)
     whole: list[str] = []
     partial: list[tuple[str, str, int, int, int]] = []  # path, stream, partition, lo, hi

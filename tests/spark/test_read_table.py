@@ -62,6 +62,12 @@ def test_same_rows_as_the_source(spark, table_server, table):
     assert got == want and len(got) == 1500
 
 
+@pytest.mark.parametrize("columns", [["value", "nope"], [], ["key", "key"]])
+def test_bad_columns_are_refused(columns):
+    with pytest.raises(ValueError, match="read_table: columns"):
+        read_table(None, "any", "/nowhere", columns=columns)
+
+
 def test_damaged_files_and_manifest_are_read_from_the_log(spark, table_server, table, caplog,
                                                          tmp_path):
     # damage a copy: the server's writer would rebuild a damaged manifest at once
