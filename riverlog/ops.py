@@ -120,15 +120,15 @@ def stream_describe(target: Target, name: str,
 
 def table_rows(target: Target, name: str) -> list[tuple[str, str]]:
     """``[("table", what)]`` about stream ``name``'s Parquet table, from the server's
-    metrics (riverlog_table_*): "off", or the offsets it holds, its size and its lag; one
-    row per partition. "unknown (...)" when the metrics cannot be read."""
+    metrics (riverlog_table_*): "off", or the offsets it holds, its files and bytes, and its
+    lag; one row per partition. "unknown (...)" when the metrics cannot be read."""
     try:
         samples = scrape(target.metrics, target.timeout)
     except OpsError as exc:
         return [("table", f"unknown ({exc})")]
     metrics = {metric: {p: v for (s, p), v in _by(samples, f"riverlog_table_{metric}",
                                                   "stream", "partition").items() if s == name}
-               for metric in ("first_offset", "end_offset", "bytes", "lag_messages",
+               for metric in ("first_offset", "end_offset", "bytes", "files", "lag_messages",
                               "lag_seconds", "failing")}
     ends = metrics["end_offset"]
     if not ends:
@@ -137,7 +137,9 @@ def table_rows(target: Target, name: str) -> list[tuple[str, str]]:
     for p in sorted(ends, key=int):
         first, end = int(metrics["first_offset"][p]), int(ends[p])
         held = "no offsets yet" if end < 0 else f"offsets {first}..{end - 1}"
-        text = (f"on, {held}, {int(metrics['bytes'][p])} bytes, lag "
+        files = int(metrics["files"][p])
+        text = (f"on, {held}, {files} file{'' if files == 1 else 's'}, "
+                f"{int(metrics['bytes'][p])} bytes, lag "
                 f"{int(metrics['lag_messages'][p])} messages "
                 f"({metrics['lag_seconds'][p]:.1f}s)")
         if metrics["failing"][p]:

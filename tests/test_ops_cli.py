@@ -105,7 +105,7 @@ def test_stream_with_a_table(server):
             break
         assert time.monotonic() < deadline, described["table"]
         time.sleep(0.5)
-    assert re.fullmatch(r"on, offsets 0\.\.2, \d+ bytes, lag 0 messages \(0\.0s\)",
+    assert re.fullmatch(r"on, offsets 0\.\.2, 1 file, \d+ bytes, lag 0 messages \(0\.0s\)",
                         described["table"]), described["table"]
 
 

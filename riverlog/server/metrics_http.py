@@ -138,6 +138,8 @@ class StateCollector(Collector):
                                 "stream's Parquet table holds (-1: none yet).", labels=labels)
         size = GaugeMetricFamily("riverlog_table_bytes", "Bytes of a table's listed Parquet "
                                  "files.", labels=labels)
+        files = GaugeMetricFamily("riverlog_table_files", "Parquet files a table lists.",
+                                  labels=labels)
         lag = GaugeMetricFamily("riverlog_table_lag_messages", "Committed records not yet in "
                                 "the table.", labels=labels)
         lag_s = GaugeMetricFamily("riverlog_table_lag_seconds", "How long the table has been "
@@ -157,10 +159,11 @@ class StateCollector(Collector):
                                  else status.first)
                 end.add_metric(key, -1 if status is None or status.end is None else status.end)
                 size.add_metric(key, 0 if status is None else status.bytes)
+                files.add_metric(key, 0 if status is None else status.files)
                 lag.add_metric(key, messages)
                 lag_s.add_metric(key, seconds)
                 failing.add_metric(key, int(status is not None and status.error is not None))
-        return [first, end, size, lag, lag_s, failing]
+        return [first, end, size, files, lag, lag_s, failing]
 
 
 class MetricsServer:
