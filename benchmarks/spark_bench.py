@@ -1,9 +1,11 @@
 # Spark read benchmark: records/s of a batch read of a riverlog stream into Spark (count()
 # and a groupBy) next to reading the same records from Parquet, in the same run and the
 # same SparkSession, as a ratio (target: riverlog >= 0.5x Parquet). Also measured: the same
-# reads with a projection (a user schema naming only the columns the query uses), and the
+# reads with a projection (a user schema naming only the columns the query uses), the
 # ceiling of any PySpark Python data source on this machine (an in-memory source yielding
-# the same Arrow batches again and again).
+# the same Arrow batches again and again), and the stream read through its table
+# (riverlog.spark.read_table: the stream is created with x-riverlog-table, and read once
+# the table holds every record; target >= 0.9x Parquet).
 # Rules: a real server (a riverlog server process with only its RabbitMQ Stream door, on a
 # free port, unless --servers is given), real Spark (local[*] unless --master); the data is
 # loaded once and reused when the stream already holds it (--workdir keeps it between runs);
@@ -14,6 +16,7 @@
 #
 #   .venv/bin/python benchmarks/spark_bench.py                 # 5M records, local[*]
 #   .venv/bin/python benchmarks/spark_bench.py --records 1000000 --repeat 2
+#   .venv/bin/python benchmarks/spark_bench.py --table-compression snappy
 from __future__ import annotations
 
 import argparse
@@ -25,16 +28,18 @@ import tempfile
 import time
 
 
-def _serve(data_dir: str, port_pipe) -> None:
-    """Child process: a riverlog with only its RabbitMQ Stream door, on a free port."""
+def _serve(data_dir: str, port_pipe, compression: str) -> None:
+    """Child process: a riverlog with only its RabbitMQ Stream door, on a free port; tables
+    in Parquet files with ``compression``."""
     import asyncio
     import signal
 
-    from riverlog.config import RabbitStreamConfig, ServerConfig
+    from riverlog.config import RabbitStreamConfig, ServerConfig, TableConfig
     from riverlog.server.app import App
 
     async def serve() -> None:
-        app = App(ServerConfig(data_dir=data_dir, rabbitmq_stream=RabbitStreamConfig(port=0)))
+        app = App(ServerConfig(data_dir=data_dir, rabbitmq_stream=RabbitStreamConfig(port=0),
+                               tables=TableConfig(compression=compression)))
         await app.start()
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -49,13 +54,14 @@ def _serve(data_dir: str, port_pipe) -> None:
         asyncio.run(serve())
 
 
-def start_server(data_dir: str):
-    """A riverlog server process (RabbitMQ Stream door only); returns (process, servers)."""
+def start_server(data_dir: str, compression: str = "zstd"):
+    """A riverlog server process (RabbitMQ Stream door only; table files in
+    ``compression``); returns (process, servers)."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_serve, args=(data_dir, child), daemon=True)
+    proc = ctx.Process(target=_serve, args=(data_dir, child, compression), daemon=True)
     proc.start()
     if not parent.poll(30):
         proc.kill()
@@ -63,29 +69,51 @@ def start_server(data_dir: str):
     return proc, f"127.0.0.1:{parent.recv()}"
 
 
-def load(servers: str, stream: str, n: int, value_size: int) -> float:
+def load(servers: str, stream: str, n: int, value_size: int,
+         arguments: dict[str, str] | None = None, random_values: bool = False) -> float:
     """Publish ``n`` records (key ``k<i % 1000>``, a JSON-ish value of about ``value_size``
-    bytes) unless the stream already holds them; returns seconds spent."""
+    bytes, padded with x, or with random hex digits with ``random_values``) unless the stream
+    already holds them (creating it with the Create ``arguments``); returns seconds spent."""
     from riverlog.record import Record, encode_record
     from riverlog.spark.options import connection
 
     started = time.perf_counter()
     with connection({"servers": servers}).connect("spark-bench-load") as client:
-        client.create_stream(stream, exist_ok=True)
+        client.create_stream(stream, arguments, exist_ok=True)
         have = client.offset_range(stream)[1]
         if have >= n:
             return 0.0
-        pad = "x" * max(value_size - 60, 0)
+        width = max(value_size - 60, 0)
+
+        def pad() -> str:
+            return os.urandom(width // 2 + 1).hex()[:width] if random_values else "x" * width
+
         with client.publisher(stream, "spark-bench-loader") as pub:
             step = 20_000
             now = time.time_ns()
             for i in range(have, n, step):
                 m = min(step, n - i)
                 records = [encode_record(Record(
-                    value=f'{{"id":{j},"group":{j % 97},"payload":"{pad}"}}'.encode(),
+                    value=f'{{"id":{j},"group":{j % 97},"payload":"{pad()}"}}'.encode(),
                     key=b"k%d" % (j % 1000), timestamp_ns=now + j)) for j in range(i, i + m)]
                 pub.publish(records, range(i + 1, i + 1 + m))
     return time.perf_counter() - started
+
+
+def wait_table(table_dir: str, stream: str, n: int, timeout: float = 600) -> float:
+    """Seconds until the table of ``stream`` holds its first ``n`` records."""
+    from riverlog.tables import manifest
+
+    started = time.perf_counter()
+    directory = manifest.partition_dir(table_dir, stream, 0)
+    while True:
+        m = manifest.load(directory)
+        if m is not None and (m.end or 0) >= n:
+            return time.perf_counter() - started
+        if time.perf_counter() - started > timeout:
+            raise SystemExit(f"the table of {stream} holds {m and m.end} of {n} records "
+                             f"after {timeout} s")
+        time.sleep(0.2)
 
 
 def cpu_seconds() -> dict[str, float]:
@@ -171,6 +199,11 @@ def main() -> None:
                     help="riverlog read tasks (default: Spark's default parallelism)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--workdir", default=None, help="keeps data between runs when given")
+    ap.add_argument("--table-compression", default="zstd", choices=("zstd", "snappy"),
+                    help="Parquet codec of the table (streams.table.compression)")
+    ap.add_argument("--table-dir", default=None,
+                    help="the server's table directory, with --servers (default: the one of "
+                         "the server started here)")
     args = ap.parse_args()
 
     work = args.workdir or tempfile.mkdtemp(prefix="riverlog-spark-bench-")
@@ -178,19 +211,25 @@ def main() -> None:
     proc = None
     servers = args.servers
     if servers is None:
-        proc, servers = start_server(os.path.join(work, "data"))
+        proc, servers = start_server(os.path.join(work, "data"), args.table_compression)
     stream = f"bench-{args.records}-{args.value_size}"
+    table_dir = args.table_dir or os.path.join(work, "data", "tables")
     try:
-        load_s = load(servers, stream, args.records, args.value_size)
+        load_s = load(servers, stream, args.records, args.value_size,
+                      {"x-riverlog-table": "true"})
         if load_s:
             print(f"loaded {args.records:,} records in {load_s:.1f} s "
                   f"({args.records / load_s:,.0f} records/s)", file=sys.stderr)
+        table_s = wait_table(table_dir, stream, args.records)
+        print(f"the table held every record {table_s:.1f} s after the last confirm",
+              file=sys.stderr)
 
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         from pyspark.sql import SparkSession
         from pyspark.sql import functions as F
 
         import riverlog.spark
+        from riverlog.tables import manifest
 
         spark = (SparkSession.builder.master(args.master).appName("riverlog spark bench")
                  .config("spark.ui.enabled", "false")
@@ -211,6 +250,9 @@ def main() -> None:
         def ceiling_df(schema=None):
             r = spark.read.format("riverlog_ceiling").option("n", str(n)).option("tasks", str(tasks))
             return (r.schema(schema) if schema else r).load()
+
+        def table_df():
+            return riverlog.spark.read_table(spark, stream, table_dir, servers=servers)
 
         spark.dataSource.register(ceiling_source(servers, stream))
         parquet_path = os.path.join(work, f"{stream}.parquet")
@@ -233,6 +275,7 @@ def main() -> None:
             ("riverlog projected", "groupby", group(riverlog_df("key binary, value binary"))),
             ("python-source ceiling", "count", count(ceiling_df())),
             ("python-source ceiling", "groupby", group(ceiling_df())),
+            ("table", "count", count(table_df())), ("table", "groupby", group(table_df())),
         ]
         # rounds interleave the readers, so load from elsewhere on a shared machine falls on
         # all of them alike; the best round counts
@@ -248,11 +291,11 @@ def main() -> None:
                     cpu[(name, query)] = {k: v - before.get(k, 0.0)
                                           for k, v in cpu_seconds().items()}
                 print(f"  round {round_ + 1} {name:<22} {query:<8} {took:.3f} s", file=sys.stderr)
-        assert riverlog_df().count() == pq.count() == n, (riverlog_df().count(), pq.count(), n)
+        assert riverlog_df().count() == pq.count() == table_df().count() == n
 
         print(f"\n{n:,} records, value ~{args.value_size} B, master {args.master}, "
               f"{tasks} read tasks, best of {args.repeat}; records/s (ratio to Parquet)")
-        names = ["parquet", "riverlog", "riverlog projected", "python-source ceiling"]
+        names = ["parquet", "riverlog", "riverlog projected", "python-source ceiling", "table"]
         print(f"{'query':<9}" + "".join(f"{name:>26}" for name in names))
         summary = {"records": n, "value_size": args.value_size, "master": args.master,
                    "tasks": tasks}
@@ -271,6 +314,14 @@ def main() -> None:
             cells = [used.get(k, 0.0) for k in ("jvm", "python workers", "server")]
             print(f"  {name:<22} {q:<8} " + " / ".join(f"{c:.2f}" for c in cells))
             summary[q][name]["cpu_s"] = {k: round(v, 2) for k, v in used.items()}
+        log_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(
+            os.path.join(work, "data", "streams")) for f in files if f.endswith(".segment"))
+        table_bytes = sum(f.size for f in manifest.load(
+            manifest.partition_dir(table_dir, stream, 0)).files)  # retired files left out
+        if args.servers is None:
+            print(f"\ndisk: log {log_bytes:,} B, table {table_bytes:,} B "
+                  f"({table_bytes / log_bytes:.2f} Parquet bytes per log byte)")
+            summary["disk"] = {"log_bytes": log_bytes, "table_bytes": table_bytes}
         print(json.dumps(summary))
         spark.stop()
     finally:

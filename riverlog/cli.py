@@ -105,6 +105,11 @@ def main() -> None:
 @click.option("--grpc-transport", type=click.Choice(["grpcio", "h2"]), default=None,
               help="gRPC server transport of the Liftbridge door: riverlog's own HTTP/2 or "
                    "grpc.aio (docs/liftbridge.md).  [default: h2]")
+@click.option("--tables", is_flag=True, default=False,
+              help="Mirror every stream to Parquet for Spark (streams.table.enabled; "
+                   "docs/spark.md \"Streams as tables\").")
+@click.option("--table-dir", default=None, type=click.Path(file_okay=False),
+              help="Where the Parquet tables of streams are written.  [default: DATA/tables]")
 def serve(config_file: str | None, **flags) -> None:
     """Run the server until SIGINT or SIGTERM.
 

@@ -15,6 +15,7 @@ from .ops import (START_POSITIONS, Target, format_record, format_table, publish,
                   stats_tables, stream_create, stream_delete, stream_describe, stream_list,
                   tail)
 from .security.tls import ClientTLS
+from .tables import TABLE_ARGUMENT
 
 
 def _target_options(fn):
@@ -95,15 +96,20 @@ def stream_list_cmd(target: Target, internal: bool) -> None:
                    "max-age; units Y M D h m s).")
 @click.option("--max-segment-size-bytes", type=int, default=None,
               help="Segment size (RabbitMQ stream-max-segment-size-bytes).")
+@click.option("--table/--no-table", default=None,
+              help="Mirror the stream to Parquet for Spark, or not, whatever the server's "
+                   "default (x-riverlog-table; docs/spark.md \"Streams as tables\").")
 @click.option("--exists-ok", is_flag=True, help="Succeed when the stream already exists.")
 @_target_options
 def stream_create_cmd(target: Target, name: str, max_length_bytes: int | None,
                       max_age: str | None, max_segment_size_bytes: int | None,
-                      exists_ok: bool) -> None:
+                      table: bool | None, exists_ok: bool) -> None:
     """Create stream NAME."""
     arguments = {key: str(value) for key, value in (
         ("max-length-bytes", max_length_bytes), ("max-age", max_age),
         ("stream-max-segment-size-bytes", max_segment_size_bytes)) if value is not None}
+    if table is not None:
+        arguments[TABLE_ARGUMENT] = "true" if table else "false"
     created = stream_create(target, name, arguments, exists_ok)
     click.echo(f"created stream {name}" if created else f"stream {name} already exists")
 
@@ -125,7 +131,8 @@ def stream_delete_cmd(target: Target, name: str, missing_ok: bool) -> None:
                    "(repeatable).")
 @_target_options
 def stream_describe_cmd(target: Target, name: str, consumers: tuple[str, ...]) -> None:
-    """Show stream NAME: leader, offsets, chunk ids, stored consumer offsets."""
+    """Show stream NAME: leader, offsets, chunk ids, stored consumer offsets, and its Parquet
+    table (the offsets it holds and its lag, from the server's metrics: --metrics-url)."""
     rows = stream_describe(target, name, consumers)
     width = max(len(k) for k, _ in rows)
     for key, value in rows:

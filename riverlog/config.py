@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 
 from .security.users import GUEST_HASH
 
@@ -245,6 +246,35 @@ class MetricsConfig:
             raise ValueError("metrics port must be between 0 and 65535")
 
 
+TABLE_CODECS = ("zstd", "snappy", "none")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TableConfig:
+    """Streams as tables (docs/spark.md "Streams as tables"): committed chunks mirrored to
+    Parquet by a worker process (riverlog.tables). ``enabled`` is the default of every
+    stream (``streams.table.enabled``, ``--tables``; a stream's ``x-riverlog-table``
+    argument overrides it); ``lag_ms`` is how long a committed record may wait before it is
+    in the table (``streams.table.lag``); with ``archive`` retention and compaction leave
+    the table alone, so it keeps what the log drops (``streams.table.archive``);
+    ``directory`` is where tables live (``streams.table.dir``, ``--table-dir``; None:
+    ``DATA/tables``); ``compression`` is the Parquet codec of new files
+    (``streams.table.compression``: ``zstd``, smaller, or ``snappy``, faster to read)."""
+
+    enabled: bool = False
+    lag_ms: int = 5000
+    archive: bool = False
+    directory: str | None = None
+    compression: str = "zstd"
+
+    def __post_init__(self) -> None:
+        if self.lag_ms < 100:
+            raise ValueError("streams.table.lag must be at least 100ms")
+        if self.compression not in TABLE_CODECS:
+            raise ValueError(f"streams.table.compression: expected one of "
+                             f"{', '.join(TABLE_CODECS)}, got {self.compression!r}")
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class ServerConfig:
     """Everything `riverlog serve` runs with: the data folder, the log defaults for every
@@ -258,3 +288,9 @@ class ServerConfig:
     grpc: GrpcConfig | None = None
     metrics: MetricsConfig | None = None  # None: no /metrics endpoint (the CLI turns it on)
     security: SecurityConfig = dataclasses.field(default_factory=SecurityConfig)
+    tables: TableConfig = dataclasses.field(default_factory=TableConfig)
+
+    @property
+    def table_dir(self) -> str:
+        """Where the tables of streams live: ``tables.directory``, else ``DATA/tables``."""
+        return self.tables.directory or os.path.join(self.data_dir, "tables")

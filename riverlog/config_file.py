@@ -17,7 +17,7 @@ import re
 from typing import Any, Mapping
 
 from .config import (Durability, GrpcConfig, LogConfig, MetricsConfig, NatsConfig,
-                     RabbitStreamConfig, SecurityConfig, ServerConfig, TlsConfig)
+                     RabbitStreamConfig, SecurityConfig, ServerConfig, TableConfig, TlsConfig)
 from .security.authz import read_policy_file
 
 log = logging.getLogger("riverlog.config")
@@ -44,6 +44,8 @@ USED_KEYS = {
     "riverlog.stream.port", "riverlog.nats.host", "riverlog.nats.port",
     "riverlog.metrics.enabled", "riverlog.metrics.host", "riverlog.metrics.port",
     "riverlog.log.format", "riverlog.grpc.transport",
+    "streams.table.enabled", "streams.table.lag", "streams.table.archive", "streams.table.dir",
+    "streams.table.compression",
 }
 # Liftbridge keys that have no effect on one riverlog server (accepted, logged).
 IGNORED_KEYS = {
@@ -247,7 +249,8 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
                       ("tls_cert", "tls.cert"), ("tls_key", "tls.key"),
                       ("tls_ca", "tls.client.auth.ca"),
                       ("stream_tls_port", "riverlog.stream.tls.port"),
-                      ("grpc_transport", "riverlog.grpc.transport")):
+                      ("grpc_transport", "riverlog.grpc.transport"),
+                      ("table_dir", "streams.table.dir")):
         if flags.get(flag) is not None:
             v[key] = flags[flag]
     if flags.get("fsync_interval_ms") is not None:
@@ -262,6 +265,8 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
         v["riverlog.metrics.enabled"] = False
     if flags.get("embedded_nats_config"):
         v["nats.embedded.config"] = flags["embedded_nats_config"]
+    if flags.get("tables"):
+        v["streams.table.enabled"] = True
 
     if v.get("streams.encryption") is not None and _bool("streams.encryption",
                                                          v["streams.encryption"]):
@@ -379,6 +384,20 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
             metrics_kwargs["port_fallback"] = True
         metrics_config = MetricsConfig(**metrics_kwargs)
 
+    table_kwargs: dict[str, Any] = {}
+    for key, field, conv in (("streams.table.enabled", "enabled", _bool),
+                             ("streams.table.lag", "lag_ms", _ms),
+                             ("streams.table.archive", "archive", _bool),
+                             ("streams.table.dir", "directory", lambda k, x: str(x) or None),
+                             ("streams.table.compression", "compression",
+                              lambda k, x: str(x).lower())):
+        if v.get(key) is not None:
+            table_kwargs[field] = conv(key, v[key])
+    try:
+        tables = TableConfig(**table_kwargs)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
     level = str(v.get("logging.level") or "info").lower()
     level = {"warn": "warning"}.get(level, level)
     if level not in ("debug", "info", "warning", "error"):
@@ -386,7 +405,7 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
     config = ServerConfig(data_dir=str(v.get("data.dir") or "./data"), log=log_config,
                           rabbitmq_stream=RabbitStreamConfig(**stream_kwargs),
                           nats=nats_config, grpc=grpc_config, metrics=metrics_config,
-                          security=_security(v))
+                          security=_security(v), tables=tables)
     return config, level
 
 

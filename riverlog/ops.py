@@ -121,8 +121,9 @@ def stream_delete(target: Target, name: str, missing_ok: bool = False) -> bool:
 def stream_describe(target: Target, name: str,
                     consumers: Iterable[str] = ()) -> list[tuple[str, str]]:
     """``[(field, value)]`` about stream ``name``: its leader, first and end offsets, chunk
-    ids (RabbitMQ StreamStats) and the offset stored by each of ``consumers`` with its lag.
-    Raises OpsError (the stream does not exist, the server cannot be reached)."""
+    ids (RabbitMQ StreamStats), the offset stored by each of ``consumers`` with its lag, and
+    its Parquet table (``table_rows``). Raises OpsError (the stream does not exist, the
+    server cannot be reached)."""
     with target.connect() as client:
         _, host, port = _call("metadata", client.metadata, name)[name]
         if host is None:
@@ -137,7 +138,37 @@ def stream_describe(target: Target, name: str,
             stored = _call(f"offset of {consumer!r}", client.query_offset, consumer, name)
             rows.append((f"consumer {consumer}", "no stored offset" if stored is None else
                          f"offset {stored}, lag {max(end - 1 - stored, 0)}"))
-        return rows
+    return rows + table_rows(target, name)
+
+
+def table_rows(target: Target, name: str) -> list[tuple[str, str]]:
+    """``[("table", what)]`` about stream ``name``'s Parquet table, from the server's
+    metrics (riverlog_table_*): "off", or the offsets it holds, its files and bytes, and its
+    lag; one row per partition. "unknown (...)" when the metrics cannot be read."""
+    try:
+        samples = scrape(target.metrics, target.timeout)
+    except OpsError as exc:
+        return [("table", f"unknown ({exc})")]
+    metrics = {metric: {p: v for (s, p), v in _by(samples, f"riverlog_table_{metric}",
+                                                  "stream", "partition").items() if s == name}
+               for metric in ("first_offset", "end_offset", "bytes", "files", "lag_messages",
+                              "lag_seconds", "failing")}
+    ends = metrics["end_offset"]
+    if not ends:
+        return [("table", "off")]
+    rows = []
+    for p in sorted(ends, key=int):
+        first, end = int(metrics["first_offset"][p]), int(ends[p])
+        held = "no offsets yet" if end < 0 else f"offsets {first}..{end - 1}"
+        files = int(metrics["files"][p])
+        text = (f"on, {held}, {files} file{'' if files == 1 else 's'}, "
+                f"{int(metrics['bytes'][p])} bytes, lag "
+                f"{int(metrics['lag_messages'][p])} messages "
+                f"({metrics['lag_seconds'][p]:.1f}s)")
+        if metrics["failing"][p]:
+            text += ", the last pass failed (see the server log)"
+        rows.append(("table" if len(ends) == 1 else f"table partition {p}", text))
+    return rows
 
 
 # -- publish and tail -------------------------------------------------------------------------

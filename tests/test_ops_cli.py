@@ -81,6 +81,7 @@ def test_stream_create_list_describe_delete(server):
     assert (described["first offset"], described["end offset"], described["messages"]) == \
         ("0", "3", "3")
     assert described["consumer nobody"] == "no stored offset"
+    assert described["table"] == "off"
 
     assert out(cli(env, "stream", "delete", "orders")) == "deleted stream orders\n"
     gone = cli(env, "stream", "describe", "orders", check=False)
@@ -88,6 +89,24 @@ def test_stream_create_list_describe_delete(server):
     assert cli(env, "stream", "delete", "orders", check=False).returncode == 1
     assert out(cli(env, "stream", "delete", "orders", "--missing-ok")) == \
         "stream orders does not exist\n"
+
+
+def test_stream_with_a_table(server):
+    """`stream create --table` turns the stream's Parquet table on; describe shows the
+    offsets it holds and its lag once the writer caught up (streams.table.lag: 5 s)."""
+    env, _ = server
+    cli(env, "stream", "create", "tabled", "--table")
+    cli(env, "publish", "tabled", "a", "b", "c")
+    deadline = time.monotonic() + 60
+    while True:
+        described = dict(re.split(r"\s{2,}", row, 1) for row in
+                         out(cli(env, "stream", "describe", "tabled")).splitlines())
+        if "lag 0 " in described["table"]:
+            break
+        assert time.monotonic() < deadline, described["table"]
+        time.sleep(0.5)
+    assert re.fullmatch(r"on, offsets 0\.\.2, 1 file, \d+ bytes, lag 0 messages \(0\.0s\)",
+                        described["table"]), described["table"]
 
 
 def test_publish_and_tail(server):

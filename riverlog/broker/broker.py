@@ -26,7 +26,9 @@ HOUSEKEEPING_INTERVAL_S = 1.0
 MAX_NAME_BYTES = 255
 
 
-def _folder_name(name: str) -> str:
+def folder_name(name: str) -> str:
+    """The folder name of stream ``name``: percent-quoted (dots too), or ``h-<sha256>``
+    when that is longer than 120 characters (the tables use the same names)."""
     quoted = quote(name, safe="").replace(".", "%2E")
     if len(quoted) <= 120:
         return quoted
@@ -97,7 +99,7 @@ class Broker:
             raise InvalidArgumentError(f"a stream name is 1 to {MAX_NAME_BYTES} bytes")
         if name in self.streams:
             raise StreamExistsError(f"stream {name!r} already exists")
-        path = os.path.join(self.root, _folder_name(name))
+        path = os.path.join(self.root, folder_name(name))
         if os.path.exists(path):  # a leftover of an interrupted delete
             shutil.rmtree(path)
         os.makedirs(path)

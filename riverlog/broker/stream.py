@@ -21,7 +21,8 @@ class StreamConfig:
     """Per-stream settings; None means "the server's default". Sizes in bytes, times in ms.
 
     ``subject`` and ``group`` are the NATS subject and queue group (Liftbridge); ``partitions``
-    is the partition count (RabbitMQ streams have one).
+    is the partition count (RabbitMQ streams have one); ``table`` mirrors the stream to
+    Parquet (riverlog.tables; None: ``streams.table.enabled``).
     """
 
     subject: str | None = None
@@ -42,6 +43,7 @@ class StreamConfig:
     compact_max_goroutines: int | None = None
     auto_pause_time_ms: int = 0
     auto_pause_disable_if_subscribers: bool = False
+    table: bool | None = None  # mirrored to Parquet (riverlog.tables); None: the server's default
 
     def __post_init__(self) -> None:
         if self.partitions < 1:

@@ -14,6 +14,7 @@ from ..broker import Broker
 from ..config import ServerConfig
 from ..security.guard import Guard
 from ..security.users import listens_on_loopback
+from ..tables.service import TableService
 from .rabbitmq_stream import RabbitStreamServer
 
 # The Liftbridge doors (NATS bridge, gRPC API) import grpc and nats-py: loaded only when on.
@@ -33,10 +34,12 @@ class App:
         self.nats = None  # server.nats_bridge.NatsBridge
         self.grpc = None  # server.grpc_api.GrpcApi
         self.metrics = None  # server.metrics_http.MetricsServer, when config.metrics is set
+        self.tables = TableService(self.broker, config.tables, config.table_dir)
 
     async def start(self) -> None:
         self.broker.open()
         self.broker.start()
+        self.tables.start()
         try:
             await self._start_liftbridge()
             self.rabbitmq_stream = RabbitStreamServer(self.broker, self.config.rabbitmq_stream,
@@ -50,6 +53,7 @@ class App:
             if self.rabbitmq_stream is not None:
                 await self.rabbitmq_stream.stop()
             await self._stop_liftbridge()
+            await self.tables.stop()
             await self.broker.close()
             raise
         self._warn_beyond_loopback()
@@ -94,6 +98,7 @@ class App:
         if self.rabbitmq_stream is not None:
             await self.rabbitmq_stream.stop()
         await self._stop_liftbridge()
+        await self.tables.stop()
         await self.broker.close()
         log.info("stopped")
 

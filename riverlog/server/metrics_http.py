@@ -126,7 +126,44 @@ class StateCollector(Collector):
                 if stream is not None and 0 <= index < len(stream.partitions):
                     end = stream.partitions[index].committed_offset
                     lag.add_metric([name, str(index), cursor_id, "cursor"], max(end - offset, 0))
-        return [disk, segments, first, committed, lag]
+        return [disk, segments, first, committed, lag] + self._table_families()
+
+    def _table_families(self) -> list[Metric]:
+        """Streams as tables: one sample per partition of each table-enabled stream."""
+        app = self.app
+        labels = ["stream", "partition"]
+        first = GaugeMetricFamily("riverlog_table_first_offset", "Oldest offset a stream's "
+                                  "Parquet table holds (-1: none yet).", labels=labels)
+        end = GaugeMetricFamily("riverlog_table_end_offset", "Offset after the newest one a "
+                                "stream's Parquet table holds (-1: none yet).", labels=labels)
+        size = GaugeMetricFamily("riverlog_table_bytes", "Bytes of a table's listed Parquet "
+                                 "files.", labels=labels)
+        files = GaugeMetricFamily("riverlog_table_files", "Parquet files a table lists.",
+                                  labels=labels)
+        lag = GaugeMetricFamily("riverlog_table_lag_messages", "Committed records not yet in "
+                                "the table.", labels=labels)
+        lag_s = GaugeMetricFamily("riverlog_table_lag_seconds", "How long the table has been "
+                                  "behind the committed offset (0: up to date).", labels=labels)
+        failing = GaugeMetricFamily("riverlog_table_failing", "1 when the last pass of the "
+                                    "table writer failed (the server log says why).",
+                                    labels=labels)
+        tables = app.tables
+        for stream in list(app.broker.streams.values()):
+            if stream.name.startswith("__") or not tables.enabled(stream):
+                continue
+            for p in stream.partitions:
+                key = [stream.name, str(p.index)]
+                status = tables.status.get((stream.name, p.index))
+                messages, seconds = tables.lag(stream, p.index)
+                first.add_metric(key, -1 if status is None or status.first is None
+                                 else status.first)
+                end.add_metric(key, -1 if status is None or status.end is None else status.end)
+                size.add_metric(key, 0 if status is None else status.bytes)
+                files.add_metric(key, 0 if status is None else status.files)
+                lag.add_metric(key, messages)
+                lag_s.add_metric(key, seconds)
+                failing.add_metric(key, int(status is not None and status.error is not None))
+        return [first, end, size, files, lag, lag_s, failing]
 
 
 class MetricsServer:

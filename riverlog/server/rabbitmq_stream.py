@@ -33,6 +33,7 @@ from ..protocol.rabbitmq_stream.constants import INITIAL_FRAME_MAX
 from ..protocol.rabbitmq_stream.draft import opens_draft
 from ..security.authz import CONSUME, CREATE, DELETE, PUBLISH
 from ..security.guard import Guard
+from ..tables import TABLE_ARGUMENT
 from .rabbitmq_draft import DraftAdapter
 
 log = logging.getLogger("riverlog.rabbitmq_stream")
@@ -89,7 +90,8 @@ def stream_config_from_arguments(arguments: dict[str, str]) -> StreamConfig:
     smallest segment (MIN_SEGMENT_MAX_BYTES) when below it, as RabbitMQ takes any smaller
     value; ``initial-cluster-size`` (at least 1), ``queue-leader-locator`` (one of
     LEADER_LOCATORS) and ``stream-filter-size-bytes`` (16..255) are checked, then ignored
-    with a log line, as are unknown arguments. Raises ``InvalidArgumentError``."""
+    with a log line, as are unknown arguments; riverlog's ``x-riverlog-table``
+    (``true``/``false``: mirror the stream to Parquet). Raises ``InvalidArgumentError``."""
     kwargs = {}
     for key, value in arguments.items():
         try:
@@ -108,13 +110,15 @@ def stream_config_from_arguments(arguments: dict[str, str]) -> StreamConfig:
                 if not m:
                     raise ValueError(value)
                 kwargs["retention_max_age_ms"] = int(m.group(1)) * _AGE_MS[m.group(2)]
+            elif key == TABLE_ARGUMENT:
+                kwargs["table"] = {"true": True, "false": False}[value.strip().lower()]
             elif key in _CHECKED_ONLY:
                 if not _CHECKED_ONLY[key](value):
                     raise ValueError(value)
                 log.info("Create: argument %s=%s has no effect on a single server", key, value)
             else:
                 log.info("Create: unknown argument %s=%s ignored", key, value)
-        except ValueError:
+        except (ValueError, KeyError):
             raise InvalidArgumentError(f"bad value for {key}: {value!r}") from None
     return StreamConfig(**kwargs)
 

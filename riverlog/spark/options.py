@@ -61,6 +61,7 @@ class ReadOptions:
     max_offsets_per_trigger: int | None = None
     fail_on_data_loss: bool = True
     max_records_per_batch: int = 65_536
+    table_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,7 @@ def read_options(options: Mapping[str, str]) -> ReadOptions:
         max_offsets_per_trigger=_int(options, "maxOffsetsPerTrigger", 1),
         fail_on_data_loss=_bool(options, "failOnDataLoss", True),
         max_records_per_batch=batch_rows,
+        table_dir=_get(options, "tableDir") or None,
     )
 
 

@@ -35,18 +35,22 @@ class RangePartition(InputPartition):
     fail_on_data_loss: bool = True
     batch_rows: int = 65_536
     columns: tuple[str, ...] | None = None  # a projection (user schema); None: all columns
+    table_dir: str | None = None  # the offsets the stream's table holds are read from it
 
 
 def to_partitions(rs: list[plan.Range], opts: ReadOptions,
                   columns: tuple[str, ...] | None = None) -> list[RangePartition]:
     return [RangePartition(r.stream, r.partition, r.start, r.end, opts.connection,
-                           opts.fail_on_data_loss, opts.max_records_per_batch, columns)
+                           opts.fail_on_data_loss, opts.max_records_per_batch, columns,
+                           opts.table_dir)
             for r in rs]
 
 
 def read_partition(part: RangePartition) -> Iterator:
     """Yield ``pyarrow.RecordBatch``es (riverlog.spark.schema) with every record of
-    ``part``, in offset order. One connection, opened here and closed at the end. Raises
+    ``part``, in offset order: with ``table_dir``, those the stream's table holds from the
+    start of the range on from its Parquet files (riverlog.tables.read.table_batches), the
+    rest from the server over one connection, opened here and closed at the end. Raises
     DataLossError (failOnDataLoss) when the first records of the range are gone, ClientError
     when the server stops answering."""
     if part.end <= part.start:
@@ -56,6 +60,12 @@ def read_partition(part: RangePartition) -> Iterator:
 
     schema = arrow_schema(part.columns)
     start, end = part.start, part.end
+    if part.table_dir is not None:
+        from ..tables.read import table_batches
+        start = yield from table_batches(part.table_dir, part.stream, part.partition, start,
+                                         end, schema, part.batch_rows)
+        if start >= end:
+            return
     client = part.connection.connect("riverlog-spark-read")
     try:
         sub = client.subscribe(plan.address(part.stream, part.partition), OffsetType.OFFSET,
@@ -108,6 +118,25 @@ def _lost(part: RangePartition, start: int, head: int) -> None:
                 part.partition, start, head - 1)
 
 
+def planned_ranges(opts: ReadOptions) -> list[plan.Range]:
+    """The ranges a batch read with ``opts`` covers, one per partition (possibly empty):
+    ``startingOffsets`` (default earliest) / ``startingTimestamp`` to ``endingOffsets``
+    (default latest), resolved now against the server. Raises DataLossError (see
+    check_loss), ValueError for an ``endingOffsets`` past the last committed offset."""
+    with opts.connection.connect("riverlog-spark-plan") as client:
+        first, end = plan.available(client, opts.streams)
+        start = plan.resolve(client, opts.starting, "earliest", first, end,
+                             opts.starting_timestamp)
+        stop = plan.resolve(client, opts.ending, "latest", first, end)
+    start = plan.check_loss(start, first, end, opts.fail_on_data_loss)
+    for stream, parts in stop.items():
+        for p, hi in parts.items():
+            if hi > end[stream][p]:
+                raise ValueError(f"option endingOffsets: {stream!r}/{p} ends at {hi}, past "
+                                 f"the last committed offset {end[stream][p] - 1}")
+    return plan.ranges(start, stop)
+
+
 class RiverlogReader(DataSourceReader):
     """Batch read: ``startingOffsets`` (default earliest) / ``startingTimestamp`` to
     ``endingOffsets`` (default latest), resolved once when Spark plans the query; one task
@@ -118,20 +147,8 @@ class RiverlogReader(DataSourceReader):
         self.columns = columns
 
     def partitions(self) -> list[RangePartition]:
-        opts = self.opts
-        with opts.connection.connect("riverlog-spark-plan") as client:
-            first, end = plan.available(client, opts.streams)
-            start = plan.resolve(client, opts.starting, "earliest", first, end,
-                                 opts.starting_timestamp)
-            stop = plan.resolve(client, opts.ending, "latest", first, end)
-        start = plan.check_loss(start, first, end, opts.fail_on_data_loss)
-        for stream, parts in stop.items():
-            for p, hi in parts.items():
-                if hi > end[stream][p]:
-                    raise ValueError(f"option endingOffsets: {stream!r}/{p} ends at {hi}, past "
-                                     f"the last committed offset {end[stream][p] - 1}")
-        return to_partitions(plan.split(plan.ranges(start, stop), opts.min_partitions), opts,
-                             self.columns)
+        return to_partitions(plan.split(planned_ranges(self.opts), self.opts.min_partitions),
+                             self.opts, self.columns)
 
     def read(self, partition: RangePartition) -> Iterator:
         if not isinstance(partition, RangePartition):  # Spark's stand-in when there is

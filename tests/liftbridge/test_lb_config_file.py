@@ -100,10 +100,25 @@ def test_defaults_and_precedence(tmp_path):
     ("streams.segment.max.bytes: 10\n", "segment_max_bytes"),
     ("listen: nonsense\n", "listen: could not parse"),
     ("- a\n- b\n", "expected a map"),
+    ("streams.table.lag: 10ms\n", "streams.table.lag must be at least 100ms"),
+    ("streams.table.compression: brotli\n", "streams.table.compression: expected one of"),
 ])
 def test_refusals(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message):
         build(load(write(tmp_path, text), {}), {})
+
+
+def test_table_settings(tmp_path):
+    """streams.table.* (docs/configuration.md), and --tables/--table-dir over them."""
+    config, _ = build(load(None, {}), {})
+    assert not config.tables.enabled and config.table_dir == "./data/tables"
+    path = write(tmp_path, "streams:\n  table:\n    enabled: true\n    lag: 2s\n"
+                           "    archive: true\n    compression: snappy\n    dir: /t\n")
+    tables = build(load(path, {}), {})[0].tables
+    assert (tables.enabled, tables.lag_ms, tables.archive, tables.compression,
+            tables.directory) == (True, 2000, True, "snappy", "/t")
+    config, _ = build(load(None, {}), {"tables": True, "table_dir": "/elsewhere"})
+    assert config.tables.enabled and config.table_dir == "/elsewhere"
 
 
 def test_missing_file(tmp_path):

@@ -13,14 +13,15 @@ from riverlog.server.app import App
 
 class ThreadServer:
     """``start()``, then ``servers`` ("127.0.0.1:PORT") and ``client()``; ``stop()``. With
-    ``security`` holding TLS, the door's TLS listener is on ``app.rabbitmq_stream.tls_port``."""
+    ``security`` holding TLS, the door's TLS listener is on ``app.rabbitmq_stream.tls_port``.
+    ``config``: more ServerConfig fields (e.g. ``tables``)."""
 
-    def __init__(self, data_dir: str, security: SecurityConfig | None = None) -> None:
+    def __init__(self, data_dir: str, security: SecurityConfig | None = None, **config) -> None:
         self.data_dir = data_dir
         self.loop = asyncio.new_event_loop()
         self.app = App(ServerConfig(data_dir=data_dir,
                                     rabbitmq_stream=RabbitStreamConfig(port=0, tls_port=0),
-                                    security=security or SecurityConfig()))
+                                    security=security or SecurityConfig(), **config))
         self.thread = threading.Thread(target=self.loop.run_forever, name="riverlog-test-server",
                                        daemon=True)
         self.port = 0

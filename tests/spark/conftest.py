@@ -1,6 +1,7 @@
 # Fixtures of the Spark tests: one riverlog server and one SparkSession for the whole session
 # (Spark starts in ~5-8 s on 2 cores), small shuffle partitions, no UI; helpers to make
-# streams and publish records. Tests that need Spark skip when pyspark or Java is missing.
+# streams and publish records; a server with tables and helpers to wait for them. Tests that
+# need Spark skip when pyspark or Java is missing.
 from __future__ import annotations
 
 import itertools
@@ -12,6 +13,7 @@ import time
 import pytest
 
 from riverlog.record import Record, encode_record
+from riverlog.tables import manifest as mf
 
 from ._server import ThreadServer
 
@@ -21,6 +23,17 @@ _names = itertools.count()
 @pytest.fixture(scope="session")
 def riverlog_server(tmp_path_factory):
     server = ThreadServer(str(tmp_path_factory.mktemp("riverlog-data"))).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def table_server(tmp_path_factory):
+    """A server that mirrors streams created with ``x-riverlog-table`` to Parquet, with a
+    short ``streams.table.lag`` (300 ms)."""
+    from riverlog.config import TableConfig
+    server = ThreadServer(str(tmp_path_factory.mktemp("riverlog-tables")),
+                          tables=TableConfig(lag_ms=300)).start()
     yield server
     server.stop()
 
@@ -89,3 +102,54 @@ def reader(spark, servers: str, stream: str, **options):
     for key, value in options.items():
         r = r.option(key, str(value))
     return r
+
+
+def varied(start: int, n: int, keys: int = 7) -> list[bytes]:
+    """Records ``start`` .. ``start + n - 1`` in riverlog's layout and in others (headers on
+    every third, no key on every fifth, an AMQP body another client would send on every
+    eleventh)."""
+    out = []
+    for i in range(start, start + n):
+        if i % 11 == 0:  # a bare AMQP 1.0 data section: decoded one record at a time
+            body = b"raw%d" % i
+            out.append(b"\x00\x53\x75\xa0" + bytes([len(body)]) + body)
+            continue
+        out.append(encode_record(Record(
+            value=b"v%d" % i, key=None if i % 5 == 0 else b"k%d" % (i % keys),
+            headers={"h": b"%d" % i, "n": b"x"} if i % 3 == 0 else {},
+            timestamp_ns=1_700_000_000_000_000_000 + i * 1000)))
+    return out
+
+
+def send(server: ThreadServer, stream: str, values: list[bytes], batch: int = 50) -> None:
+    """Publish ``values`` to ``server`` in batches of ``batch`` (one chunk each, at most)."""
+    with server.client() as c, c.publisher(stream) as pub:
+        for i in range(0, len(values), batch):
+            pub.publish(values[i:i + batch])
+        pub.flush()
+
+
+def partition_of(server: ThreadServer, stream: str):
+    """Partition 0 of ``stream`` inside ``server`` (for its log's offsets and segments)."""
+    return server.app.broker.get(stream).partitions[0]
+
+
+def wait_table(server: ThreadServer, stream: str, *, sealed: bool = True) -> mf.Manifest:
+    """The manifest once the table holds every committed offset (and, with ``sealed``, one
+    sealed file per sealed segment of the log)."""
+    p = partition_of(server, stream)
+    directory = mf.partition_dir(server.app.config.table_dir, stream, 0)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            m = mf.load(directory)
+        except mf.ManifestError:  # damaged on purpose: the server has not rebuilt it yet
+            m = None
+        segments = {s.base_offset for s in p.log.segments[:-1]}
+        if m is not None and m.end == p.committed_offset + 1 and (
+                not sealed or segments <= {f.start for f in m.files if f.sealed}):
+            return m
+        assert time.monotonic() < deadline, (
+            f"table of {stream} never caught up: {m}, log segments "
+            f"{[(s.base_offset, s.next_offset) for s in p.log.segments]}")
+        time.sleep(0.1)

@@ -1,0 +1,197 @@
+# Reading a stream through its table on Spark: ``read_table`` plans a batch read like the
+# riverlog source does, then serves each offset range from the table's Parquet files where
+# they hold it (Spark's own Parquet reader: column pruning, no Python per row) and from the
+# riverlog source for the rest (offsets the table has not got yet, or whose file is damaged),
+# as one DataFrame with the source's schema; ``table_files`` lists a table's checked files
+# for other readers (DuckDB, pandas, Polars); ``table_batches`` serves the riverlog source's
+# ``tableDir`` option (a streaming query from earliest catches up from the table, then goes
+# on from the log).
+# Rules: the rows are exactly those ``spark.read.format("riverlog")`` returns for the same
+# offsets (the table holds what riverlog.spark.arrow builds from the same chunks); every
+# listed file is checked before use (size, footer, row count, offset statistics within its
+# range): a missing or damaged file or manifest is reported (log warning) and its offsets are
+# read from the log, never guessed; a file used whole gets no filter, so a full scan costs
+# what reading the Parquet files costs. pyspark/pyarrow are imported in the functions.
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+from typing import Iterable
+
+from . import manifest as mf
+
+log = logging.getLogger("riverlog.tables")
+
+_PLANNING = ("stream", "streams", "startingoffsets", "endingoffsets", "startingtimestamp")
+
+
+def read_table(spark, stream: str, table_dir: str, *, columns: Iterable[str] | None = None,
+               **options: str):
+    """A DataFrame of ``stream`` (one name, or a comma-separated list) with the riverlog
+    source's schema (riverlog.spark.schema), or only ``columns`` of it, in that order.
+    ``table_dir``: where the server writes tables (``streams.table.dir``, default
+    ``DATA/tables``), a path Spark's executors can read. ``options``: the riverlog source's
+    read options (``servers``, ``startingOffsets``, ``endingOffsets``,
+    ``startingTimestamp``, ``failOnDataLoss``, ``user``, ...; docs/spark.md), resolved once
+    here. Raises what the source raises for bad options, DataLossError, and ValueError (also
+    for ``columns`` naming a column the schema does not have)."""
+    from ..spark import register
+    from ..spark.options import read_options
+    from ..spark.reader import planned_ranges
+    from ..spark.schema import projected_schema, spark_schema
+
+    opts = read_options(dict(options, stream=stream))
+    full = spark_schema()
+    names = tuple(c.lower() for c in columns) if columns is not None else tuple(full.names)
+    unknown = [c for c in names if c not in full.names]
+    if unknown or not names or len(set(names)) != len(names):
+        raise ValueError(f"read_table: columns {list(names)}: name each of "
+                         f"{', '.join(full.names)} at most once, at least one")
+    schema = projected_schema(names)
+    whole: list[str] = []
+    partial: list[tuple[str, str, int, int, int]] = []  # path, stream, partition, lo, hi
+    from_log = []
+    for r in planned_ranges(opts):
+        pos = r.start
+        for f, path in _usable(table_dir, r.stream, r.partition, r.start, r.end):
+            lo, hi = max(f.start, r.start), min(f.end, r.end)
+            if lo > pos:
+                from_log.append((r.stream, r.partition, pos, lo))
+            if (lo, hi) == (f.start, f.end):
+                whole.append(path)
+            else:
+                partial.append((path, r.stream, r.partition, lo, hi))
+            pos = hi
+        if pos < r.end:
+            from_log.append((r.stream, r.partition, pos, r.end))
+    frames = []
+    if whole:
+        frames.append(spark.read.schema(full).parquet(*whole).select(*names))
+    if partial:
+        frames.append(_partial(spark, full, partial).select(*names))
+    if from_log:
+        register(spark)
+        source = {k: v for k, v in options.items() if k.lower() not in _PLANNING}
+        for s, p, lo, hi in from_log:
+            frames.append(spark.read.format("riverlog").schema(schema).options(**source)
+                          .option("stream", s)
+                          .option("startingOffsets", json.dumps({s: {str(p): lo}}))
+                          .option("endingOffsets", json.dumps({s: {str(p): hi}})).load())
+    if not frames:
+        return spark.createDataFrame([], schema)
+    return functools.reduce(lambda a, b: a.unionByName(b), frames)
+
+
+def table_files(table_dir: str, stream: str, partition: int = 0) -> list[str]:
+    """Paths of the Parquet files the table of ``partition`` of ``stream`` lists now, in
+    offset order, each checked as read_table checks them (the others are reported and left
+    out): for DuckDB, pandas or Polars. They hold what the table has, not the newest records
+    it has not got yet (see the lag in ``riverlog stream describe``)."""
+    return [path for _, path in _usable(table_dir, stream, partition, 0, 1 << 63)]
+
+
+def table_batches(table_dir: str, stream: str, partition: int, start: int, end: int,
+                  schema, batch_rows: int):
+    """Yield the records ``[start, t)`` of the partition's table as ``pyarrow.RecordBatch``es
+    of ``schema`` (riverlog.spark.arrow.arrow_schema, or a projection of it) and at most
+    ``batch_rows`` rows, in offset order; ``t`` (returned) is where the table stops holding
+    the range without a gap (``start`` when it holds none of it), ``end`` at most. Row
+    groups outside the range are skipped by their offset statistics. For the riverlog
+    source's ``tableDir`` option (executor side: pyarrow, no Spark)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    pos = start
+    for f, path in _usable(table_dir, stream, partition, start, end):
+        if f.start > pos:
+            break  # a gap: the rest comes from the log
+        hi = min(f.end, end)
+        pf = pq.ParquetFile(path)
+        columns = list(dict.fromkeys(schema.names + ["offset"]))
+        at = _offset_column(pf.metadata)  # _usable checked it is there, with statistics
+        for i in range(pf.metadata.num_row_groups):
+            stats = pf.metadata.row_group(i).column(at).statistics
+            if stats.max < pos or stats.min >= hi:
+                continue
+            table = pf.read_row_group(i, columns=columns)
+            offsets = table.column("offset")
+            table = table.filter(pc.and_(pc.greater_equal(offsets, pos), pc.less(offsets, hi)))
+            for batch in table.select(schema.names).to_batches(max_chunksize=batch_rows):
+                yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+        pos = hi
+        if pos >= end:
+            break
+    return pos
+
+
+def _partial(spark, schema, pieces):
+    """The Parquet files of ``pieces`` with only the offsets asked of each (the offset
+    statistics let Spark skip row groups outside them)."""
+    from pyspark.sql import functions as F
+
+    keep = functools.reduce(lambda a, b: a | b, [
+        (F.col("stream") == s) & (F.col("partition") == p) & (F.col("offset") >= lo)
+        & (F.col("offset") < hi) for _, s, p, lo, hi in pieces])
+    return spark.read.schema(schema).parquet(*[piece[0] for piece in pieces]).where(keep)
+
+
+def _usable(table_dir: str, stream: str, partition: int, start: int,
+            end: int) -> list[tuple[mf.TableFile, str]]:
+    """The listed files of the table holding offsets of ``[start, end)`` that pass their
+    checks, with their paths; the others are reported."""
+    directory = mf.partition_dir(table_dir, stream, partition)
+    try:
+        m = mf.load(directory)
+    except (mf.ManifestError, OSError) as exc:
+        log.warning("table of %r partition %d: %s; reading it from the log", stream,
+                    partition, exc)
+        return []
+    if m is None:
+        return []
+    out = []
+    for f in m.overlapping(start, end):
+        path = os.path.join(directory, f.name)
+        problem = _check(path, f)
+        if problem is None:
+            out.append((f, path))
+        else:
+            log.warning("table of %r partition %d: %s %s; offsets %d..%d read from the log",
+                        stream, partition, path, problem, f.start, f.end - 1)
+    return out
+
+
+def _check(path: str, f: mf.TableFile) -> str | None:
+    """None when the file at ``path`` is what the manifest lists, else what is wrong."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        size = os.path.getsize(path)
+        if size != f.size:
+            return f"is {size} bytes, the manifest says {f.size}"
+        meta = pq.read_metadata(path)
+    except FileNotFoundError:
+        return "is missing"
+    except (OSError, pa.ArrowException) as exc:
+        return f"cannot be read ({exc})"
+    if meta.num_rows != f.rows:
+        return f"holds {meta.num_rows} rows, the manifest says {f.rows}"
+    at = _offset_column(meta)
+    if at is None:
+        return "has no offset column"
+    for i in range(meta.num_row_groups):
+        stats = meta.row_group(i).column(at).statistics
+        if stats is None or not stats.has_min_max or stats.min < f.start \
+                or stats.max >= f.end:
+            return f"has offsets outside {f.start}..{f.end - 1}"
+    return None
+
+
+def _offset_column(meta) -> int | None:
+    """The index of the ``offset`` column among a Parquet file's leaf columns (what
+    ``row_group(i).column(j)`` counts), None when it has none."""
+    paths = [meta.schema.column(i).path for i in range(meta.num_columns)]
+    return paths.index("offset") if "offset" in paths else None

@@ -1,0 +1,179 @@
+# The server side of streams as tables: which partitions have a table, feeding the writer
+# process (riverlog.tables.writer) their state every tick, and what their tables hold and
+# how far behind they are (for /metrics and `riverlog stream describe`).
+# Rules: runs on the event loop but does no table work there: one small JSON request per
+# tick, written to the worker's pipe, and one reply read; a tick starts only when the last
+# reply is in, so nothing piles up and publishers are never waited on. The worker is started
+# when the first table-enabled stream needs it and started again if it dies (the work it
+# lost is redone from the manifest). A tick lasts a third of ``streams.table.lag``.
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import sys
+import time
+
+from ..broker import Broker
+from ..broker.stream import Stream
+from ..config import TableConfig
+from .writer import EXIT_MISSING
+
+log = logging.getLogger("riverlog.tables")
+
+REPLY_LIMIT = 64 * 1024 * 1024
+STOP_TIMEOUT_S = 10.0
+
+
+@dataclasses.dataclass
+class TableStatus:
+    """A partition's table as the last pass left it: offsets ``[first, end)`` (None: empty),
+    ``files``, ``bytes``, ``error`` (the last pass's, None when it went through) and
+    ``synced_s``: the time.monotonic() of the newest request whose committed offset the
+    table reached."""
+
+    first: int | None = None
+    end: int | None = None
+    files: int = 0
+    bytes: int = 0
+    error: str | None = None
+    synced_s: float | None = None
+
+
+class TableService:
+    """Tables of ``broker``'s streams under ``table_dir``. ``start()`` on the event loop,
+    ``await stop()``. ``status`` maps (stream, partition) to TableStatus."""
+
+    def __init__(self, broker: Broker, config: TableConfig, table_dir: str) -> None:
+        self.broker = broker
+        self.config = config
+        self.table_dir = table_dir
+        self.status: dict[tuple[str, int], TableStatus] = {}
+        self._task: asyncio.Task | None = None
+        self._worker: asyncio.subprocess.Process | None = None
+        self._dropped: list[str] = []
+        self._failure: str | None = None
+        self._started_s = time.monotonic()
+
+    @property
+    def worker_pid(self) -> int | None:
+        """The writer process's pid; None while there is none."""
+        worker = self._worker
+        return worker.pid if worker is not None and worker.returncode is None else None
+
+    def enabled(self, stream: Stream) -> bool:
+        """Whether ``stream`` has a table: its ``table`` setting, else the server's."""
+        own = stream.config.table
+        return self.config.enabled if own is None else own
+
+    def lag(self, stream: Stream, partition: int) -> tuple[int, float]:
+        """``(messages, seconds)`` the table of ``partition`` is behind: committed records it
+        does not hold yet, and how long it has not held them all (since the service started,
+        when it never did); ``(0, 0.0)`` when up to date."""
+        p = stream.partitions[partition]
+        status = self.status.get((stream.name, partition))
+        end = p.first_offset
+        if status is not None and status.end is not None:
+            end = max(end, status.end)
+        behind = max(p.committed_offset + 1 - end, 0)
+        if not behind:
+            return 0, 0.0
+        since = self._started_s if status is None or status.synced_s is None else status.synced_s
+        return behind, time.monotonic() - since
+
+    def start(self) -> None:
+        self._started_s = time.monotonic()
+        self.broker.deletion_listeners.append(self._deleted)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """Stop ticking and let the worker finish its pass (killed after STOP_TIMEOUT_S:
+        what it had not published is redone on the next start)."""
+        if self._deleted in self.broker.deletion_listeners:
+            self.broker.deletion_listeners.remove(self._deleted)
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stdin.close()
+            try:
+                await asyncio.wait_for(worker.wait(), STOP_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                worker.kill()
+                await worker.wait()
+
+    def _deleted(self, stream: Stream) -> None:
+        for key in [k for k in self.status if k[0] == stream.name]:
+            del self.status[key]
+        self._dropped.append(stream.name)
+
+    async def _run(self) -> None:
+        interval = self.config.lag_ms / 3000
+        while True:
+            await asyncio.sleep(interval)
+            sent = time.monotonic()
+            request = self._request()
+            if not request["partitions"] and not request["drop"]:
+                continue
+            self._dropped = []
+            try:
+                reply = await self._call(request)
+            except ModuleNotFoundError as exc:
+                log.error("%s: no table is written until the server is restarted", exc)
+                return
+            except (OSError, ValueError, EOFError) as exc:
+                if str(exc) != self._failure:  # once, not every tick
+                    log.error("table writer failed (%s); starting it again", exc)
+                self._failure = str(exc)
+                await self._kill()
+                continue
+            self._failure = None
+            for p, s in zip(request["partitions"], reply["statuses"]):
+                status = self.status.setdefault((s["stream"], s["partition"]), TableStatus())
+                status.first, status.end = s["first"], s["end"]
+                status.files, status.bytes, status.error = s["files"], s["bytes"], s["error"]
+                if (s["end"] or p["first"]) >= p["committed"] + 1:
+                    status.synced_s = sent
+
+    def _request(self) -> dict:
+        partitions = []
+        for stream in list(self.broker.streams.values()):
+            if stream.name.startswith("__") or not self.enabled(stream):
+                continue
+            for p in stream.partitions:
+                segments = p.log.segments
+                partitions.append({
+                    "stream": stream.name, "partition": p.index,
+                    "created_ns": stream.created_ns, "log_dir": p.log.directory,
+                    "segments": [(s.base_offset, s.next_offset) for s in segments],
+                    "first": p.first_offset, "committed": p.committed_offset})
+        return {"table_dir": self.table_dir, "archive": self.config.archive,
+                "compression": self.config.compression, "partitions": partitions,
+                "drop": list(self._dropped)}
+
+    async def _call(self, request: dict) -> dict:
+        if self._worker is None or self._worker.returncode is not None:
+            self._worker = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "riverlog.tables.writer", stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE, limit=REPLY_LIMIT)
+        worker = self._worker
+        worker.stdin.write(json.dumps(request).encode() + b"\n")
+        await worker.stdin.drain()
+        line = await worker.stdout.readline()
+        if not line:
+            code = await worker.wait()
+            if code == EXIT_MISSING:
+                raise ModuleNotFoundError("the table writer cannot import pyarrow or pyspark")
+            raise EOFError(f"the worker exited with code {code}")
+        return json.loads(line)
+
+    async def _kill(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None and worker.returncode is None:
+            worker.kill()
+            await worker.wait()

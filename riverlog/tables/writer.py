@@ -1,0 +1,339 @@
+# The table writer: the worker process that mirrors committed chunks to Parquet. The server
+# (riverlog.tables.service) sends it one request per tick on stdin, a JSON line naming the
+# table-enabled partitions with their segments and committed offset; it brings each table up
+# to date reading the segment files itself (read-only, never through the server) and answers
+# with one JSON line of statuses. Rules: only committed chunks are read (the request's
+# committed offset bounds every read, so a torn or unsynced tail is never touched); user
+# chunks only (tracking chunks are not records a consumer sees); chunks are converted by
+# riverlog.spark.arrow, so a table row is exactly what the Spark source returns; files are
+# published by riverlog.tables.manifest's rules. Recent chunks of the active segment become
+# small files (at most MAX_SMALL_FILES, then rewritten as one); a sealed segment becomes one
+# file, rewritten when compaction changes the segment file. Without ``archive`` files below
+# the log's first offset are retired. The process runs at a lower CPU priority than the
+# server and exits when stdin closes (the server stopped or died).
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from typing import Iterator
+
+from ..log.chunk import CHUNK_USER, HEADER_SIZE, ChunkFormatError, check_chunk, parse_header
+from ..log.segment import SEGMENT_SUFFIX, ChunkSlice, segment_name
+from . import manifest as mf
+
+log = logging.getLogger("riverlog.tables")
+
+ROW_GROUP_ROWS = 1 << 20
+"""Rows per Parquet row group at most (Spark splits scans by row group)."""
+READ_BYTES = 32 * 1024 * 1024
+"""Bytes of chunks read and converted at a time."""
+MAX_SMALL_FILES = 16
+"""Small files of the active segment before they are rewritten as one."""
+STATISTICS = ["stream", "partition", "offset", "timestamp"]
+"""Columns with min/max statistics (for offset and timestamp filters)."""
+NICE = 10
+EXIT_MISSING = 2
+"""The worker's exit code when pyarrow or pyspark is not installed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionState:
+    """What the server tells about one table-enabled partition: the stream's ``created_ns``,
+    the partition's ``log_dir``, its segments ``[(base offset, next offset)]`` oldest first,
+    ``first`` (oldest offset kept) and ``committed`` (newest committed offset, -1: none)."""
+
+    stream: str
+    partition: int
+    created_ns: int
+    log_dir: str
+    segments: list[tuple[int, int]]
+    first: int
+    committed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Status:
+    """A partition's table after a pass: offsets ``[first, end)`` (None: empty), files,
+    bytes, and the error that stopped the pass (None: up to date)."""
+
+    stream: str
+    partition: int
+    first: int | None
+    end: int | None
+    files: int
+    bytes: int
+    error: str | None = None
+
+
+class TableWriter:
+    """Brings tables under ``table_dir`` up to date, one ``update`` per partition state;
+    new files with the Parquet codec ``compression`` (riverlog.config.TABLE_CODECS)."""
+
+    def __init__(self, table_dir: str, archive: bool = False,
+                 compression: str = "zstd") -> None:
+        self.table_dir = table_dir
+        self.archive = archive
+        self.compression = compression
+        self._visited: set[tuple[str, int, int]] = set()
+        self._resume: dict[str, tuple[int, int]] = {}  # segment path -> (offset, file position)
+        self._errors: dict[tuple[str, int], str] = {}  # the last error logged per partition
+        self._schema = None
+
+    @property
+    def schema(self):
+        if self._schema is None:
+            from ..spark.arrow import arrow_schema
+            self._schema = arrow_schema()
+        return self._schema
+
+    def update(self, state: PartitionState) -> Status:
+        """One pass over ``state``'s partition. Errors (a full disk, a damaged segment) are
+        returned in the status and logged when they differ from the last pass's; what was
+        published before them stays."""
+        directory = mf.partition_dir(self.table_dir, state.stream, state.partition)
+        m = None
+        try:
+            os.makedirs(directory, exist_ok=True)
+            m = self._open(directory, state)
+            self._advance(directory, m, state)
+            error = None
+        except (OSError, ChunkFormatError, mf.ManifestError) as exc:
+            error = str(exc)
+        self._report(state.stream, state.partition, error)
+        if m is None:
+            return Status(state.stream, state.partition, None, None, 0, 0, error)
+        return Status(state.stream, state.partition, m.first, m.end, len(m.files),
+                      sum(f.size for f in m.files), error)
+
+    def _report(self, stream: str, partition: int, error: str | None) -> None:
+        """Log a partition's error once, not every pass, and when it is gone."""
+        last = self._errors.pop((stream, partition), None)
+        if error is not None:
+            self._errors[(stream, partition)] = error
+            if error != last:
+                log.error("table of %r partition %d: %s (tried again every pass)", stream,
+                          partition, error)
+        elif last is not None:
+            log.info("table of %r partition %d: written again", stream, partition)
+
+    # -- manifest -----------------------------------------------------------------------
+    def _open(self, directory: str, state: PartitionState) -> mf.Manifest:
+        """The partition's manifest; a damaged one, or one of an earlier stream of the same
+        name, or one past the log's end (the log was cut), is dropped with its files and the
+        table is written again. On the first visit, leftovers of a crash are removed."""
+        try:
+            m = mf.load(directory)
+        except mf.ManifestError as exc:
+            log.error("table of %r partition %d: %s; writing it again from the log",
+                      state.stream, state.partition, exc)
+            m = None
+        if m is not None and (m.created_ns != state.created_ns or m.stream != state.stream
+                              or (m.end or 0) > state.committed + 1):
+            log.warning("table of %r partition %d does not match the log; writing it again",
+                        state.stream, state.partition)
+            m = None
+        if m is None:
+            shutil.rmtree(directory)
+            os.makedirs(directory)
+            m = mf.Manifest(state.stream, state.partition, state.created_ns)
+        key = (state.stream, state.partition, state.created_ns)
+        if key not in self._visited:
+            for name in m.orphans(os.listdir(directory)):
+                log.info("table of %r partition %d: removing leftover %s", state.stream,
+                         state.partition, name)
+                os.unlink(os.path.join(directory, name))
+            self._visited.add(key)
+        return m
+
+    def _advance(self, directory: str, m: mf.Manifest, state: PartitionState) -> None:
+        now = _now_ms()
+        changed = not self.archive and bool(m.drop_before(state.first, now))
+        committed_end = state.committed + 1
+        *sealed, (active, active_next) = state.segments
+        for base, nxt in sealed:
+            if nxt > committed_end:
+                break  # its last chunks are not committed yet (an fsync is pending)
+            if nxt <= base or (m.first is not None and nxt <= m.first):
+                continue
+            try:
+                st = os.stat(self._segment_path(state, base))
+            except FileNotFoundError:  # retention removed it since the request was made
+                continue
+            old = m.overlapping(base, nxt)
+            if len(old) == 1 and old[0].sealed and old[0].source == (st.st_ino, st.st_size):
+                continue
+            m.publish(self._write(directory, m, state, base, base, nxt, sealed=True), old, now)
+            m.save(directory)  # a segment is much work: keep it even if a later one fails
+        start = m.end if m.end is not None and m.end >= state.first else max(state.first,
+                                                                                active)
+        end = min(active_next, committed_end)
+        if start >= active and end > start:
+            small = [f for f in m.files if f.segment == active]
+            if len(small) >= MAX_SMALL_FILES:
+                start = small[0].start  # rewritten as one file with the new chunks
+            else:
+                small = []
+            m.publish(self._write(directory, m, state, active, start, end, sealed=False),
+                      small, now)
+            changed = True
+        expired = m.expired(now)
+        if changed or expired:
+            m.save(directory)
+        self._delete(directory, expired)
+
+    @staticmethod
+    def _delete(directory: str, names: list[str]) -> None:
+        for name in names:
+            try:
+                os.unlink(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
+
+    @staticmethod
+    def _segment_path(state: PartitionState, base: int) -> str:
+        return os.path.join(state.log_dir, segment_name(base) + SEGMENT_SUFFIX)
+
+    # -- Parquet ------------------------------------------------------------------------
+    def _write(self, directory: str, m: mf.Manifest, state: PartitionState, base: int,
+               start: int, end: int, *, sealed: bool) -> mf.TableFile:
+        """Write the records ``[start, end)`` of segment ``base`` as a new Parquet file
+        (not yet listed). Raises OSError (a full disk: the temporary file is removed),
+        ChunkFormatError (a chunk fails its checks)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from ..spark.arrow import chunks_to_batch
+
+        name = mf.file_name(start, end, m.generation + 1)
+        final = os.path.join(directory, name)
+        tmp = final + mf.TMP_SUFFIX
+        path = self._segment_path(state, base)
+        fd = os.open(path, os.O_RDONLY)
+        rows = 0
+        try:
+            source = os.fstat(fd)
+            writer = pq.ParquetWriter(tmp, self.schema, compression=self.compression,
+                                      write_statistics=STATISTICS)
+            try:
+                group: list = []
+                for chunks in self._runs(fd, path, start, end, source.st_size):
+                    batch = chunks_to_batch(chunks, state.stream, state.partition, start, end,
+                                            self.schema)
+                    group.append(batch)
+                    if sum(b.num_rows for b in group) >= ROW_GROUP_ROWS:
+                        rows += _flush(writer, group, pa)
+                rows += _flush(writer, group, pa)
+            finally:
+                writer.close()
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            mf.publish_file(tmp, final)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        finally:
+            os.close(fd)
+        return mf.TableFile(name, start, end, rows, os.path.getsize(final), base, sealed,
+                            (source.st_ino, source.st_size) if sealed else None)
+
+    def _runs(self, fd: int, path: str, start: int, end: int,
+              size: int) -> Iterator[list[ChunkSlice]]:
+        """User chunks holding offsets of ``[start, end)``, READ_BYTES at a time, each
+        checked (CRC); stops after the chunk reaching ``end`` (never reads past it)."""
+        offset, pos = self._resume.get(path, (-1, 0))
+        if offset > start:
+            pos = 0
+        while pos < size:
+            block = os.pread(fd, min(READ_BYTES, size - pos), pos)
+            if len(block) < HEADER_SIZE:
+                return
+            need = parse_header(block).size
+            if need > len(block):  # one chunk larger than READ_BYTES
+                block = os.pread(fd, need, pos)
+            view = memoryview(block)
+            at, run, done = 0, [], False
+            while at + HEADER_SIZE <= len(block):
+                h = parse_header(block, at)
+                if at + h.size > len(block):
+                    break
+                if h.first_offset >= end:
+                    done = True
+                    break
+                if h.next_offset > start:
+                    check_chunk(block, h, at)
+                    if h.chunk_type == CHUNK_USER:
+                        run.append(ChunkSlice(h, view[at:at + h.size]))
+                at += h.size
+                self._resume[path] = (h.next_offset, pos + at)
+                if h.next_offset >= end:
+                    done = True
+                    break
+            if run:
+                yield run
+            pos += at
+            if done:
+                return
+
+
+def _flush(writer, group: list, pa) -> int:
+    """Write ``group`` (record batches) as one row group; empty it; returns its rows."""
+    rows = sum(b.num_rows for b in group)
+    if rows:
+        writer.write_table(pa.Table.from_batches(group), row_group_size=ROW_GROUP_ROWS)
+    group.clear()
+    return rows
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def serve(stdin, stdout) -> None:
+    """The worker loop: one request line in, one reply line out, until ``stdin`` closes.
+    Request: ``{"table_dir", "archive", "compression", "partitions": [PartitionState
+    fields], "drop": [stream]}``; reply: ``{"statuses": [Status fields]}``. ``drop`` names
+    deleted streams whose tables go."""
+    writers: dict[tuple[str, bool, str], TableWriter] = {}
+    for line in stdin:
+        request = json.loads(line)
+        key = (request["table_dir"], bool(request["archive"]), request["compression"])
+        writer = writers.get(key) or writers.setdefault(key, TableWriter(*key))
+        for stream in request.get("drop", ()):
+            shutil.rmtree(mf.stream_dir(writer.table_dir, stream), ignore_errors=True)
+        statuses = [writer.update(PartitionState(**dict(p, segments=[tuple(s) for s in
+                                                                     p["segments"]])))
+                    for p in request["partitions"]]
+        stdout.write(json.dumps({"statuses": [dataclasses.asdict(s) for s in statuses]}) + "\n")
+        stdout.flush()
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        import pyarrow.parquet  # noqa: F401
+        from ..spark.arrow import arrow_schema
+        arrow_schema()
+    except ImportError as exc:
+        log.error("tables need pyarrow and pyspark (pip install 'riverlog[spark]'): %s", exc)
+        sys.exit(EXIT_MISSING)
+    try:
+        os.nice(NICE)  # publishers first: the table may lag, the log may not
+    except OSError:
+        pass
+    try:
+        serve(sys.stdin, sys.stdout)
+    except (BrokenPipeError, KeyboardInterrupt):
+        pass
+
+
+if __name__ == "__main__":
+    main()

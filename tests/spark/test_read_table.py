@@ -1,0 +1,139 @@
+# riverlog.spark.read_table on Spark: the rows are exactly those spark.read.format("riverlog")
+# returns for the same offsets (whole files, ranges cutting files, timestamps, projections),
+# and a damaged or missing Parquet file or manifest is reported and read from the log.
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+
+import pytest
+
+from riverlog.spark import read_table
+from riverlog.spark.schema import spark_schema
+from riverlog.tables import manifest as mf
+
+from .conftest import reader, send, varied, wait_table
+
+
+@pytest.fixture(scope="module")
+def table(table_server):
+    """A table-enabled stream of 1500 records over several segments, its table caught up."""
+    with table_server.client() as c:
+        c.create_stream("read-table", {"x-riverlog-table": "true",
+                                       "stream-max-segment-size-bytes": "16384"})
+    send(table_server, "read-table", varied(0, 1500))
+    wait_table(table_server, "read-table")
+    return "read-table"
+
+
+def rows(df):
+    return sorted(df.collect(), key=lambda r: r.offset)
+
+
+def both(spark, server, stream, columns=None, table_dir=None, **options):
+    """(read_table's rows, the source's rows) for the same options."""
+    table = read_table(spark, stream, table_dir or server.app.config.table_dir, columns=columns,
+                       servers=server.servers, **options)
+    source = reader(spark, server.servers, stream, **options)
+    if columns is not None:
+        types = {f.name: f.dataType.simpleString() for f in spark_schema().fields}
+        source = source.schema(", ".join(f"{c} {types[c]}" for c in columns))
+    return rows(table), rows(source.load())
+
+
+def test_same_rows_as_the_source(spark, table_server, table):
+    got, want = both(spark, table_server, table)
+    assert len(got) == 1500 and got == want
+    # and they came from the table's files, every one of them
+    df = read_table(spark, table, table_server.app.config.table_dir,
+                    servers=table_server.servers)
+    m = mf.load(mf.partition_dir(table_server.app.config.table_dir, table, 0))
+    assert sorted(os.path.basename(p) for p in df.inputFiles()) == [f.name for f in m.files]
+    cut = {"startingOffsets": json.dumps({table: {"0": 123}}),
+           "endingOffsets": json.dumps({table: {"0": 1234}})}
+    got, want = both(spark, table_server, table, **cut)
+    assert [r.offset for r in got] == list(range(123, 1234)) and got == want
+    got, want = both(spark, table_server, table, columns=["value", "offset"], **cut)
+    assert got == want and got[0].asDict() == {"value": b"v123", "offset": 123}
+    # a timestamp resolves to a chunk's first offset, as the source does it
+    got, want = both(spark, table_server, table, startingTimestamp="0")
+    assert got == want and len(got) == 1500
+
+
+@pytest.mark.parametrize("columns", [["value", "nope"], [], ["key", "key"]])
+def test_bad_columns_are_refused(columns):
+    with pytest.raises(ValueError, match="read_table: columns"):
+        read_table(None, "any", "/nowhere", columns=columns)
+
+
+def test_damaged_files_and_manifest_are_read_from_the_log(spark, table_server, table, caplog,
+                                                         tmp_path):
+    # damage a copy: the server's writer would rebuild a damaged manifest at once
+    copy = str(tmp_path / "tables")
+    shutil.copytree(mf.stream_dir(table_server.app.config.table_dir, table),
+                    mf.stream_dir(copy, table))
+    directory = mf.partition_dir(copy, table, 0)
+    m = mf.load(directory)
+    assert len(m.files) >= 3
+    # a torn file (shorter than listed) and a missing one: their offsets come from the log
+    torn, missing = m.files[1], m.files[-1]
+    with open(os.path.join(directory, torn.name), "r+b") as f:
+        f.truncate(torn.size // 2)
+    os.unlink(os.path.join(directory, missing.name))
+    with caplog.at_level(logging.WARNING, logger="riverlog.tables"):
+        got, want = both(spark, table_server, table, table_dir=copy)
+    assert got == want and len(got) == 1500
+    assert f"{torn.name} is {torn.size // 2} bytes" in caplog.text
+    assert f"{missing.name} is missing" in caplog.text
+    caplog.clear()
+    with open(os.path.join(directory, mf.MANIFEST), "w") as f:
+        f.write("{not json")
+    with caplog.at_level(logging.WARNING, logger="riverlog.tables"):
+        got, want = both(spark, table_server, table, table_dir=copy)
+    assert got == want and len(got) == 1500
+    assert "damaged manifest" in caplog.text
+
+
+def test_streaming_query_catches_up_from_the_table(spark, table_server, tmp_path):
+    """The source's tableDir option: a streaming query from earliest reads what the table
+    holds from its files and only the rest from the server, then goes on with records the
+    table has not got; the rows are the source's."""
+    from riverlog.metrics import REGISTRY
+
+    def delivered():
+        return REGISTRY.get_sample_value("riverlog_delivered_messages_total", {
+            "stream": "catch-up", "door": "rabbitmq_stream"}) or 0
+
+    with table_server.client() as c:
+        c.create_stream("catch-up", {"x-riverlog-table": "true"})
+    send(table_server, "catch-up", varied(0, 1000))
+    send(table_server, "catch-up", varied(1000, 1))  # the newest chunk: 1 record
+    wait_table(table_server, "catch-up")
+    out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
+    query = (spark.readStream.format("riverlog").option("servers", table_server.servers)
+             .option("stream", "catch-up").option("startingOffsets", "earliest")
+             .option("tableDir", table_server.app.config.table_dir).load()
+             .writeStream.format("parquet").option("path", out)
+             .option("checkpointLocation", ck).trigger(availableNow=True))
+    before = delivered()
+    q = query.start()  # the history, from the table
+    try:
+        q.awaitTermination(120)
+    finally:
+        q.stop()
+    assert [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]] == [1001]
+    # the server sent the executors none of the 1001 records: only the newest chunk (1
+    # record) to each offset lookup of the planner (riverlog.client offset_range)
+    assert delivered() - before < 100
+    send(table_server, "catch-up", varied(1001, 20))
+    q = query.start()  # newer records: what the table has not got yet comes from the log
+    try:
+        q.awaitTermination(120)
+    finally:
+        q.stop()
+    got = rows(spark.read.schema(spark_schema()).parquet(out))
+    want = rows(reader(spark, table_server.servers, "catch-up",
+                       endingOffsets=json.dumps({"catch-up": {"0": 1021}})).load())
+    assert len(got) == 1021 and got == want
