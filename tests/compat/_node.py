@@ -8,12 +8,13 @@
 # with what the script wrote on stderr.
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
 import subprocess
 from typing import Any
+
+from ._scripts import run_json_script
 
 NODE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "node")
 # npm's error codes when the registry cannot be reached at all: only these skip the tests
@@ -60,27 +61,6 @@ class NodeClient:
         it is killed)."""
         argument = {"host": host, "port": port, "username": "guest", "password": "guest",
                     "vhost": "/", **fields}
-        proc = await asyncio.create_subprocess_exec(
-            "node", os.path.join(NODE_DIR, f"{script}.js"), json.dumps(argument),
-            cwd=NODE_DIR, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE)
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout)
-        except asyncio.TimeoutError:
-            proc.kill()
-            out, err = await proc.communicate()
-            raise AssertionError(f"node {script}.js still running after {timeout}s; stdout:\n"
-                                 f"{out.decode(errors='replace')[-4000:]}\nstderr:\n"
-                                 f"{err.decode(errors='replace')[-4000:]}") from None
-        lines = out.decode(errors="replace").strip().splitlines()
-        if proc.returncode != 0 or not lines:
-            raise AssertionError(f"node {script}.js exited with {proc.returncode}; stdout:\n"
-                                 f"{out.decode(errors='replace')[-4000:]}\nstderr:\n"
-                                 f"{err.decode(errors='replace')[-4000:]}")
-        try:
-            result = json.loads(lines[-1])
-        except ValueError:
-            result = None
-        if not isinstance(result, dict):
-            raise AssertionError(f"node {script}.js printed no JSON object last: {lines[-1]!r}")
-        return result
+        return await run_json_script(
+            ["node", os.path.join(NODE_DIR, f"{script}.js"), json.dumps(argument)],
+            f"node {script}.js", timeout, cwd=NODE_DIR)

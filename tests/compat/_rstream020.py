@@ -7,12 +7,13 @@
 # one JSON object as its last line; anything else fails the test with the script's stderr.
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
 from typing import Any
+
+from ._scripts import run_json_script
 
 VERSION = "0.20.9"
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rstream020")
@@ -48,19 +49,6 @@ async def run(script: str, host: str, port: int, timeout: float = 120, **fields:
     killed)."""
     arg = json.dumps({"host": host, "port": port, "username": "guest", "password": "guest",
                       **fields})
-    env = dict(os.environ, PYTHONPATH=SITE)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, os.path.join(HERE, f"{script}.py"), arg, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except asyncio.TimeoutError:
-        proc.kill()
-        out, err = await proc.communicate()
-        raise AssertionError(f"{script}.py ran past {timeout}s; stderr:\n"
-                             f"{err.decode(errors='replace')[-3000:]}") from None
-    lines = out.decode(errors="replace").strip().splitlines()
-    if proc.returncode != 0 or not lines or not lines[-1].startswith("{"):
-        raise AssertionError(f"{script}.py exited {proc.returncode}; stdout tail "
-                             f"{lines[-3:]}; stderr:\n{err.decode(errors='replace')[-3000:]}")
-    return json.loads(lines[-1])
+    return await run_json_script(
+        [sys.executable, os.path.join(HERE, f"{script}.py"), arg], f"{script}.py", timeout,
+        env=dict(os.environ, PYTHONPATH=SITE))
