@@ -16,11 +16,12 @@ import time
 from typing import Callable
 
 from .. import __version__
-from ..broker import (Broker, Notification, Partition, SingleActiveConsumers, Stream,
-                      StreamConfig, SuperStreams)
+from ..broker import (RESERVED_STREAMS, Broker, Notification, Partition, SingleActiveConsumers,
+                      Stream, StreamConfig, SuperStreams)
 from ..config import RabbitStreamConfig, SecurityConfig
 from ..errors import (CorruptChunkError, InvalidArgumentError, LogClosedError, LogError,
-                      OffsetOutOfRangeError, StreamExistsError, StreamNotFoundError)
+                      OffsetOutOfRangeError, ReservedStreamError, StreamExistsError,
+                      StreamNotFoundError)
 from ..log.bloom import ChunkFilter, filter_from_properties
 from ..log.chunk import CHUNK_USER
 from ..metrics import CONFIRM_RABBITMQ, RABBITMQ_STREAM, counters, error as count_error
@@ -573,6 +574,8 @@ class RabbitStreamConnection(asyncio.Protocol):
             code = OK
         except StreamNotFoundError:
             code = ResponseCode.STREAM_DOES_NOT_EXIST
+        except ReservedStreamError:  # RabbitMQ's answer to a reserved (amq.*) name
+            code = ResponseCode.PRECONDITION_FAILED
         self.send(f.DeleteResponse(frame.correlation_id, code))
 
     def on_metadata(self, frame: f.Metadata) -> None:
@@ -631,7 +634,10 @@ class RabbitStreamConnection(asyncio.Protocol):
     def declare_publisher(self, publisher_id: int, reference: str | None, name: str) -> int:
         """Add a publisher to this connection (also for the draft dialect's Publish); returns
         the response code: OK, STREAM_DOES_NOT_EXIST, ACCESS_REFUSED or PRECONDITION_FAILED
-        (the id, or the reference on that stream, is taken)."""
+        (the id, or the reference on that stream, is taken; a reserved stream, as RabbitMQ
+        answers Create for its reserved amq.* names)."""
+        if name in RESERVED_STREAMS:
+            return ResponseCode.PRECONDITION_FAILED
         try:
             stream = self.broker.get(name)
         except StreamNotFoundError:

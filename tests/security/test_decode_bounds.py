@@ -7,8 +7,12 @@
 # is the peak resident set of this process (_memory), with bounds far from both outcomes.
 from __future__ import annotations
 
+import asyncio
+
 import grpc
-from rstream import Producer
+import nats
+import pytest
+from rstream import Producer, exceptions
 
 from _memory import MIB, peak_growth
 from _sec import running
@@ -60,3 +64,74 @@ async def test_amqp_decode_bomb_is_served_as_raw_bytes(tmp_path):
     assert peak.growth < 32 * MIB, f"reading a {len(bomb)}-byte record grew RSS by " \
                                    f"{peak.growth / MIB:.0f} MiB"
     assert [(m.offset, m.value) for m in got] == [(0, bomb), (1, b"after the bomb")]
+
+
+async def wait_stored(app, stream: str, count: int) -> None:
+    partition = app.broker.streams[stream].partitions[0]
+    for _ in range(500):
+        if partition.committed_offset + 1 >= count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{stream}: {partition.committed_offset + 1} stored, not {count}")
+
+
+async def test_reserved_streams_are_reserved_on_every_door(tmp_path):
+    """Item 8: __cursors could be written and even deleted through the RabbitMQ door (the
+    gRPC door refused create and delete only, the NATS door stored what came on its
+    subject). Now no door creates, deletes or publishes to a reserved stream; the RabbitMQ
+    door answers precondition failed (0x11), as RabbitMQ does for its reserved amq.* names."""
+    bomb = nested_array_bomb(14)
+    async with running(tmp_path, SecurityConfig()) as app:
+        cursors = app.broker.streams["__cursors"]
+        async with Producer("127.0.0.1", app.rabbitmq_stream.port, **GUEST) as producer:
+            for name in ("__cursors", "__activity"):  # __activity: off, so not there
+                with pytest.raises(exceptions.PreconditionFailed):
+                    await producer.create_stream(name)
+                with pytest.raises(exceptions.PreconditionFailed):
+                    await producer.delete_stream(name)
+            with pytest.raises(exceptions.ServerError) as info:  # refused on DeclarePublisher
+                await producer.send_wait("__cursors", bomb)
+            assert isinstance(info.value, exceptions.PreconditionFailed) or isinstance(
+                info.value.__context__, exceptions.PreconditionFailed), repr(info.value)
+            await producer.create_stream("plain")
+        assert app.broker.streams["__cursors"] is cursors
+
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc.port}") as channel:
+            stub = api_pb2_grpc.APIStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await stub.Publish(pb.PublishRequest(stream="__cursors", value=bomb,
+                                                     ackPolicy=pb.AckPolicy.LEADER), timeout=10)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            call = stub.PublishAsync(timeout=10)
+            await call.write(pb.PublishRequest(stream="__cursors", value=bomb,
+                                               correlationId="c1", ackPolicy=pb.AckPolicy.LEADER))
+            answer = await call.read()
+            await call.done_writing()
+            assert answer.asyncError.code == pb.PublishAsyncError.Code.BAD_REQUEST
+            await stub.CreateStream(pb.CreateStreamRequest(name="nats-plain", subject="plain.in"),
+                                    timeout=10)
+
+        nc = await nats.connect(app.nats.url, allow_reconnect=False)
+        try:
+            await nc.publish(cursors.config.subject, bomb)
+            await nc.publish("plain.in", b"after")  # same connection: handled after the first
+            await nc.flush()
+            await wait_stored(app, "nats-plain", 1)
+        finally:
+            await nc.close()
+        assert [p.next_offset for p in cursors.partitions] == [0] * len(cursors.partitions)
+
+
+async def test_a_bomb_already_in_cursors_costs_little_at_start(tmp_path):
+    """Item 8: a cursors record is decoded at every start (a 1.8 KB bomb: +3 s, +278 MB).
+    Written here the way only the server can now (its own appender), then read at restart."""
+    bomb = nested_array_bomb(14)
+    async with running(tmp_path, SecurityConfig()) as app:
+        partition = app.broker.streams["__cursors"].partitions[0]
+        app.liftbridge.appenders.get(partition).append(bomb)
+        await wait_stored(app, "__cursors", 1)
+    with peak_growth() as peak:
+        async with running(tmp_path, SecurityConfig()) as app:
+            assert app.broker.streams["__cursors"].partitions[0].next_offset == 1
+    assert peak.growth < 32 * MIB, f"a start with a {len(bomb)}-byte cursor record grew RSS " \
+                                   f"by {peak.growth / MIB:.0f} MiB"
