@@ -16,6 +16,7 @@ import time
 import zlib
 
 from ..errors import LogError, OffsetOutOfRangeError
+from ..log.chunk import log_unreadable
 from ..record import Record, decode_record, encode_record
 from .appender import Appenders
 from .broker import CURSORS_STREAM, Broker
@@ -158,7 +159,7 @@ class Cursors:
                 for chunk in chunks:
                     offset = chunk.header.next_offset
                     try:
-                        records = list(chunk.records())
+                        records = list(chunk.records(log_unreadable(log, CURSORS_STREAM)))
                     except ValueError as exc:
                         log.error("cursor chunk at %d unreadable: %s", chunk.header.first_offset, exc)
                         continue

@@ -5,7 +5,9 @@
 # partition.go): Subscribe sends an empty Message first, then committed messages only, with the
 # headers "subject"/"reply"; it ends with ResourceExhausted at a stop offset, at the end of a
 # read-only partition, or for STOP_LATEST on an empty partition; a newer group member takes a
-# partition over from an older one. PublishAsync answers every message whose ack policy is not
+# partition over from an older one; the records of a sub-batch that cannot be read are skipped
+# (logged, counted in riverlog_errors as UNREADABLE_SUB_BATCH), as compaction leaves gaps, and
+# the subscription goes on after them. PublishAsync answers every message whose ack policy is not
 # NONE, errors as {correlationId, ack: Ack{}, asyncError}; after the client half-closes it waits
 # up to 5 s for outstanding acks. PublishAsync handles the requests of one loop turn together:
 # runs of them to one partition with one ack policy are encoded in one pass, appended at once
@@ -22,8 +24,8 @@ from google.protobuf.message import DecodeError
 
 from ..broker import Partition
 from ..errors import CorruptChunkError, LogClosedError, OffsetOutOfRangeError
-from ..log.chunk import CHUNK_USER, ChunkFormatError
-from ..metrics import GRPC, counters
+from ..log.chunk import CHUNK_USER, ChunkFormatError, ignore_unreadable, log_unreadable
+from ..metrics import GRPC, counters, error as count_error
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge import envelope
 from ..protocol.liftbridge.envelope import varint
@@ -94,7 +96,7 @@ def _record_timestamps(partition: Partition, offset: int):
                 offset = chunk.header.next_offset
                 continue
             default_ns = chunk.header.timestamp_ms * 1_000_000
-            for rec_offset, raw in chunk.records():
+            for rec_offset, raw in chunk.records(ignore_unreadable):
                 if rec_offset >= offset:
                     yield rec_offset, decode_record(raw, default_ns).timestamp_ns
             offset = chunk.header.next_offset
@@ -217,6 +219,13 @@ async def _messages(service: Liftbridge, stream, partition: Partition, offset: i
     name, index = stream.name, partition.index
     Message = pb.Message
     counted = counters(name, GRPC)
+    logged = log_unreadable(log, f"subscription to {name}/{index}")
+
+    def unreadable(first: int, records: int, error: ChunkFormatError) -> None:
+        if first + records > offset:
+            logged(first, records, error)
+            count_error(GRPC, "UNREADABLE_SUB_BATCH")
+
     while True:
         if stopped.done():
             return
@@ -258,7 +267,7 @@ async def _messages(service: Liftbridge, stream, partition: Partition, offset: i
             default_ns = header.timestamp_ms * 1_000_000
             sent = nbytes = 0  # counted once per chunk (and before leaving mid-chunk)
             try:
-                for rec_offset, raw in chunk.records():
+                for rec_offset, raw in chunk.records(unreadable):
                     if rec_offset < offset:
                         continue
                     record = decode_record(raw, default_ns)
@@ -291,6 +300,8 @@ async def _messages(service: Liftbridge, stream, partition: Partition, offset: i
             if sent:
                 counted.delivered(sent, nbytes)
             offset = header.next_offset
+            if 0 <= stop < offset:  # the stop offset was in a gap (an unreadable sub-batch)
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop offset reached")
 
 
 async def _closed(service: Liftbridge, stream, partition: Partition, context) -> None:

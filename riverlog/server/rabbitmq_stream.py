@@ -23,7 +23,7 @@ from ..errors import (CorruptChunkError, InvalidArgumentError, LogClosedError, L
                       OffsetOutOfRangeError, ReservedStreamError, StreamExistsError,
                       StreamNotFoundError)
 from ..log.bloom import ChunkFilter, filter_from_properties
-from ..log.chunk import CHUNK_USER
+from ..log.chunk import CHUNK_USER, ChunkFormatError, check_entry
 from ..metrics import CONFIRM_RABBITMQ, RABBITMQ_STREAM, counters, error as count_error
 from ..protocol.rabbitmq_stream import (FrameDecoder, FrameError, OffsetType, ResponseCode,
                                         deliver_prefix, encode)
@@ -668,6 +668,11 @@ class RabbitStreamConnection(asyncio.Protocol):
         if pub.partition.readonly:  # set through Liftbridge's SetStreamReadonly
             self._publish_error(frame.publisher_id, ids, ResponseCode.ACCESS_REFUSED)
             return
+        if self.config.validate_sub_batches:
+            entries = self._readable(frame.publisher_id, entries)
+            if not entries:
+                return
+            ids = [e[0] for e in entries]
         staged = self._staged.get(frame.publisher_id)
         if staged is None:
             staged = self._staged[frame.publisher_id] = _Staged(pub)
@@ -690,6 +695,21 @@ class RabbitStreamConnection(asyncio.Protocol):
             self.transport.pause_reading()
         if staged.size >= STAGE_MAX_BYTES or len(staged.entries) >= STAGE_MAX_ENTRIES:
             self._flush_staged(frame.publisher_id)
+
+    def _readable(self, publisher_id: int, entries: tuple) -> tuple:
+        """The entries (publishing id first, entry bytes last) that can be read to their last
+        record; the others are refused with 0x11 (riverlog.stream.validate.sub.batches)."""
+        readable, refused = [], []
+        for entry in entries:
+            try:
+                check_entry(entry[-1])
+                readable.append(entry)
+            except ChunkFormatError as exc:
+                log.warning("publisher %d: entry %d refused: %s", publisher_id, entry[0], exc)
+                refused.append(entry[0])
+        if refused:
+            self._publish_error(publisher_id, refused, ResponseCode.PRECONDITION_FAILED)
+        return tuple(readable)
 
     def _flush_publishes(self) -> None:
         self._flush_scheduled = False

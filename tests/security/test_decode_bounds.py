@@ -8,11 +8,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gzip
 
 import grpc
 import nats
 import pytest
-from rstream import Producer, exceptions
+import zstandard
+from rstream import CompressionType, Producer, exceptions
+from rstream.compression import NoneCompressionCodec, StreamCompressionCodecs
 
 from _memory import MIB, peak_growth
 from _sec import running
@@ -33,13 +37,57 @@ def nested_array_bomb(arrays: int) -> bytes:
     return b"\x00\x53\x77" + b"\xf0" + len(body).to_bytes(4, "big") + body
 
 
-async def subscribe_all(app, stream: str) -> list[pb.Message]:
-    """Every message of ``stream`` through gRPC Subscribe (EARLIEST to STOP_LATEST)."""
+class ForgedCodec(NoneCompressionCodec):
+    """An rstream codec that sends ``body`` as the compressed sub-batch of any messages, with
+    ``declared`` as its uncompressed size: what a hostile publisher can put on the wire."""
+
+    def __init__(self, kind: CompressionType, body: bytes, declared: int) -> None:
+        super().__init__()
+        self.kind, self.body, self.declared = kind, body, declared
+
+    def compress(self, messages) -> None:
+        super().compress(messages)  # the record count
+        self.buffer, self.compressed_data_size = self.body, len(self.body)
+        self.uncompressed_data_size = self.declared
+
+    def compression_type(self) -> int:
+        return self.kind.value
+
+
+@contextlib.contextmanager
+def forged(kind: CompressionType, body: bytes, declared: int):
+    """rstream sends ``body`` for sub-entry batches of ``kind`` inside the block."""
+    table = StreamCompressionCodecs.available_compress_codecs
+    saved = dict(table)
+    StreamCompressionCodecs.register_codec(kind, ForgedCodec(kind, body, declared))
+    try:
+        yield
+    finally:
+        table.clear()
+        table.update(saved)
+
+
+async def send_forged(producer: Producer, stream: str, kind: CompressionType, body: bytes,
+                      declared: int, records: int) -> int:
+    """Publish one forged sub-entry batch of ``records`` records; its confirm's response
+    code (0: confirmed)."""
+    confirmed = asyncio.get_running_loop().create_future()
+    with forged(kind, body, declared):
+        await producer.send_sub_entry(stream, [b"x"] * records, compression_type=kind,
+                                      on_publish_confirm=confirmed.set_result)
+    status = await asyncio.wait_for(confirmed, 10)
+    return 0 if status.is_confirmed else status.response_code
+
+
+async def subscribe_all(app, stream: str, stop_offset: int | None = None) -> list[pb.Message]:
+    """Every message of ``stream`` through gRPC Subscribe, from EARLIEST to STOP_LATEST (or
+    to ``stop_offset``)."""
     unlimited = [("grpc.max_receive_message_length", -1)]  # the server alone decides sizes
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc.port}", unlimited) as channel:
         call = api_pb2_grpc.APIStub(channel).Subscribe(pb.SubscribeRequest(
             stream=stream, startPosition=pb.StartPosition.EARLIEST,
-            stopPosition=pb.StopPosition.STOP_LATEST), timeout=30)
+            stopPosition=pb.StopPosition.STOP_LATEST if stop_offset is None
+            else pb.StopPosition.STOP_OFFSET, stopOffset=stop_offset or 0), timeout=30)
         got = []
         try:
             async for message in call:
@@ -135,3 +183,70 @@ async def test_a_bomb_already_in_cursors_costs_little_at_start(tmp_path):
             assert app.broker.streams["__cursors"].partitions[0].next_offset == 1
     assert peak.growth < 32 * MIB, f"a start with a {len(bomb)}-byte cursor record grew RSS " \
                                    f"by {peak.growth / MIB:.0f} MiB"
+
+
+def gzip_bomb() -> bytes:
+    """gzip of 100 MiB of zeros: ~100 KB."""
+    return gzip.compress(bytes(100 * MIB), 9)
+
+
+def zstd_bomb() -> bytes:
+    """zstd of 100 MiB of zeros without a content size (as a stream writes it): ~3 KB."""
+    stream = zstandard.ZstdCompressor(level=19).compressobj()
+    return stream.compress(bytes(100 * MIB)) + stream.flush()
+
+
+@pytest.mark.parametrize("kind, bomb", [(CompressionType.Gzip, gzip_bomb),
+                                        (CompressionType.Zstd, zstd_bomb)])
+async def test_decompression_bomb_is_bounded_by_its_declared_size(tmp_path, kind, bomb):
+    """Item 9: sub-batches were inflated without a limit on gRPC Subscribe (gzip 102 KB ->
+    100 MB). Now inflation stops at the declared size; the batch is skipped, the stream goes
+    on. Stored as sent by default, as RabbitMQ stores it."""
+    body = bomb()
+    async with running(tmp_path, SecurityConfig()) as app:
+        async with Producer("127.0.0.1", app.rabbitmq_stream.port, **GUEST) as producer:
+            await producer.create_stream("bombs")
+            assert await send_forged(producer, "bombs", kind, body, 4 + 1, 1) == 0
+            await producer.send_wait("bombs", b"after the bomb")
+        with peak_growth() as peak:
+            got = await subscribe_all(app, "bombs")
+    assert peak.growth < 32 * MIB, f"a {len(body)}-byte sub-batch grew RSS by " \
+                                   f"{peak.growth / MIB:.0f} MiB"
+    assert [(m.offset, m.value) for m in got] == [(1, b"after the bomb")]
+
+
+async def test_a_corrupt_sub_batch_spoils_only_its_own_records(tmp_path):
+    """Item 10: a gzip sub-batch that is not gzip ended every gRPC Subscribe from earliest
+    with DATA_LOSS, so the offsets after it could not be read. Now its 3 offsets are skipped
+    (a gap, as compaction leaves; logged, counted in riverlog_errors) and the messages
+    around it are delivered."""
+    async with running(tmp_path, SecurityConfig()) as app:
+        async with Producer("127.0.0.1", app.rabbitmq_stream.port, **GUEST) as producer:
+            await producer.create_stream("poisoned")
+            await producer.send_wait("poisoned", b"before")
+            assert await send_forged(producer, "poisoned", CompressionType.Gzip,
+                                     b"not gzip at all", 19, 3) == 0
+            await producer.send_wait("poisoned", b"after")
+        got = await subscribe_all(app, "poisoned")
+        # a stop offset inside the gap ends the subscription at the gap
+        stopped = await subscribe_all(app, "poisoned", stop_offset=2)
+    assert [(m.offset, m.value) for m in got] == [(0, b"before"), (4, b"after")]
+    assert [(m.offset, m.value) for m in stopped] == [(0, b"before")]
+
+
+async def test_sub_batches_can_be_validated_on_publish(tmp_path):
+    """Item 10: with riverlog.stream.validate.sub.batches a sub-batch that cannot be read
+    (not gzip; a bomb past its declared size) is refused with 0x11 and nothing is stored;
+    a good one is stored."""
+    good = gzip.compress(b"".join(len(r).to_bytes(4, "big") + r for r in (b"a", b"bc")))
+    async with running(tmp_path, SecurityConfig(), validate_sub_batches=True) as app:
+        async with Producer("127.0.0.1", app.rabbitmq_stream.port, **GUEST) as producer:
+            await producer.create_stream("checked")
+            assert await send_forged(producer, "checked", CompressionType.Gzip,
+                                     b"not gzip at all", 19, 3) == 0x11
+            assert await send_forged(producer, "checked", CompressionType.Gzip,
+                                     gzip_bomb(), 5, 1) == 0x11
+            assert await send_forged(producer, "checked", CompressionType.Gzip,
+                                     good, 11, 2) == 0
+        got = await subscribe_all(app, "checked")
+    assert [(m.offset, m.value) for m in got] == [(0, b"a"), (1, b"bc")]
