@@ -165,6 +165,9 @@ class GrpcConfig:
     concurrency_control: bool = False
     batch_max_messages: int = 1024
     max_message_bytes: int = 64 * 1024 * 1024
+    handshake_timeout_ms: int = 10_000
+    """h2 transport: a connection with no accepted (authenticated) call after this long is
+    closed (RabbitMQ's handshake_timeout is 10 s too)."""
     port_fallback: bool = False
     """As NatsConfig.port_fallback, for the gRPC port."""
     transport: str = "h2"

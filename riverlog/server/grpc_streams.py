@@ -30,6 +30,7 @@ from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge import envelope
 from ..protocol.liftbridge.envelope import varint
 from ..record import Record, decode_record, encode_records
+from .memory import release_soon
 from .liftbridge import (ACK_OK, NONE, Liftbridge, LiftbridgeError, RunSink,
                          partition_subject)
 
@@ -38,6 +39,7 @@ log = logging.getLogger("riverlog.grpc")
 WAIT_FOR_NEW = -1
 ASYNC_ACK_TIMEOUT_S = 5.0
 READ_BYTES = 1024 * 1024
+SUBSCRIBER_READ_BYTES = 64 * 1024
 _SP = pb.StartPosition
 _STOP = pb.StopPosition
 _ASYNC = pb.PublishAsyncError.Code
@@ -171,6 +173,7 @@ async def subscribe(service: Liftbridge, raw: bytes, context: grpc.aio.ServicerC
         async for message in _messages(service, stream, partition, start, stop, stopped, context):
             yield message
     finally:
+        release_soon()  # what this subscription held goes back to the OS, not only to malloc
         service.subscribers[key] = service.subscribers.get(key, 1) - 1
         if service.subscribers[key] <= 0:
             service.subscribers.pop(key, None)
@@ -217,8 +220,8 @@ async def _positions(partition: Partition, req, context) -> tuple[int, int]:
 async def _messages(service: Liftbridge, stream, partition: Partition, offset: int, stop: int,
                     stopped: asyncio.Future, context):
     name, index = stream.name, partition.index
-    Message = pb.Message
     counted = counters(name, GRPC)
+    lists = getattr(context, "takes_lists", False)  # the h2 transport takes lists
     logged = log_unreadable(log, f"subscription to {name}/{index}")
 
     def unreadable(first: int, records: int, error: ChunkFormatError) -> None:
@@ -230,7 +233,7 @@ async def _messages(service: Liftbridge, stream, partition: Partition, offset: i
         if stopped.done():
             return
         try:
-            chunks = partition.read_chunks(max(offset, partition.first_offset), READ_BYTES)
+            chunks = partition.read_chunks(max(offset, partition.first_offset), SUBSCRIBER_READ_BYTES)
         except OffsetOutOfRangeError:
             offset = partition.first_offset
             continue
@@ -259,49 +262,62 @@ async def _messages(service: Liftbridge, stream, partition: Partition, offset: i
                     await _closed(service, stream, partition, context)
                     return
             continue
-        for chunk in chunks:
-            header = chunk.header
-            if header.chunk_type != CHUNK_USER:
-                offset = header.next_offset
-                continue
-            default_ns = header.timestamp_ms * 1_000_000
-            sent = nbytes = 0  # counted once per chunk (and before leaving mid-chunk)
-            try:
-                for rec_offset, raw in chunk.records(unreadable):
-                    if rec_offset < offset:
-                        continue
-                    record = decode_record(raw, default_ns)
-                    headers = record.headers
-                    subject = headers.get("subject")
-                    reply = headers.get("reply")
-                    msg = Message(
-                        offset=rec_offset, key=record.key or b"", value=record.value,
-                        timestamp=record.timestamp_ns, stream=name, partition=index,
-                        subject=subject.decode("utf-8", "replace") if subject is not None
-                        else (record.subject or ""),
-                        replySubject=reply.decode("utf-8", "replace") if reply is not None
-                        else (record.reply or ""),
-                        headers=headers)
-                    yield msg.SerializeToString()
-                    sent += 1
-                    nbytes += len(record.value)
-                    if rec_offset == stop or stopped.done():
-                        counted.delivered(sent, nbytes)
-                        if rec_offset == stop:
-                            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                                "Stop offset reached")
-                        return
-            except ChunkFormatError as exc:  # e.g. a sub-batch body its codec cannot undo
-                counted.delivered(sent, nbytes)
-                log.error("subscription to %s/%d stopped at chunk %d: %s", name, index,
-                          header.first_offset, exc)
-                await context.abort(grpc.StatusCode.DATA_LOSS, f"records of chunk "
-                                    f"{header.first_offset} cannot be decoded: {exc}")
-            if sent:
-                counted.delivered(sent, nbytes)
+        batch, nbytes, offset, problem = _serialize(chunks, offset, stop, name, index,
+                                                    unreadable)
+        del chunks  # while the client is slow, only the serialized batch waits
+        if batch:
+            if lists:
+                yield batch
+            else:
+                for message in batch:
+                    yield message
+            counted.delivered(len(batch), nbytes)
+            batch = None
+        if problem is not None:
+            first, exc = problem
+            log.error("subscription to %s/%d stopped at chunk %d: %s", name, index, first, exc)
+            await context.abort(grpc.StatusCode.DATA_LOSS,
+                                f"records of chunk {first} cannot be decoded: {exc}")
+        if 0 <= stop < offset:  # reached, or in a gap (an unreadable sub-batch)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop offset reached")
+
+
+def _serialize(chunks, offset: int, stop: int, name: str, index: int, unreadable):
+    """The serialized Messages of the records of ``chunks`` from ``offset`` up to ``stop``
+    (WAIT_FOR_NEW: no stop). Returns (messages, value bytes, the offset to read next,
+    None or (first offset of a chunk whose entries cannot be walked, its error))."""
+    Message = pb.Message
+    batch: list[bytes] = []
+    nbytes = 0
+    for chunk in chunks:
+        header = chunk.header
+        if header.chunk_type != CHUNK_USER:
             offset = header.next_offset
-            if 0 <= stop < offset:  # the stop offset was in a gap (an unreadable sub-batch)
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop offset reached")
+            continue
+        default_ns = header.timestamp_ms * 1_000_000
+        try:
+            for rec_offset, raw in chunk.records(unreadable):
+                if rec_offset < offset:
+                    continue
+                record = decode_record(raw, default_ns)
+                headers = record.headers
+                subject = headers.get("subject")
+                reply = headers.get("reply")
+                batch.append(Message(
+                    offset=rec_offset, key=record.key or b"", value=record.value,
+                    timestamp=record.timestamp_ns, stream=name, partition=index,
+                    subject=subject.decode("utf-8", "replace") if subject is not None
+                    else (record.subject or ""),
+                    replySubject=reply.decode("utf-8", "replace") if reply is not None
+                    else (record.reply or ""),
+                    headers=headers).SerializeToString())
+                nbytes += len(record.value)
+                if rec_offset == stop:
+                    return batch, nbytes, stop + 1, None
+        except ChunkFormatError as exc:  # entries that cannot be walked (not a sub-batch)
+            return batch, nbytes, offset, (header.first_offset, exc)
+        offset = header.next_offset
+    return batch, nbytes, offset, None
 
 
 async def _closed(service: Liftbridge, stream, partition: Partition, context) -> None:

@@ -37,14 +37,16 @@ def security(users, pki: Pki | None = None, authz: bool = True,
 
 
 @contextlib.asynccontextmanager
-async def running(tmp_path, sec: SecurityConfig, liftbridge: bool = True, **stream_options):
-    """An App with ``sec``; every door on a free port; ``stream_options``: more
-    RabbitStreamConfig settings."""
+async def running(tmp_path, sec: SecurityConfig, liftbridge: bool = True,
+                  stream: dict | None = None, grpc: dict | None = None):
+    """An App with ``sec``; every door on a free port; ``stream``, ``grpc``: more
+    RabbitStreamConfig, GrpcConfig settings."""
     config = ServerConfig(data_dir=str(tmp_path / "data"),
                           rabbitmq_stream=RabbitStreamConfig(port=0, tls_port=0,
-                                                             **stream_options),
+                                                             **(stream or {})),
                           nats=NatsConfig(port=0) if liftbridge else None,
-                          grpc=GrpcConfig(port=0) if liftbridge else None, security=sec)
+                          grpc=GrpcConfig(port=0, **(grpc or {})) if liftbridge else None,
+                          security=sec)
     app = App(config)
     await app.start()
     try:

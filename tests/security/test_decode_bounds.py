@@ -239,7 +239,7 @@ async def test_sub_batches_can_be_validated_on_publish(tmp_path):
     (not gzip; a bomb past its declared size) is refused with 0x11 and nothing is stored;
     a good one is stored."""
     good = gzip.compress(b"".join(len(r).to_bytes(4, "big") + r for r in (b"a", b"bc")))
-    async with running(tmp_path, SecurityConfig(), validate_sub_batches=True) as app:
+    async with running(tmp_path, SecurityConfig(), stream={"validate_sub_batches": True}) as app:
         async with Producer("127.0.0.1", app.rabbitmq_stream.port, **GUEST) as producer:
             await producer.create_stream("checked")
             assert await send_forged(producer, "checked", CompressionType.Gzip,
