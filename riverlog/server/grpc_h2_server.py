@@ -152,8 +152,9 @@ class _Connection(asyncio.Protocol):
         transport.write(self.conn.data_to_send())
 
     def _too_slow(self) -> None:
-        log.info("closing gRPC connection from %s: no %s call within %.0f s", self.peer,
-                 "authenticated" if self.server.authenticate else "", self.server.handshake_timeout)
+        log.info("closing gRPC connection from %s: no %s call within %.1f s", self.peer,
+                 "authenticated" if self.server.authenticate else "accepted",
+                 self.server.handshake_timeout)
         self.goaway()
         self.transport.close()
 
@@ -247,10 +248,13 @@ class _Connection(asyncio.Protocol):
         connection is trusted (its windows open)."""
         try:
             await self.server.authenticate(call.context)
-        except _Abort as refused:
+        except Exception as exc:  # _Abort: refused; anything else: a defect, refused too
+            if not isinstance(exc, _Abort):
+                log.error("authenticating a gRPC call from %s failed", self.peer, exc_info=exc)
+                exc = _Abort(_INTERNAL, "authentication failed")
             if self.calls.pop(call.sid, None) is not None and not self.closed:
                 self._cancel(call)
-                self.conn.finish(call.sid, refused.code, refused.details)
+                self.conn.finish(call.sid, exc.code, exc.details)
                 self._write()
             return
         if not self.closed:
