@@ -120,6 +120,7 @@ class _Connection(asyncio.Protocol):
         self.conn = grpc_h2.GrpcH2Connection(server.max_message,
                                              trusted=server.authenticate is None)
         self.handshake: asyncio.TimerHandle | None = None
+        self.authenticating: set[asyncio.Task] = set()  # _authenticate tasks (kept referenced)
         self.calls: dict[int, _Call] = {}
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
@@ -237,7 +238,9 @@ class _Connection(asyncio.Protocol):
         if self.conn.trusted:
             self._handshake_done()
         else:
-            self.loop.create_task(self._authenticate(call))
+            task = self.loop.create_task(self._authenticate(call))
+            self.authenticating.add(task)
+            task.add_done_callback(self.authenticating.discard)
         if handler.stream_stream is not None:
             call.task = self.loop.create_task(self._run(call, handler.stream_stream(
                 self._requests(call), call.context)))

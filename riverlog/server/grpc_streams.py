@@ -317,6 +317,8 @@ def _serialize(chunks, offset: int, stop: int, name: str, index: int, unreadable
         except ChunkFormatError as exc:  # entries that cannot be walked (not a sub-batch)
             return batch, nbytes, offset, (header.first_offset, exc)
         offset = header.next_offset
+        if 0 <= stop < offset:  # in a gap (an unreadable sub-batch): nothing after it
+            break
     return batch, nbytes, offset, None
 
 

@@ -27,22 +27,23 @@ def _malloc_trim():
 
 
 _TRIM = _malloc_trim()
-_scheduled = False
+_scheduled_on: asyncio.AbstractEventLoop | None = None  # the loop a release is due on
 
 
 def release_soon() -> None:
     """Hand freed memory back to the OS within RELEASE_INTERVAL_S (once for many calls).
     Needs a running event loop."""
-    global _scheduled
-    if _TRIM is None or _scheduled:
+    global _scheduled_on
+    loop = asyncio.get_running_loop()
+    if _TRIM is None or _scheduled_on is loop:
         return
-    _scheduled = True
-    asyncio.get_running_loop().call_later(RELEASE_INTERVAL_S, _release)
+    _scheduled_on = loop  # another loop's pending release (a closed loop's) does not count
+    loop.call_later(RELEASE_INTERVAL_S, _release)
 
 
 def _release() -> None:
-    global _scheduled
-    _scheduled = False
+    global _scheduled_on
+    _scheduled_on = None
     future = asyncio.get_running_loop().run_in_executor(None, _TRIM, 0)
     future.add_done_callback(_released)
 
