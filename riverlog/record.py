@@ -17,7 +17,9 @@
 #   encoder, sometimes raw bytes. decode_record therefore reads any valid AMQP 1.0 message
 #   (every primitive encoding of part 1 "Types", described types, arrays, all nine sections in
 #   any order) and maps it best-effort, and reads anything that is not exactly an AMQP 1.0
-#   message as raw bytes. It never raises, whatever the input.
+#   message as raw bytes. It never raises, whatever the input, and what it produces is bounded
+#   by the input (_Budget: values per octet, 64 levels deep), so a hostile record costs its
+#   readers no more than its size.
 # - Encoding is the ingest hot path (NATS and gRPC doors): hand-written, no generic encoder,
 #   no per-field dispatch. Measure before changing it (docs/record-format.md has the numbers).
 from __future__ import annotations
