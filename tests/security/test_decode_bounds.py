@@ -21,6 +21,7 @@ from rstream.compression import NoneCompressionCodec, StreamCompressionCodecs
 from _memory import MIB, peak_growth
 from _sec import running
 from riverlog.config import SecurityConfig
+from riverlog.config_file import build, load
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge import api_pb2_grpc
 
@@ -250,3 +251,12 @@ async def test_sub_batches_can_be_validated_on_publish(tmp_path):
                                      good, 11, 2) == 0
         got = await subscribe_all(app, "checked")
     assert [(m.offset, m.value) for m in got] == [(0, b"a"), (1, b"bc")]
+
+
+def test_validation_is_a_configuration_key_and_a_flag(tmp_path):
+    cfg = tmp_path / "riverlog.yaml"
+    cfg.write_text("riverlog:\n  stream.validate.sub.batches: true\n")
+    assert build(load(str(cfg), {}), {})[0].rabbitmq_stream.validate_sub_batches
+    flagged, _ = build(load(None, {}), {"validate_sub_batches": True})
+    assert flagged.rabbitmq_stream.validate_sub_batches
+    assert not build(load(None, {}), {})[0].rabbitmq_stream.validate_sub_batches
