@@ -1,16 +1,17 @@
-"""What one gRPC client may cost the Liftbridge gRPC door's memory (issue 15, items 11 and 13).
+"""What slow gRPC subscribers cost the Liftbridge gRPC door's memory (issue 15, item 13).
 
 Starts `riverlog serve` (defaults, `--grpc-transport` as given) as a subprocess and measures
 its resident set (VmRSS, /proc/<pid>/status):
 
   subscribers   --messages messages of --size bytes published (PublishAsync), then
                 --subscribers gRPC Subscribe calls from the earliest offset over --channels
-                channels (connections; the server takes 100 calls per connection), each reading one message and then nothing: the server pushes what
-                flow control lets it. RSS before, once every call has its first message and
+                channels (connections; the server takes 100 calls per connection), each
+                reading one message and then nothing: the server pushes what flow control
+                lets it. RSS before, once every call has its first message and
                 the server has settled, after every call is cancelled, and after the
                 connections are closed.
 
-    .venv/bin/python benchmarks/grpc_bounds_bench.py [--subscribers 2000] [--size 100000]
+    .venv/bin/python benchmarks/grpc_bounds_bench.py [--subscribers 400] [--size 100000]
         [--messages 20] [--channels 40] [--grpc-transport h2|grpcio]
 """
 from __future__ import annotations
@@ -87,7 +88,7 @@ async def subscribers(server: Server, args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--subscribers", type=int, default=2000)
+    parser.add_argument("--subscribers", type=int, default=400)
     parser.add_argument("--size", type=int, default=100_000)
     parser.add_argument("--messages", type=int, default=20)
     parser.add_argument("--channels", type=int, default=40)

@@ -40,6 +40,7 @@ WAIT_FOR_NEW = -1
 ASYNC_ACK_TIMEOUT_S = 5.0
 READ_BYTES = 1024 * 1024
 SUBSCRIBER_READ_BYTES = 64 * 1024
+"""What a Subscribe reads ahead (at least one chunk): a slow subscriber holds that much."""
 _SP = pb.StartPosition
 _STOP = pb.StopPosition
 _ASYNC = pb.PublishAsyncError.Code
@@ -233,7 +234,8 @@ async def _messages(service: Liftbridge, stream, partition: Partition, offset: i
         if stopped.done():
             return
         try:
-            chunks = partition.read_chunks(max(offset, partition.first_offset), SUBSCRIBER_READ_BYTES)
+            chunks = partition.read_chunks(max(offset, partition.first_offset),
+                                           SUBSCRIBER_READ_BYTES)
         except OffsetOutOfRangeError:
             offset = partition.first_offset
             continue
