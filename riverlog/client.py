@@ -25,7 +25,7 @@ from typing import Iterable, Iterator, Sequence
 
 from . import __version__
 from .errors import RiverlogError
-from .log.chunk import ChunkHeader, HEADER_SIZE, iter_records, parse_header
+from .log.chunk import ChunkHeader, HEADER_SIZE, Unreadable, iter_records, parse_header
 from .protocol.rabbitmq_stream import (FrameError, OffsetType, ResponseCode, decode, encode,
                                        simple_entry)
 from .protocol.rabbitmq_stream import frames as f
@@ -99,8 +99,9 @@ class Chunk:
     def data(self) -> memoryview:
         return memoryview(self.raw)[HEADER_SIZE:HEADER_SIZE + self.header.data_length]
 
-    def records(self) -> Iterator[tuple[int, bytes]]:
-        return iter_records(self.header, self.data)
+    def records(self, unreadable: Unreadable | None = None) -> Iterator[tuple[int, bytes]]:
+        """``(offset, record bytes)`` pairs (see ``riverlog.log.chunk.iter_records``)."""
+        return iter_records(self.header, self.data, unreadable)
 
     def __repr__(self) -> str:
         h = self.header

@@ -68,6 +68,9 @@ class RabbitStreamConfig:
     ``frame_max`` in bytes and ``heartbeat_s`` in seconds are the server's Tune proposals.
     Publishers with more than ``max_unconfirmed`` unconfirmed messages are paused until they
     drop below ``resume_unconfirmed`` (RabbitMQ's 50 000 / 12 500).
+    ``validate_sub_batches``: read every compressed sub-entry batch through when it is
+    published and refuse one that cannot be read (PublishError 0x11), instead of storing it
+    as sent (RabbitMQ's way, and the default).
     """
 
     host: str = "127.0.0.1"
@@ -79,6 +82,7 @@ class RabbitStreamConfig:
     tls_port: int = 5551
     max_unconfirmed: int = 50_000
     resume_unconfirmed: int = 12_500
+    validate_sub_batches: bool = False
 
     def __post_init__(self) -> None:
         if not (0 <= self.port <= 65535 and 0 <= self.tls_port <= 65535):
@@ -166,6 +170,9 @@ class GrpcConfig:
     concurrency_control: bool = False
     batch_max_messages: int = 1024
     max_message_bytes: int = 64 * 1024 * 1024
+    handshake_timeout_ms: int = 10_000
+    """h2 transport: a connection with no accepted (authenticated) call after this long is
+    closed (RabbitMQ's handshake_timeout is 10 s too)."""
     port_fallback: bool = False
     """As NatsConfig.port_fallback, for the gRPC port."""
     transport: str = "h2"

@@ -43,7 +43,7 @@ USED_KEYS = {
     "riverlog.durability", "riverlog.fsync.interval", "riverlog.stream.host",
     "riverlog.stream.port", "riverlog.nats.host", "riverlog.nats.port",
     "riverlog.metrics.enabled", "riverlog.metrics.host", "riverlog.metrics.port",
-    "riverlog.log.format", "riverlog.grpc.transport",
+    "riverlog.log.format", "riverlog.grpc.transport", "riverlog.stream.validate.sub.batches",
     "streams.table.enabled", "streams.table.lag", "streams.table.archive", "streams.table.dir",
     "streams.table.compression",
 }
@@ -261,6 +261,8 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
         v["nats.embedded"] = True
     if flags.get("tls_client_auth"):
         v["tls.client.auth.enabled"] = True
+    if flags.get("validate_sub_batches"):
+        v["riverlog.stream.validate.sub.batches"] = True
     if flags.get("no_metrics"):
         v["riverlog.metrics.enabled"] = False
     if flags.get("embedded_nats_config"):
@@ -372,6 +374,9 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
         stream_kwargs["advertised_port"] = flags["advertised_port"]
     if v.get("riverlog.stream.tls.port") is not None:
         stream_kwargs["tls_port"] = _int("riverlog.stream.tls.port", v["riverlog.stream.tls.port"])
+    if v.get("riverlog.stream.validate.sub.batches") is not None:
+        stream_kwargs["validate_sub_batches"] = _bool("riverlog.stream.validate.sub.batches",
+                                                      v["riverlog.stream.validate.sub.batches"])
 
     metrics_config = None
     if _bool("riverlog.metrics.enabled", v.get("riverlog.metrics.enabled", True)):

@@ -45,3 +45,9 @@ class StreamExistsError(RiverlogError):
 
 class InvalidArgumentError(RiverlogError, ValueError):
     """A request carried a value the server cannot accept; the message names it."""
+
+
+class ReservedStreamError(InvalidArgumentError):
+    """The stream is one of the server's internal streams (``__cursors``, ``__activity``):
+    only the server creates, writes and keeps it; no client may create, delete or publish to
+    it, on any door."""

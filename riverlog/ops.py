@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import logging
 import time
 import urllib.error
 import urllib.request
@@ -18,8 +19,11 @@ from typing import Callable, Iterable, Iterator
 
 from .client import Client, ClientError, OffsetType, parse_servers
 from .errors import RiverlogError
+from .log.chunk import log_unreadable
 from .record import Record, decode_record, encode_record
 from .security.tls import ClientTLS
+
+log = logging.getLogger("riverlog.ops")
 
 PUBLISH_BATCH = 1000
 TAIL_POLL_S = 0.5
@@ -235,7 +239,7 @@ def tail(target: Target, stream: str, start: str = "earliest", *, follow: bool =
                 chunks = _call(f"read {stream!r}", sub.next_chunks, 16, TAIL_POLL_S)
                 for chunk in chunks:
                     default_ns = chunk.header.timestamp_ms * 1_000_000
-                    for rec_offset, raw in chunk.records():
+                    for rec_offset, raw in chunk.records(log_unreadable(log, stream)):
                         if rec_offset < offset:
                             continue
                         if not follow and rec_offset >= end:

@@ -21,7 +21,9 @@
 #   encoder, sometimes raw bytes. decode_record therefore reads any valid AMQP 1.0 message
 #   (every primitive encoding of part 1 "Types", described types, arrays, all nine sections in
 #   any order) and maps it best-effort, and reads anything that is not exactly an AMQP 1.0
-#   message as raw bytes. It never raises, whatever the input.
+#   message as raw bytes. It never raises, whatever the input, and what it produces is bounded
+#   by the input (_Budget: values per octet, 64 levels deep), so a hostile record costs its
+#   readers no more than its size.
 # - Encoding is the ingest hot path (NATS and gRPC doors): hand-written, no generic encoder,
 #   no per-field dispatch. Measure before changing it (docs/record-format.md has the numbers).
 from __future__ import annotations
@@ -322,7 +324,29 @@ class _Malformed(Exception):
 
 
 _MAX_DEPTH = 64  # nesting deeper than this is treated as malformed (never seen in practice)
-_MAX_ZERO_WIDTH_ARRAY = 1 << 16  # arrays of 0-octet elements (e.g. null) may not claim more
+# How many values one decode may produce: the items of every list, map and array, and the
+# Described wrappers of array elements, counted together. Items that take octets of their own
+# can never exceed the input's length; what goes beyond it comes from arrays of 0-octet
+# elements (null, true, list0, ...) and from element descriptors, each applied to every
+# element. So: twice the input plus a little, never more than _MAX_VALUES. A 1.8 KB message of
+# nested arrays of described list0 made 65 MB of objects before this bound (issue 15, item 7).
+_VALUES_PER_OCTET = 2
+_VALUES_EXTRA = 1024
+_MAX_VALUES = 1 << 16
+
+
+class _Budget:
+    """The values a decode may still produce; ``spend`` raises _Malformed past the bound."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, size: int) -> None:
+        self.left = min(_MAX_VALUES, _VALUES_EXTRA + _VALUES_PER_OCTET * size)
+
+    def spend(self, values: int) -> None:
+        self.left -= values
+        if self.left < 0:
+            raise _Malformed
 
 _u16 = struct.Struct(">H").unpack_from
 _i16 = struct.Struct(">h").unpack_from
@@ -334,11 +358,11 @@ _f32 = struct.Struct(">f").unpack_from
 _f64 = struct.Struct(">d").unpack_from
 _u32x2 = struct.Struct(">II").unpack_from
 
-_Body = Callable[[bytes, int, int, int], "tuple[Any, int]"]
+_Body = Callable[[bytes, int, int, int, _Budget], "tuple[Any, int]"]
 _BODY: list[_Body | None] = [None] * 256  # constructor -> reader of what follows it
 
 
-def _read(buf: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+def _read(buf: bytes, pos: int, end: int, depth: int, budget: _Budget) -> tuple[Any, int]:
     """Read one encoded value (constructor and data) at ``pos``; return (value, next pos)."""
     if pos >= end:
         raise _Malformed
@@ -359,24 +383,24 @@ def _read(buf: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
     if code == 0x00:  # described type: descriptor value, then the value
         if depth > _MAX_DEPTH:
             raise _Malformed
-        descriptor, pos = _read(buf, pos + 1, end, depth + 1)
-        value, pos = _read(buf, pos, end, depth + 1)
+        descriptor, pos = _read(buf, pos + 1, end, depth + 1, budget)
+        value, pos = _read(buf, pos, end, depth + 1, budget)
         return Described(descriptor, value), pos
     reader = _BODY[code]
     if reader is None:
         raise _Malformed
-    return reader(buf, pos + 1, end, depth)
+    return reader(buf, pos + 1, end, depth, budget)
 
 
 def _constant(value: Any) -> _Body:
-    def read(buf: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+    def read(buf: bytes, pos: int, end: int, depth: int, budget: _Budget) -> tuple[Any, int]:
         return value, pos
 
     return read
 
 
 def _fixed(width: int, convert: Callable[[bytes, int], Any]) -> _Body:
-    def read(buf: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+    def read(buf: bytes, pos: int, end: int, depth: int, budget: _Budget) -> tuple[Any, int]:
         nxt = pos + width
         if nxt > end:
             raise _Malformed
@@ -388,7 +412,7 @@ def _fixed(width: int, convert: Callable[[bytes, int], Any]) -> _Body:
 def _variable(size_width: int, convert: Callable[[bytes], Any]) -> _Body:
     if size_width == 1:
 
-        def read(buf: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+        def read(buf: bytes, pos: int, end: int, depth: int, budget: _Budget) -> tuple[Any, int]:
             if pos >= end:
                 raise _Malformed
             start = pos + 1
@@ -399,7 +423,7 @@ def _variable(size_width: int, convert: Callable[[bytes], Any]) -> _Body:
 
     else:
 
-        def read(buf: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+        def read(buf: bytes, pos: int, end: int, depth: int, budget: _Budget) -> tuple[Any, int]:
             start = pos + 4
             if start > end:
                 raise _Malformed
@@ -434,15 +458,16 @@ def _bounds(buf: bytes, pos: int, end: int, wide: bool) -> tuple[int, int, int]:
 
 
 def _list(wide: bool) -> _Body:
-    def read(buf: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+    def read(buf: bytes, pos: int, end: int, depth: int, budget: _Budget) -> tuple[Any, int]:
         count, pos, cend = _bounds(buf, pos, end, wide)
         if count > cend - pos or depth > _MAX_DEPTH:  # each item takes >= 1 octet
             raise _Malformed
+        budget.spend(count)
         items = []
         append = items.append
         depth += 1
         for _ in range(count):
-            item, pos = _read(buf, pos, cend, depth)
+            item, pos = _read(buf, pos, cend, depth, budget)
             append(item)
         if pos != cend:
             raise _Malformed
@@ -452,15 +477,16 @@ def _list(wide: bool) -> _Body:
 
 
 def _map(wide: bool) -> _Body:
-    def read(buf: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+    def read(buf: bytes, pos: int, end: int, depth: int, budget: _Budget) -> tuple[Any, int]:
         count, pos, cend = _bounds(buf, pos, end, wide)
         if count & 1 or count > cend - pos or depth > _MAX_DEPTH:
             raise _Malformed
+        budget.spend(count)
         result: dict[Any, Any] = {}
         depth += 1
         for _ in range(count >> 1):
-            key, pos = _read(buf, pos, cend, depth)
-            value, pos = _read(buf, pos, cend, depth)
+            key, pos = _read(buf, pos, cend, depth, budget)
+            value, pos = _read(buf, pos, cend, depth, budget)
             try:
                 result[key] = value
             except TypeError:  # a list or map used as a key: keep it, as its repr
@@ -476,7 +502,7 @@ _ZERO_WIDTH = frozenset((0x40, 0x41, 0x42, 0x43, 0x44, 0x45))
 
 
 def _array(wide: bool) -> _Body:
-    def read(buf: bytes, pos: int, end: int, depth: int) -> tuple[Any, int]:
+    def read(buf: bytes, pos: int, end: int, depth: int, budget: _Budget) -> tuple[Any, int]:
         count, pos, cend = _bounds(buf, pos, end, wide)
         if depth > _MAX_DEPTH:
             raise _Malformed
@@ -492,21 +518,19 @@ def _array(wide: bool) -> _Body:
                 break
             if len(descriptors) > _MAX_DEPTH:
                 raise _Malformed
-            descriptor, pos = _read(buf, pos + 1, cend, depth)
+            descriptor, pos = _read(buf, pos + 1, cend, depth, budget)
             descriptors.append(descriptor)
         reader = _BODY[code]
         if reader is None:
             raise _Malformed
         pos += 1
-        if code in _ZERO_WIDTH:
-            if count > _MAX_ZERO_WIDTH_ARRAY:
-                raise _Malformed
-        elif count > cend - pos:  # each element takes >= 1 octet
+        if code not in _ZERO_WIDTH and count > cend - pos:  # each element takes >= 1 octet
             raise _Malformed
+        budget.spend(count * (1 + len(descriptors)))  # 0-octet elements: only this bounds them
         items = []
         append = items.append
         for _ in range(count):
-            item, pos = reader(buf, pos, cend, depth)
+            item, pos = reader(buf, pos, cend, depth, budget)
             append(item)
         if pos != cend:
             raise _Malformed
@@ -563,7 +587,7 @@ def _install() -> None:
     b[0x42] = _constant(False)
     b[0x43] = _constant(0)  # uint0
     b[0x44] = _constant(0)  # ulong0
-    b[0x45] = lambda buf, pos, end, depth: ([], pos)  # list0 (a fresh list each time)
+    b[0x45] = lambda buf, pos, end, depth, budget: ([], pos)  # list0 (a fresh list each time)
     b[0x56] = _fixed(1, lambda buf, pos: buf[pos] != 0)  # boolean
     b[0x50] = _fixed(1, lambda buf, pos: buf[pos])  # ubyte
     b[0x52] = b[0x50]  # smalluint
@@ -609,11 +633,12 @@ def decode_amqp_value(data: bytes) -> Any:
     decimal32/64/128 decimal.Decimal; char str; timestamp Timestamp (int, ms); uuid
     uuid.UUID; binary bytes; string str (invalid UTF-8 replaced); symbol Symbol (str); list
     and array list; map dict (unhashable keys as their repr); described Described. Raises
-    ValueError when ``data`` is not exactly one valid encoding.
+    ValueError when ``data`` is not exactly one valid encoding, or would decode into more
+    values than ``decode_record`` allows.
     """
     data = bytes(data)
     try:
-        value, pos = _read(data, 0, len(data), 0)
+        value, pos = _read(data, 0, len(data), 0, _Budget(len(data)))
     except _Malformed:
         raise ValueError("not a valid AMQP 1.0 encoding") from None
     if pos != len(data):
@@ -667,6 +692,7 @@ def _parse_message(buf: bytes) -> _Message:
     msg = _Message()
     pos = 0
     end = len(buf)
+    budget = _Budget(end)  # one for all sections
     while pos < end:
         if buf[pos] != 0x00 or pos + 2 >= end:
             raise _Malformed
@@ -680,23 +706,23 @@ def _parse_message(buf: bytes) -> _Message:
             section = _u64(buf, pos + 2)[0]
             pos += 10
         elif code == 0xA3 or code == 0xB3:  # symbolic descriptor, e.g. "amqp:data:binary"
-            name, pos = _BODY[code](buf, pos + 2, end, 0)  # type: ignore[misc]
+            name, pos = _BODY[code](buf, pos + 2, end, 0, budget)  # type: ignore[misc]
             section = _SECTION_BY_SYMBOL.get(name, -1)
         else:
             raise _Malformed
         if section == _DATA:  # fast path: the body of nearly every message
             code = buf[pos] if pos < end else -1
             if code == 0xA0:
-                value, pos = _BODY[0xA0](buf, pos + 1, end, 0)  # type: ignore[misc]
+                value, pos = _BODY[0xA0](buf, pos + 1, end, 0, budget)  # type: ignore[misc]
             elif code == 0xB0:
-                value, pos = _BODY[0xB0](buf, pos + 1, end, 0)  # type: ignore[misc]
+                value, pos = _BODY[0xB0](buf, pos + 1, end, 0, budget)  # type: ignore[misc]
             else:
                 raise _Malformed
             msg.data.append(value)
             continue
         if not _HEADER <= section <= _FOOTER:
             raise _Malformed
-        value, pos = _read(buf, pos, end, 1)
+        value, pos = _read(buf, pos, end, 1, budget)
         if section in _LIST_SECTIONS:
             if value is None and section != _SEQUENCE:
                 value = []
@@ -935,7 +961,10 @@ def decode_record(data: bytes, default_timestamp_ns: int = 0) -> Record:
       ``default_timestamp_ns`` when absent (pass the chunk's timestamp, in ns).
     - Anything that is not exactly an AMQP 1.0 message (raw bytes, truncated or trailing
       garbage, unknown constructors, nesting deeper than 64) becomes
-      Record(value=data, timestamp_ns=default_timestamp_ns): no key, no headers.
+      Record(value=data, timestamp_ns=default_timestamp_ns): no key, no headers. So does a
+      message that would decode into more than 2 values per octet + 1024 (at most 65536
+      values: items of lists, maps and arrays, and the descriptors of array elements), which
+      keeps what a hostile record costs to read proportional to its size.
     """
     if type(data) is not bytes:
         data = bytes(data)

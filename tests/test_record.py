@@ -837,6 +837,21 @@ def test_hostile_nesting_and_counts_are_raw() -> None:
     assert decode_record(huge) == raw(huge)
 
 
+def test_values_produced_are_bounded_by_the_input() -> None:
+    # arrays of 0-octet elements and element descriptors produce values without octets: a
+    # decode may produce 2 values per input octet + 1024 (at most 65536), then it is raw
+    nulls = b"\x00\x53\x77\xe0\x02\xff\x40"  # array8 of 255 nulls: within the bound
+    assert decode_record(nulls).value == json.dumps([None] * 255, separators=(",", ":")).encode()
+    many = b"\x00\x53\x77\xf0\x00\x00\x00\x05\x00\x00\x10\x00\x45"  # 4096 list0
+    assert decode_record(many) == raw(many)
+    with pytest.raises(ValueError):
+        decode_amqp_value(many[3:])
+    # a descriptor applies to every element: 300 nulls under 8 descriptors is 2700 values
+    described = b"\x00\x40" * 8 + b"\x40"
+    arr = b"\xf0" + (len(described) + 4).to_bytes(4, "big") + (300).to_bytes(4, "big") + described
+    assert decode_record(b"\x00\x53\x77" + arr) == raw(b"\x00\x53\x77" + arr)
+
+
 def test_wrong_section_shapes_are_raw() -> None:
     for data in (
         bytes.fromhex("005375a10161"),  # data section holding a string, not binary

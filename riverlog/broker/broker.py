@@ -3,7 +3,9 @@
 # speaks the domain (streams, partitions, offsets), never a wire format.
 # Rules: one event loop owns the broker; a stream folder that cannot be opened is reported
 # and skipped, never fatal; deletion wakes every reader of the stream (LogClosedError) and
-# tells listeners so doors can notify their clients.
+# tells listeners so doors can notify their clients; the internal streams (RESERVED_STREAMS,
+# Liftbridge's) are created by the server only and never deleted, and the doors refuse
+# publishers on them (``check_writable``).
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +17,8 @@ from typing import Callable
 from urllib.parse import quote
 
 from ..config import LogConfig
-from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
+from ..errors import (InvalidArgumentError, ReservedStreamError, StreamExistsError,
+                      StreamNotFoundError)
 from ..record import decode_record
 from .stream import METADATA_FILE, Stream, StreamConfig
 
@@ -24,6 +27,17 @@ log = logging.getLogger("riverlog.broker")
 STREAMS_DIR = "streams"
 HOUSEKEEPING_INTERVAL_S = 1.0
 MAX_NAME_BYTES = 255
+CURSORS_STREAM = "__cursors"
+ACTIVITY_STREAM = "__activity"
+RESERVED_STREAMS = frozenset((ACTIVITY_STREAM, CURSORS_STREAM))
+"""Liftbridge's internal streams (liftbridge server/server.go reservedStreams): the stored
+cursors, read back at every start, and the activity events."""
+
+
+def check_writable(name: str) -> None:
+    """Raise ``ReservedStreamError`` when clients may not publish to stream ``name``."""
+    if name in RESERVED_STREAMS:
+        raise ReservedStreamError(f"stream {name!r} is reserved")
 
 
 def folder_name(name: str) -> str:
@@ -92,11 +106,15 @@ class Broker:
         except KeyError:
             raise StreamNotFoundError(f"stream {name!r} does not exist") from None
 
-    def create(self, name: str, config: StreamConfig | None = None) -> Stream:
-        """Create a stream. Raises ``StreamExistsError`` when the name is taken and
-        ``InvalidArgumentError`` for an empty or too long name or bad settings."""
+    def create(self, name: str, config: StreamConfig | None = None, *,
+               internal: bool = False) -> Stream:
+        """Create a stream. Raises ``StreamExistsError`` when the name is taken,
+        ``ReservedStreamError`` for a reserved name unless ``internal`` (the server's own
+        streams) and ``InvalidArgumentError`` for an empty or too long name or bad settings."""
         if not name or len(name.encode()) > MAX_NAME_BYTES:
             raise InvalidArgumentError(f"a stream name is 1 to {MAX_NAME_BYTES} bytes")
+        if not internal:
+            check_writable(name)
         if name in self.streams:
             raise StreamExistsError(f"stream {name!r} already exists")
         path = os.path.join(self.root, folder_name(name))
@@ -115,7 +133,9 @@ class Broker:
 
     def delete(self, name: str) -> None:
         """Delete a stream and its data. Readers waiting on it get ``LogClosedError``;
-        deletion listeners are told. Raises ``StreamNotFoundError``."""
+        deletion listeners are told. Raises ``StreamNotFoundError``, or
+        ``ReservedStreamError`` for an internal stream."""
+        check_writable(name)
         stream = self.get(name)
         del self.streams[name]
         os.unlink(os.path.join(stream.directory, METADATA_FILE))

@@ -16,15 +16,13 @@ import time
 import zlib
 
 from ..errors import LogError, OffsetOutOfRangeError
+from ..log.chunk import log_unreadable
 from ..record import Record, decode_record, encode_record
 from .appender import Appenders
-from .broker import Broker
+from .broker import CURSORS_STREAM, Broker
 from .stream import Stream, StreamConfig
 
 log = logging.getLogger("riverlog.broker")
-
-CURSORS_STREAM = "__cursors"
-
 
 def cursor_key(cursor_id: str, stream: str, partition: int) -> bytes:
     """The record key of a cursor: ``b"<cursorId>,<stream>,<partition>"``."""
@@ -140,7 +138,7 @@ class Cursors:
         stream = self.broker.streams.get(CURSORS_STREAM)
         if stream is None:
             stream = self.broker.create(CURSORS_STREAM, StreamConfig(
-                subject=self.subject, partitions=self.partitions, compact=True))
+                subject=self.subject, partitions=self.partitions, compact=True), internal=True)
         self._load(stream)
         return stream
 
@@ -161,7 +159,7 @@ class Cursors:
                 for chunk in chunks:
                     offset = chunk.header.next_offset
                     try:
-                        records = list(chunk.records())
+                        records = list(chunk.records(log_unreadable(log, CURSORS_STREAM)))
                     except ValueError as exc:
                         log.error("cursor chunk at %d unreadable: %s", chunk.header.first_offset, exc)
                         continue

@@ -1,13 +1,17 @@
 # The osiris chunk: the unit riverlog writes to disk and RabbitMQ consumers receive as is.
 # Owns the 48-byte header, the entry encodings inside the data section, and the checks a
 # chunk must pass (magic, lengths, CRC-32). Pure functions on bytes: no files, no asyncio.
+# Rules: a compressed sub-batch inflates into a buffer of its declared uncompressed size (at
+# most MAX_SUB_BATCH_BYTES) and is refused as soon as it would overflow it, so reading costs
+# what the publisher declared, never what a bomb would inflate to; a sub-batch that cannot
+# be read spoils only its own records (readers may skip it and go on).
 # Wire facts: ../shared/reference/rabbitmq-stream-protocol.md, "Osiris chunk" (osiris_log.erl).
 from __future__ import annotations
 
+import logging
 import struct
-import zlib
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import cramjam
 from isal.isal_zlib import crc32  # CRC-32 (IEEE, as zlib's) with ISA-L's SIMD code: ~10x zlib
@@ -36,6 +40,13 @@ SUB_BATCH_GZIP = 1
 SUB_BATCH_SNAPPY = 2
 SUB_BATCH_LZ4 = 3
 SUB_BATCH_ZSTD = 4
+_CODECS = {SUB_BATCH_GZIP: cramjam.gzip, SUB_BATCH_SNAPPY: cramjam.snappy,
+           SUB_BATCH_LZ4: cramjam.lz4, SUB_BATCH_ZSTD: cramjam.zstd}
+
+MAX_SUB_BATCH_BYTES = 16 * 1024 * 1024
+"""The largest uncompressed size of a compressed sub-batch riverlog inflates (bytes). The
+clients' sub-entry batches stay far below: they hold at most 65535 records and must fit one
+publish frame compressed (frame_max, 1 MiB by default)."""
 
 
 class ChunkFormatError(ValueError):
@@ -141,13 +152,15 @@ class Entry:
     ``records`` is the number of records it holds (1 for a simple entry); ``codec`` is
     ``None`` for a simple entry, else the sub-batch compression codec (0 none .. 4 zstd);
     ``payload`` is the record bytes (simple) or the sub-batch body as stored (maybe
-    compressed); ``raw`` is the entry exactly as stored, header included.
+    compressed); ``raw`` is the entry exactly as stored, header included; ``uncompressed``
+    is the size of the payload uncompressed, as the sub-batch header declares it (bytes).
     """
 
     records: int
     codec: int | None
     payload: bytes
     raw: bytes
+    uncompressed: int
 
 
 def iter_entries(data: bytes | memoryview) -> Iterator[Entry]:
@@ -163,16 +176,16 @@ def iter_entries(data: bytes | memoryview) -> Iterator[Entry]:
             stop = pos + 4 + n
             if stop > end:
                 raise ChunkFormatError("entry longer than the data section")
-            yield Entry(1, None, bytes(data[pos + 4:stop]), bytes(data[pos:stop]))
+            yield Entry(1, None, bytes(data[pos + 4:stop]), bytes(data[pos:stop]), n)
         else:
             if end - pos < _SUB_BATCH.size:
                 raise ChunkFormatError("truncated sub-batch header")
-            flags, count, _uncompressed, n = _SUB_BATCH.unpack_from(data, pos)
+            flags, count, uncompressed, n = _SUB_BATCH.unpack_from(data, pos)
             stop = pos + _SUB_BATCH.size + n
             if stop > end or count == 0:
                 raise ChunkFormatError("malformed sub-batch entry")
             yield Entry(count, (flags >> 4) & 0x7, bytes(data[pos + _SUB_BATCH.size:stop]),
-                        bytes(data[pos:stop]))
+                        bytes(data[pos:stop]), uncompressed)
         pos = stop
 
 
@@ -191,7 +204,7 @@ def bloom_of(header: ChunkHeader, raw: bytes | memoryview) -> memoryview:
     return memoryview(raw)[start:start + header.bloom_size]
 
 
-def decompress_sub_batch(codec: int, body: bytes) -> bytes:
+def decompress_sub_batch(codec: int, body: bytes, uncompressed: int) -> bytes | bytearray:
     """Uncompress a sub-batch body (codec 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd) in the
     framing the RabbitMQ clients write (rabbitmq-stream-java-client CompressionUtils, Go
     client aggregation.go): gzip; snappy framing format (xerial
@@ -199,27 +212,40 @@ def decompress_sub_batch(codec: int, body: bytes) -> bytes:
     format (LZ4FrameOutputStream, pierrec/lz4 Writer), not a bare block; zstd frame(s),
     with or without the content size.
 
-    Raises ``ChunkFormatError`` for an unknown codec or undecodable bytes.
+    ``uncompressed`` is the size the sub-batch header declares (bytes); the body must
+    inflate to exactly that, as the clients' decoders require too (rstream's
+    GzipCompressionCodec.uncompress, the Java client's buffer of that size). It is inflated
+    into a buffer of that size and stopped as soon as it would overflow, so a bomb costs
+    no more than its declared size. Codec 0 is returned as is.
+
+    Raises ``ChunkFormatError`` for an unknown codec, undecodable bytes, a body that
+    inflates to another size, or a declared size above MAX_SUB_BATCH_BYTES.
     """
+    if codec == SUB_BATCH_NONE:
+        return body
+    module = _CODECS.get(codec)
+    if module is None:
+        raise ChunkFormatError(f"unknown sub-batch codec {codec}")
+    if uncompressed > MAX_SUB_BATCH_BYTES:
+        raise ChunkFormatError(f"sub-batch codec {codec}: declares {uncompressed} bytes "
+                               f"uncompressed, more than {MAX_SUB_BATCH_BYTES}")
+    out = bytearray(uncompressed + 1)  # one byte more: a longer body is seen, not cut
     try:
-        if codec == SUB_BATCH_NONE:
-            return body
-        if codec == SUB_BATCH_GZIP:
-            return zlib.decompress(body, 16 + zlib.MAX_WBITS)
-        if codec == SUB_BATCH_SNAPPY:
-            return bytes(cramjam.snappy.decompress(body))
-        if codec == SUB_BATCH_LZ4:
-            return bytes(cramjam.lz4.decompress(body))
-        if codec == SUB_BATCH_ZSTD:
-            return bytes(cramjam.zstd.decompress(body))
-    except Exception as exc:  # the codecs raise their own types; normalise them
-        raise ChunkFormatError(f"sub-batch codec {codec}: {exc}") from exc
-    raise ChunkFormatError(f"unknown sub-batch codec {codec}")
+        n = module.decompress_into(body, out)
+    except Exception as exc:  # the codecs raise their own types; a full buffer included
+        raise ChunkFormatError(f"sub-batch codec {codec}: {exc} (declared size "
+                               f"{uncompressed} bytes)") from exc
+    if n != uncompressed:
+        raise ChunkFormatError(f"sub-batch codec {codec}: inflates to {n} bytes, not the "
+                               f"declared {uncompressed}")
+    del out[n:]
+    return out
 
 
-def split_sub_batch(codec: int, body: bytes, count: int) -> list[bytes]:
-    """The records of a sub-batch: uncompressed body is ``[len:u32, record]...``."""
-    plain = memoryview(decompress_sub_batch(codec, body))
+def split_sub_batch(codec: int, body: bytes, count: int, uncompressed: int) -> list[bytes]:
+    """The records of a sub-batch: uncompressed body is ``[len:u32, record]...``;
+    ``uncompressed`` is its declared uncompressed size (see ``decompress_sub_batch``)."""
+    plain = memoryview(decompress_sub_batch(codec, body, uncompressed))
     out, pos = [], 0
     for _ in range(count):
         if len(plain) - pos < 4:
@@ -233,23 +259,65 @@ def split_sub_batch(codec: int, body: bytes, count: int) -> list[bytes]:
     return out
 
 
-def iter_records(header: ChunkHeader, data: bytes | memoryview) -> Iterator[tuple[int, bytes]]:
+Unreadable = Callable[[int, int, ChunkFormatError], None]
+"""Told of a sub-batch that cannot be read: (its first offset, its records, the error)."""
+
+
+def ignore_unreadable(first: int, records: int, error: ChunkFormatError) -> None:
+    """An ``Unreadable`` for readers that have nothing to do with those records (e.g. a
+    timestamp search, compaction, which keeps sub-batches as they are)."""
+
+
+def log_unreadable(logger: logging.Logger, where: str) -> Unreadable:
+    """An ``Unreadable`` that logs a warning naming ``where`` (e.g. the stream) and the
+    skipped offsets."""
+    def report(first: int, records: int, error: ChunkFormatError) -> None:
+        logger.warning("%s: offsets %d..%d skipped, their sub-batch cannot be read: %s",
+                       where, first, first + records - 1, error)
+    return report
+
+
+def iter_records(header: ChunkHeader, data: bytes | memoryview,
+                 unreadable: Unreadable | None = None) -> Iterator[tuple[int, bytes]]:
     """Yield ``(offset, record bytes)`` for every record of a chunk, sub-batches unpacked.
 
     Records are numbered from ``header.first_offset``. Raises ``ChunkFormatError`` on
-    malformed entries or a record count that disagrees with the header.
+    malformed entries or a record count that disagrees with the header, and on a sub-batch
+    that cannot be read unless ``unreadable`` is given: then that sub-batch is reported to
+    it and its records are skipped (their offsets stay unused), and the records after it
+    are yielded as usual.
     """
     offset = header.first_offset
     for entry in iter_entries(data):
         if entry.codec is None:
             yield offset, entry.payload
             offset += 1
-        else:
-            for record in split_sub_batch(entry.codec, entry.payload, entry.records):
-                yield offset, record
-                offset += 1
+            continue
+        try:
+            records = split_sub_batch(entry.codec, entry.payload, entry.records,
+                                      entry.uncompressed)
+        except ChunkFormatError as exc:
+            if unreadable is None:
+                raise
+            unreadable(offset, entry.records, exc)
+            offset += entry.records
+            continue
+        for record in records:
+            yield offset, record
+            offset += 1
     if offset != header.next_offset:
         raise ChunkFormatError("record count disagrees with the header")
+
+
+def check_entry(raw: bytes | memoryview) -> None:
+    """Read one entry (header included) to its last record: a sub-batch is inflated and
+    split. Raises ``ChunkFormatError`` when any of it cannot be read."""
+    entries = list(iter_entries(raw))
+    if len(entries) != 1:
+        raise ChunkFormatError("not exactly one entry")
+    entry = entries[0]
+    if entry.codec is not None:
+        split_sub_batch(entry.codec, entry.payload, entry.records, entry.uncompressed)
 
 
 def join_entries(entries: Iterable[Entry]) -> tuple[bytes, int, int]:

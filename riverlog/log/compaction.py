@@ -2,8 +2,9 @@
 # Owns the key map, the rewritten segment files and their crash-safe installation.
 # Rules: runs in a worker thread on a snapshot of the segments and touches only closed
 # segments whose records are all committed; records with no key and sub-batch entries are
-# kept; a kept run of consecutive offsets becomes one chunk (so offsets may have gaps
-# between chunks, never inside one); a chunk kept whole is copied byte for byte.
+# kept (one that cannot be read too, its keys unknown); a kept run of consecutive offsets
+# becomes one chunk (so offsets may have gaps between chunks, never inside one); a chunk kept
+# whole is copied byte for byte.
 # Crash safety: the new file is fsynced, a ".compacted" marker is written, then the new
 # file replaces the old one by rename; recovery accepts either state.
 from __future__ import annotations
@@ -53,7 +54,7 @@ def _latest_offsets(segments: Sequence[Segment], committed: int,
         for chunk in _iter_chunks(seg, committed):
             if chunk.header.chunk_type != chunkfmt.CHUNK_USER:
                 continue
-            for offset, record in chunk.records():
+            for offset, record in chunk.records(chunkfmt.ignore_unreadable):
                 if offset > committed:
                     break
                 key = key_of(record)

@@ -61,9 +61,9 @@ class ChunkSlice:
         """What a RabbitMQ Deliver carries: the header and the data, never the trailer."""
         return memoryview(self.raw)[:chunkfmt.HEADER_SIZE + self.header.data_length]
 
-    def records(self):
+    def records(self, unreadable: chunkfmt.Unreadable | None = None):
         """``(offset, record bytes)`` pairs of this chunk (see ``chunk.iter_records``)."""
-        return chunkfmt.iter_records(self.header, self.data)
+        return chunkfmt.iter_records(self.header, self.data, unreadable)
 
 
 class Segment:

@@ -8,7 +8,9 @@
 # it consumed, so a peer can never make us buffer more than the windows; a peer that overruns
 # a window, sends DATA on a stream it never opened or breaks framing gets GOAWAY and
 # ProtocolError (the owner closes the connection). Responses are queued per stream and sent as
-# the peer's windows allow; trailers go after the last queued byte.
+# the peer's windows allow; trailers go after the last queued byte. A connection not trusted
+# yet (no call authenticated) keeps HTTP/2's initial 65,535-byte connection window and lends
+# no window for big messages: before login a peer can make us hold at most that much.
 # Wire facts: RFC 9113 (HTTP/2: 4.1 frame layout, 6.1 DATA, 6.9 WINDOW_UPDATE, 5.1 stream
 # states), gRPC's PROTOCOL-HTTP2.md (length-prefixed messages, grpc-timeout, grpc-status and
 # grpc-message trailers, percent-encoding).
@@ -29,6 +31,8 @@ STREAM_WINDOW = 1024 * 1024
 """Bytes a client may send on one call before we consume them (SETTINGS_INITIAL_WINDOW_SIZE)."""
 CONNECTION_WINDOW = 8 * STREAM_WINDOW
 """Bytes a client may send on one connection before we consume them."""
+UNTRUSTED_WINDOW = 65535
+"""... and before the connection is trusted (RFC 9113 6.9.2: the initial window)."""
 MAX_CONCURRENT_STREAMS = 100
 MAX_FRAME = 16384  # SETTINGS_MAX_FRAME_SIZE we keep (the RFC 9113 default)
 _DATA, _HEADERS, _PUSH_PROMISE, _CONTINUATION = 0x0, 0x1, 0x5, 0x9
@@ -113,9 +117,11 @@ class GrpcH2Connection:
     """One server-side connection. Feed ``receive(data)``, send ``data_to_send()``.
 
     ``max_message`` is the largest gRPC message accepted (bigger: BAD_CALL with
-    RESOURCE_EXHAUSTED, as grpc's max_receive_message_length)."""
+    RESOURCE_EXHAUSTED, as grpc's max_receive_message_length). Unless ``trusted``, the
+    connection window stays UNTRUSTED_WINDOW and no window is lent for big messages until
+    ``trust()`` (the owner calls it once a call is authenticated)."""
 
-    def __init__(self, max_message: int) -> None:
+    def __init__(self, max_message: int, trusted: bool = True) -> None:
         self.max_message = max_message
         config = h2.config.H2Configuration(client_side=False, header_encoding=None)
         self.h2 = h2.connection.H2Connection(config)
@@ -128,10 +134,23 @@ class GrpcH2Connection:
         self._in = b""
         self._preface = len(PREFACE)  # bytes of the client preface h2 has still to see
         self._header_block = False    # inside HEADERS..CONTINUATION: every frame goes to h2
-        self._window = CONNECTION_WINDOW
+        self._limit = self._window = UNTRUSTED_WINDOW  # the window we grant, what is left
         self._unacked = 0
         self._out = bytearray(self.h2.data_to_send())
-        self._out += _window_update(0, CONNECTION_WINDOW - 65535)
+        if trusted:
+            self.trust()
+
+    @property
+    def trusted(self) -> bool:
+        return self._limit == CONNECTION_WINDOW
+
+    def trust(self) -> None:
+        """Open the connection window to CONNECTION_WINDOW (a call was authenticated)."""
+        if self.trusted:
+            return
+        self._window += CONNECTION_WINDOW - self._limit
+        self._out += _window_update(0, CONNECTION_WINDOW - self._limit)
+        self._limit = CONNECTION_WINDOW
 
     # -- receiving ----------------------------------------------------------------------
     def receive(self, data: bytes) -> list[tuple]:
@@ -231,7 +250,7 @@ class GrpcH2Connection:
             messages.append(data[pos + 5:pos + 5 + size])
             pos += 5 + size
         stream.buf = data[pos:end] if pos < end else b""
-        if end - pos >= 5:  # a message bigger than the window left: lend the difference
+        if end - pos >= 5 and self.trusted:  # a message bigger than the window: lend
             missing = size + 5 - (end - pos) - stream.window
             if missing > 0:
                 stream.lent += missing
@@ -318,7 +337,7 @@ class GrpcH2Connection:
                 return
             stream.held -= nbytes
         self._unacked += nbytes
-        if self._unacked >= CONNECTION_WINDOW // 4:
+        if self._unacked >= self._limit // 4:
             self._out += _window_update(0, self._unacked)
             self._window += self._unacked
             self._unacked = 0

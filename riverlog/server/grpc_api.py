@@ -115,15 +115,18 @@ class GrpcApi:
         """The same handlers on riverlog's own HTTP/2 transport (server/grpc_h2_server.py)."""
         from .grpc_h2_server import GrpcH2Server
         handlers = self._handlers()
+        authenticate = None
         auth = self._auth()
         if auth is not None:
             handlers = {name: auth.wrap(name, h) for name, h in handlers.items()}
+            authenticate = auth.user
         tls = self.guard.config.tls if self.guard is not None else None
         context = None if tls is None else server_context(tls.cert, tls.key, tls.ca,
                                                           tls.client_auth)
         server = GrpcH2Server({f"/{SERVICE}/{name}": h for name, h in handlers.items()},
                               self.config.host, self.config.port, context,
-                              self.config.max_message_bytes)
+                              self.config.max_message_bytes, authenticate,
+                              self.config.handshake_timeout_ms / 1000)
         address = f"{self.config.host}:{self.config.port}"
         try:
             port = await server.start()

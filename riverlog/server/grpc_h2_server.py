@@ -9,6 +9,11 @@
 # memory per call stays bounded; a deadline (grpc-timeout) cancels the handler and ends the
 # call with DEADLINE_EXCEEDED; a handler's abort(code, details) ends it with that status and
 # message in the trailers; a malformed frame closes only its connection (GOAWAY first).
+# Before login (when the door authenticates): a connection is trusted with HTTP/2's full
+# windows only once one of its calls is authenticated, which is checked as soon as the call's
+# headers arrive (a refused call ends with UNAUTHENTICATED before its body is read); until
+# then it may send at most 64 KiB (grpc_h2.UNTRUSTED_WINDOW), and a connection with no
+# accepted call within ``handshake_timeout`` seconds is closed.
 # Wire facts: grpc's PROTOCOL-HTTP2.md and doc/statuscodes.md, RFC 9113.
 from __future__ import annotations
 
@@ -25,8 +30,12 @@ from ..security.tls import common_name
 
 log = logging.getLogger("riverlog.grpc")
 
-OUT_LIMIT = 256 * 1024
+OUT_LIMIT = 64 * 1024
 """Response bytes one call may have waiting (unsent) before its handler and its requests wait."""
+CONNECTION_OUT_LIMIT = 1024 * 1024
+"""Response bytes the calls of one connection may produce in one loop turn before they wait
+for the next write: with 100 calls each at OUT_LIMIT, a turn's output (and its copies while
+framed and written) stays bounded per connection, not per call."""
 _OK, _CANCELLED, _UNKNOWN, _DEADLINE, _INTERNAL = 0, 1, 2, 4, 13
 
 
@@ -108,7 +117,10 @@ class _Connection(asyncio.Protocol):
     def __init__(self, server: GrpcH2Server) -> None:
         self.server = server
         self.loop = asyncio.get_running_loop()
-        self.conn = grpc_h2.GrpcH2Connection(server.max_message)
+        self.conn = grpc_h2.GrpcH2Connection(server.max_message,
+                                             trusted=server.authenticate is None)
+        self.handshake: asyncio.TimerHandle | None = None
+        self.authenticating: set[asyncio.Task] = set()  # _authenticate tasks (kept referenced)
         self.calls: dict[int, _Call] = {}
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
@@ -116,6 +128,7 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         self.closed = False
         self._dirty: list[_Call] = []
+        self._dirty_bytes = 0  # response bytes of this loop turn, all calls
         self._scheduled = False
 
     # -- transport callbacks --------------------------------------------------------------
@@ -136,7 +149,20 @@ class _Connection(asyncio.Protocol):
             if cn is not None:
                 self.auth["x509_common_name"] = [cn.encode()]
         self.server.connections.add(self)
+        self.handshake = self.loop.call_later(self.server.handshake_timeout, self._too_slow)
         transport.write(self.conn.data_to_send())
+
+    def _too_slow(self) -> None:
+        log.info("closing gRPC connection from %s: no %s call within %.1f s", self.peer,
+                 "authenticated" if self.server.authenticate else "accepted",
+                 self.server.handshake_timeout)
+        self.goaway()
+        self.transport.close()
+
+    def _handshake_done(self) -> None:
+        if self.handshake is not None:
+            self.handshake.cancel()
+            self.handshake = None
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -191,6 +217,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.closed = True
+        self._handshake_done()
         self.server.connections.discard(self)
         for call in list(self.calls.values()):
             self._cancel(call)
@@ -208,9 +235,35 @@ class _Connection(asyncio.Protocol):
         self.calls[sid] = call
         if timeout is not None:
             call.timer = self.loop.call_at(deadline, self._expire, call)
+        if self.conn.trusted:
+            self._handshake_done()
+        else:
+            task = self.loop.create_task(self._authenticate(call))
+            self.authenticating.add(task)
+            task.add_done_callback(self.authenticating.discard)
         if handler.stream_stream is not None:
             call.task = self.loop.create_task(self._run(call, handler.stream_stream(
                 self._requests(call), call.context)))
+
+    async def _authenticate(self, call: _Call) -> None:
+        """Check the credentials of a call on an untrusted connection as soon as its headers
+        are in: refused, it ends with that status before its body is read; accepted, the
+        connection is trusted (its windows open)."""
+        try:
+            await self.server.authenticate(call.context)
+        except Exception as exc:  # _Abort: refused; anything else: a defect, refused too
+            if not isinstance(exc, _Abort):
+                log.error("authenticating a gRPC call from %s failed", self.peer, exc_info=exc)
+                exc = _Abort(_INTERNAL, "authentication failed")
+            if self.calls.pop(call.sid, None) is not None and not self.closed:
+                self._cancel(call)
+                self.conn.finish(call.sid, exc.code, exc.details)
+                self._write()
+            return
+        if not self.closed:
+            self._handshake_done()
+            self.conn.trust()
+            self._write()
 
     def _unary(self, call: _Call) -> None:
         """The request of a unary-request call is complete: run it."""
@@ -327,7 +380,8 @@ class _Connection(asyncio.Protocol):
             self._dirty.append(call)
         call.pending.append(message)
         call.pending_bytes += len(message) + 5
-        if call.pending_bytes > OUT_LIMIT:
+        self._dirty_bytes += len(message) + 5
+        if call.pending_bytes > OUT_LIMIT or self._dirty_bytes > CONNECTION_OUT_LIMIT:
             call.drained.clear()
         if not self._scheduled:
             self._schedule()
@@ -351,6 +405,7 @@ class _Connection(asyncio.Protocol):
         """Once per loop turn: each call's responses of this turn framed and sent together."""
         self._scheduled = False
         dirty, self._dirty = self._dirty, []
+        self._dirty_bytes = 0
         for call in dirty:
             self._flush_call(call)
         self._write()
@@ -377,17 +432,23 @@ class _Connection(asyncio.Protocol):
 class GrpcH2Server:
     """Serves ``handlers`` ({"/package.Service/Method": grpc.RpcMethodHandler}) on
     ``host``:``port`` (0: a free port), with TLS when ``ssl_context`` is given (ALPN h2 is set
-    on it). ``await start()`` returns the port bound (raises OSError when it cannot listen);
-    ``await stop(grace)``."""
+    on it). ``authenticate``: None (every connection is trusted), or an async function of a
+    call's ServicerContext that returns once the caller is authenticated and raises through
+    ``context.abort`` otherwise (GrpcAuth.user). A connection without an accepted call after
+    ``handshake_timeout`` seconds is closed. ``await start()`` returns the port bound (raises
+    OSError when it cannot listen); ``await stop(grace)``."""
 
     def __init__(self, handlers: dict, host: str, port: int,
                  ssl_context: ssl.SSLContext | None = None,
-                 max_message: int = 4 * 1024 * 1024) -> None:
+                 max_message: int = 4 * 1024 * 1024, authenticate=None,
+                 handshake_timeout: float = 10.0) -> None:
         self.handlers = handlers
         self.host = host
         self.port = port
         self.ssl_context = ssl_context
         self.max_message = max_message
+        self.authenticate = authenticate
+        self.handshake_timeout = handshake_timeout
         self.connections: set[_Connection] = set()
         self._server: asyncio.AbstractServer | None = None
 

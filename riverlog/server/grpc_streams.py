@@ -5,7 +5,9 @@
 # partition.go): Subscribe sends an empty Message first, then committed messages only, with the
 # headers "subject"/"reply"; it ends with ResourceExhausted at a stop offset, at the end of a
 # read-only partition, or for STOP_LATEST on an empty partition; a newer group member takes a
-# partition over from an older one. PublishAsync answers every message whose ack policy is not
+# partition over from an older one; the records of a sub-batch that cannot be read are skipped
+# (logged, counted in riverlog_errors as UNREADABLE_SUB_BATCH), as compaction leaves gaps, and
+# the subscription goes on after them. PublishAsync answers every message whose ack policy is not
 # NONE, errors as {correlationId, ack: Ack{}, asyncError}; after the client half-closes it waits
 # up to 5 s for outstanding acks. PublishAsync handles the requests of one loop turn together:
 # runs of them to one partition with one ack policy are encoded in one pass, appended at once
@@ -22,12 +24,13 @@ from google.protobuf.message import DecodeError
 
 from ..broker import Partition
 from ..errors import CorruptChunkError, LogClosedError, OffsetOutOfRangeError
-from ..log.chunk import CHUNK_USER, ChunkFormatError
-from ..metrics import GRPC, counters
+from ..log.chunk import CHUNK_USER, ChunkFormatError, ignore_unreadable, log_unreadable
+from ..metrics import GRPC, counters, error as count_error
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge import envelope
 from ..protocol.liftbridge.envelope import varint
 from ..record import Record, decode_record, encode_records
+from .memory import release_soon
 from .liftbridge import (ACK_OK, NONE, Liftbridge, LiftbridgeError, RunSink,
                          partition_subject)
 
@@ -36,6 +39,8 @@ log = logging.getLogger("riverlog.grpc")
 WAIT_FOR_NEW = -1
 ASYNC_ACK_TIMEOUT_S = 5.0
 READ_BYTES = 1024 * 1024
+SUBSCRIBER_READ_BYTES = 64 * 1024
+"""What a Subscribe reads ahead (at least one chunk): a slow subscriber holds that much."""
 _SP = pb.StartPosition
 _STOP = pb.StopPosition
 _ASYNC = pb.PublishAsyncError.Code
@@ -94,7 +99,7 @@ def _record_timestamps(partition: Partition, offset: int):
                 offset = chunk.header.next_offset
                 continue
             default_ns = chunk.header.timestamp_ms * 1_000_000
-            for rec_offset, raw in chunk.records():
+            for rec_offset, raw in chunk.records(ignore_unreadable):
                 if rec_offset >= offset:
                     yield rec_offset, decode_record(raw, default_ns).timestamp_ns
             offset = chunk.header.next_offset
@@ -169,6 +174,7 @@ async def subscribe(service: Liftbridge, raw: bytes, context: grpc.aio.ServicerC
         async for message in _messages(service, stream, partition, start, stop, stopped, context):
             yield message
     finally:
+        release_soon()  # what this subscription held goes back to the OS, not only to malloc
         service.subscribers[key] = service.subscribers.get(key, 1) - 1
         if service.subscribers[key] <= 0:
             service.subscribers.pop(key, None)
@@ -215,13 +221,21 @@ async def _positions(partition: Partition, req, context) -> tuple[int, int]:
 async def _messages(service: Liftbridge, stream, partition: Partition, offset: int, stop: int,
                     stopped: asyncio.Future, context):
     name, index = stream.name, partition.index
-    Message = pb.Message
     counted = counters(name, GRPC)
+    lists = getattr(context, "takes_lists", False)  # the h2 transport takes lists
+    logged = log_unreadable(log, f"subscription to {name}/{index}")
+
+    def unreadable(first: int, records: int, error: ChunkFormatError) -> None:
+        if first + records > offset:
+            logged(first, records, error)
+            count_error(GRPC, "UNREADABLE_SUB_BATCH")
+
     while True:
         if stopped.done():
             return
         try:
-            chunks = partition.read_chunks(max(offset, partition.first_offset), READ_BYTES)
+            chunks = partition.read_chunks(max(offset, partition.first_offset),
+                                           SUBSCRIBER_READ_BYTES)
         except OffsetOutOfRangeError:
             offset = partition.first_offset
             continue
@@ -250,47 +264,64 @@ async def _messages(service: Liftbridge, stream, partition: Partition, offset: i
                     await _closed(service, stream, partition, context)
                     return
             continue
-        for chunk in chunks:
-            header = chunk.header
-            if header.chunk_type != CHUNK_USER:
-                offset = header.next_offset
-                continue
-            default_ns = header.timestamp_ms * 1_000_000
-            sent = nbytes = 0  # counted once per chunk (and before leaving mid-chunk)
-            try:
-                for rec_offset, raw in chunk.records():
-                    if rec_offset < offset:
-                        continue
-                    record = decode_record(raw, default_ns)
-                    headers = record.headers
-                    subject = headers.get("subject")
-                    reply = headers.get("reply")
-                    msg = Message(
-                        offset=rec_offset, key=record.key or b"", value=record.value,
-                        timestamp=record.timestamp_ns, stream=name, partition=index,
-                        subject=subject.decode("utf-8", "replace") if subject is not None
-                        else (record.subject or ""),
-                        replySubject=reply.decode("utf-8", "replace") if reply is not None
-                        else (record.reply or ""),
-                        headers=headers)
-                    yield msg.SerializeToString()
-                    sent += 1
-                    nbytes += len(record.value)
-                    if rec_offset == stop or stopped.done():
-                        counted.delivered(sent, nbytes)
-                        if rec_offset == stop:
-                            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                                "Stop offset reached")
-                        return
-            except ChunkFormatError as exc:  # e.g. a sub-batch body its codec cannot undo
-                counted.delivered(sent, nbytes)
-                log.error("subscription to %s/%d stopped at chunk %d: %s", name, index,
-                          header.first_offset, exc)
-                await context.abort(grpc.StatusCode.DATA_LOSS, f"records of chunk "
-                                    f"{header.first_offset} cannot be decoded: {exc}")
-            if sent:
-                counted.delivered(sent, nbytes)
+        batch, nbytes, offset, problem = _serialize(chunks, offset, stop, name, index,
+                                                    unreadable)
+        del chunks  # while the client is slow, only the serialized batch waits
+        if batch:
+            if lists:
+                yield batch
+            else:
+                for message in batch:
+                    yield message
+            counted.delivered(len(batch), nbytes)
+            batch = None
+        if problem is not None:
+            first, exc = problem
+            log.error("subscription to %s/%d stopped at chunk %d: %s", name, index, first, exc)
+            await context.abort(grpc.StatusCode.DATA_LOSS,
+                                f"records of chunk {first} cannot be decoded: {exc}")
+        if 0 <= stop < offset:  # reached, or in a gap (an unreadable sub-batch)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop offset reached")
+
+
+def _serialize(chunks, offset: int, stop: int, name: str, index: int, unreadable):
+    """The serialized Messages of the records of ``chunks`` from ``offset`` up to ``stop``
+    (WAIT_FOR_NEW: no stop). Returns (messages, value bytes, the offset to read next,
+    None or (first offset of a chunk whose entries cannot be walked, its error))."""
+    Message = pb.Message
+    batch: list[bytes] = []
+    nbytes = 0
+    for chunk in chunks:
+        header = chunk.header
+        if header.chunk_type != CHUNK_USER:
             offset = header.next_offset
+            continue
+        default_ns = header.timestamp_ms * 1_000_000
+        try:
+            for rec_offset, raw in chunk.records(unreadable):
+                if rec_offset < offset:
+                    continue
+                record = decode_record(raw, default_ns)
+                headers = record.headers
+                subject = headers.get("subject")
+                reply = headers.get("reply")
+                batch.append(Message(
+                    offset=rec_offset, key=record.key or b"", value=record.value,
+                    timestamp=record.timestamp_ns, stream=name, partition=index,
+                    subject=subject.decode("utf-8", "replace") if subject is not None
+                    else (record.subject or ""),
+                    replySubject=reply.decode("utf-8", "replace") if reply is not None
+                    else (record.reply or ""),
+                    headers=headers).SerializeToString())
+                nbytes += len(record.value)
+                if rec_offset == stop:
+                    return batch, nbytes, stop + 1, None
+        except ChunkFormatError as exc:  # entries that cannot be walked (not a sub-batch)
+            return batch, nbytes, offset, (header.first_offset, exc)
+        offset = header.next_offset
+        if 0 <= stop < offset:  # in a gap (an unreadable sub-batch): nothing after it
+            break
+    return batch, nbytes, offset, None
 
 
 async def _closed(service: Liftbridge, stream, partition: Partition, context) -> None:

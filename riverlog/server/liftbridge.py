@@ -18,9 +18,10 @@ import secrets
 import time
 from typing import Callable, Iterable
 
-from ..broker import Broker, Partition, Stream, StreamConfig
+from ..broker import RESERVED_STREAMS, Broker, Partition, Stream, StreamConfig
 from ..broker.appender import Appenders
-from ..broker.cursors import CURSORS_STREAM, Cursors
+from ..broker.broker import ACTIVITY_STREAM
+from ..broker.cursors import Cursors
 from ..broker.groups import ConsumerGroups
 from ..config import GrpcConfig, NatsConfig
 from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
@@ -31,8 +32,6 @@ from ..record import Record, encode_record
 
 log = logging.getLogger("riverlog.liftbridge")
 
-ACTIVITY_STREAM = "__activity"
-RESERVED_STREAMS = (ACTIVITY_STREAM, CURSORS_STREAM)
 SERVER_ID_FILE = "liftbridge-server-id"
 
 LEADER, ALL, NONE = pb.AckPolicy.LEADER, pb.AckPolicy.ALL, pb.AckPolicy.NONE
@@ -216,7 +215,8 @@ class Liftbridge:
         the cursors."""
         self.cursors.open()
         if self.config.activity_enabled and ACTIVITY_STREAM not in self.broker.streams:
-            self.broker.create(ACTIVITY_STREAM, StreamConfig(subject=f"{self.namespace}.activity"))
+            self.broker.create(ACTIVITY_STREAM, StreamConfig(subject=f"{self.namespace}.activity"),
+                               internal=True)
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -417,10 +417,15 @@ class Liftbridge:
     # -- publishing ---------------------------------------------------------------------
     def check_publish(self, name: str, index: int, ack_policy: int) -> tuple[Stream, Partition]:
         """Liftbridge's publish preconditions, as (code, message) of a PublishAsyncError:
-        raises LiftbridgeError with code "BAD_REQUEST" (no stream name, NONE ack policy on a
-        stream with optimistic concurrency), "NOT_FOUND" (stream, partition), "READONLY"."""
+        raises LiftbridgeError with code "BAD_REQUEST" (no stream name, a reserved stream,
+        NONE ack policy on a stream with optimistic concurrency), "NOT_FOUND" (stream,
+        partition), "READONLY". Reserved streams are riverlog's rule: Liftbridge refuses
+        only to create and delete them, but a client-written cursor record is read back at
+        every start."""
         if not name:
             raise LiftbridgeError("BAD_REQUEST", "no stream provided")
+        if name in RESERVED_STREAMS:
+            raise LiftbridgeError("BAD_REQUEST", "Stream is reserved")
         stream = self.broker.streams.get(name)
         if stream is None:
             raise LiftbridgeError("NOT_FOUND", f"no such stream: {name}")

@@ -27,7 +27,7 @@ import time
 import nats
 from nats.aio.client import Client as NatsClient
 
-from ..broker import Partition, Stream
+from ..broker import RESERVED_STREAMS, Partition, Stream
 from ..config import NatsConfig, SecurityConfig
 from ..metrics import NATS, NATS_RECONNECTS, counters, error as count_error
 from ..protocol.liftbridge import api_pb2 as pb
@@ -355,8 +355,8 @@ class NatsBridge:
             self._task(self._subscribe(stream, partition))
 
     async def _subscribe(self, stream: Stream, partition: Partition) -> None:
-        if self.nc is None or id(partition) in self._subs:
-            return
+        if self.nc is None or id(partition) in self._subs or stream.name in RESERVED_STREAMS:
+            return  # the reserved streams are written by the server itself, never from NATS
         subject = partition_subject(stream.config.subject or "", partition.index)
         sub = await self.nc.subscribe(subject, queue=stream.config.group or "",
                                       cb=self._handler(stream, partition),

@@ -17,14 +17,14 @@ import time
 from typing import Callable
 
 from .. import __version__
-from ..broker import (Broker, Notification, Partition, SingleActiveConsumers, Stream,
-                      StreamConfig, SuperStreams)
+from ..broker import (RESERVED_STREAMS, Broker, Notification, Partition, SingleActiveConsumers,
+                      Stream, StreamConfig, SuperStreams)
 from ..config import MIN_SEGMENT_MAX_BYTES, RabbitStreamConfig, SecurityConfig
 from ..errors import (CorruptChunkError, InvalidArgumentError, LogClosedError, LogError,
-                      OffsetOutOfRangeError, StreamExistsError)
+                      OffsetOutOfRangeError, ReservedStreamError, StreamExistsError)
 from ..log import bloom
 from ..log.bloom import ChunkFilter, filter_from_properties
-from ..log.chunk import CHUNK_USER
+from ..log.chunk import CHUNK_USER, ChunkFormatError, check_entry
 from ..metrics import CONFIRM_RABBITMQ, RABBITMQ_STREAM, counters, error as count_error
 from ..protocol.rabbitmq_stream import (FrameDecoder, FrameError, OffsetType, ResponseCode,
                                         deliver_prefix, encode)
@@ -665,8 +665,11 @@ class RabbitStreamConnection(asyncio.Protocol):
             log.info("Delete %r refused: a partition of stream %r", frame.stream, found[0].name)
             code = ResponseCode.PRECONDITION_FAILED
         else:
-            self.broker.delete(frame.stream)
-            code = OK
+            try:
+                self.broker.delete(frame.stream)
+                code = OK
+            except ReservedStreamError:  # RabbitMQ's answer to a reserved (amq.*) name
+                code = ResponseCode.PRECONDITION_FAILED
         self.send(f.DeleteResponse(frame.correlation_id, code))
 
     def on_metadata(self, frame: f.Metadata) -> None:
@@ -726,7 +729,10 @@ class RabbitStreamConnection(asyncio.Protocol):
     def declare_publisher(self, publisher_id: int, reference: str | None, name: str) -> int:
         """Add a publisher to this connection (also for the draft dialect's Publish); returns
         the response code: OK, STREAM_DOES_NOT_EXIST, ACCESS_REFUSED or PRECONDITION_FAILED
-        (the id, or the reference on that stream, is taken)."""
+        (the id, or the reference on that stream, is taken; a reserved stream, as RabbitMQ
+        answers Create for its reserved amq.* names)."""
+        if name in RESERVED_STREAMS:
+            return ResponseCode.PRECONDITION_FAILED
         found = self._resolve(name)
         if found is None:
             return ResponseCode.STREAM_DOES_NOT_EXIST
@@ -763,6 +769,11 @@ class RabbitStreamConnection(asyncio.Protocol):
         if partition.readonly:  # set through Liftbridge's SetStreamReadonly
             self._publish_error(frame.publisher_id, ids, ResponseCode.ACCESS_REFUSED)
             return
+        if self.config.validate_sub_batches:
+            entries = self._readable(frame.publisher_id, entries)
+            if not entries:
+                return
+            ids = [e[0] for e in entries]
         self.unconfirmed += len(ids)
         if self.unconfirmed > self.config.max_unconfirmed and not self.reading_paused:
             self.reading_paused = True
@@ -797,6 +808,21 @@ class RabbitStreamConnection(asyncio.Protocol):
         staged.confirms.setdefault(frame.publisher_id, []).extend(ids)
         if staged.full():
             self._write_staged(partition)
+
+    def _readable(self, publisher_id: int, entries: tuple) -> tuple:
+        """The entries (publishing id first, entry bytes last) that can be read to their last
+        record; the others are refused with 0x11 (riverlog.stream.validate.sub.batches)."""
+        readable, refused = [], []
+        for entry in entries:
+            try:
+                check_entry(entry[-1])
+                readable.append(entry)
+            except ChunkFormatError as exc:
+                log.warning("publisher %d: entry %d refused: %s", publisher_id, entry[0], exc)
+                refused.append(entry[0])
+        if refused:
+            self._publish_error(publisher_id, refused, ResponseCode.PRECONDITION_FAILED)
+        return tuple(readable)
 
     def _flush_publishes(self) -> None:
         self._flush_scheduled = False

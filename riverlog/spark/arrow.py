@@ -17,15 +17,18 @@
 # pyarrow are imported here: import this module only where they are installed (executors).
 from __future__ import annotations
 
+import logging
 import struct
 from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
 
-from ..log.chunk import HEADER_SIZE, ChunkHeader, iter_records
+from ..log.chunk import HEADER_SIZE, ChunkHeader, iter_records, log_unreadable
 from ..record import (ANNOTATION_EMPTY_HEADERS, ANNOTATION_KEY, ANNOTATION_TIMESTAMP_NS,
                       decode_record)
+
+log = logging.getLogger("riverlog.spark")
 
 __all__ = ["arrow_schema", "chunks_to_batch"]
 
@@ -506,13 +509,14 @@ def _fast_batch(v: _Views, loc: _Located, f: _Fields, stream: str, partition: in
 
 def _slow_batch(chunks, stream, partition, start, end, schema) -> pa.RecordBatch:
     keys, values, offsets, stamps, hdrs = [], [], [], [], []
+    unreadable = log_unreadable(log, f"{stream}/{partition}")
     for c in chunks:
         h = c.header
         if h.next_offset <= start or h.first_offset >= end:
             continue
         default_ns = h.timestamp_ms * 1_000_000
         data = memoryview(c.raw)[HEADER_SIZE:HEADER_SIZE + h.data_length]
-        for offset, record in iter_records(h, data):
+        for offset, record in iter_records(h, data, unreadable):
             if offset < start or offset >= end:
                 continue
             r = decode_record(record, default_ns)

@@ -61,13 +61,15 @@ def security(users, pki: Pki | None = None, authz: bool = True,
 
 def server_config(tmp_path, sec: SecurityConfig, liftbridge: bool = True,
                   host: str = "127.0.0.1", metrics: bool = False, transport: str = "h2",
+                  stream: dict | None = None, grpc: dict | None = None,
                   **nats) -> ServerConfig:
-    """Every door on a free port of ``host``; the gRPC door on ``transport``; ``nats``:
-    NatsConfig options."""
+    """Every door on a free port of ``host``; the gRPC door on ``transport``; ``stream``,
+    ``grpc``: more RabbitStreamConfig, GrpcConfig settings; ``nats``: NatsConfig options."""
     return ServerConfig(data_dir=str(tmp_path / "data"),
-                        rabbitmq_stream=RabbitStreamConfig(host=host, port=0, tls_port=0),
+                        rabbitmq_stream=RabbitStreamConfig(host=host, port=0, tls_port=0,
+                                                           **(stream or {})),
                         nats=NatsConfig(host=host, port=0, **nats) if liftbridge else None,
-                        grpc=GrpcConfig(host=host, port=0, transport=transport)
+                        grpc=GrpcConfig(host=host, port=0, transport=transport, **(grpc or {}))
                         if liftbridge else None,
                         metrics=MetricsConfig(port=0) if metrics else None, security=sec)
 
