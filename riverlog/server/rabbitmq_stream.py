@@ -21,7 +21,7 @@ from ..broker import (RESERVED_STREAMS, Broker, Notification, Partition, SingleA
                       Stream, StreamConfig, SuperStreams)
 from ..config import MIN_SEGMENT_MAX_BYTES, RabbitStreamConfig, SecurityConfig
 from ..errors import (CorruptChunkError, InvalidArgumentError, LogClosedError, LogError,
-                      OffsetOutOfRangeError, ReservedStreamError, StreamExistsError)
+                      OffsetOutOfRangeError, StreamExistsError)
 from ..log import bloom
 from ..log.bloom import ChunkFilter, filter_from_properties
 from ..log.chunk import CHUNK_USER, ChunkFormatError, check_entry
@@ -631,7 +631,9 @@ class RabbitStreamConnection(asyncio.Protocol):
         if not self._may(frame.stream, CREATE):
             self.send(f.CreateResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED))
             return
-        if self._resolve(frame.stream) is not None:  # the partitions of a stream too
+        if frame.stream in RESERVED_STREAMS:  # as RabbitMQ answers its reserved amq.* names
+            code = ResponseCode.PRECONDITION_FAILED
+        elif self._resolve(frame.stream) is not None:  # the partitions of a stream too
             code = ResponseCode.STREAM_ALREADY_EXISTS
         else:
             code = self._create(frame.stream, frame.arguments,
@@ -659,17 +661,16 @@ class RabbitStreamConnection(asyncio.Protocol):
             self.send(f.DeleteResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED))
             return
         found = self._resolve(frame.stream)
-        if found is None:
+        if frame.stream in RESERVED_STREAMS:  # as RabbitMQ answers its reserved amq.* names
+            code = ResponseCode.PRECONDITION_FAILED
+        elif found is None:
             code = ResponseCode.STREAM_DOES_NOT_EXIST
         elif found[0].name != frame.stream:
             log.info("Delete %r refused: a partition of stream %r", frame.stream, found[0].name)
             code = ResponseCode.PRECONDITION_FAILED
         else:
-            try:
-                self.broker.delete(frame.stream)
-                code = OK
-            except ReservedStreamError:  # RabbitMQ's answer to a reserved (amq.*) name
-                code = ResponseCode.PRECONDITION_FAILED
+            self.broker.delete(frame.stream)
+            code = OK
         self.send(f.DeleteResponse(frame.correlation_id, code))
 
     def on_metadata(self, frame: f.Metadata) -> None:
