@@ -220,7 +220,11 @@ def _security(v: dict[str, Any]) -> SecurityConfig:
     if v.get("tls.client.authz.enabled") is not None:
         kwargs["authz"] = _bool("tls.client.authz.enabled", v["tls.client.authz.enabled"])
     rules: list[tuple[str, ...]] = []
-    for rule in v.get("riverlog.authz.rules") or ():
+    listed = v.get("riverlog.authz.rules") or ()
+    if not isinstance(listed, (list, tuple)):
+        raise ConfigError("riverlog.authz.rules: expected a list of rules such as "
+                          "[alice, \"orders.*\", publish]")
+    for rule in listed:
         items = _list(rule)
         if not items or items[0] not in ("p", "g"):
             items = ["p"] + items

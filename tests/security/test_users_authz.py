@@ -129,7 +129,10 @@ riverlog:
     for text, message in (("tls.client.auth.enabled: true\n", "needs tls.cert"),
                           ("tls: {cert: c, key: k, client.auth.enabled: true}\n",
                            "needs tls.client.auth.ca"),
-                          ("riverlog.users: [alice]\n", "riverlog.users: expected a map")):
+                          ("riverlog.users: [alice]\n", "riverlog.users: expected a map"),
+                          ("riverlog.authz.rules: true\n", "riverlog.authz.rules: expected a list"),
+                          ("riverlog.authz.rules: {alice: x}\n",
+                           "riverlog.authz.rules: expected a list")):
         cfg.write_text(text)
         with pytest.raises(ConfigError, match=message):
             build(load(str(cfg), {}), {})
