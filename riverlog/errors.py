@@ -31,6 +31,19 @@ class CorruptChunkError(LogError):
         self.reason = reason
 
 
+class EpochCheckpointError(LogError):
+    """A partition's leader-epoch checkpoint file does not parse (``path``, ``reason``).
+
+    Opening the commit log does not fail on it: the log logs it, rebuilds the entries from the
+    epochs of its chunks and rewrites the file.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"corrupt leader-epoch checkpoint {path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
 class OffsetOutOfRangeError(LogError):
     """The requested offset is not in the log (removed by retention, or not yet written)."""
 

@@ -1,9 +1,10 @@
 # The commit log of one partition: a folder of segments named by base offset.
 # Owns offsets (first, next, committed), appends with the durability policy, reads by offset
-# and timestamp, waking readers on new data, segment roll, retention, compaction swaps and
-# truncation. Rules: one event loop (or one thread) owns a CommitLog; blocking fsync and
-# compaction run in worker threads and hand their results back to the owner; nothing here
-# knows about protocols (records are opaque bytes; compaction gets a key function).
+# and timestamp, waking readers on new data, segment roll, retention, compaction swaps,
+# truncation and the leader-epoch checkpoint (epochs.py). Rules: one event loop (or one thread)
+# owns a CommitLog; blocking fsync and compaction run in worker threads and hand their results
+# back to the owner; nothing here knows about protocols (records are opaque bytes; compaction
+# gets a key function).
 from __future__ import annotations
 
 import asyncio
@@ -15,10 +16,11 @@ from bisect import bisect_right
 from typing import Callable, Sequence
 
 from ..config import Durability, LogConfig
-from ..errors import LogClosedError, LogError, OffsetOutOfRangeError
+from ..errors import EpochCheckpointError, LogClosedError, LogError, OffsetOutOfRangeError
 from . import chunk as chunkfmt
 from .bloom import BloomCache
 from .compaction import CompactionResult, compact_segments, install_compacted
+from .epochs import CHECKPOINT_NAME, LeaderEpochCache, entries_of_chunks
 from .recovery import RecoveryReport, recover_segment
 from .retention import segments_to_delete
 from .segment import SEGMENT_SUFFIX, ChunkSlice, Segment
@@ -41,6 +43,10 @@ class CommitLog:
     a chunk is committed once it is durable under ``config.durability``; replication will
     turn it off and call ``commit``.
 
+    Leader epochs: ``epoch`` is stamped on every chunk this log writes (1 for a new log, as
+    RabbitMQ's first epoch; on open, the latest epoch of the checkpoint); ``epochs`` is the
+    partition's leader-epoch checkpoint, kept up to date by appends, truncation and retention.
+
     Opening recovers the folder (see ``recovery.py``); ``report`` tells what was cut.
     Raises ``OSError`` only for I/O errors (permissions, full disk), never for bad bytes.
     """
@@ -50,7 +56,6 @@ class CommitLog:
         self.directory = os.fspath(directory)
         self.config = config or LogConfig()
         self.auto_commit = auto_commit
-        self.epoch = 0
         self._clock_ms = clock_ms
         self._closed = False
         self._waiter: asyncio.Future | None = None
@@ -69,6 +74,10 @@ class CommitLog:
         self._last_ts = max(s.last_timestamp_ms for s in self._segments)
         self._synced_next = self.next_offset
         self.committed_offset = self.next_offset - 1 if auto_commit else -1
+        self.epochs = self._open_epochs()
+        self.epoch = max(1, self.epochs.latest_epoch)
+        """The leader epoch of the chunks this log writes; the replication layer raises it
+        when this server becomes the partition's leader (never lowers it)."""
         if not self.report.clean:
             for problem in self.report.problems:
                 log.warning("recovery of %s: %s", self.directory, problem)
@@ -104,6 +113,34 @@ class CommitLog:
             self._segments.append(Segment(self.directory, 0))
         for seg in self._segments:
             seg.created_ms = seg.first_timestamp_ms or self._clock_ms()
+
+    def _open_epochs(self) -> LeaderEpochCache:
+        """Load the leader-epoch checkpoint; rebuild it from the chunk epochs when it does
+        not parse, or is missing while the log has chunks (written before riverlog kept one);
+        drop what recovery cut or retention removed."""
+        path = os.path.join(self.directory, CHECKPOINT_NAME)
+        try:
+            cache = LeaderEpochCache(path)
+        except EpochCheckpointError as exc:  # logged with the other recovery problems
+            self.report.problems.append(f"{exc}; rebuilt from the epochs of the chunks")
+            cache = LeaderEpochCache(path, load=False)
+            cache.replace(self._chunk_epochs())
+        else:
+            if not os.path.exists(path) and self.next_offset > self.first_offset:
+                cache.replace(self._chunk_epochs())
+        cache.truncate_from_end(self.next_offset)
+        cache.truncate_from_start(self.first_offset)
+        return cache
+
+    def _chunk_epochs(self) -> list:
+        return entries_of_chunks((first, epoch) for seg in self._segments
+                                 for first, epoch in zip(seg.index.offsets, seg.index.epochs))
+
+    def end_offset_for(self, epoch: int) -> int:
+        """The end offset of leader ``epoch`` in this log, as the answer to a
+        LeaderEpochOffsetRequest (``LeaderEpochCache.end_offset_for`` with this log's next
+        offset as the log end): a follower truncates to it. -1 when undefined."""
+        return self.epochs.end_offset_for(epoch, self.next_offset)
 
     # -- offsets ------------------------------------------------------------------------
     @property
@@ -223,15 +260,23 @@ class CommitLog:
         raw = chunkfmt.encode_chunk(data, num_entries, num_records, first_offset=first,
                                     timestamp_ms=ts, epoch=self.epoch, chunk_type=chunk_type,
                                     trailer=trailer, bloom_size=bloom_size)
+        if self.epoch != self.epochs.latest_epoch:
+            self.epochs.assign(self.epoch, first)  # ValueError for an epoch gone backwards
+        self._place(raw, first, num_records, ts, self.epoch, trailer[:bloom_size], now)
+        return range(first, first + num_records)
+
+    def _place(self, raw: bytes, first: int, num_records: int, ts: int, epoch: int,
+               bloom: bytes, now_ms: int) -> None:
+        """Write the whole chunk ``raw`` at the end of the active segment, rolling first when
+        it is full or old."""
         seg = self._segments[-1]
         if seg.size and (seg.size + len(raw) > self.config.segment_max_bytes or (
                 self.config.segment_max_age_ms
-                and now - seg.created_ms >= self.config.segment_max_age_ms)):
-            seg = self._roll(now)
-        seg.append(raw, first, num_records, ts, self.epoch)
-        self._blooms.appended(seg, trailer[:bloom_size])
-        self._last_ts = ts
-        return range(first, first + num_records)
+                and now_ms - seg.created_ms >= self.config.segment_max_age_ms)):
+            seg = self._roll(now_ms)
+        seg.append(raw, first, num_records, ts, epoch)
+        self._blooms.appended(seg, bloom)
+        self._last_ts = max(self._last_ts, ts)
 
     def _roll(self, now_ms: int) -> Segment:
         old = self._segments[-1]
@@ -429,6 +474,7 @@ class CommitLog:
         if n:
             del self._segments[:n]
             del self._bases[:n]
+            self.epochs.truncate_from_start(self.first_offset)
         return n
 
     async def compact(self, key_of: Callable[[bytes], bytes | None]) -> CompactionResult:
@@ -495,6 +541,7 @@ class CommitLog:
         self._last_ts = seg.last_timestamp_ms if len(seg.index) else self._last_ts
         self._synced_next = min(self._synced_next, self.next_offset)
         self.committed_offset = min(self.committed_offset, self.next_offset - 1)
+        self.epochs.truncate_from_end(self.next_offset)
 
     # -- lifecycle ----------------------------------------------------------------------
     def close(self) -> None:
