@@ -1,10 +1,10 @@
 # The commit log of one partition: a folder of segments named by base offset.
 # Owns offsets (first, next, committed), appends with the durability policy, reads by offset
 # and timestamp, waking readers on new data, segment roll, retention, compaction swaps,
-# truncation and the leader-epoch checkpoint (epochs.py). Rules: one event loop (or one thread)
-# owns a CommitLog; blocking fsync and compaction run in worker threads and hand their results
-# back to the owner; nothing here knows about protocols (records are opaque bytes; compaction
-# gets a key function).
+# truncation, the leader-epoch checkpoint (epochs.py) and a follower's append of its leader's
+# chunks as they are. Rules: one event loop (or one thread) owns a CommitLog; blocking fsync and
+# compaction run in worker threads and hand their results back to the owner; nothing here
+# knows about protocols (records are opaque bytes; compaction gets a key function).
 from __future__ import annotations
 
 import asyncio
@@ -16,7 +16,8 @@ from bisect import bisect_right
 from typing import Callable, Sequence
 
 from ..config import Durability, LogConfig
-from ..errors import EpochCheckpointError, LogClosedError, LogError, OffsetOutOfRangeError
+from ..errors import (ChunkRefusedError, EpochCheckpointError, LogClosedError, LogError,
+                      OffsetOutOfRangeError)
 from . import chunk as chunkfmt
 from .bloom import BloomCache
 from .compaction import CompactionResult, compact_segments, install_compacted
@@ -46,6 +47,7 @@ class CommitLog:
     Leader epochs: ``epoch`` is stamped on every chunk this log writes (1 for a new log, as
     RabbitMQ's first epoch; on open, the latest epoch of the checkpoint); ``epochs`` is the
     partition's leader-epoch checkpoint, kept up to date by appends, truncation and retention.
+    A follower's log (``auto_commit=False``) takes a leader's chunks with ``append_chunks``.
 
     Opening recovers the folder (see ``recovery.py``); ``report`` tells what was cut.
     Raises ``OSError`` only for I/O errors (permissions, full disk), never for bad bytes.
@@ -277,6 +279,60 @@ class CommitLog:
         seg.append(raw, first, num_records, ts, epoch)
         self._blooms.appended(seg, bloom)
         self._last_ts = max(self._last_ts, ts)
+
+    def append_chunks(self, raw: bytes | memoryview) -> range:
+        """Append one or more whole chunks exactly as the partition's leader sent them
+        (replication's follower side): same offsets, bytes, CRCs and epochs, so the replicas
+        hold the same chunks. Returns the offsets appended, ``range(first, next)``.
+
+        Every chunk is checked before anything is written: its header and data CRC-32, its
+        first offset equal to the log's next offset (then to the previous chunk's end) and its
+        epoch not older than the latest leader epoch of the log; one failure raises
+        ``ChunkRefusedError`` and appends nothing, so the follower fetches again from
+        ``next_offset`` (truncating first, after a leader change). Each epoch change is
+        recorded in ``epochs``, and ``epoch`` follows the newest. The high watermark (``committed_offset``) is left alone: the
+        leader's says what is committed (``commit``); hence ``LogError`` when the log was
+        opened with ``auto_commit=True``. Durability: as ``write_entries`` (under
+        ``Durability.ALWAYS`` call ``await flush()``).
+        """
+        if self._closed:
+            raise LogClosedError(f"commit log {self.directory} is closed")
+        if self.auto_commit:
+            raise LogError(f"commit log {self.directory} commits its own appends "
+                           "(auto_commit); a follower's log is opened with auto_commit=False")
+        view = memoryview(raw)
+        headers = []
+        pos, expected, epoch = 0, self.next_offset, self.epochs.latest_epoch
+        while pos < len(view):
+            try:
+                h = chunkfmt.parse_header(view, pos)
+                chunkfmt.check_chunk(view, h, pos)
+                problem = None
+            except chunkfmt.ChunkFormatError as exc:
+                problem = str(exc)
+            else:
+                if h.first_offset != expected:
+                    problem = f"chunk starts at offset {h.first_offset}"
+                elif h.epoch < epoch:
+                    problem = f"chunk of leader epoch {h.epoch}, older than epoch {epoch}"
+            if problem:
+                raise ChunkRefusedError(self.directory, self.next_offset,
+                                        f"the chunk at byte {pos} (for offset {expected}): "
+                                        f"{problem}")
+            headers.append((pos, h))
+            pos, expected, epoch = pos + h.size, h.next_offset, h.epoch
+        first = self.next_offset
+        now = self._clock_ms()
+        for pos, h in headers:
+            if h.epoch != self.epochs.latest_epoch:
+                self.epochs.assign(h.epoch, h.first_offset)
+            chunk = bytes(view[pos:pos + h.size])
+            self._place(chunk, h.first_offset, h.num_records, h.timestamp_ms, h.epoch,
+                        bytes(chunkfmt.bloom_of(h, chunk)), now)
+        self.epoch = max(self.epoch, self.epochs.latest_epoch)
+        if headers and not self.needs_flush:
+            self._after_write_async()
+        return range(first, self.next_offset)
 
     def _roll(self, now_ms: int) -> Segment:
         old = self._segments[-1]
