@@ -43,12 +43,15 @@ class LeaderEpochCache:
     for I/O errors. Not thread-safe: the commit log's owner calls it.
     """
 
-    __slots__ = ("path", "_entries", "_epochs")
+    __slots__ = ("path", "latest_epoch", "_entries", "_epochs")
 
     def __init__(self, path: str | os.PathLike, *, load: bool = True) -> None:
         self.path = os.fspath(path)
         self._entries: list[EpochEntry] = []
         self._epochs: list[int] = []  # the entries' epochs, for bisection
+        self.latest_epoch = 0
+        """The newest epoch recorded, 0 when there is none (leader epochs start at 1); an
+        attribute, not a property: the commit log reads it on every append."""
         if load and os.path.exists(self.path):
             with open(self.path, "rb") as f:
                 self._set(_parse(self.path, f.read()))
@@ -57,11 +60,6 @@ class LeaderEpochCache:
     def entries(self) -> tuple[EpochEntry, ...]:
         """The entries, oldest epoch first."""
         return tuple(self._entries)
-
-    @property
-    def latest_epoch(self) -> int:
-        """The newest epoch recorded, 0 when there is none (leader epochs start at 1)."""
-        return self._epochs[-1] if self._epochs else 0
 
     def assign(self, epoch: int, start_offset: int) -> None:
         """Record that leader ``epoch`` writes from ``start_offset`` on. Nothing changes when
@@ -122,6 +120,7 @@ class LeaderEpochCache:
     def _set(self, entries: list[EpochEntry]) -> None:
         self._entries = entries
         self._epochs = [e.epoch for e in entries]
+        self.latest_epoch = self._epochs[-1] if entries else 0
 
     def _save(self, entries: list[EpochEntry]) -> None:
         lines = [str(VERSION), str(len(entries))] + [f"{e.epoch} {e.start_offset}" for e in entries]
