@@ -290,10 +290,10 @@ class CommitLog:
         epoch not older than the latest leader epoch of the log; one failure raises
         ``ChunkRefusedError`` and appends nothing, so the follower fetches again from
         ``next_offset`` (truncating first, after a leader change). Each epoch change is
-        recorded in ``epochs``, and ``epoch`` follows the newest. The high watermark (``committed_offset``) is left alone: the
-        leader's says what is committed (``commit``); hence ``LogError`` when the log was
-        opened with ``auto_commit=True``. Durability: as ``write_entries`` (under
-        ``Durability.ALWAYS`` call ``await flush()``).
+        recorded in ``epochs``, and ``epoch`` follows the newest. The high watermark
+        (``committed_offset``) is left alone: the leader's says what is committed
+        (``commit``); hence ``LogError`` when the log was opened with ``auto_commit=True``.
+        Durability: as ``write_entries`` (under ``Durability.ALWAYS`` call ``await flush()``).
         """
         if self._closed:
             raise LogClosedError(f"commit log {self.directory} is closed")

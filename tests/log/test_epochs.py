@@ -32,7 +32,8 @@ def test_assign(cache):
         with pytest.raises(ValueError):
             cache.assign(epoch, start)
     cache.assign(5, 9)  # epoch 4 wrote nothing: it ends where it started
-    assert cache.entries[-2:] == (EpochEntry(4, 9), EpochEntry(5, 9)) and cache.end_offset_for(4, 12) == 9
+    assert cache.entries[-2:] == (EpochEntry(4, 9), EpochEntry(5, 9))
+    assert cache.end_offset_for(4, log_end=12) == 9
     assert LeaderEpochCache(cache.path).entries == cache.entries
 
 

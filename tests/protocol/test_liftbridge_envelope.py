@@ -1,8 +1,9 @@
 # Tests of the Liftbridge NATS envelope codec (riverlog.protocol.liftbridge.envelope): round trips
 # of all 15 MsgTypes with and without CRC-32C, exact bytes for known examples (including what
 # go-liftbridge's NewMessage sends), every failing check giving None (never an exception) and
-# EnvelopeError from the strict decoder of the internal messages, hypothesis round trips and fuzz, and interop with gufo-liftbridge's generated classes (gufo has no envelope
-# encoder of its own: its Message/Ack are framed here by hand, straight from the seed's layout).
+# EnvelopeError from the strict decoder of the internal messages, hypothesis round trips and
+# fuzz, and interop with gufo-liftbridge's generated classes (gufo has no envelope encoder of
+# its own: its Message/Ack are framed here by hand, straight from the seed's layout).
 from __future__ import annotations
 
 import struct
@@ -170,7 +171,8 @@ def test_internal_messages_round_trip(message, crc):
 @given(_U64, _I64, st.binary())
 def test_replication_response_round_trip(leader_epoch, high_watermark, entries):
     data = encode_replication_response(leader_epoch, high_watermark, entries)
-    assert decode_internal(data, MsgType.ReplicationResponse) == (leader_epoch, high_watermark, entries)
+    decoded = decode_internal(data, MsgType.ReplicationResponse)
+    assert decoded == (leader_epoch, high_watermark, entries)
 
 
 def test_internal_field_numbers_are_liftbridges():
