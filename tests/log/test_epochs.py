@@ -160,3 +160,11 @@ def test_an_epoch_entry_past_a_recovered_tail_is_dropped(tmp_path):
     log.epochs.assign(9, log.next_offset)  # a leader that crashed before its first chunk
     log.close()
     assert CommitLog(tmp_path).epochs.entries == ((1, 0), (2, 10), (5, 30))
+
+
+def test_a_checkpoint_write_cut_by_a_crash_leaves_the_previous_file(tmp_path):
+    _log_of_three_epochs(tmp_path).close()
+    (tmp_path / (CHECKPOINT_NAME + ".tmp")).write_bytes(b"0\n4\n1 0\n2 1")  # the temp file, torn
+    log = CommitLog(tmp_path)
+    assert log.report.clean and log.epochs.entries == ((1, 0), (2, 10), (5, 30))
+    assert not (tmp_path / (CHECKPOINT_NAME + ".tmp")).exists()
