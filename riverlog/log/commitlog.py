@@ -21,7 +21,7 @@ from ..errors import (ChunkRefusedError, EpochCheckpointError, LogClosedError, L
 from . import chunk as chunkfmt
 from .bloom import BloomCache
 from .compaction import CompactionResult, compact_segments, install_compacted
-from .epochs import CHECKPOINT_NAME, LeaderEpochCache, entries_of_chunks
+from .epochs import CHECKPOINT_NAME, EpochEntry, LeaderEpochCache, entries_of_chunks
 from .recovery import RecoveryReport, recover_segment
 from .retention import segments_to_delete
 from .segment import SEGMENT_SUFFIX, ChunkSlice, Segment
@@ -79,7 +79,8 @@ class CommitLog:
         self.epochs = self._open_epochs()
         self.epoch = max(1, self.epochs.latest_epoch)
         """The leader epoch of the chunks this log writes; the replication layer raises it
-        when this server becomes the partition's leader (never lowers it)."""
+        when this server becomes the partition's leader (never lowers it); ``append_chunks``
+        keeps it at the newest epoch of the leader's chunks."""
         if not self.report.clean:
             for problem in self.report.problems:
                 log.warning("recovery of %s: %s", self.directory, problem)
@@ -134,7 +135,7 @@ class CommitLog:
         cache.truncate_from_start(self.first_offset)
         return cache
 
-    def _chunk_epochs(self) -> list:
+    def _chunk_epochs(self) -> list[EpochEntry]:
         return entries_of_chunks((first, epoch) for seg in self._segments
                                  for first, epoch in zip(seg.index.offsets, seg.index.epochs))
 
