@@ -31,6 +31,32 @@ class CorruptChunkError(LogError):
         self.reason = reason
 
 
+class EpochCheckpointError(LogError):
+    """A partition's leader-epoch checkpoint file does not parse (``path``, ``reason``).
+
+    Opening the commit log does not fail on it: the log logs it, rebuilds the entries from the
+    epochs of its chunks and rewrites the file.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"corrupt leader-epoch checkpoint {path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class ChunkRefusedError(LogError):
+    """A follower refused chunks from its leader (``CommitLog.append_chunks``): a chunk failed
+    its checks (header, CRC-32), did not start at the log's next offset ``offset``, or carried
+    an older leader epoch. Nothing of it was appended: fetch again from ``offset`` (after
+    truncating to the leader's epoch end offset, when the leader changed)."""
+
+    def __init__(self, directory: str, offset: int, reason: str) -> None:
+        super().__init__(f"chunk refused by the log {directory} at offset {offset}: {reason}")
+        self.directory = directory
+        self.offset = offset
+        self.reason = reason
+
+
 class OffsetOutOfRangeError(LogError):
     """The requested offset is not in the log (removed by retention, or not yet written)."""
 

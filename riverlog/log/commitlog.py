@@ -1,7 +1,8 @@
 # The commit log of one partition: a folder of segments named by base offset.
 # Owns offsets (first, next, committed), appends with the durability policy, reads by offset
-# and timestamp, waking readers on new data, segment roll, retention, compaction swaps and
-# truncation. Rules: one event loop (or one thread) owns a CommitLog; blocking fsync and
+# and timestamp, waking readers on new data, segment roll, retention, compaction swaps,
+# truncation, the leader-epoch checkpoint (epochs.py) and a follower's append of its leader's
+# chunks as they are. Rules: one event loop (or one thread) owns a CommitLog; blocking fsync and
 # compaction run in worker threads and hand their results back to the owner; nothing here
 # knows about protocols (records are opaque bytes; compaction gets a key function).
 from __future__ import annotations
@@ -15,10 +16,12 @@ from bisect import bisect_right
 from typing import Callable, Sequence
 
 from ..config import Durability, LogConfig
-from ..errors import LogClosedError, LogError, OffsetOutOfRangeError
+from ..errors import (ChunkRefusedError, EpochCheckpointError, LogClosedError, LogError,
+                      OffsetOutOfRangeError)
 from . import chunk as chunkfmt
 from .bloom import BloomCache
 from .compaction import CompactionResult, compact_segments, install_compacted
+from .epochs import CHECKPOINT_NAME, EpochEntry, LeaderEpochCache, entries_of_chunks
 from .recovery import RecoveryReport, recover_segment
 from .retention import segments_to_delete
 from .segment import SEGMENT_SUFFIX, ChunkSlice, Segment
@@ -41,6 +44,11 @@ class CommitLog:
     a chunk is committed once it is durable under ``config.durability``; replication will
     turn it off and call ``commit``.
 
+    Leader epochs: ``epoch`` is stamped on every chunk this log writes (1 for a new log, as
+    RabbitMQ's first epoch; on open, the latest epoch of the checkpoint); ``epochs`` is the
+    partition's leader-epoch checkpoint, kept up to date by appends, truncation and retention.
+    A follower's log (``auto_commit=False``) takes a leader's chunks with ``append_chunks``.
+
     Opening recovers the folder (see ``recovery.py``); ``report`` tells what was cut.
     Raises ``OSError`` only for I/O errors (permissions, full disk), never for bad bytes.
     """
@@ -50,7 +58,6 @@ class CommitLog:
         self.directory = os.fspath(directory)
         self.config = config or LogConfig()
         self.auto_commit = auto_commit
-        self.epoch = 0
         self._clock_ms = clock_ms
         self._closed = False
         self._waiter: asyncio.Future | None = None
@@ -69,6 +76,11 @@ class CommitLog:
         self._last_ts = max(s.last_timestamp_ms for s in self._segments)
         self._synced_next = self.next_offset
         self.committed_offset = self.next_offset - 1 if auto_commit else -1
+        self.epochs = self._open_epochs()
+        self.epoch = max(1, self.epochs.latest_epoch)
+        """The leader epoch of the chunks this log writes; the replication layer raises it
+        when this server becomes the partition's leader (never lowers it); ``append_chunks``
+        keeps it at the newest epoch of the leader's chunks."""
         if not self.report.clean:
             for problem in self.report.problems:
                 log.warning("recovery of %s: %s", self.directory, problem)
@@ -104,6 +116,34 @@ class CommitLog:
             self._segments.append(Segment(self.directory, 0))
         for seg in self._segments:
             seg.created_ms = seg.first_timestamp_ms or self._clock_ms()
+
+    def _open_epochs(self) -> LeaderEpochCache:
+        """Load the leader-epoch checkpoint; rebuild it from the chunk epochs when it does
+        not parse, or is missing while the log has chunks (written before riverlog kept one);
+        drop what recovery cut or retention removed."""
+        path = os.path.join(self.directory, CHECKPOINT_NAME)
+        try:
+            cache = LeaderEpochCache(path)
+        except EpochCheckpointError as exc:  # logged with the other recovery problems
+            self.report.problems.append(f"{exc}; rebuilt from the epochs of the chunks")
+            cache = LeaderEpochCache(path, load=False)
+            cache.replace(self._chunk_epochs())
+        else:
+            if not os.path.exists(path) and self.next_offset > self.first_offset:
+                cache.replace(self._chunk_epochs())
+        cache.truncate_from_end(self.next_offset)
+        cache.truncate_from_start(self.first_offset)
+        return cache
+
+    def _chunk_epochs(self) -> list[EpochEntry]:
+        return entries_of_chunks((first, epoch) for seg in self._segments
+                                 for first, epoch in zip(seg.index.offsets, seg.index.epochs))
+
+    def end_offset_for(self, epoch: int) -> int:
+        """The end offset of leader ``epoch`` in this log, as the answer to a
+        LeaderEpochOffsetRequest (``LeaderEpochCache.end_offset_for`` with this log's next
+        offset as the log end): a follower truncates to it. -1 when undefined."""
+        return self.epochs.end_offset_for(epoch, self.next_offset)
 
     # -- offsets ------------------------------------------------------------------------
     @property
@@ -223,15 +263,77 @@ class CommitLog:
         raw = chunkfmt.encode_chunk(data, num_entries, num_records, first_offset=first,
                                     timestamp_ms=ts, epoch=self.epoch, chunk_type=chunk_type,
                                     trailer=trailer, bloom_size=bloom_size)
+        if self.epoch != self.epochs.latest_epoch:
+            self.epochs.assign(self.epoch, first)  # ValueError for an epoch gone backwards
+        self._place(raw, first, num_records, ts, self.epoch, trailer[:bloom_size], now)
+        return range(first, first + num_records)
+
+    def _place(self, raw: bytes, first: int, num_records: int, ts: int, epoch: int,
+               bloom: bytes, now_ms: int) -> None:
+        """Write the whole chunk ``raw`` at the end of the active segment, rolling first when
+        it is full or old."""
         seg = self._segments[-1]
         if seg.size and (seg.size + len(raw) > self.config.segment_max_bytes or (
                 self.config.segment_max_age_ms
-                and now - seg.created_ms >= self.config.segment_max_age_ms)):
-            seg = self._roll(now)
-        seg.append(raw, first, num_records, ts, self.epoch)
-        self._blooms.appended(seg, trailer[:bloom_size])
-        self._last_ts = ts
-        return range(first, first + num_records)
+                and now_ms - seg.created_ms >= self.config.segment_max_age_ms)):
+            seg = self._roll(now_ms)
+        seg.append(raw, first, num_records, ts, epoch)
+        self._blooms.appended(seg, bloom)
+        self._last_ts = max(self._last_ts, ts)
+
+    def append_chunks(self, raw: bytes | memoryview) -> range:
+        """Append one or more whole chunks exactly as the partition's leader sent them
+        (replication's follower side): same offsets, bytes, CRCs and epochs, so the replicas
+        hold the same chunks. Returns the offsets appended, ``range(first, next)``.
+
+        Every chunk is checked before anything is written: its header and data CRC-32, its
+        first offset equal to the log's next offset (then to the previous chunk's end) and its
+        epoch not older than the latest leader epoch of the log; one failure raises
+        ``ChunkRefusedError`` and appends nothing, so the follower fetches again from
+        ``next_offset`` (truncating first, after a leader change). Each epoch change is
+        recorded in ``epochs``, and ``epoch`` follows the newest. The high watermark
+        (``committed_offset``) is left alone: the leader's says what is committed
+        (``commit``); hence ``LogError`` when the log was opened with ``auto_commit=True``.
+        Durability: as ``write_entries`` (under ``Durability.ALWAYS`` call ``await flush()``).
+        """
+        if self._closed:
+            raise LogClosedError(f"commit log {self.directory} is closed")
+        if self.auto_commit:
+            raise LogError(f"commit log {self.directory} commits its own appends "
+                           "(auto_commit); a follower's log is opened with auto_commit=False")
+        view = memoryview(raw)
+        headers = []
+        pos, expected, epoch = 0, self.next_offset, self.epochs.latest_epoch
+        while pos < len(view):
+            try:
+                h = chunkfmt.parse_header(view, pos)
+                chunkfmt.check_chunk(view, h, pos)
+                problem = None
+            except chunkfmt.ChunkFormatError as exc:
+                problem = str(exc)
+            else:
+                if h.first_offset != expected:
+                    problem = f"chunk starts at offset {h.first_offset}"
+                elif h.epoch < epoch:
+                    problem = f"chunk of leader epoch {h.epoch}, older than epoch {epoch}"
+            if problem:
+                raise ChunkRefusedError(self.directory, self.next_offset,
+                                        f"the chunk at byte {pos} (for offset {expected}): "
+                                        f"{problem}")
+            headers.append((pos, h))
+            pos, expected, epoch = pos + h.size, h.next_offset, h.epoch
+        first = self.next_offset
+        now = self._clock_ms()
+        for pos, h in headers:
+            if h.epoch != self.epochs.latest_epoch:
+                self.epochs.assign(h.epoch, h.first_offset)
+            chunk = bytes(view[pos:pos + h.size])
+            self._place(chunk, h.first_offset, h.num_records, h.timestamp_ms, h.epoch,
+                        bytes(chunkfmt.bloom_of(h, chunk)), now)
+        self.epoch = max(self.epoch, self.epochs.latest_epoch)
+        if headers and not self.needs_flush:
+            self._after_write_async()
+        return range(first, self.next_offset)
 
     def _roll(self, now_ms: int) -> Segment:
         old = self._segments[-1]
@@ -429,6 +531,7 @@ class CommitLog:
         if n:
             del self._segments[:n]
             del self._bases[:n]
+            self.epochs.truncate_from_start(self.first_offset)
         return n
 
     async def compact(self, key_of: Callable[[bytes], bytes | None]) -> CompactionResult:
@@ -495,6 +598,7 @@ class CommitLog:
         self._last_ts = seg.last_timestamp_ms if len(seg.index) else self._last_ts
         self._synced_next = min(self._synced_next, self.next_offset)
         self.committed_offset = min(self.committed_offset, self.next_offset - 1)
+        self.epochs.truncate_from_end(self.next_offset)
 
     # -- lifecycle ----------------------------------------------------------------------
     def close(self) -> None:

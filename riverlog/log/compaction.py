@@ -15,8 +15,8 @@ from typing import Callable, Sequence
 
 from . import chunk as chunkfmt
 from .index import ENTRY
-from .segment import (COMPACTED_SUFFIX, INDEX_SUFFIX, SEGMENT_SUFFIX, Segment, segment_name,
-                      write_compacted_marker)
+from .segment import (COMPACTED_SUFFIX, INDEX_SUFFIX, SEGMENT_SUFFIX, Segment, fsync_dir,
+                      segment_name, write_compacted_marker)
 
 _READ_BYTES = 4 * 1024 * 1024
 
@@ -122,19 +122,11 @@ def _rewrite(seg: Segment, latest: dict[bytes, int], key_of, result: CompactionR
     with open(index_out, "wb") as f:
         f.write(b"".join(ENTRY.pack(*e) for e in entries_out))
     write_compacted_marker(stem + COMPACTED_SUFFIX, seg.next_offset)
-    _fsync_dir(seg.directory)
+    fsync_dir(seg.directory)
     os.replace(out_path, stem + SEGMENT_SUFFIX)
     os.replace(index_out, stem + INDEX_SUFFIX)
-    _fsync_dir(seg.directory)
+    fsync_dir(seg.directory)
     result.rewritten.append(seg.base_offset)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def compact_segments(segments: Sequence[Segment], committed: int,

@@ -37,6 +37,15 @@ def write_compacted_marker(path: str, next_offset: int) -> None:
         os.fsync(f.fileno())
 
 
+def fsync_dir(path: str) -> None:
+    """Fsync the directory ``path`` (makes file creations, renames and deletions in it durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def segment_name(base_offset: int) -> str:
     """File stem of the segment whose base offset is ``base_offset``: 20 zero-padded digits."""
     return f"{base_offset:020d}"

@@ -2,7 +2,9 @@
 # near-valid input: every MsgType's header with and without the CRC flag, a CRC that matches or
 # not, and a payload that is a serialized, truncated or random protobuf of any api.proto message.
 # The contract (envelope.py): decoding never raises on bytes-like input; it returns the parsed
-# message or None, and a parsed message re-encodes to a decodable envelope.
+# message or None, and a parsed message re-encodes to a decodable envelope. The strict decoder of
+# internal messages (decode_internal) raises EnvelopeError, and nothing else, exactly when
+# decode_message gives None or another MsgType.
 from __future__ import annotations
 
 import struct
@@ -12,8 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from riverlog.protocol.liftbridge import api_pb2 as pb
-from riverlog.protocol.liftbridge.envelope import (MAGIC, MESSAGE_CLASSES, MsgType, decode_ack,
-                                                   decode_envelope, decode_message,
+from riverlog.protocol.liftbridge.envelope import (MAGIC, MESSAGE_CLASSES, EnvelopeError,
+                                                   MsgType, decode_ack, decode_envelope,
+                                                   decode_internal, decode_message,
                                                    decode_publish,
                                                    decode_replication_response, encode_message)
 
@@ -55,3 +58,15 @@ def test_decoders_never_raise_and_results_round_trip(data, kind):
         msg_type, message = decoded
         again = decode_message(encode_message(message))
         assert again is not None and again[1] == message
+
+
+@budget(400)
+@given(envelopes(), st.sampled_from(list(MsgType)))
+def test_strict_decoder_raises_envelope_error_only(data, expected):
+    decoded = decode_message(data)
+    try:
+        message = decode_internal(data, expected)
+    except EnvelopeError:
+        assert decoded is None or decoded[0] is not expected
+    else:
+        assert decoded == (expected, message)

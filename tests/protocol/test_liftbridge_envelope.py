@@ -1,8 +1,9 @@
 # Tests of the Liftbridge NATS envelope codec (riverlog.protocol.liftbridge.envelope): round trips
 # of all 15 MsgTypes with and without CRC-32C, exact bytes for known examples (including what
-# go-liftbridge's NewMessage sends), every failing check giving None (never an exception), a
-# hypothesis fuzz, and interop with gufo-liftbridge's generated classes (gufo has no envelope
-# encoder of its own: its Message/Ack are framed here by hand, straight from the seed's layout).
+# go-liftbridge's NewMessage sends), every failing check giving None (never an exception) and
+# EnvelopeError from the strict decoder of the internal messages, hypothesis round trips and
+# fuzz, and interop with gufo-liftbridge's generated classes (gufo has no envelope encoder of
+# its own: its Message/Ack are framed here by hand, straight from the seed's layout).
 from __future__ import annotations
 
 import struct
@@ -22,10 +23,12 @@ from riverlog.protocol.liftbridge.envelope import (
     MAGIC,
     MESSAGE_CLASSES,
     VERSION,
+    EnvelopeError,
     MsgType,
     ReplicationResponse,
     decode_ack,
     decode_envelope,
+    decode_internal,
     decode_message,
     decode_publish,
     decode_replication_response,
@@ -144,6 +147,82 @@ def test_replication_response():
     assert decode_replication_response(encode_envelope(MsgType.Ack, b"\0" * 16)) is None
 
 
+# -- internal messages of replication (liftbridge server/protocol/internal.proto, envelope.go) --
+
+_U64 = st.integers(0, 2**64 - 1)
+_I64 = st.integers(-(2**63), 2**63 - 1)
+_INTERNAL = st.one_of(
+    st.builds(api_pb2.ReplicationRequest, replicaID=st.text(), offset=_I64, leaderEpoch=_U64),
+    st.builds(api_pb2.LeaderEpochOffsetRequest, leaderEpoch=_U64),
+    st.builds(api_pb2.LeaderEpochOffsetResponse, endOffset=_I64),
+    st.builds(api_pb2.PartitionNotification, stream=st.text(),
+              partition=st.integers(-(2**31), 2**31 - 1)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_INTERNAL, st.booleans())
+def test_internal_messages_round_trip(message, crc):
+    msg_type = next(t for t, cls in MESSAGE_CLASSES.items() if cls is type(message))
+    assert decode_internal(encode_message(message, crc), msg_type) == message
+
+
+@settings(max_examples=200, deadline=None)
+@given(_U64, _I64, st.binary())
+def test_replication_response_round_trip(leader_epoch, high_watermark, entries):
+    data = encode_replication_response(leader_epoch, high_watermark, entries)
+    decoded = decode_internal(data, MsgType.ReplicationResponse)
+    assert decoded == (leader_epoch, high_watermark, entries)
+
+
+def test_internal_field_numbers_are_liftbridges():
+    # internal.proto: ReplicationRequest {1 replicaID, 2 offset, 3 leaderEpoch},
+    # LeaderEpochOffsetRequest {1 leaderEpoch}, LeaderEpochOffsetResponse {1 endOffset},
+    # PartitionNotification {1 stream, 2 partition}; proto3 tags = field << 3 | wire type.
+    cases = [
+        (api_pb2.ReplicationRequest(replicaID="b", offset=10, leaderEpoch=3), "0a0162 100a 1803"),
+        (api_pb2.LeaderEpochOffsetRequest(leaderEpoch=5), "0805"),
+        (api_pb2.LeaderEpochOffsetResponse(endOffset=-1), "08ffffffffffffffffff01"),
+        (api_pb2.PartitionNotification(stream="s", partition=2), "0a0173 1002"),
+    ]
+    for message, payload in cases:
+        assert message.SerializeToString() == bytes.fromhex(payload)
+
+
+def test_replication_response_encoder_rejects_out_of_range():
+    for epoch, hw in ((-1, 0), (2**64, 0), (0, 2**63), (0, -(2**63) - 1)):
+        with pytest.raises(ValueError):
+            encode_replication_response(epoch, hw)
+
+
+def _reason(data, msg_type=MsgType.ReplicationRequest):
+    with pytest.raises(EnvelopeError) as caught:
+        decode_internal(data, msg_type)
+    assert str(caught.value) == f"bad Liftbridge envelope: {caught.value.reason}"
+    return caught.value.reason
+
+
+def test_decode_internal_names_the_failed_check():
+    good = encode_message(api_pb2.ReplicationRequest(replicaID="b", offset=1, leaderEpoch=1))
+    good_crc = encode_message(api_pb2.ReplicationRequest(replicaID="b"), crc=True)
+    assert _reason(good[:5]) == "5 bytes, shorter than the 8-byte header"
+    assert _reason(_with(good, 0, 0)) == "magic number 000e43b4, expected b90e43b4"
+    assert _reason(_with(good, 4, 1)) == "unknown envelope version 1"
+    assert _reason(_with(good, 6, 0x80)) == "unknown flag bits 0x80"
+    assert _reason(_with(good, 5, 12)) == "HeaderLen 12 with flags 0x00, expected 8"
+    assert _reason(_with(good_crc, 5, 8)) == "HeaderLen 8 with flags 0x01, expected 12"
+    assert _reason(_with(good, 7, 15)) == "unknown MsgType 15"
+    assert _reason(good_crc[:10]) == "10 bytes, shorter than the 12-byte header with CRC-32C"
+    assert _reason(good_crc[:-1]) == "CRC-32C mismatch"
+    assert _reason(good, MsgType.LeaderEpochOffsetRequest) == (
+        "MsgType mismatch: expected LeaderEpochOffsetRequest, got ReplicationRequest")
+    bad_protobuf = _reason(encode_envelope(MsgType.ReplicationRequest, b"\x0a\x05ab"))
+    assert bad_protobuf.startswith("payload is not a valid ReplicationRequest protobuf")
+    short = encode_envelope(MsgType.ReplicationResponse, b"\0" * 15)
+    assert _reason(short, MsgType.ReplicationResponse) == (
+        "ReplicationResponse payload of 15 bytes, needs at least 16")
+
+
 def test_bytes_like_input():
     data = encode_publish(_sample(MsgType.Publish), crc=True)
     for form in (bytearray(data), memoryview(data)):
@@ -203,6 +282,9 @@ def _not_an_envelope(data):
     assert decode_ack(data) is None
     assert decode_message(data) is None
     assert decode_replication_response(data) is None
+    for msg_type in MsgType:
+        with pytest.raises(EnvelopeError):
+            decode_internal(data, msg_type)
 
 
 @pytest.mark.parametrize("length", range(12))

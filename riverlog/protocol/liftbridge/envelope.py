@@ -21,6 +21,11 @@
 # unknown flag bits and, without the CRC flag, takes any HeaderLen; here both make the bytes
 # "not an envelope". Liftbridge itself never sets the CRC flag (its acks are 8-byte headers), so
 # encoding defaults to crc=False, byte-for-byte what Liftbridge sends.
+#
+# The internal server-to-server messages are read with ``decode_internal``, which, like
+# Liftbridge's Unmarshal* functions (server/protocol/envelope.go checkEnvelope), raises
+# EnvelopeError naming the failed check instead of returning None: a replica that sent bad bytes
+# is answered with an error, never mistaken for a plain NATS message.
 from __future__ import annotations
 
 import struct
@@ -36,6 +41,7 @@ from . import api_pb2
 __all__ = [
     "ACK_HEADER",
     "AckTemplate",
+    "EnvelopeError",
     "FLAG_CRC32C",
     "HEADER_LEN",
     "HEADER_LEN_CRC",
@@ -46,6 +52,7 @@ __all__ = [
     "ReplicationResponse",
     "decode_ack",
     "decode_envelope",
+    "decode_internal",
     "decode_message",
     "decode_publish",
     "decode_replication_response",
@@ -128,6 +135,17 @@ ACK_HEADER = _HEADER[MsgType.Ack]
 protobuf bytes is ``encode_ack(ack)``."""
 
 _REPLICATION = struct.Struct(">Qq")
+_U64_MAX = (1 << 64) - 1
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+class EnvelopeError(ValueError):
+    """Bytes that are not the envelope ``decode_internal`` expected; ``reason`` names the
+    check that failed (header, magic, version, HeaderLen, flags, MsgType, CRC-32C, payload)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"bad Liftbridge envelope: {reason}")
+        self.reason = reason
 
 
 def encode_envelope(msg_type: int, payload: Bytes, crc: bool = False) -> bytes:
@@ -317,7 +335,14 @@ class ReplicationResponse(NamedTuple):
 
 
 def encode_replication_response(leader_epoch: int, high_watermark: int, entries: Bytes = b"") -> bytes:
-    """Frame a ReplicationResponse: header, u64 leader epoch, i64 high watermark, entries."""
+    """Frame a ReplicationResponse: header, u64 leader epoch, i64 high watermark, entries.
+
+    Raises ValueError when ``leader_epoch`` is not a u64 or ``high_watermark`` not an i64.
+    """
+    if not 0 <= leader_epoch <= _U64_MAX:
+        raise ValueError(f"leader epoch {leader_epoch} is not a u64")
+    if not _I64_MIN <= high_watermark <= _I64_MAX:
+        raise ValueError(f"high watermark {high_watermark} is not an i64")
     return b"".join((_HEADER[MsgType.ReplicationResponse], _REPLICATION.pack(leader_epoch, high_watermark), entries))
 
 
@@ -335,3 +360,52 @@ def _parse_replication_response(payload: bytes) -> Optional[ReplicationResponse]
     leader_epoch, high_watermark = _REPLICATION.unpack_from(payload)
     return ReplicationResponse(leader_epoch, high_watermark, payload[_REPLICATION.size :])
 
+
+
+def decode_internal(data: Bytes, expected: MsgType) -> Union[_ProtoMessage, ReplicationResponse]:
+    """Decode an envelope that must be of type ``expected``: an instance of
+    ``MESSAGE_CLASSES[expected]``, or a ReplicationResponse for MsgType.ReplicationResponse.
+
+    Raises EnvelopeError when the checks of decode_envelope fail, the MsgType is another one,
+    the payload is not a valid protobuf of that class, or a ReplicationResponse payload is
+    shorter than its 16 bytes of leader epoch and high watermark (liftbridge's envelope.go
+    "not enough data").
+    """
+    decoded = decode_envelope(data)
+    if decoded is None:
+        raise EnvelopeError(_why_not_an_envelope(bytes(data)))
+    msg_type, payload = decoded
+    if msg_type is not expected:
+        raise EnvelopeError(f"MsgType mismatch: expected {expected.name}, got {msg_type.name}")
+    cls = MESSAGE_CLASSES[msg_type]
+    if cls is None:
+        parsed = _parse_replication_response(payload)
+        if parsed is None:
+            raise EnvelopeError(f"ReplicationResponse payload of {len(payload)} bytes, "
+                                f"needs at least {_REPLICATION.size}")
+        return parsed
+    try:
+        return cls.FromString(payload)
+    except DecodeError as exc:
+        raise EnvelopeError(f"payload is not a valid {cls.__name__} protobuf: {exc}") from None
+
+
+def _why_not_an_envelope(data: bytes) -> str:
+    """The first check of decode_envelope that ``data`` fails (it fails one)."""
+    if len(data) < HEADER_LEN:
+        return f"{len(data)} bytes, shorter than the {HEADER_LEN}-byte header"
+    if data[:4] != MAGIC:
+        return f"magic number {data[:4].hex()}, expected {MAGIC.hex()}"
+    version, header_len, flags, msg_type = data[4:8]
+    if version != VERSION:
+        return f"unknown envelope version {version}"
+    if flags & ~FLAG_CRC32C:
+        return f"unknown flag bits 0x{flags:02x}"
+    want = HEADER_LEN_CRC if flags & FLAG_CRC32C else HEADER_LEN
+    if header_len != want:
+        return f"HeaderLen {header_len} with flags 0x{flags:02x}, expected {want}"
+    if msg_type > max(MsgType):
+        return f"unknown MsgType {msg_type}"
+    if len(data) < HEADER_LEN_CRC:
+        return f"{len(data)} bytes, shorter than the {HEADER_LEN_CRC}-byte header with CRC-32C"
+    return "CRC-32C mismatch"
