@@ -21,6 +21,7 @@ from typing import Any, Callable
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.syncobj import SyncObjException
 
+from ..config import ClusterConfig
 from . import raft_files
 from .state import TRANSITIONS, ClusterState, MetadataError
 
@@ -67,6 +68,12 @@ class RaftSettings:
                 "anyone who can reach the Raft port could run code on this server")
         if self.address in self.peers:
             raise RaftConfigError(f"Raft peers list this server's own address {self.address}")
+
+    @classmethod
+    def from_config(cls, config: ClusterConfig, data_dir: str) -> RaftSettings:
+        """The settings of ``config`` (ServerConfig.cluster), with the files in DATA/raft."""
+        return cls(config.raft_address, os.path.join(data_dir, "raft"), config.peer_addresses,
+                   config.raft_password)
 
 
 class _Replicated(SyncObjConsumer):
