@@ -50,7 +50,8 @@ class RaftSettings:
     ``password``: the shared secret authenticating and encrypting Raft traffic (required
     with peers); ``raft_dir``: where the journal and snapshot live (DATA/raft).
     Timings in seconds: pysyncobj's election timeouts (``election_timeout_min``..``_max``,
-    heartbeats every third of the minimum) and how long binding ``address`` is retried."""
+    heartbeats every tenth of the minimum); ``bind_retries``: attempts, a second apart, to
+    listen on ``address`` before RaftBindError."""
 
     address: str
     raft_dir: str
@@ -191,8 +192,10 @@ class RaftMetadata:
         with self._lock:
             watchers = list(self._watchers)
         for loop, callback in watchers:
-            if not loop.is_closed():
+            try:
                 loop.call_soon_threadsafe(callback, state)
+            except RuntimeError:  # that loop is closed: it will not watch any more
+                log.debug("metadata watcher's event loop is closed")
 
     def close(self) -> None:
         """Stop pysyncobj's thread and close its connections and files (blocking)."""

@@ -1,19 +1,22 @@
-# Damaged Raft files stop the start with RaftFileCorrupt naming the file (riverlog.cluster.
-# raft_files), in process and as the exit of a member process, never a crash loop in
-# pysyncobj's thread; an intact journal restarts with its metadata; a multi-server Raft
-# without a password does not start.
+# Starting a Raft member from its files (riverlog.cluster.raft_files, metadata): damaged
+# files stop the start with RaftFileCorrupt naming the file, in process and as the exit of
+# a member process, never a crash loop in pysyncobj's thread; an intact journal and a
+# snapshot restart with their metadata; watchers see changes until stopped; a multi-server
+# Raft without a password and a taken Raft port are refused with clear errors.
 from __future__ import annotations
 
 import asyncio
 import gzip
 import os
+import socket
 import struct
 
 import pytest
 
 from _members import Member, wait_for
 from compat._servers import HOST, free_port
-from riverlog.cluster.metadata import RaftConfigError, RaftMetadata, RaftSettings
+from riverlog.cluster.metadata import (RaftBindError, RaftConfigError, RaftMetadata,
+                                       RaftSettings)
 from riverlog.cluster.raft_files import JOURNAL, META, SNAPSHOT, RaftFileCorrupt
 from riverlog.cluster.state import Server
 
@@ -119,3 +122,39 @@ def test_member_process_with_damaged_journal_exits_with_the_error(raft_dir):
 def test_cluster_without_password_refused(tmp_path):
     with pytest.raises(RaftConfigError, match="needs a password"):
         RaftSettings(f"{HOST}:1", str(tmp_path), peers=(f"{HOST}:2",))
+
+
+def test_snapshot_and_journal_restart_and_watchers(tmp_path):
+    path = str(tmp_path / "raft")
+
+    async def before() -> None:
+        metadata = await asyncio.to_thread(RaftMetadata, settings(path))
+        seen: list[int] = []
+        stop = metadata.watch(asyncio.get_running_loop(), lambda st: seen.append(len(st.streams)))
+        await metadata.submit("add_server", server=Server("a"))
+        await metadata.submit("create_stream", name="orders", subject="orders")
+        assert seen == [0, 1]  # each change reached the loop before its submit returned
+        metadata._raft.forceLogCompaction()  # pysyncobj's snapshot, now rather than in 5 min
+        await asyncio.to_thread(wait_for, "a snapshot", lambda: os.path.exists(
+            os.path.join(path, SNAPSHOT)))
+        stop()
+        await metadata.submit("create_stream", name="audit", subject="audit")  # journal only
+        assert seen == [0, 1]
+        metadata.close()
+    asyncio.run(before())
+
+    metadata = RaftMetadata(settings(path))
+    try:
+        wait_for("snapshot and journal replayed", lambda: sorted(metadata.state.streams) == [
+            "audit", "orders"])
+    finally:
+        metadata.close()
+
+
+def test_taken_raft_port_is_a_clear_error(tmp_path):
+    with socket.socket() as taken:
+        taken.bind((HOST, 0))
+        taken.listen()
+        address = f"{HOST}:{taken.getsockname()[1]}"
+        with pytest.raises(RaftBindError, match=f"cannot listen for Raft on {address}"):
+            RaftMetadata(RaftSettings(address, str(tmp_path / "raft"), bind_retries=1))
