@@ -42,8 +42,10 @@ class Member:
             self.proc.wait()
 
 
-def wait_for(what: str, check) -> None:
+def wait_for(what: str, check):
+    """Poll ``check`` until it returns something true, and return that (WAIT_S at most)."""
     deadline = time.monotonic() + WAIT_S
-    while not check():
+    while not (result := check()):
         assert time.monotonic() < deadline, f"still not: {what}"
         time.sleep(0.2)
+    return result
