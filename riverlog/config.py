@@ -291,15 +291,15 @@ class ClusterConfig:
     may be among them, as in Liftbridge). Until Raft runs over NATS, members reach each
     other over TCP: ``raft_address`` ("host:port", ``riverlog.raft.address``) is this
     server's, ``raft_peers`` (``riverlog.raft.peers``) maps the other ids to theirs.
-    ``raft_password`` (``riverlog.raft.password``) authenticates and encrypts Raft traffic,
-    required with more than one member. Raises ValueError naming the key."""
+    ``raft_password`` (``riverlog.raft.password``, required) authenticates and encrypts Raft
+    traffic. Raises ValueError naming the key."""
 
     server_id: str
     raft_address: str
     bootstrap_seed: bool = False
     bootstrap_peers: tuple[str, ...] = ()
     raft_peers: tuple[tuple[str, str], ...] = ()
-    raft_password: str | None = None
+    raft_password: str = ""
 
     def __post_init__(self) -> None:
         if not self.server_id:
@@ -312,9 +312,9 @@ class ClusterConfig:
         missing = [p for p in self.peer_ids if p not in known]
         if missing:
             raise ValueError(f"riverlog.raft.peers: no Raft address for server {missing[0]!r}")
-        if self.peer_ids and not self.raft_password:
-            raise ValueError("riverlog.raft.password: a cluster of more than one server needs "
-                             "a Raft password (Raft messages are pickles)")
+        if not self.raft_password:
+            raise ValueError("riverlog.raft.password: a Raft member needs a password, even "
+                             "alone (Raft messages are pickles)")
 
     @property
     def peer_ids(self) -> tuple[str, ...]:

@@ -275,8 +275,7 @@ def _cluster(v: dict[str, Any]) -> ClusterConfig | None:
             bootstrap_seed=seed is not None and _bool("clustering.raft.bootstrap.seed", seed),
             bootstrap_peers=tuple(_list(peers)) if peers is not None else (),
             raft_peers=_raft_peers(v.get("riverlog.raft.peers") or {}),
-            raft_password=str(v["riverlog.raft.password"]) if v.get("riverlog.raft.password")
-            else None)
+            raft_password=str(v.get("riverlog.raft.password") or ""))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

@@ -2,10 +2,10 @@
 # Owns: the pysyncobj node of this server (its own TCP transport, journal and snapshot in
 # DATA/raft/), the replicated command that applies state.py's transitions, and the bridge
 # between pysyncobj's tick thread and the asyncio event loop. Rules: pysyncobj's wire format
-# is pickle, so a cluster of more than one server never starts without a password (pysyncobj
-# then encrypts and authenticates every message with Fernet, keyed from the password, before
-# anything is unpickled); the Raft files are checked (raft_files.py) before pysyncobj opens
-# them; a command is applied in pysyncobj's thread on every member in log order, and its
+# is pickle, so a member never starts without a password, even alone (its port would run any
+# pickle sent to it); pysyncobj encrypts and authenticates every message with Fernet, keyed
+# from the password, before anything is unpickled; the Raft files are checked (raft_files.py)
+# before pysyncobj opens them; a command is applied in pysyncobj's thread on every member in log order, and its
 # MetadataError is the command's result, not an exception in that thread; the event loop
 # never blocks on Raft (callbacks come back through loop.call_soon_threadsafe). Any member
 # accepts a command: pysyncobj forwards it to the Raft leader.
@@ -47,8 +47,9 @@ class RaftUnavailable(RuntimeError):
 class RaftSettings:
     """One server's Raft member. ``address``: "host:port" this member listens on and the
     others know it by; ``peers``: the other members' addresses (empty: a cluster of one);
-    ``password``: the shared secret authenticating and encrypting Raft traffic (required
-    with peers); ``raft_dir``: where the journal and snapshot live (DATA/raft).
+    ``password``: the shared secret authenticating and encrypting Raft traffic (required,
+    also for a member alone, which still listens on ``address``); ``raft_dir``: where the
+    journal and snapshot live (DATA/raft).
     Timings in seconds: pysyncobj's election timeouts (``election_timeout_min``..``_max``,
     heartbeats every tenth of the minimum); ``bind_retries``: attempts, a second apart, to
     listen on ``address`` before RaftBindError."""
@@ -56,17 +57,17 @@ class RaftSettings:
     address: str
     raft_dir: str
     peers: tuple[str, ...] = ()
-    password: str | None = None
+    password: str = ""
     election_timeout_min: float = 1.0
     election_timeout_max: float = 2.0
     bind_retries: int = 5
 
     def __post_init__(self) -> None:
-        if self.peers and not self.password:
+        if not self.password:
             raise RaftConfigError(
-                "a Raft cluster of more than one server needs a password "
-                "(riverlog.raft.password): Raft messages are pickles, and without a password "
-                "anyone who can reach the Raft port could run code on this server")
+                "a Raft member needs a password (riverlog.raft.password), even alone: Raft "
+                "messages are pickles, and without a password anyone who can reach the Raft "
+                "port could run code on this server")
         if self.address in self.peers:
             raise RaftConfigError(f"Raft peers list this server's own address {self.address}")
 

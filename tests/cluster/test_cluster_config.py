@@ -51,7 +51,8 @@ def test_environment_and_flags(tmp_path):
            "LIFTBRIDGE_RIVERLOG_RAFT_PASSWORD": "pw"}
     config, _ = build(load(None, env), {"server_id": "b"})
     assert config.cluster.peer_addresses == ("127.0.0.1:7000",)
-    seed, _ = build(load(None, {"LIFTBRIDGE_RIVERLOG_RAFT_ADDRESS": "127.0.0.1:7001"}),
+    seed, _ = build(load(None, {"LIFTBRIDGE_RIVERLOG_RAFT_ADDRESS": "127.0.0.1:7001",
+                                "LIFTBRIDGE_RIVERLOG_RAFT_PASSWORD": "pw"}),
                     {"server_id": "a", "raft_bootstrap_seed": True})
     assert seed.cluster.bootstrap_seed and seed.cluster.peer_addresses == ()
 
@@ -65,7 +66,9 @@ def test_without_raft_address_the_single_server_is_unchanged(tmp_path):
 
 
 @pytest.mark.parametrize("extra, message", [
-    ({"riverlog.raft.password": None}, "riverlog.raft.password: a cluster of more than one"),
+    ({"riverlog.raft.password": None}, "riverlog.raft.password: a Raft member needs a password"),
+    ({"riverlog.raft.password": None, "clustering.raft.bootstrap.peers": None,
+      "clustering.raft.bootstrap.seed": True}, "riverlog.raft.password: a Raft member needs"),
     ({"clustering.raft.bootstrap.seed": True}, "give exactly one"),
     ({"clustering.raft.bootstrap.peers": []}, "give exactly one"),
     ({"riverlog.raft.peers": {"a": "10.0.0.1:7000"}}, "no Raft address for server 'c'"),
@@ -83,7 +86,8 @@ def test_bad_cluster_settings_refused(tmp_path, extra, message):
 
 def test_seed_member_from_config_serves_metadata(tmp_path):
     address = f"{HOST}:{free_port()}"
-    config, _ = build(load(None, {"LIFTBRIDGE_RIVERLOG_RAFT_ADDRESS": address}),
+    config, _ = build(load(None, {"LIFTBRIDGE_RIVERLOG_RAFT_ADDRESS": address,
+                                  "LIFTBRIDGE_RIVERLOG_RAFT_PASSWORD": "pw"}),
                       {"server_id": "a", "raft_bootstrap_seed": True,
                        "data_dir": str(tmp_path)})
 

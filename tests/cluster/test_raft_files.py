@@ -119,9 +119,10 @@ def test_member_process_with_damaged_journal_exits_with_the_error(raft_dir):
         member.kill()
 
 
-def test_cluster_without_password_refused(tmp_path):
+@pytest.mark.parametrize("peers", [(), (f"{HOST}:2",)])
+def test_member_without_password_refused(tmp_path, peers):
     with pytest.raises(RaftConfigError, match="needs a password"):
-        RaftSettings(f"{HOST}:1", str(tmp_path), peers=(f"{HOST}:2",))
+        RaftSettings(f"{HOST}:1", str(tmp_path), peers=peers)
 
 
 def test_snapshot_and_journal_restart_and_watchers(tmp_path):
@@ -157,4 +158,5 @@ def test_taken_raft_port_is_a_clear_error(tmp_path):
         taken.listen()
         address = f"{HOST}:{taken.getsockname()[1]}"
         with pytest.raises(RaftBindError, match=f"cannot listen for Raft on {address}"):
-            RaftMetadata(RaftSettings(address, str(tmp_path / "raft"), bind_retries=1))
+            RaftMetadata(RaftSettings(address, str(tmp_path / "raft"), password="secret",
+                                      bind_retries=1))
