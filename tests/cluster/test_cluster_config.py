@@ -10,7 +10,7 @@ import pytest
 
 from compat._servers import HOST, free_port
 from riverlog.cluster.metadata import RaftMetadata, RaftSettings
-from riverlog.cluster.state import Server
+from riverlog.cluster.state import MetadataError, Server
 from riverlog.config_file import ConfigError, build, load
 
 
@@ -96,6 +96,11 @@ def test_seed_member_from_config_serves_metadata(tmp_path):
             RaftMetadata, RaftSettings.from_config(config.cluster, config.data_dir))
         try:
             assert await metadata.submit("add_server", server=Server("a")) == Server("a")
+            with pytest.raises(MetadataError, match="create_stream: .*'nme'"):
+                await metadata.submit("create_stream", nme="x")  # refused in every member
+            with pytest.raises(KeyError, match="unknown metadata command"):
+                await metadata.submit("drop_everything")
+            assert list(metadata.state.servers) == ["a"] and metadata.state.streams == {}
         finally:
             metadata.close()
     asyncio.run(run())
