@@ -246,15 +246,15 @@ def _security(v: dict[str, Any]) -> SecurityConfig:
 
 def _raft_peers(value: Any) -> tuple[tuple[str, str], ...]:
     """``riverlog.raft.peers``: a map of server id to "host:port", or "id=host:port,..."."""
-    if isinstance(value, dict):
-        pairs = [(str(k), str(a)) for k, a in value.items()]
-    else:
-        pairs = [tuple(item.split("=", 1)) for item in _list(value)]  # type: ignore[misc]
-    for pair in pairs:
-        if len(pair) != 2 or not pair[0] or not pair[1]:
+    items = [f"{k}={a}" for k, a in value.items()] if isinstance(value, dict) else _list(value)
+    pairs = []
+    for item in items:
+        server_id, sep, address = item.partition("=")
+        if not (server_id and sep and address):
             raise ConfigError(f"riverlog.raft.peers: expected server id to host:port, got "
-                              f"{'='.join(pair)!r}")
-        _host_port("riverlog.raft.peers", pair[1])
+                              f"{item!r}")
+        _host_port("riverlog.raft.peers", address)
+        pairs.append((server_id, address))
     return tuple(sorted(pairs))
 
 
