@@ -88,8 +88,9 @@ def main() -> None:
 @click.option("--ns", "--namespace", "namespace", default=None,
               help="Liftbridge cluster namespace.  [default: liftbridge-default]")
 @click.option("--raft-bootstrap-seed", is_flag=True, default=False,
-              help="Accepted for Liftbridge compatibility: a single riverlog server always is "
-                   "its own metadata leader.")
+              help="Start the metadata Raft with this server alone (clustering.raft.bootstrap."
+                   "seed; read with riverlog.raft.address, see docs/clustering.md). A single "
+                   "riverlog server always is its own metadata leader.")
 @click.option("--durability", type=click.Choice([d.value for d in Durability]), default=None,
               help="When appends are fsynced (see docs/durability.md).  [default: interval]")
 @click.option("--fsync-interval-ms", type=int, default=None,

@@ -283,6 +283,52 @@ class TableConfig:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """This server's member of the metadata Raft (docs/clustering.md; riverlog.cluster).
+    ``server_id`` is ``clustering.server.id``; the initial members are either this server
+    alone (``bootstrap_seed``, Liftbridge's ``clustering.raft.bootstrap.seed``) or the
+    server ids of ``bootstrap_peers`` (``clustering.raft.bootstrap.peers``; this server's id
+    may be among them, as in Liftbridge). Until Raft runs over NATS, members reach each
+    other over TCP: ``raft_address`` ("host:port", ``riverlog.raft.address``) is this
+    server's, ``raft_peers`` (``riverlog.raft.peers``) maps the other ids to theirs.
+    ``raft_password`` (``riverlog.raft.password``, required) authenticates and encrypts Raft
+    traffic. Raises ValueError naming the key."""
+
+    server_id: str
+    raft_address: str
+    bootstrap_seed: bool = False
+    bootstrap_peers: tuple[str, ...] = ()
+    raft_peers: tuple[tuple[str, str], ...] = ()
+    raft_password: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.server_id:
+            raise ValueError("clustering.server.id: a cluster member needs an id")
+        if self.bootstrap_seed == bool(self.bootstrap_peers):
+            raise ValueError("clustering.raft.bootstrap.seed or clustering.raft.bootstrap."
+                             "peers: give exactly one (joining a running cluster is not "
+                             "supported yet)")
+        known = dict(self.raft_peers)
+        missing = [p for p in self.peer_ids if p not in known]
+        if missing:
+            raise ValueError(f"riverlog.raft.peers: no Raft address for server {missing[0]!r}")
+        if not self.raft_password:
+            raise ValueError("riverlog.raft.password: a Raft member needs a password, even "
+                             "alone (Raft messages are pickles)")
+
+    @property
+    def peer_ids(self) -> tuple[str, ...]:
+        """The other initial members' server ids."""
+        return tuple(p for p in self.bootstrap_peers if p != self.server_id)
+
+    @property
+    def peer_addresses(self) -> tuple[str, ...]:
+        """The other initial members' Raft addresses."""
+        known = dict(self.raft_peers)
+        return tuple(known[p] for p in self.peer_ids)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ServerConfig:
     """Everything `riverlog serve` runs with: the data folder, the log defaults for every
     partition, and one section per front door. ``nats``/``grpc`` None: that Liftbridge door
@@ -296,6 +342,8 @@ class ServerConfig:
     metrics: MetricsConfig | None = None  # None: no /metrics endpoint (the CLI turns it on)
     security: SecurityConfig = dataclasses.field(default_factory=SecurityConfig)
     tables: TableConfig = dataclasses.field(default_factory=TableConfig)
+    cluster: ClusterConfig | None = None
+    """Read from the clustering settings; `riverlog serve` does not run a cluster yet."""
 
     @property
     def table_dir(self) -> str:

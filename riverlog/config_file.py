@@ -4,8 +4,9 @@
 # riverlog.config.ServerConfig. Rules: an unknown key is an error naming it (as Liftbridge
 # does); a known key riverlog cannot honour (encryption at rest) is an error
 # saying so, never silently dropped; cluster-only keys are accepted and logged as having no
-# effect on a single server. Durations are Go durations ("168h", "5m", "1.5s", "300ms");
-# a bare number is nanoseconds, as Liftbridge's config library reads it.
+# effect on a single server (the metadata Raft's keys are read into ServerConfig.cluster).
+# Durations are Go durations ("168h", "5m", "1.5s", "300ms"); a bare number is nanoseconds,
+# as Liftbridge's config library reads it.
 # Keys: reference/liftbridge.md "Configuration" and liftbridge's server/config.go
 # (liftbridge-io/liftbridge 50ac358). Environment: LIFTBRIDGE_<KEY> with the key upper-cased
 # and dots as underscores (LIFTBRIDGE_DATA_DIR) or kept (LIFTBRIDGE_DATA.DIR, Liftbridge's form).
@@ -16,8 +17,9 @@ import math
 import re
 from typing import Any, Mapping
 
-from .config import (Durability, GrpcConfig, LogConfig, MetricsConfig, NatsConfig,
-                     RabbitStreamConfig, SecurityConfig, ServerConfig, TableConfig, TlsConfig)
+from .config import (ClusterConfig, Durability, GrpcConfig, LogConfig, MetricsConfig,
+                     NatsConfig, RabbitStreamConfig, SecurityConfig, ServerConfig, TableConfig,
+                     TlsConfig)
 from .security.authz import read_policy_file
 
 log = logging.getLogger("riverlog.config")
@@ -52,7 +54,6 @@ IGNORED_KEYS = {
     "metadata.cache.max.age", "logging.recovery", "logging.raft", "logging.nats",
     "batch.max.time", "streams.compact.max.goroutines", "clustering.raft.snapshot.retain",
     "clustering.raft.snapshot.threshold", "clustering.raft.cache.size",
-    "clustering.raft.bootstrap.seed", "clustering.raft.bootstrap.peers",
     "clustering.raft.max.quorum.size", "clustering.replica.max.lag.time",
     "clustering.replica.max.leader.timeout", "clustering.replica.max.idle.wait",
     "clustering.replica.fetch.timeout", "cursors.stream.replication.factor",
@@ -67,7 +68,14 @@ SECURITY_KEYS = {
     "riverlog.users", "riverlog.loopback.users", "riverlog.authz.rules",
     "riverlog.stream.tls.port",
 }
-KNOWN_KEYS = USED_KEYS | IGNORED_KEYS | SECURITY_KEYS
+# The metadata Raft's member (ClusterConfig, docs/clustering.md): read, checked and kept in
+# ServerConfig.cluster when riverlog.raft.address is set, but `riverlog serve` does not run a
+# cluster yet: like IGNORED_KEYS they are logged as having no effect on a single server.
+CLUSTER_KEYS = {
+    "clustering.raft.bootstrap.seed", "clustering.raft.bootstrap.peers",
+    "riverlog.raft.address", "riverlog.raft.peers", "riverlog.raft.password",
+}
+KNOWN_KEYS = USED_KEYS | IGNORED_KEYS | SECURITY_KEYS | CLUSTER_KEYS
 
 
 class ConfigError(ValueError):
@@ -188,7 +196,7 @@ def load(path: str | None, environ: Mapping[str, str]) -> dict[str, Any]:
 
 def log_ignored(values: dict[str, Any]) -> None:
     """Log the settings that have no effect on one riverlog server (once logging is set up)."""
-    for key in sorted(k for k in values if k in IGNORED_KEYS):
+    for key in sorted(k for k in values if k in IGNORED_KEYS | CLUSTER_KEYS):
         log.info("configuration setting %s has no effect on a single riverlog server", key)
 
 
@@ -240,6 +248,42 @@ def _security(v: dict[str, Any]) -> SecurityConfig:
     return SecurityConfig(**kwargs)
 
 
+def _raft_peers(value: Any) -> tuple[tuple[str, str], ...]:
+    """``riverlog.raft.peers``: a map of server id to "host:port", or "id=host:port,..."."""
+    items = [f"{k}={a}" for k, a in value.items()] if isinstance(value, dict) else _list(value)
+    pairs = []
+    for item in items:
+        server_id, sep, address = item.partition("=")
+        if not (server_id and sep and address):
+            raise ConfigError(f"riverlog.raft.peers: expected server id to host:port, got "
+                              f"{item!r}")
+        _host_port("riverlog.raft.peers", address)
+        pairs.append((server_id, address))
+    return tuple(sorted(pairs))
+
+
+def _cluster(v: dict[str, Any]) -> ClusterConfig | None:
+    """ClusterConfig when ``riverlog.raft.address`` is set (docs/clustering.md), else None."""
+    if v.get("riverlog.raft.address") is None:
+        return None
+    address = str(v["riverlog.raft.address"]).strip()
+    host, _ = _host_port("riverlog.raft.address", address)
+    if not host:
+        raise ConfigError("riverlog.raft.address: give host:port (the address the other "
+                          "servers reach this one's Raft at)")
+    seed = v.get("clustering.raft.bootstrap.seed")
+    peers = v.get("clustering.raft.bootstrap.peers")
+    try:
+        return ClusterConfig(
+            server_id=str(v.get("clustering.server.id") or ""), raft_address=address,
+            bootstrap_seed=seed is not None and _bool("clustering.raft.bootstrap.seed", seed),
+            bootstrap_peers=tuple(_list(peers)) if peers is not None else (),
+            raft_peers=_raft_peers(v.get("riverlog.raft.peers") or {}),
+            raft_password=str(v.get("riverlog.raft.password") or ""))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, str]:
     """The ServerConfig from merged settings and the command-line ``flags`` that were given
     (flags win). Returns (config, log level). Raises ConfigError / ValueError naming the key."""
@@ -273,6 +317,8 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
         v["nats.embedded.config"] = flags["embedded_nats_config"]
     if flags.get("tables"):
         v["streams.table.enabled"] = True
+    if flags.get("raft_bootstrap_seed"):
+        v["clustering.raft.bootstrap.seed"] = True
 
     if v.get("streams.encryption") is not None and _bool("streams.encryption",
                                                          v["streams.encryption"]):
@@ -414,7 +460,7 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
     config = ServerConfig(data_dir=str(v.get("data.dir") or "./data"), log=log_config,
                           rabbitmq_stream=RabbitStreamConfig(**stream_kwargs),
                           nats=nats_config, grpc=grpc_config, metrics=metrics_config,
-                          security=_security(v), tables=tables)
+                          security=_security(v), tables=tables, cluster=_cluster(v))
     return config, level
 
 

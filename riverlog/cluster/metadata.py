@@ -1,0 +1,216 @@
+# Cluster metadata replicated through Raft with pysyncobj (>= 0.3.17; docs/clustering.md).
+# Owns: the pysyncobj node of this server (its own TCP transport, journal and snapshot in
+# DATA/raft/), the replicated command that applies state.py's transitions, and the bridge
+# between pysyncobj's tick thread and the asyncio event loop. Rules: pysyncobj's wire format
+# is pickle, so a member never starts without a password, even alone (its port would run any
+# pickle sent to it); pysyncobj encrypts and authenticates every message with Fernet, keyed
+# from the password, before anything is unpickled; the Raft files are checked (raft_files.py)
+# before pysyncobj opens them; a command is applied in pysyncobj's thread on every member in log order, and its
+# MetadataError is the command's result, not an exception in that thread; the event loop
+# never blocks on Raft (callbacks come back through loop.call_soon_threadsafe). Any member
+# accepts a command: pysyncobj forwards it to the Raft leader.
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import threading
+from typing import Any, Callable
+
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj.syncobj import SyncObjException
+
+from ..config import ClusterConfig
+from . import raft_files
+from .state import TRANSITIONS, ClusterState, MetadataError
+
+log = logging.getLogger("riverlog.cluster.metadata")
+
+_FAIL_NAMES = {v: k for k, v in vars(FAIL_REASON).items() if k.isupper()}
+
+
+class RaftConfigError(ValueError):
+    """Raft settings this server cannot start with (the message says which and why)."""
+
+
+class RaftBindError(OSError):
+    """The Raft address could not be listened on."""
+
+
+class RaftUnavailable(RuntimeError):
+    """A command whose outcome Raft could not report (no leader, queue full, leader changed,
+    timed out): it may or may not have been applied; read the metadata before retrying."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RaftSettings:
+    """One server's Raft member. ``address``: "host:port" this member listens on and the
+    others know it by; ``peers``: the other members' addresses (empty: a cluster of one);
+    ``password``: the shared secret authenticating and encrypting Raft traffic (required,
+    also for a member alone, which still listens on ``address``); ``raft_dir``: where the
+    journal and snapshot live (DATA/raft).
+    Timings in seconds: pysyncobj's election timeouts (``election_timeout_min``..``_max``,
+    heartbeats every tenth of the minimum); ``bind_retries``: attempts, a second apart, to
+    listen on ``address`` before RaftBindError."""
+
+    address: str
+    raft_dir: str
+    peers: tuple[str, ...] = ()
+    password: str = ""
+    election_timeout_min: float = 1.0
+    election_timeout_max: float = 2.0
+    bind_retries: int = 5
+
+    def __post_init__(self) -> None:
+        if not self.password:
+            raise RaftConfigError(
+                "a Raft member needs a password (riverlog.raft.password), even alone: Raft "
+                "messages are pickles, and without a password anyone who can reach the Raft "
+                "port could run code on this server")
+        if self.address in self.peers:
+            raise RaftConfigError(f"Raft peers list this server's own address {self.address}")
+
+    @classmethod
+    def from_config(cls, config: ClusterConfig, data_dir: str) -> RaftSettings:
+        """The settings of ``config`` (ServerConfig.cluster), with the files in DATA/raft."""
+        return cls(config.raft_address, os.path.join(data_dir, "raft"), config.peer_addresses,
+                   config.raft_password)
+
+
+class _Replicated(SyncObjConsumer):
+    """The replicated part: the ClusterState, changed only by ``apply`` in Raft log order.
+    pysyncobj snapshots the attributes set after SyncObjConsumer.__init__ (``state``)."""
+
+    def __init__(self, on_change: Callable[[ClusterState], None]) -> None:
+        self._on_change = on_change  # before __init__: not part of the snapshot
+        super().__init__()
+        self.state = ClusterState()
+
+    @replicated
+    def apply(self, name: str, arguments: dict[str, Any]) -> object:
+        """Apply TRANSITIONS[name]; returns its result, or the MetadataError it raised."""
+        transition = TRANSITIONS.get(name)
+        if transition is None:
+            return MetadataError(f"unknown metadata command {name!r}")
+        try:
+            self.state, result = transition(self.state, **arguments)
+        except MetadataError as exc:
+            return exc
+        except TypeError as exc:  # arguments that do not fit the command
+            return MetadataError(f"{name}: {exc}")
+        self._on_change(self.state)
+        return result
+
+    def _deserialize(self, data: dict[str, Any]) -> None:  # a snapshot was loaded
+        super()._deserialize(data)
+        self._on_change(self.state)
+
+
+class RaftMetadata:
+    """This server's copy of the cluster metadata, kept in agreement through Raft.
+
+    Construction checks the settings and Raft files, then starts pysyncobj's thread and waits
+    (blocking: call it from a thread, e.g. ``asyncio.to_thread``) until ``address`` is
+    bound. Raises RaftConfigError, raft_files.RaftFileCorrupt, RaftBindError.
+    """
+
+    def __init__(self, settings: RaftSettings) -> None:
+        os.makedirs(settings.raft_dir, exist_ok=True)
+        raft_files.check(settings.raft_dir)
+        self._watchers: list[tuple[asyncio.AbstractEventLoop,
+                                   Callable[[ClusterState], None]]] = []
+        self._lock = threading.Lock()
+        self._replicated = _Replicated(self._changed)
+        lo, hi = settings.election_timeout_min, settings.election_timeout_max
+        conf = SyncObjConf(
+            password=settings.password,
+            journalFile=os.path.join(settings.raft_dir, raft_files.JOURNAL),
+            fullDumpFile=os.path.join(settings.raft_dir, raft_files.SNAPSHOT),
+            useFork=False,  # no fork() of a process running an event loop and threads
+            raftMinTimeout=lo, raftMaxTimeout=hi, appendEntriesPeriod=lo / 10,
+            connectionTimeout=max(3.5, hi), maxBindRetries=settings.bind_retries)
+        self._raft = SyncObj(settings.address, list(settings.peers), conf,
+                             consumers=[self._replicated])
+        try:
+            self._raft.waitBinded()
+        except SyncObjException:
+            self._raft.destroy_synchronous()
+            raise RaftBindError(f"cannot listen for Raft on {settings.address} (in use, or "
+                                f"not an address of this machine)") from None
+
+    @property
+    def state(self) -> ClusterState:
+        """The metadata as applied here so far (may trail the Raft leader's)."""
+        return self._replicated.state
+
+    @property
+    def leader(self) -> str | None:
+        """The address of the Raft leader this member last heard of, or None."""
+        node = self._raft._getLeader()
+        return None if node is None else node.address
+
+    @property
+    def is_leader(self) -> bool:
+        return self._raft._isLeader()
+
+    async def submit(self, name: str, /, timeout: float = 30.0, **arguments: Any) -> object:
+        """Apply the transition ``name`` (state.TRANSITIONS) with ``arguments`` through Raft
+        and return its result once this member has applied it. Waits without blocking the
+        loop; commands wait for a leader while there is none. Raises the transition's
+        MetadataError, RaftUnavailable (outcome unknown, also after ``timeout`` seconds),
+        KeyError for an unknown name."""
+        if name not in TRANSITIONS:
+            raise KeyError(f"unknown metadata command {name!r}")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[object] = loop.create_future()
+
+        def done(result: object, error: int) -> None:  # in pysyncobj's thread
+            loop.call_soon_threadsafe(_settle, future, result, error)
+
+        self._replicated.apply(name, arguments, callback=done)
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise RaftUnavailable(f"{name}: no outcome from Raft within {timeout} s "
+                                  f"(leader {self.leader})") from None
+
+    def watch(self, loop: asyncio.AbstractEventLoop,
+              callback: Callable[[ClusterState], None]) -> Callable[[], None]:
+        """Call ``callback(state)`` on ``loop`` after every applied change (and once a
+        snapshot was loaded). Returns a function that stops the calls."""
+        entry = (loop, callback)
+        with self._lock:
+            self._watchers.append(entry)
+
+        def stop() -> None:
+            with self._lock:
+                if entry in self._watchers:
+                    self._watchers.remove(entry)
+        return stop
+
+    def _changed(self, state: ClusterState) -> None:  # in pysyncobj's thread
+        with self._lock:
+            watchers = list(self._watchers)
+        for loop, callback in watchers:
+            try:
+                loop.call_soon_threadsafe(callback, state)
+            except RuntimeError:  # that loop is closed: it will not watch any more
+                log.debug("metadata watcher's event loop is closed")
+
+    def close(self) -> None:
+        """Stop pysyncobj's thread and close its connections and files (blocking)."""
+        self._raft.destroy_synchronous()
+
+
+def _settle(future: asyncio.Future[object], result: object, error: int) -> None:
+    if future.done():  # the waiter gave up (timeout, cancelled)
+        return
+    if error != FAIL_REASON.SUCCESS:
+        future.set_exception(RaftUnavailable(
+            f"Raft did not apply the command: {_FAIL_NAMES.get(error, error)}"))
+    elif isinstance(result, MetadataError):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
+

@@ -1,0 +1,114 @@
+# The Raft files of one server (DATA/raft/), checked before pysyncobj opens them. Owns: their
+# names and the check. Rules: pysyncobj reads its files without reporting damage (a bad
+# record size or pickle fails inside its tick thread, over and over; an unreadable
+# journal.meta silently forgets the current term and vote), so every file is read through
+# here first and any damage stops the start with RaftFileCorrupt naming the file: the
+# operator restores it or removes DATA/raft so the server rejoins empty and catches up
+# from the other servers. Formats are pysyncobj 0.3.17's (pysyncobj/journal.py,
+# serializer.py): the journal is a header (name, version, format version, end offset) then
+# records (u32 size, u64 index, u64 term, command, u32 size), little-endian, with no
+# checksum, so damage inside a command that still unpickles is not seen; journal.meta is a
+# pickled dict (term, vote, commit index); the snapshot is gzip (CRC-checked) of a pickle.
+from __future__ import annotations
+
+import gzip
+import os
+import pickle
+import struct
+
+from pysyncobj import journal as raft_journal
+
+JOURNAL = "journal"
+META = JOURNAL + ".meta"
+SNAPSHOT = "snapshot"
+
+
+class RaftFileCorrupt(RuntimeError):
+    """A Raft file that cannot be read as written; ``path`` names it. Restore the file, or
+    remove the server's raft folder so it rejoins empty and copies the metadata from the
+    other servers (a single server then starts with empty metadata)."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"Raft file {path} is corrupted: {problem}. Restore it from a backup, "
+                         f"or remove {os.path.dirname(path)} so this server rejoins the cluster "
+                         f"empty and catches up from the others")
+        self.path = path
+
+
+def check(raft_dir: str) -> None:
+    """Read every Raft file in ``raft_dir`` that exists; raises RaftFileCorrupt on damage."""
+    _check_journal(os.path.join(raft_dir, JOURNAL))
+    _check_meta(os.path.join(raft_dir, META))
+    _check_snapshot(os.path.join(raft_dir, SNAPSHOT))
+
+
+def _check_journal(path: str) -> None:
+    if not os.path.exists(path):
+        return
+    with open(path, "rb") as f:
+        data = f.read()
+    first = raft_journal.FIRST_RECORD_OFFSET
+    if len(data) < first:
+        raise RaftFileCorrupt(path, f"{len(data)} bytes, shorter than the {first}-byte header")
+    name = data[:raft_journal.NAME_SIZE].rstrip(b"\0")
+    version_at = raft_journal.NAME_SIZE + raft_journal.VERSION_SIZE
+    (fmt,) = struct.unpack_from("<I", data, version_at)
+    if name != raft_journal.APP_NAME or fmt != raft_journal.JOURNAL_FORMAT_VERSION:
+        raise RaftFileCorrupt(path, f"not a pysyncobj journal of format "
+                                    f"{raft_journal.JOURNAL_FORMAT_VERSION}")
+    (end,) = struct.unpack_from("<I", data, raft_journal.LAST_RECORD_OFFSET_OFFSET)
+    if not first <= end <= len(data):
+        raise RaftFileCorrupt(path, f"records end at {end}, outside {first}..{len(data)}")
+    offset, previous = first, None
+    while offset < end:
+        if offset + 4 > end:
+            raise RaftFileCorrupt(path, f"record at {offset} cut short")
+        (size,) = struct.unpack_from("<I", data, offset)
+        if size < 17 or offset + size + 8 > end:
+            raise RaftFileCorrupt(path, f"record at {offset} has a bad size {size}")
+        (trailer,) = struct.unpack_from("<I", data, offset + 4 + size)
+        if trailer != size:
+            raise RaftFileCorrupt(path, f"record at {offset}: sizes {size} and {trailer} differ")
+        idx, term = struct.unpack_from("<QQ", data, offset + 4)
+        if previous is not None and (idx != previous[0] + 1 or term < previous[1]):
+            raise RaftFileCorrupt(path, f"record at {offset}: entry {idx} term {term} cannot "
+                                        f"follow entry {previous[0]} term {previous[1]}")
+        _check_command(path, offset, data[offset + 20:offset + 4 + size])
+        previous = (idx, term)
+        offset += size + 8
+
+
+def _check_command(path: str, offset: int, command: bytes) -> None:
+    kind = command[0]
+    if kind == 1:  # pysyncobj's _COMMAND_TYPE.NO_OP: nothing follows
+        return
+    if kind not in (0, 2, 3):  # REGULAR, MEMBERSHIP, VERSION: a pickle follows
+        raise RaftFileCorrupt(path, f"record at {offset}: unknown command type {kind}")
+    try:
+        pickle.loads(command[1:])
+    except Exception as exc:  # any unpickling failure is damage here
+        raise RaftFileCorrupt(path, f"record at {offset}: command unreadable ({exc!r})") from None
+
+
+def _check_meta(path: str) -> None:
+    if not os.path.exists(path):
+        return
+    try:
+        with open(path, "rb") as f:
+            meta = pickle.load(f)
+    except Exception as exc:  # any unpickling failure is damage here
+        raise RaftFileCorrupt(path, f"unreadable ({exc!r})") from None
+    if not isinstance(meta, dict):
+        raise RaftFileCorrupt(path, f"holds a {type(meta).__name__}, not the term and vote")
+
+
+def _check_snapshot(path: str) -> None:
+    if not os.path.exists(path):
+        return
+    try:
+        with gzip.open(path, "rb") as f:
+            snapshot = pickle.load(f)
+    except Exception as exc:  # any gzip or unpickling failure is damage here
+        raise RaftFileCorrupt(path, f"unreadable ({exc!r})") from None
+    if not isinstance(snapshot, tuple) or len(snapshot) < 3:
+        raise RaftFileCorrupt(path, "not a pysyncobj snapshot")

@@ -1,0 +1,169 @@
+# The metadata transitions of riverlog.cluster.state, without Raft: placement, leader
+# changes from the ISR only (no unclean election), ISR shrink/expand under leader epochs,
+# consumer groups, and properties over random command sequences (hypothesis).
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from riverlog.cluster import state as s
+
+
+def cluster(*ids: str) -> s.ClusterState:
+    st_ = s.ClusterState()
+    for i in ids:
+        st_, _ = s.add_server(st_, s.Server(i, {"rabbitmq-stream": s.Door("h-" + i, 5552)}))
+    return st_
+
+
+def test_create_stream_spreads_replicas_and_leaders():
+    st0 = cluster("c", "a", "b")
+    st1, stream = s.create_stream(st0, "orders", "orders", partitions=3, replication_factor=2)
+    assert [p.replicas for p in stream.partitions] == [("a", "b"), ("b", "c"), ("c", "a")]
+    assert [p.leader for p in stream.partitions] == ["a", "b", "c"]
+    assert all(p.isr == p.replicas and p.leader_epoch == 1 for p in stream.partitions)
+    assert st0.streams == {}  # the old state is untouched
+    _, other = s.create_stream(st1, "more", "more", replication_factor=s.ALL_SERVERS)
+    assert other.partitions[0].replicas == ("a", "b", "c")  # starts after the 3 placed
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    ({"replication_factor": 4}, s.NotEnoughServers),
+    ({"replication_factor": 0}, s.MetadataError),
+    ({"partitions": 0}, s.MetadataError),
+])
+def test_create_stream_refuses_bad_counts(kwargs, error):
+    with pytest.raises(error):
+        s.create_stream(cluster("a", "b", "c"), "x", "x", **kwargs)
+
+
+def test_create_existing_and_delete_missing_stream_refused():
+    st1, _ = s.create_stream(cluster("a"), "x", "x")
+    with pytest.raises(s.StreamExists):
+        s.create_stream(st1, "x", "x")
+    st2, removed = s.delete_stream(st1, "x")
+    assert removed.name == "x" and "x" not in st2.streams and "x" in st1.streams
+    with pytest.raises(s.NoSuchStream):
+        s.delete_stream(st2, "x")
+
+
+def test_change_leader_takes_next_isr_member_and_bumps_epoch():
+    st1, _ = s.create_stream(cluster("a", "b", "c"), "x", "x", replication_factor=3)
+    st2, p = s.change_leader(st1, "x", 0, leader_epoch=1)
+    assert (p.leader, p.isr, p.leader_epoch) == ("b", ("b", "c"), 2)
+    with pytest.raises(s.StaleLeaderEpoch):  # a second report of the same failure
+        s.change_leader(st2, "x", 0, leader_epoch=1)
+
+
+def test_change_leader_never_picks_a_replica_outside_the_isr():
+    st1, _ = s.create_stream(cluster("a", "b", "c"), "x", "x", replication_factor=3)
+    st2, _ = s.shrink_isr(st1, "x", 0, "b", leader_epoch=1)
+    with pytest.raises(s.NotAReplica):
+        s.change_leader(st2, "x", 0, leader="b")
+    _, p = s.change_leader(st2, "x", 0)
+    assert p.leader == "c"
+
+
+def test_last_isr_member_lost_leaves_partition_unavailable_until_it_returns():
+    st1, _ = s.create_stream(cluster("a", "b"), "x", "x", replication_factor=2)
+    st2, _ = s.shrink_isr(st1, "x", 0, "b")
+    st3, p = s.change_leader(st2, "x", 0)  # a fails, b is not in sync: no unclean election
+    assert (p.leader, p.isr, p.leader_epoch) == (None, ("a",), 2)
+    with pytest.raises(s.MetadataError):  # b cannot catch up with nobody
+        s.expand_isr(st3, "x", 0, "b")
+    with pytest.raises(s.NotAReplica):
+        s.change_leader(st3, "x", 0, leader="b")
+    _, p = s.change_leader(st3, "x", 0, leader="a")  # a is back
+    assert (p.leader, p.isr, p.leader_epoch) == ("a", ("a",), 3)
+
+
+def test_isr_shrink_and_expand():
+    st1, _ = s.create_stream(cluster("a", "b", "c"), "x", "x", replication_factor=3)
+    with pytest.raises(s.MetadataError):
+        s.shrink_isr(st1, "x", 0, "a")  # the leader
+    st2, p = s.shrink_isr(st1, "x", 0, "b")
+    assert p.isr == ("a", "c")
+    st3, p = s.expand_isr(st2, "x", 0, "b", leader_epoch=1)
+    assert p.isr == ("a", "b", "c")  # in replica order
+    assert s.expand_isr(st3, "x", 0, "b")[0] is st3  # already in: no change
+    with pytest.raises(s.NotAReplica):
+        s.expand_isr(st3, "x", 0, "z")
+    with pytest.raises(s.StaleLeaderEpoch):
+        s.shrink_isr(st3, "x", 0, "c", leader_epoch=7)
+    with pytest.raises(s.NoSuchPartition):
+        s.shrink_isr(st3, "x", 1, "c")
+
+
+def test_flags_and_groups():
+    st1, _ = s.create_stream(cluster("a"), "x", "x")
+    st2, p = s.set_partition_flags(st1, "x", 0, paused=True)
+    assert (p.paused, p.read_only) == (True, False)
+    _, p = s.set_partition_flags(st2, "x", 0, read_only=True)
+    assert (p.paused, p.read_only) == (True, True)
+    with pytest.raises(s.NoSuchServer):
+        s.join_group(st1, "g", "c1", ("x",), coordinator="nobody")
+    with pytest.raises(s.NoSuchStream):
+        s.join_group(st1, "g", "c1", ("y",), coordinator="a")
+    st3, g = s.join_group(st1, "g", "c1", ("x",), coordinator="a")
+    st4, g = s.join_group(st3, "g", "c2", ("x",), coordinator="a")
+    assert (g.coordinator, g.epoch, sorted(g.members)) == ("a", 2, ["c1", "c2"])
+    st5, g = s.leave_group(st4, "g", "c1")
+    assert (g.epoch, list(g.members)) == (3, ["c2"])
+    st6, g = s.leave_group(st5, "g", "c2")
+    assert g is None and "g" not in st6.groups
+    with pytest.raises(s.MetadataError):
+        s.leave_group(st6, "g", "c2")
+
+
+SERVERS = ("a", "b", "c", "d")
+commands = st.one_of(
+    st.tuples(st.just("create_stream"), st.fixed_dictionaries({
+        "name": st.sampled_from("xyz"), "subject": st.just("subj"),
+        "partitions": st.integers(0, 3), "replication_factor": st.integers(-1, 4)})),
+    st.tuples(st.just("delete_stream"), st.fixed_dictionaries({"name": st.sampled_from("xyz")})),
+    *(st.tuples(st.just(name), st.fixed_dictionaries({
+        "stream": st.sampled_from("xyz"), "index": st.integers(0, 2),
+        "replica": st.sampled_from(SERVERS)}))
+      for name in ("shrink_isr", "expand_isr")),
+    st.tuples(st.just("change_leader"), st.fixed_dictionaries({
+        "stream": st.sampled_from("xyz"), "index": st.integers(0, 2),
+        "leader": st.none() | st.sampled_from(SERVERS)})),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(commands, max_size=40))
+def test_any_command_sequence_keeps_partitions_consistent(sequence):
+    state = cluster(*SERVERS)
+    for name, args in sequence:
+        old = state
+        frozen = pickle.dumps(old)
+        try:
+            state, _ = s.TRANSITIONS[name](state, **args)
+        except s.MetadataError:
+            assert pickle.dumps(state) == frozen  # a refused command changes nothing
+            continue
+        assert pickle.dumps(old) == frozen  # the old state is never changed
+        for stream in state.streams.values():
+            for p in stream.partitions:
+                assert set(p.isr) <= set(p.replicas)
+                assert len(set(p.replicas)) == len(p.replicas)
+                assert p.leader is None or p.leader in p.isr
+                if stream.name not in old.streams:
+                    continue
+                was = old.partition(p.stream, p.index)
+                assert p.leader_epoch >= was.leader_epoch
+                if p.leader != was.leader:  # only from the ISR, and always with a new epoch
+                    assert p.leader_epoch == was.leader_epoch + 1
+                    assert p.leader is None or p.leader in was.isr
+                if name == "change_leader":  # the old leader is out of sync until it rejoins
+                    assert p.leader is None or was.leader not in p.isr or p.leader == was.leader
+
+
+def test_state_survives_pickle():  # pysyncobj snapshots and journals it as pickles
+    st1, _ = s.create_stream(cluster("a", "b"), "x", "x", replication_factor=2)
+    st2, _ = s.join_group(st1, "g", "c", ("x",), coordinator="a")
+    assert pickle.loads(pickle.dumps(st2)) == st2
