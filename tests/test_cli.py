@@ -11,6 +11,8 @@ from riverlog.broker import Broker
 from riverlog.log import CommitLog
 
 RIVERLOG = [sys.executable, "-m", "riverlog"]
+# the doors besides the one a test is about, on free ports (suites may run side by side)
+FREE_PORTS = ["--port", "0", "--nats-port", "0", "--metrics-port", "0"]
 
 
 def test_help_lists_commands():
@@ -26,7 +28,8 @@ def test_serve_recovers_streams_and_stops_on_sigterm(tmp_path):
     partition.log.close()
     with open(partition.log.segments[-1].path, "ab") as f:
         f.write(b"torn")
-    proc = subprocess.Popen(RIVERLOG + ["serve", "-d", str(tmp_path), "--stream-port", "0"],
+    proc = subprocess.Popen(RIVERLOG + ["serve", "-d", str(tmp_path), "--stream-port", "0"]
+                            + FREE_PORTS,
                             stderr=subprocess.PIPE, text=True)
     lines = []
     deadline = time.monotonic() + 30
@@ -51,7 +54,8 @@ def test_serve_reports_a_taken_port(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         out = subprocess.run(RIVERLOG + ["serve", "-d", str(tmp_path), "--stream-port",
-                                         str(port)], capture_output=True, text=True, timeout=30)
+                                         str(port)] + FREE_PORTS,
+                             capture_output=True, text=True, timeout=30)
     assert out.returncode == 1
     assert f"127.0.0.1:{port}" in out.stderr and "Traceback" not in out.stderr
 
