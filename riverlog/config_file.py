@@ -75,6 +75,7 @@ CLUSTER_KEYS = {
     "clustering.raft.bootstrap.seed", "clustering.raft.bootstrap.peers",
     "riverlog.raft.address", "riverlog.raft.peers", "riverlog.raft.password",
 }
+NO_EFFECT_KEYS = IGNORED_KEYS | CLUSTER_KEYS
 KNOWN_KEYS = USED_KEYS | IGNORED_KEYS | SECURITY_KEYS | CLUSTER_KEYS
 
 
@@ -196,7 +197,7 @@ def load(path: str | None, environ: Mapping[str, str]) -> dict[str, Any]:
 
 def log_ignored(values: dict[str, Any]) -> None:
     """Log the settings that have no effect on one riverlog server (once logging is set up)."""
-    for key in sorted(k for k in values if k in IGNORED_KEYS | CLUSTER_KEYS):
+    for key in sorted(k for k in values if k in NO_EFFECT_KEYS):
         log.info("configuration setting %s has no effect on a single riverlog server", key)
 
 

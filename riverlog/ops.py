@@ -234,12 +234,13 @@ def tail(target: Target, stream: str, start: str = "earliest", *, follow: bool =
         sub = _call(f"subscribe to {stream!r}", client.subscribe, stream, OffsetType.OFFSET,
                     offset, credit=8)
         count = 0
+        unreadable = log_unreadable(log, stream)
         try:
             while True:
                 chunks = _call(f"read {stream!r}", sub.next_chunks, 16, TAIL_POLL_S)
                 for chunk in chunks:
                     default_ns = chunk.header.timestamp_ms * 1_000_000
-                    for rec_offset, raw in chunk.records(log_unreadable(log, stream)):
+                    for rec_offset, raw in chunk.records(unreadable):
                         if rec_offset < offset:
                             continue
                         if not follow and rec_offset >= end:

@@ -143,6 +143,7 @@ class Cursors:
         return stream
 
     def _load(self, stream: Stream) -> None:
+        unreadable = log_unreadable(log, CURSORS_STREAM)
         for partition in stream.partitions:
             offset = partition.first_offset
             while True:
@@ -159,7 +160,7 @@ class Cursors:
                 for chunk in chunks:
                     offset = chunk.header.next_offset
                     try:
-                        records = list(chunk.records(log_unreadable(log, CURSORS_STREAM)))
+                        records = list(chunk.records(unreadable))
                     except ValueError as exc:
                         log.error("cursor chunk at %d unreadable: %s", chunk.header.first_offset, exc)
                         continue

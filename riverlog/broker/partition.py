@@ -90,15 +90,9 @@ class Partition:
                                       timestamp_ms=timestamp_ms)
 
     # -- the commit pipeline ------------------------------------------------------------
-    @property
-    def high_watermark(self) -> int:
-        """Offset of the newest committed record (-1: none): what readers may see and what
-        confirms and ALL acks wait for. On one server it follows the durability policy
-        (docs/durability.md); a replicated partition will advance it as its ISR catches up."""
-        return self.log.committed_offset
-
     def is_committed(self, offset: int) -> bool:
-        """Whether the record at ``offset`` is committed (at or below the high watermark)."""
+        """Whether the record at ``offset`` is committed (at or below the high watermark,
+        ``committed_offset``)."""
         return offset <= self.log.committed_offset
 
     async def wait_committed(self, offset: int) -> None:
@@ -106,12 +100,11 @@ class Partition:
         this joins (or starts) the group fsync that commits it; otherwise writes commit at
         once. Raises ``LogClosedError`` when the partition closes or is deleted first,
         ``OSError`` when the fsync fails."""
-        log = self.log
-        if offset <= log.committed_offset:
+        if self.is_committed(offset):
             return
-        if log.needs_flush:
-            await log.flush()
-        await log.wait_for(offset)
+        if self.log.needs_flush:
+            await self.log.flush()
+        await self.log.wait_for(offset)
 
     # -- reading ------------------------------------------------------------------------
     def read_chunks(self, offset: int, max_bytes: int = 1024 * 1024, max_chunks: int = 0,
@@ -141,6 +134,10 @@ class Partition:
 
     @property
     def committed_offset(self) -> int:
+        """The high watermark: offset of the newest committed record (-1: none), what readers
+        may see and what confirms and ALL acks wait for. On one server it follows the
+        durability policy (docs/durability.md); a replicated partition will advance it as its
+        ISR catches up."""
         return self.log.committed_offset
 
     @property

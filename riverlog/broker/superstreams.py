@@ -77,9 +77,8 @@ class SuperStreams:
         found = self.super_streams.get(name)
         stream = self.broker.streams.get(name) if found is None else None
         if stream is not None and len(stream.partitions) > 1:
-            n = len(stream.partitions)
-            found = SuperStream(name, tuple(member_name(name, i) for i in range(n)),
-                                tuple(str(i) for i in range(n)))
+            found = SuperStream(name, tuple(self.door_names(stream)),
+                                tuple(map(str, range(len(stream.partitions)))))
         if found is None:
             raise StreamNotFoundError(f"super stream {name!r} does not exist")
         return found

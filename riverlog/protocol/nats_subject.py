@@ -20,16 +20,25 @@ a queue group and the protocol words it stays far below nats-server's 4096-byte 
 _FORBIDDEN = re.compile(r"[\x00-\x20\x7f]")  # control characters and whitespace
 
 
+def _text_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a subject or queue group in a NATS protocol line (too long,
+    whitespace or control characters), or None."""
+    if len(text) * 4 > MAX_SUBJECT_BYTES and len(text.encode()) > MAX_SUBJECT_BYTES:
+        return f"is longer than {MAX_SUBJECT_BYTES} bytes"
+    if _FORBIDDEN.search(text):
+        return "has whitespace or a control character"
+    return None
+
+
 def subject_problem(subject: str, wildcards: bool = False) -> str | None:
     """None when ``subject`` is a valid NATS subject (with ``wildcards``: `*`/`>` tokens
     allowed, as in a subscription; else a literal subject, as published to); else why not,
     as a short phrase ("is empty", "has an empty token", ...)."""
     if not subject:
         return "is empty"
-    if len(subject) * 4 > MAX_SUBJECT_BYTES and len(subject.encode()) > MAX_SUBJECT_BYTES:
-        return f"is longer than {MAX_SUBJECT_BYTES} bytes"
-    if _FORBIDDEN.search(subject):
-        return "has whitespace or a control character"
+    problem = _text_problem(subject)
+    if problem is not None:
+        return problem
     tokens = subject.split(".")
     last = len(tokens) - 1
     for i, token in enumerate(tokens):
@@ -45,13 +54,7 @@ def subject_problem(subject: str, wildcards: bool = False) -> str | None:
 
 def queue_problem(queue: str) -> str | None:
     """None when ``queue`` is a usable queue group name ("" is none); else why not."""
-    if not queue:
-        return None
-    if len(queue) * 4 > MAX_SUBJECT_BYTES and len(queue.encode()) > MAX_SUBJECT_BYTES:
-        return f"is longer than {MAX_SUBJECT_BYTES} bytes"
-    if _FORBIDDEN.search(queue):
-        return "has whitespace or a control character"
-    return None
+    return _text_problem(queue) if queue else None
 
 
 def has_wildcard(subject: str) -> bool:

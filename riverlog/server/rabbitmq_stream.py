@@ -148,12 +148,9 @@ class _Staged:
     the publisher), not written yet: at most one chunk (``CHUNK_MAX_ENTRIES``,
     ``CHUNK_MAX_BYTES``), and the publishing ids to confirm once it is written."""
 
-    __slots__ = ("partition", "stream", "entries", "size", "filters", "writers", "confirms",
-                 "received")
+    __slots__ = ("entries", "size", "filters", "writers", "confirms", "received")
 
-    def __init__(self, partition: Partition, stream: str) -> None:
-        self.partition = partition
-        self.stream = stream
+    def __init__(self) -> None:
         self.received = time.monotonic()  # for the confirm latency metric
         self.entries: list[bytes] = []
         self.size = 0
@@ -783,7 +780,7 @@ class RabbitStreamConnection(asyncio.Protocol):
             pairs, values = entries, {None}
         else:  # each chunk gets the values of the whole frame: a superset is fine
             pairs, values = [(e[0], e[2]) for e in entries], {e[1] for e in entries}
-        staged = self._stage(partition, pub.stream.name)
+        staged = self._stage(partition)
         new = partition.new_entries(pub.reference, pairs, staged.writers)
         start, n = 0, len(new)
         while start < n:
@@ -830,18 +827,17 @@ class RabbitStreamConnection(asyncio.Protocol):
         for partition in list(self._staged):
             self._write_staged(partition)
 
-    def _stage(self, partition: Partition, stream: str) -> _Staged:
+    def _stage(self, partition: Partition) -> _Staged:
         """What is staged for ``partition`` (a new, empty stage when nothing is)."""
         staged = self._staged.get(partition)
         if staged is None:
-            staged = self._staged[partition] = _Staged(partition, stream)
+            staged = self._staged[partition] = _Staged()
         return staged
 
     def _restage(self, partition: Partition) -> _Staged:
         """Write the full stage of ``partition``; returns its next, empty one."""
-        stream = self._staged[partition].stream
         self._write_staged(partition)
-        return self._stage(partition, stream)
+        return self._stage(partition)
 
     def _write_staged(self, partition: Partition) -> None:
         """Write what is staged for ``partition`` as one chunk, then confirm once it is
@@ -853,12 +849,12 @@ class RabbitStreamConnection(asyncio.Protocol):
                 offsets = partition.write_entries(staged.entries, writers=staged.writers,
                                                   filter_values=staged.filters)
             except (OSError, LogError) as exc:
-                log.error("publish to %r failed: %s", staged.stream, exc)
+                log.error("publish to %r failed: %s", partition.stream, exc)
                 code = (ResponseCode.STREAM_DOES_NOT_EXIST if isinstance(exc, LogClosedError)
                         else ResponseCode.INTERNAL_ERROR)
                 self._fail_confirms(staged.confirms, code)
                 return
-            counters(staged.stream, RABBITMQ_STREAM).published(len(offsets), staged.size)
+            counters(partition.stream, RABBITMQ_STREAM).published(len(offsets), staged.size)
         last = offsets[-1] if staged.entries else partition.next_offset - 1
         if not staged.confirms:
             return

@@ -25,8 +25,10 @@ import numpy as np
 import pyarrow as pa
 
 from ..log.chunk import HEADER_SIZE, ChunkHeader, iter_records, log_unreadable
-from ..record import (ANNOTATION_EMPTY_HEADERS, ANNOTATION_KEY, ANNOTATION_TIMESTAMP_NS,
-                      decode_record)
+from ..record import _MA_EMPTY_REPLY as _EMPTY_REPLY  # the layout encode_record writes
+from ..record import _MA_KEY
+from ..record import _MA_TIMESTAMP as _MA_TS
+from ..record import decode_record
 
 log = logging.getLogger("riverlog.spark")
 
@@ -34,16 +36,14 @@ __all__ = ["arrow_schema", "chunks_to_batch"]
 
 _U32 = struct.Struct(">I")
 _MA_OPEN = b"\x00\x53\x72\xc1"  # message-annotations section holding a map8
-# 21 bytes: the name, then the constructor (ulong 0x80, or long 0x81), then 8 bytes
-_MA_TS = b"\xa3\x12" + ANNOTATION_TIMESTAMP_NS.encode() + b"\x80"
-_MA_KEY = b"\xa3\x09" + ANNOTATION_KEY.encode()  # 11 bytes, then str8/32 or vbin8/32
+# _MA_TS: 21 bytes, the name, then the constructor (ulong 0x80, or long 0x81), then 8 bytes;
+# _MA_KEY: 11 bytes, then str8/32 or vbin8/32
 _HEAD = _MA_OPEN + b"\0\0" + _MA_TS  # bytes 4 and 5 (map size and count) vary, and byte 26
 _TS_AT = len(_HEAD)  # 27: the i64 timestamp
 _KEY_AT = _TS_AT + 8  # 35: the key annotation, when there is one
 _MIN_OWN = _KEY_AT + 5  # smallest record in our layout: annotations + empty data section
 # the last annotation of a record whose only empty header is "reply" (32 bytes): the name
-# "reply" is its bytes -7..-2
-_EMPTY_REPLY = b"\xa3\x13" + ANNOTATION_EMPTY_HEADERS.encode() + b'\xa1\x09["reply"]'
+# "reply" is its bytes -7..-2 (_EMPTY_REPLY)
 _REPLY_FROM_END = 7
 _REPLY_BE = int.from_bytes(b"reply", "big")
 _SEC_PROPERTIES, _SEC_APP_PROPERTIES, _SEC_DATA = 0x73, 0x74, 0x75

@@ -186,12 +186,9 @@ def load(directory: str) -> Manifest | None:
 def publish_file(tmp: str, final: str) -> None:
     """Rename the complete, fsynced file ``tmp`` to ``final`` and fsync the folder, so the
     rename survives a crash."""
+    from ..log.segment import fsync_dir  # the log's import is not for Spark workers
     os.replace(tmp, final)
-    fd = os.open(os.path.dirname(final) or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(os.path.dirname(final) or ".")
 
 
 def _int(value: object) -> int:

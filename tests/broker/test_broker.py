@@ -181,14 +181,14 @@ def test_the_commit_pipeline_follows_the_durability_policy(tmp_path, durability)
     async def main():
         broker = open_broker(tmp_path, durability=durability)
         part = broker.create("s").partitions[0]
-        assert part.high_watermark == -1 and part.is_committed(-1)
+        assert part.committed_offset == -1 and part.is_committed(-1)
         offsets = part.write_entries(entries(b"a", b"b"))
         assert list(offsets) == [0, 1]
         committed_now = durability != "always"
         assert part.is_committed(1) is committed_now
         assert len(part.read_chunks(0)) == int(committed_now)
         both = await asyncio.gather(part.wait_committed(1), part.wait_committed(0))
-        assert both == [None, None] and part.high_watermark == 1
+        assert both == [None, None] and part.committed_offset == 1
         assert len(part.read_chunks(0)) == 1
         await part.wait_committed(1)  # already committed: returns at once
         waiter = asyncio.create_task(part.wait_committed(2))  # not written yet

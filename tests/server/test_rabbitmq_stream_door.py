@@ -269,12 +269,12 @@ async def test_a_duplicate_is_confirmed_only_once_its_original_is_committed(tmp_
         client.send(f.Publish(1, ((1, simple_entry(b"duplicate")),)))
         with pytest.raises(asyncio.TimeoutError):
             await client.recv(f.PublishConfirm, timeout=0.5)
-        assert part.high_watermark == -1
+        assert part.committed_offset == -1
         disk.set()
         confirmed = []
         while len(confirmed) < 2:
             confirmed += (await client.recv(f.PublishConfirm)).publishing_ids
-        assert confirmed == [1, 1] and part.next_offset == 1 and part.high_watermark == 0
+        assert confirmed == [1, 1] and part.next_offset == 1 and part.committed_offset == 0
     finally:
         disk.set()
         await app.stop()
