@@ -132,7 +132,9 @@ def test_retention_and_compaction_reach_the_table(table_server):
         send(table_server, "kept", varied(start, 500))
         m = wait_table(table_server, "kept")
     p = partition_of(table_server, "kept")
-    assert p.first_offset > 0 and len(p.log.segments) > 2  # retention removed segments
+    # retention removed segments; at least one sealed segment is left (how many depends on
+    # how publishes were batched into chunks, so on timing)
+    assert p.first_offset > 0 and len(p.log.segments) >= 2
     # the writer drops the removed segments' rows at its next pass (within the table's lag)
     deadline = time.monotonic() + 60
     while m.first != p.log.segments[0].base_offset:
