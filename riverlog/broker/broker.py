@@ -20,6 +20,7 @@ from ..config import LogConfig
 from ..errors import (InvalidArgumentError, ReservedStreamError, StreamExistsError,
                       StreamNotFoundError)
 from ..record import decode_record
+from .placement import LocalPlacement, Placement
 from .stream import METADATA_FILE, Stream, StreamConfig
 
 log = logging.getLogger("riverlog.broker")
@@ -62,6 +63,8 @@ class Broker:
         self.root = os.path.join(data_dir, STREAMS_DIR)
         self.log_defaults = log_defaults or LogConfig()
         self.streams: dict[str, Stream] = {}
+        self.placement: Placement = LocalPlacement(has_partition=self._has_partition)
+        """Who leads each partition (doors ask here; the cluster runtime replaces it)."""
         self.deletion_listeners: list[Callable[[Stream], None]] = []
         self._housekeeper: asyncio.Task | None = None
         self._compacting: set[str] = set()
@@ -130,6 +133,10 @@ class Broker:
         self.streams[name] = stream
         log.info("created stream %r (%d partition(s))", name, len(stream.partitions))
         return stream
+
+    def _has_partition(self, name: str, index: int) -> bool:
+        stream = self.streams.get(name)
+        return stream is not None and 0 <= index < len(stream.partitions)
 
     def delete(self, name: str) -> None:
         """Delete a stream and its data. Readers waiting on it get ``LogClosedError``;
