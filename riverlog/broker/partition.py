@@ -24,12 +24,15 @@ def entry_records(entry: bytes) -> int:
 
 
 class Partition:
-    """Partition ``index`` of stream ``stream``, stored in ``directory``."""
+    """Partition ``index`` of stream ``stream``, stored in ``directory``. ``auto_commit``
+    False: a replicated partition, whose high watermark replication advances
+    (``CommitLog.commit``) instead of the local durability policy."""
 
-    def __init__(self, stream: str, index: int, directory: str, config: LogConfig) -> None:
+    def __init__(self, stream: str, index: int, directory: str, config: LogConfig, *,
+                 auto_commit: bool = True) -> None:
         self.stream = stream
         self.index = index
-        self.log = CommitLog(directory, config)
+        self.log = CommitLog(directory, config, auto_commit=auto_commit)
         self.publishers = PublisherSequences(self.log)
         self.offsets = ConsumerOffsets(directory)
         # Liftbridge partition flags, saved in the stream's metadata (Stream.save_metadata):

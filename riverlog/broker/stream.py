@@ -36,14 +36,17 @@ class StreamConfig:
     compact: bool | None = None
     cleaner_interval_ms: int | None = None
     optimistic_concurrency: bool = False
-    # Liftbridge settings kept as given (riverlog is one server: replication_factor and
-    # min_isr are recorded, not acted on); auto pause is applied by the Liftbridge doors.
+    # Liftbridge settings kept as given (on a single server replication_factor and min_isr
+    # are recorded, not acted on); auto pause is applied by the Liftbridge doors.
     replication_factor: int = 1
     min_isr: int | None = None
     compact_max_goroutines: int | None = None
     auto_pause_time_ms: int = 0
     auto_pause_disable_if_subscribers: bool = False
     table: bool | None = None  # mirrored to Parquet (riverlog.tables); None: the server's default
+    # Replicated by the cluster (riverlog.cluster): its logs do not commit their own writes,
+    # replication advances the high watermark as the in-sync replicas catch up.
+    replicated: bool = False
 
     def __post_init__(self) -> None:
         if self.partitions < 1:
@@ -67,7 +70,8 @@ class Stream:
         self.config = config
         self.created_ns = created_ns if created_ns is not None else time.time_ns()
         log_config = config.log_config(log_defaults)
-        self.partitions = [Partition(name, i, os.path.join(directory, str(i)), log_config)
+        self.partitions = [Partition(name, i, os.path.join(directory, str(i)), log_config,
+                                     auto_commit=not config.replicated)
                            for i in range(config.partitions)]
 
     def save_metadata(self) -> None:
