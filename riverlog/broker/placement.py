@@ -9,7 +9,10 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
+
+if TYPE_CHECKING:
+    from .stream import StreamConfig
 
 FIRST_LEADER_EPOCH = 1
 
@@ -58,6 +61,18 @@ class Placement:
     def servers(self) -> tuple[str, ...]:
         """Every server id of the cluster, sorted."""
         raise NotImplementedError
+
+    async def create_stream(self, name: str, config: "StreamConfig") -> None:
+        """Create a stream on every server that will hold one of its replicas (cluster only:
+        a single server's doors create streams through ``Broker.create``). ``config``
+        carries ``partitions``, ``replication_factor`` (-1: every server) and ``min_isr``.
+        Returns once this server has applied the change. Raises ``StreamExistsError``,
+        ``InvalidArgumentError`` (e.g. a replication factor above the server count)."""
+        raise NotImplementedError("a single server creates streams with Broker.create")
+
+    async def delete_stream(self, name: str) -> None:
+        """Delete a stream on every server (cluster only). Raises ``StreamNotFoundError``."""
+        raise NotImplementedError("a single server deletes streams with Broker.delete")
 
     def add_leader_listener(self, listener: LeaderListener) -> Callable[[], None]:
         """Call ``listener`` after each leader change; returns a function that removes it."""
