@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import logging
 
 log = logging.getLogger("riverlog.memory")
@@ -20,8 +19,10 @@ RELEASE_INTERVAL_S = 1.0
 
 
 def _malloc_trim():
+    # The symbols already loaded into the process (the C library's among them): no
+    # ctypes.util.find_library, which runs ldconfig in a subprocess at import.
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return None
 
