@@ -32,6 +32,7 @@ class App:
         self.rabbitmq_stream: RabbitStreamServer | None = None
         self.liftbridge = None  # server.liftbridge.Liftbridge, when a Liftbridge door is on
         self.nats = None  # server.nats_bridge.NatsBridge
+        self.nats_link = None  # server.nats_link.NatsLink, when NATS or a cluster is on
         self.grpc = None  # server.grpc_api.GrpcApi
         self.metrics = None  # server.metrics_http.MetricsServer, when config.metrics is set
         self.tables = TableService(self.broker, config.tables, config.table_dir)
@@ -114,7 +115,9 @@ class App:
         self.liftbridge.start()
         if self.config.nats is not None:
             from .nats_bridge import NatsBridge
-            self.nats = NatsBridge(self.liftbridge, self.config.nats, self.guard)
+            from .nats_link import NatsLink
+            self.nats_link = NatsLink(self.config.nats, self.guard)
+            self.nats = NatsBridge(self.liftbridge, self.nats_link)
             await self.nats.start()
         if self.config.grpc is not None:
             from .grpc_api import GrpcApi
@@ -132,6 +135,9 @@ class App:
             await self.liftbridge.appenders.drain()
         if nats is not None:
             await nats.stop()
+        link, self.nats_link = self.nats_link, None
+        if link is not None:
+            await link.stop()
         liftbridge, self.liftbridge = self.liftbridge, None
         if liftbridge is not None:
             await liftbridge.close()
