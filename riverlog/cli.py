@@ -83,6 +83,13 @@ def main() -> None:
                                                     "embedded server.")
 @click.option("--nats-port", type=int, default=None,
               help="Port of the embedded nats-server (0 picks a free port).  [default: 4222]")
+@click.option("--nats-cluster-port", type=int, default=None,
+              help="Route port of the embedded nats-server, for the other cluster members' "
+                   "nats-servers (riverlog.nats.cluster.port; needs riverlog.raft.address, "
+                   "docs/clustering.md).")
+@click.option("--nats-routes", multiple=True,
+              help="Route addresses HOST:PORT[,HOST:PORT] of the other members' embedded "
+                   "nats-servers (riverlog.nats.routes).")
 @click.option("--id", "--server-id", "server_id", default=None,
               help="ID of this server (default: generated once and kept in the data dir).")
 @click.option("--ns", "--namespace", "namespace", default=None,
@@ -126,8 +133,9 @@ def serve(config_file: str | None, **flags) -> None:
     """
     from .config_file import build, load, log_format, log_ignored
     try:
-        if flags.get("nats_servers"):
-            flags["nats_servers"] = [s for arg in flags["nats_servers"] for s in arg.split(",")]
+        for name in ("nats_servers", "nats_routes"):
+            if flags.get(name):
+                flags[name] = [s for arg in flags[name] for s in arg.split(",")]
         settings = load(config_file, os.environ)
         config, level = build(settings, flags)
         _setup_logging(level, log_format(settings, flags.get("log_format")))

@@ -71,6 +71,7 @@ class NatsAuth:
         self.bridge_user: str | None = None
         self.bridge_password: str | None = None
         self._bridge_hash = ""
+        self._anonymous_password = secrets.token_urlsafe(24)
         if self.users_on:
             self.bridge_user = f"riverlog-bridge-{secrets.token_hex(4)}"
             self.bridge_password = secrets.token_urlsafe(24)
@@ -132,7 +133,9 @@ class NatsAuth:
         users = [{"user": self.bridge_user, "password": self._bridge_hash}]
         names = list(self.users)
         if self.anonymous:
-            names.append((ANONYMOUS, self._bridge_hash))  # never logged in with: no_auth_user
+            # nats-server refuses its no_auth_user when the password is a bcrypt hash
+            # ("authentication error"): a random one in clear, which nobody logs in with
+            names.append((ANONYMOUS, self._anonymous_password))
             config["no_auth_user"] = ANONYMOUS
         for name, hashed in names:
             permissions: dict = {"publish": {}, "subscribe": {}}

@@ -140,6 +140,13 @@ async def subscribe(service: Liftbridge, raw: bytes, context: grpc.aio.ServicerC
     partition = service.partition(req.stream, req.partition)
     if partition is None:
         await context.abort(grpc.StatusCode.NOT_FOUND, "No such partition")
+    if not service.broker.placement.leads(req.stream, req.partition):  # Liftbridge's api.go
+        if not req.readISRReplica:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "Server not partition leader")
+        if group:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "Consumer groups not compatible with ReadISRReplica")
     stream = service.broker.streams[req.stream]
     if req.resume and partition.paused:
         service.resume(stream, [partition])

@@ -7,7 +7,9 @@
 # key, value and headers and acked per its ack policy, anything else (including a broken
 # envelope) is stored as a plain message (value = the payload, no key, no ack); an envelope
 # naming an ack inbox riverlog does not send to (``ack_inbox_error``) is not stored, counted
-# and logged; paused partitions are not subscribed; read-only partitions drop what arrives.
+# and logged; paused partitions are not subscribed; read-only partitions drop what arrives;
+# only a partition's leader (Broker.placement) subscribes it, and a new leader subscribes when
+# it takes over (on one server: every partition).
 # When the link replaces a connection the server closed, every partition is subscribed again.
 # The messages a partition gets in one event-loop turn are stored together, in order: runs of
 # them (same subject, same ack mode) encoded in one pass and appended at once, acks built from
@@ -75,7 +77,8 @@ class NatsBridge:
         self._wildcard: dict[str, int] = {}
         self._inbox_errors: dict[str, LiftbridgeError | None] = {}  # ack_inbox_error's answers
         self._inboxes_only = link.guard.config.authz
-        self._own = f"{service.namespace}."  # riverlog's own subjects (but its ack inboxes)
+        self._own = f"{service.namespace}."  # riverlog's own subjects
+        self._acks = f"{service.namespace}.ack."  # its own ack inboxes (no NATS user's)
         self._next_refusal_log = 0.0
         self._pending: set[asyncio.Task] = set()
         self._out: list[tuple[bytes, bytes]] = []  # (subject UTF-8, payload)
@@ -83,6 +86,7 @@ class NatsBridge:
         self._pub_lines: dict[tuple[bytes, int], bytes] = {}  # (subject, size) -> PUB line
         service.bridge = self
         link.add_reconnect_listener(self._resubscribe)
+        service.broker.placement.add_leader_listener(self._leader_changed)
 
     # -- lifecycle ----------------------------------------------------------------------
     @property
@@ -213,9 +217,10 @@ class NatsBridge:
         """Why riverlog sends no ack to ``inbox`` (None: it does): INVALID_ARGUMENT when it is
         no literal NATS subject of at most MAX_SUBJECT_BYTES (riverlog.protocol.nats_subject);
         PERMISSION_DENIED when a stream listens on it (an ack would be stored there), when it
-        is one of riverlog's own subjects (``<namespace>.>`` but ``<namespace>.ack.>``) or,
-        with authorization on, when it is outside INBOXES, the inboxes NATS users may
-        subscribe to.
+        is one of riverlog's own subjects (``<namespace>.>`` but ``<namespace>.ack.>``, the
+        inboxes riverlog itself waits on, which no NATS user may subscribe) or, with
+        authorization on, when it is outside INBOXES (the inboxes NATS users may subscribe
+        to) and riverlog's own.
         Answers are kept until the streams' subjects change."""
         errors = self._inbox_errors
         if inbox in errors:
@@ -224,10 +229,11 @@ class NatsBridge:
         problem = subject_problem(inbox)
         if problem is not None:
             error = LiftbridgeError("INVALID_ARGUMENT", f"ack inbox {_shown(inbox)} {problem}")
-        elif inbox.startswith(self._own) and not inbox.startswith(self._own + "ack."):
+        elif inbox.startswith(self._own) and not inbox.startswith(self._acks):
             error = LiftbridgeError("PERMISSION_DENIED", f"ack inbox {_shown(inbox)} is one of "
                                                          f"riverlog's own subjects")
-        elif self._inboxes_only and not any(matches(p, inbox) for p in INBOXES):
+        elif self._inboxes_only and not inbox.startswith(self._acks) and \
+                not any(matches(p, inbox) for p in INBOXES):
             error = LiftbridgeError("PERMISSION_DENIED", f"ack inbox {_shown(inbox)} is not an "
                                                          f"inbox ({', '.join(INBOXES)})")
         elif inbox in self._literal or any(matches(p, inbox) for p in self._wildcard):
@@ -275,17 +281,34 @@ class NatsBridge:
         if stream.config.subject and id(partition) not in self._subs:
             self._task(self._subscribe(stream, partition))
 
+    def _leader_changed(self, name: str, index: int) -> None:
+        """A partition's leader changed (Placement listener): its new leader listens on its
+        subject, any other server stops."""
+        stream = self._attached.get(name)
+        if stream is None or not 0 <= index < len(stream.partitions):
+            return
+        partition = stream.partitions[index]
+        if self.service.broker.placement.leads(name, index):
+            if not partition.paused:
+                self.resume(stream, partition)
+        else:
+            self.pause(stream, partition)
+
     async def _subscribe(self, stream: Stream, partition: Partition) -> None:
-        if self.nc is None or id(partition) in self._subs or stream.name in RESERVED_STREAMS:
-            return  # the reserved streams are written by the server itself, never from NATS
+        placement = self.service.broker.placement
+        if self.nc is None or id(partition) in self._subs or stream.name in RESERVED_STREAMS \
+                or not placement.leads(stream.name, partition.index):
+            return  # the reserved streams are written by the server itself, never from NATS;
+            # only a partition's leader ingests its subject
         subject = partition_subject(stream.config.subject or "", partition.index)
         sub = await self.nc.subscribe(subject, queue=stream.config.group or "",
                                       cb=self._handler(stream, partition),
                                       pending_msgs_limit=0,
                                       pending_bytes_limit=PENDING_BYTES_LIMIT)
         if id(partition) in self._subs or partition.paused or \
-                self.service.broker.streams.get(stream.name) is not stream:
-            await sub.unsubscribe()  # lost a race with pause/delete
+                self.service.broker.streams.get(stream.name) is not stream or \
+                not placement.leads(stream.name, partition.index):
+            await sub.unsubscribe()  # lost a race with pause/delete/a leader change
             return
         self._subs[id(partition)] = sub
         log.debug("partition %s/%d listens on %s (queue group %r)", stream.name,

@@ -36,13 +36,15 @@ class NatsLink:
     reconnecting), ``await stop()``. ``routes``: the embedded nats-server's ``cluster`` block
     (nats-server configuration format: name, listen, routes, authorization), None alone.
     ``auth`` is the embedded server's users and TLS when riverlog manages them (the NATS door
-    tells it the streams' subjects before start); ``embedded`` the child nats-server."""
+    tells it the streams' subjects before start); ``embedded`` the child nats-server, named
+    ``name`` (nats-server's server name, unique in a NATS cluster)."""
 
     def __init__(self, config: NatsConfig, guard: Guard | None = None,
-                 routes: dict | None = None) -> None:
+                 routes: dict | None = None, name: str | None = None) -> None:
         self.config = config
         self.guard = guard = guard or Guard(SecurityConfig())
         self.routes = routes
+        self.name = name
         self.auth: NatsAuth | None = None
         if config.embedded and not config.embedded_config:
             auth = NatsAuth(guard, config.host, config.namespace, clustered=routes is not None)
@@ -81,7 +83,7 @@ class NatsLink:
                     settings["cluster"] = self.routes
             self.embedded = EmbeddedNats(self.config.host, self.config.port,
                                          self.config.embedded_config, self.config.binary,
-                                         self.config.port_fallback, settings)
+                                         self.config.port_fallback, settings, self.name)
             await self.embedded.start()
             self.servers = [self.embedded.url]
         try:

@@ -86,7 +86,7 @@ async def test_nats_users_and_permissions_follow_the_policy(tmp_path, users, pki
 
 async def test_tls_without_authorization(tmp_path, users, pki):
     async with running(tmp_path, security(users, pki, authz=False)) as app:
-        app.liftbridge.create_stream("open", "open", StreamConfig(subject="open"))
+        await app.liftbridge.create_stream("open", "open", StreamConfig(subject="open"))
         await app.nats.sync()
         client = await Client().connect(app.nats.url, None, tls=client_context(pki.ca))
         await client.publish("open", b"no users without authorization")
@@ -119,7 +119,7 @@ async def test_bridge_logs_in_to_external_nats_over_tls(tmp_path, users, pki):
         app = App(config)
         await app.start()
         try:
-            app.liftbridge.create_stream("ext", "ext", StreamConfig(subject="ext"))
+            await app.liftbridge.create_stream("ext", "ext", StreamConfig(subject="ext"))
             await app.nats.sync()
             with pytest.raises(nats.errors.Error, match="Authorization Violation"):
                 await Client().connect(url, None, tls=client_context(pki.ca))

@@ -1,0 +1,255 @@
+# This server as a member of a riverlog cluster (docs/clustering.md): the Raft metadata member
+# (metadata.py) started inside `riverlog serve`, the cluster Placement every door asks ("who
+# leads this partition", "where are that server's doors"), the reconcile loop that makes the
+# local Broker follow the metadata, and the metadata changes the replication engine asks for
+# (ReplicationEvents: ISR shrink/expand, a leader reported unresponsive).
+# Rules: the metadata is the truth: a stream with a replica here exists locally with the
+# settings the metadata carries (the same on every replica), a stream gone from the metadata is
+# deleted here, but only once this member has caught up with the Raft log (a member restarting
+# starts from an empty state and must not delete what it has not replayed yet); reconciling
+# runs on the event loop after every applied change, never blocks it, and one local failure
+# (a stream folder that cannot be made) is logged without stopping the rest; the placement is
+# read synchronously from the latest applied state; leader changes are told to the doors
+# (Placement.leader_changed) after the local streams follow the new state.
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from typing import Callable, Mapping
+
+from ..broker import RESERVED_STREAMS, Broker, StreamConfig
+from ..broker.placement import PartitionPlacement, Placement
+from ..config import ClusterConfig
+from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
+from .metadata import RaftMetadata, RaftSettings, RaftUnavailable
+from .state import ClusterState, Door, MetadataError, NoSuchStream, Server, StreamExists
+
+log = logging.getLogger("riverlog.cluster")
+
+REGISTER_RETRY_S = 0.5
+LEADER_TIMEOUT_S = 15.0
+"""Liftbridge's clustering.replica.max.leader.timeout: reports of one leader count together
+when at most this far apart (state.report_leader)."""
+_LOCAL_ONLY = ("replicated",)  # StreamConfig fields each server sets for itself
+
+
+def config_dict(config: StreamConfig) -> dict:
+    """``config`` as the plain dict the metadata carries (state.Stream.config)."""
+    return {k: v for k, v in dataclasses.asdict(config).items() if k not in _LOCAL_ONLY}
+
+
+def stream_config(stored: Mapping[str, object], replicated: bool) -> StreamConfig:
+    """The StreamConfig of a metadata stream's ``stored`` dict; fields this version does not
+    know are left out (a newer server's)."""
+    known = {f.name for f in dataclasses.fields(StreamConfig)} - set(_LOCAL_ONLY)
+    return StreamConfig(**{k: v for k, v in stored.items() if k in known},
+                        replicated=replicated)
+
+
+class ClusterPlacement(Placement):
+    """Placement from the applied metadata (``state``, replaced by the reconcile loop);
+    creates and deletes streams through Raft (``metadata``, set once Raft runs)."""
+
+    clustered = True
+
+    def __init__(self, server_id: str, min_isr: int = 1) -> None:
+        super().__init__(server_id)
+        self.min_isr = min_isr  # of streams created without one
+        self.state = ClusterState()
+        self.metadata: RaftMetadata | None = None
+
+    def of(self, stream: str, index: int) -> PartitionPlacement | None:
+        found = self.state.streams.get(stream)
+        if found is None or not 0 <= index < len(found.partitions):
+            return None
+        part = found.partitions[index]
+        return PartitionPlacement(part.leader, part.replicas, part.isr, part.leader_epoch)
+
+    def door(self, server_id: str, door: str) -> tuple[str, int] | None:
+        server = self.state.servers.get(server_id)
+        found = None if server is None else server.doors.get(door)
+        return None if found is None else (found.host, found.port)
+
+    def servers(self) -> tuple[str, ...]:
+        return tuple(sorted(self.state.servers))
+
+    async def submit(self, command: str, **arguments) -> object:
+        """Apply a metadata command through Raft (RaftMetadata.submit). Raises its
+        MetadataError, RaftUnavailable (also before Raft runs)."""
+        if self.metadata is None:
+            raise RaftUnavailable("the cluster metadata is not running yet")
+        return await self.metadata.submit(command, **arguments)
+
+    async def create_stream(self, name: str, config: StreamConfig) -> None:
+        """Create the stream through Raft: ``config.replication_factor`` replicas (-1: every
+        server) of ``config.partitions`` partitions, every replica with ``config``'s
+        settings (``min_isr`` None: clustering.min.insync.replicas). Returns once
+        applied here (the local replica, if any, exists then).
+        Raises StreamExistsError, InvalidArgumentError (e.g. more replicas than servers),
+        RaftUnavailable (no Raft leader: the outcome is unknown)."""
+        if config.min_isr is None:
+            config = dataclasses.replace(config, min_isr=self.min_isr)
+        try:
+            await self.submit("create_stream", name=name, subject=config.subject or "",
+                              partitions=config.partitions,
+                              replication_factor=config.replication_factor,
+                              config=config_dict(config))
+        except StreamExists as exc:
+            raise StreamExistsError(str(exc)) from None
+        except MetadataError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+
+    async def delete_stream(self, name: str) -> None:
+        """Delete the stream through Raft, on every server. Raises StreamNotFoundError,
+        RaftUnavailable."""
+        try:
+            await self.submit("delete_stream", name=name)
+        except NoSuchStream as exc:
+            raise StreamNotFoundError(str(exc)) from None
+
+
+class ClusterNode:
+    """This server's part of the cluster. ``await start(doors)``, ``await stop()``.
+
+    ``create_local(name, config)`` / ``delete_local(name)`` make and remove a stream on this
+    server the way its doors do (the App passes the Liftbridge layer's, so the NATS door
+    attaches it); ``placement`` is installed as ``broker.placement`` at construction.
+    ``replication`` (riverlog.cluster.replication.Replication, or None while there is no
+    data replication: then every replica commits on its own and only the leader takes
+    writes) is told every partition held here after each change.
+    """
+
+    def __init__(self, config: ClusterConfig, broker: Broker, settings: RaftSettings,
+                 create_local: Callable[[str, StreamConfig], object],
+                 delete_local: Callable[[str], None]) -> None:
+        self.config = config
+        self.server_id = config.server_id
+        self.broker = broker
+        self.settings = settings
+        self.create_local = create_local
+        self.delete_local = delete_local
+        self.placement = ClusterPlacement(config.server_id, config.min_insync_replicas)
+        broker.placement = self.placement
+        self.metadata: RaftMetadata | None = None
+        self.replication = None
+        self._assigned: set[tuple[str, int]] = set()
+        self._unwatch: Callable[[], None] | None = None
+        self._register_task: asyncio.Task | None = None
+        self.registered = asyncio.Event()
+
+    async def start(self, doors: Mapping[str, tuple[str, int]]) -> None:
+        """Start the Raft member (its thread; the Raft files are checked first), follow its
+        metadata, and register this server with ``doors`` (door name -> advertised host and
+        port) in the background until Raft takes it. Raises RaftConfigError,
+        RaftFileCorrupt, RaftBindError."""
+        self.metadata = await asyncio.to_thread(RaftMetadata, self.settings)
+        self.placement.metadata = self.metadata
+        loop = asyncio.get_running_loop()
+        self._unwatch = self.metadata.watch(loop, self.apply)
+        self.apply(self.metadata.state)
+        server = Server(self.server_id, {name: Door(host, port)
+                                         for name, (host, port) in doors.items()})
+        self._register_task = loop.create_task(self._register(server))
+        log.info("cluster member %s: Raft on %s, peers %s", self.server_id,
+                 self.settings.address, ", ".join(self.settings.peers) or "none")
+
+    async def _register(self, server: Server) -> None:
+        """add_server until Raft applies it (no leader yet while the members start)."""
+        while True:
+            try:
+                await self.placement.submit("add_server", server=server)
+            except RaftUnavailable as exc:
+                log.debug("registering %s: %s; trying again", self.server_id, exc)
+                await asyncio.sleep(REGISTER_RETRY_S)
+                continue
+            self.registered.set()
+            log.info("server %s registered in the cluster metadata", self.server_id)
+            return
+
+    async def stop(self) -> None:
+        """Stop following the metadata and stop the Raft member."""
+        if self._register_task is not None:
+            self._register_task.cancel()
+        if self._unwatch is not None:
+            self._unwatch()
+        if self.metadata is not None:
+            await asyncio.to_thread(self.metadata.close)
+
+    # -- the reconcile loop -------------------------------------------------------------
+    def apply(self, state: ClusterState) -> None:
+        """Make this server follow ``state`` (called on the loop after every applied
+        change): create the streams with a replica here, delete the ones gone, tell
+        replication every partition held here, and the doors every leader change."""
+        old, self.placement.state = self.placement.state, state
+        me, broker = self.server_id, self.broker
+        ready = self.metadata is not None and self.metadata.ready
+        for name, stream in state.streams.items():
+            if name in broker.streams or not any(me in p.replicas for p in stream.partitions):
+                continue
+            try:
+                self.create_local(name, stream_config(stream.config,
+                                                      replicated=self.replication is not None))
+            except Exception:
+                log.exception("cannot create the local replica of stream %r", name)
+        for name in list(broker.streams):
+            if name in RESERVED_STREAMS:
+                continue
+            stream = state.streams.get(name)
+            held = stream is not None and any(me in p.replicas for p in stream.partitions)
+            if not held and (ready or name in old.streams):
+                try:
+                    self.delete_local(name)
+                except Exception:
+                    log.exception("cannot delete the local replica of stream %r", name)
+        self._assign(state)
+        for name, stream in state.streams.items():
+            before = old.streams.get(name)
+            for part in stream.partitions:
+                prior = before.partitions[part.index] if before is not None and \
+                    part.index < len(before.partitions) else None
+                if prior is None or (prior.leader, prior.leader_epoch) != (part.leader,
+                                                                          part.leader_epoch):
+                    self.placement.leader_changed(name, part.index)
+
+    def _assign(self, state: ClusterState) -> None:
+        """Replication.assign for every partition held here, unassign for those no more."""
+        replication = self.replication
+        if replication is None:
+            return
+        held = set()
+        for name, stream in state.streams.items():
+            local = self.broker.streams.get(name)
+            if local is None:
+                continue
+            for part in stream.partitions:
+                if self.server_id in part.replicas and part.index < len(local.partitions):
+                    held.add((name, part.index))
+                    replication.assign(local.partitions[part.index],
+                                       self.placement.of(name, part.index))
+        for name, index in self._assigned - held:
+            replication.unassign(name, index)
+        self._assigned = held
+
+    # -- ReplicationEvents: what replication asks of the metadata -------------------------
+    async def shrink_isr(self, stream: str, index: int, replica: str, leader_epoch: int) -> None:
+        """``replica`` lags: it leaves the ISR (state.shrink_isr). Raises MetadataError
+        (e.g. StaleLeaderEpoch), RaftUnavailable."""
+        await self.placement.submit("shrink_isr", stream=stream, index=index, replica=replica,
+                                    leader_epoch=leader_epoch)
+
+    async def expand_isr(self, stream: str, index: int, replica: str, leader_epoch: int) -> None:
+        """``replica`` caught up: it rejoins the ISR (state.expand_isr)."""
+        await self.placement.submit("expand_isr", stream=stream, index=index, replica=replica,
+                                    leader_epoch=leader_epoch)
+
+    async def report_leader(self, stream: str, index: int, leader: str,
+                            leader_epoch: int) -> None:
+        """This server, a follower, finds ``leader`` unresponsive: state.report_leader
+        records it, and changes the leader once a majority of the followers in the ISR
+        reported it within LEADER_TIMEOUT_S (Liftbridge's quorum, server/failover.go)."""
+        await self.placement.submit("report_leader", stream=stream, index=index,
+                                    replica=self.server_id, leader=leader,
+                                    leader_epoch=leader_epoch, now=time.time(),
+                                    timeout=LEADER_TIMEOUT_S)
