@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import time
 
 import click
 
@@ -217,6 +218,58 @@ def user_hash(rounds: int, password: str | None) -> None:
         click.echo(hash_password(password, rounds))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+@main.group("cluster")
+def cluster_group() -> None:
+    """Run a riverlog cluster on this machine (docs/clustering.md)."""
+
+
+@cluster_group.command("up")
+@click.option("-s", "--servers", type=click.IntRange(1, 99), default=3, show_default=True,
+              help="How many `riverlog serve` processes.")
+@click.option("-d", "--dir", "directory", required=True, type=click.Path(file_okay=False),
+              help="The cluster's folder: DIR/<id>/ holds each server's data and riverlog.log, "
+                   "DIR/raft-password the generated Raft password (0600), DIR/cluster.json "
+                   "the ports (reused next time while free).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address every door, Raft and the NATS routes listen on.")
+def cluster_up(servers: int, directory: str, host: str) -> None:
+    """Start a cluster of SERVERS servers on free ports, wait until each is registered in
+    the cluster metadata, print where each door of each server listens (and its process
+    id), and run until Ctrl-C or SIGTERM, which stops them all. A server that exits (e.g.
+    killed to try a failover) is reported and the others keep running. Running it again on
+    the same DIR starts the same servers with their data."""
+    from .cluster.local import LocalCluster, table
+    stop = []
+
+    def on_signal(signum, frame) -> None:
+        stop.append(signum)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    try:
+        cluster = LocalCluster(directory, servers, host)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    cluster.start()
+    try:
+        cluster.wait_registered(stopping=lambda: bool(stop))
+        if not stop:
+            click.echo(table(cluster.members, host, [p.pid for p in cluster.procs]))
+            click.echo(f"{servers} servers up (logs in {cluster.directory}/<server>/"
+                       f"riverlog.log); press Ctrl-C to stop them")
+            sys.stdout.flush()
+        told = set()
+        while not stop:  # a server that exits (killed to try a failover) is told, once
+            for server_id, code in cluster.exited():
+                if server_id not in told:
+                    told.add(server_id)
+                    click.echo(f"server {server_id} exited with code {code}", err=True)
+            time.sleep(0.2)
+    except (RuntimeError, TimeoutError) as exc:
+        raise click.ClickException(f"{exc}; stopping the cluster") from None
+    finally:
+        cluster.stop()
 
 
 @main.group("log")

@@ -503,6 +503,12 @@ def _publish_batch(service: Liftbridge, session: _AsyncSession) -> None:
                 session.send_error(req.correlationId, getattr(_ASYNC, exc.code, _ASYNC.UNKNOWN),
                                    exc.message)
                 continue
+            if not service.broker.placement.leads(req.stream, req.partition):
+                # riverlog's answer (Liftbridge would publish it on NATS for the leader):
+                # a follower never stores a client's write
+                session.send_error(req.correlationId, _ASYNC.UNKNOWN,
+                                   "Server not partition leader")
+                continue
             if service.needs_resume(stream, partition):
                 service.resume_for_publish(stream, partition)
             subject = partition_subject(stream.config.subject or "", partition.index)

@@ -135,6 +135,14 @@ async def test_a_stream_made_through_any_server_is_on_every_replica(cluster):
         await nc2.close()
         await nc.close()
 
+        async def one_request():
+            yield pb.PublishRequest(stream="orders", value=b"x", correlationId="c1",
+                                    ackPolicy=pb.AckPolicy.LEADER)
+        (answer,) = [r async for r in follower_stub.PublishAsync(one_request(), timeout=10)]
+        assert (answer.correlationId, answer.asyncError.message) == (
+            "c1", "Server not partition leader")
+        assert all(f.broker.streams["orders"].partitions[0].next_offset == 0 for f in followers)
+
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await anext(follower_stub.Subscribe(pb.SubscribeRequest(stream="orders"),
                                                 timeout=10).__aiter__())
