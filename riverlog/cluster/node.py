@@ -75,6 +75,9 @@ class ClusterPlacement(Placement):
     def servers(self) -> tuple[str, ...]:
         return tuple(sorted(self.state.servers))
 
+    def streams(self) -> Mapping[str, tuple[str, int]]:
+        return {name: (s.subject, len(s.partitions)) for name, s in self.state.streams.items()}
+
     async def submit(self, command: str, **arguments) -> object:
         """Apply a metadata command through Raft (RaftMetadata.submit). Raises its
         MetadataError, RaftUnavailable (also before Raft runs)."""

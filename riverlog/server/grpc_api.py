@@ -327,10 +327,20 @@ class GrpcApi:
         req = await _parse(pb.FetchMetadataRequest, raw, context)
         service = self.service
         streams = service.broker.streams
-        names = list(req.streams) or list(streams)
+        elsewhere = service.broker.placement.streams() or {}  # a cluster's, held here or not
+        names = list(req.streams) or list(streams) + [n for n in elsewhere if n not in streams]
         resp = pb.FetchMetadataResponse(brokers=self._brokers())
         for name in names:
             stream = streams.get(name)
+            if stream is None and name in elsewhere:  # no replica here: no offsets either
+                subject, count = elsewhere[name]
+                meta = resp.streamMetadata.add(name=name, subject=subject)
+                for index in range(count):
+                    placed = service.broker.placement.of(name, index)
+                    meta.partitions[index].CopyFrom(pb.PartitionMetadata(
+                        id=index, leader=placed.leader or "", replicas=placed.replicas,
+                        isr=placed.isr, highWatermark=-1, newestOffset=-1))
+                continue
             if stream is None:
                 resp.streamMetadata.add(name=name, error=pb.StreamMetadata.Error.UNKNOWN_STREAM)
                 continue

@@ -153,6 +153,19 @@ async def test_a_stream_made_through_any_server_is_on_every_replica(cluster):
                 stream="orders"), timeout=10)
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
+        # a stream without a replica on a server is still in its FetchMetadata
+        await stubs[0].CreateStream(pb.CreateStreamRequest(name="one", subject="one"),
+                                    timeout=30)
+        await until("one applied everywhere", lambda: all(
+            app.broker.placement.of("one", 0) is not None for app in cluster))
+        (holder,) = [app for app in cluster if "one" in app.broker.streams]
+        other = stubs[cluster.index(next(app for app in cluster if app is not holder))]
+        (meta,) = (await other.FetchMetadata(pb.FetchMetadataRequest(streams=["one"]),
+                                             timeout=10)).streamMetadata
+        part = meta.partitions[0]
+        assert (meta.subject, part.leader, list(part.replicas)) == (
+            "one", holder.config.cluster.server_id, [holder.config.cluster.server_id])
+
         await follower_stub.DeleteStream(pb.DeleteStreamRequest(name="orders"), timeout=30)
         await until("orders gone everywhere", lambda: all(
             "orders" not in app.broker.streams for app in cluster))
