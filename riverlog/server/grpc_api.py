@@ -370,23 +370,37 @@ class GrpcApi:
             metadata=self._partition_metadata(req.stream, partition))
 
     # -- publishing ---------------------------------------------------------------------
+    def _led_elsewhere(self, stream: str, index: int) -> str | None:
+        """The NATS subject of a cluster partition another server leads (None: this server
+        leads it, or it is unknown)."""
+        placement = self.service.broker.placement
+        if not placement.clustered or placement.leads(stream, index):
+            return None
+        known = (placement.streams() or {}).get(stream)
+        if known is None or not 0 <= index < known[1]:
+            return None
+        return partition_subject(known[0], index)
+
     async def Publish(self, raw: bytes, context) -> pb.PublishResponse:
         req = await _parse(pb.PublishRequest, raw, context)
         service = self.service
-        try:
-            stream, partition = service.check_publish(req.stream, req.partition, req.ackPolicy)
-        except LiftbridgeError as exc:
-            await context.abort(_PUBLISH_STATUS.get(exc.code, grpc.StatusCode.UNKNOWN),
-                                exc.message)
         bridge = service.bridge
+        subject = elsewhere = self._led_elsewhere(req.stream, req.partition)
+        if elsewhere is None:
+            try:
+                stream, partition = service.check_publish(req.stream, req.partition,
+                                                          req.ackPolicy)
+            except LiftbridgeError as exc:
+                await context.abort(_PUBLISH_STATUS.get(exc.code, grpc.StatusCode.UNKNOWN),
+                                    exc.message)
+            subject = partition_subject(stream.config.subject or "", partition.index)
         nats_ack = None
         if bridge is not None and req.ackInbox:
             error = bridge.ack_inbox_error(req.ackInbox)
             if error is not None:
                 raise error
             nats_ack = bridge.send_ack
-        subject = partition_subject(stream.config.subject or "", partition.index)
-        if not service.broker.placement.leads(req.stream, req.partition):
+        if elsewhere is not None:
             # Liftbridge publishes every gRPC Publish to the partition's NATS subject, where
             # its leader takes it (api.go publish): riverlog does so for another leader's
             ack = await self._through_nats(subject, pb.Message(

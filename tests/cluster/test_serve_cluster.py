@@ -148,6 +148,12 @@ async def test_a_stream_made_through_any_server_is_on_every_replica(cluster):
                                                 timeout=10).__aiter__())
         assert (refused.value.code(), refused.value.details()) == (
             grpc.StatusCode.FAILED_PRECONDITION, "Server not partition leader")
+        # readISRReplica: the follower serves its own replica (empty: no data replication
+        # yet), first with Liftbridge's empty handshake message
+        call = follower_stub.Subscribe(pb.SubscribeRequest(stream="orders", readISRReplica=True),
+                                       timeout=10)
+        assert await anext(call.__aiter__()) == pb.Message()
+        call.cancel()
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await follower_stub.FetchPartitionMetadata(pb.FetchPartitionMetadataRequest(
                 stream="orders"), timeout=10)
@@ -165,6 +171,9 @@ async def test_a_stream_made_through_any_server_is_on_every_replica(cluster):
         part = meta.partitions[0]
         assert (meta.subject, part.leader, list(part.replicas)) == (
             "one", holder.config.cluster.server_id, [holder.config.cluster.server_id])
+        ack = (await other.Publish(pb.PublishRequest(  # no replica here: to the leader too
+            stream="one", value=b"v", ackPolicy=pb.AckPolicy.LEADER), timeout=10)).ack
+        assert (ack.stream, ack.offset) == ("one", 0)
 
         await follower_stub.DeleteStream(pb.DeleteStreamRequest(name="orders"), timeout=30)
         await until("orders gone everywhere", lambda: all(
