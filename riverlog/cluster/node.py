@@ -17,18 +17,22 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Callable, Mapping
+from typing import Awaitable, Callable, Mapping
 
 from ..broker import RESERVED_STREAMS, Broker, StreamConfig
 from ..broker.placement import PartitionPlacement, Placement
 from ..config import ClusterConfig
 from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
+from ..protocol.liftbridge import api_pb2 as pb
+from ..protocol.liftbridge.envelope import EnvelopeError, MsgType, decode_internal, encode_message
 from .metadata import RaftMetadata, RaftSettings, RaftUnavailable
 from .state import ClusterState, Door, MetadataError, NoSuchStream, Server, StreamExists
 
 log = logging.getLogger("riverlog.cluster")
 
 REGISTER_RETRY_S = 0.5
+STATUS_TRIES, STATUS_WAIT_S, STATUS_TIMEOUT_S = 5, 0.1, 2.0
+"""Liftbridge's waitForPartitionLeader: 5 status requests, 100 ms apart (best effort)."""
 LEADER_TIMEOUT_S = 15.0
 """Liftbridge's clustering.replica.max.leader.timeout: reports of one leader count together
 when at most this far apart (state.report_leader)."""
@@ -59,6 +63,8 @@ class ClusterPlacement(Placement):
         self.min_isr = min_isr  # of streams created without one
         self.state = ClusterState()
         self.metadata: RaftMetadata | None = None
+        self.created: Callable[[str], Awaitable[None]] | None = None
+        """Awaited after a create_stream applied here (ClusterNode.wait_for_leaders)."""
 
     def of(self, stream: str, index: int) -> PartitionPlacement | None:
         found = self.state.streams.get(stream)
@@ -89,7 +95,8 @@ class ClusterPlacement(Placement):
         """Create the stream through Raft: ``config.replication_factor`` replicas (-1: every
         server) of ``config.partitions`` partitions, every replica with ``config``'s
         settings (``min_isr`` None: clustering.min.insync.replicas). Returns once
-        applied here (the local replica, if any, exists then).
+        applied here (the local replica, if any, exists then) and, best effort, once each
+        partition's leader says it leads it and takes its writes (``created``).
         Raises StreamExistsError, InvalidArgumentError (e.g. more replicas than servers),
         RaftUnavailable (no Raft leader: the outcome is unknown)."""
         if config.min_isr is None:
@@ -103,6 +110,8 @@ class ClusterPlacement(Placement):
             raise StreamExistsError(str(exc)) from None
         except MetadataError as exc:
             raise InvalidArgumentError(str(exc)) from None
+        if self.created is not None:
+            await self.created(name)
 
     async def delete_stream(self, name: str) -> None:
         """Delete the stream through Raft, on every server. Raises StreamNotFoundError,
@@ -121,32 +130,43 @@ class ClusterNode:
     attaches it); ``placement`` is installed as ``broker.placement`` at construction.
     ``replication`` (riverlog.cluster.replication.Replication, or None while there is no
     data replication: then every replica commits on its own and only the leader takes
-    writes) is told every partition held here after each change.
+    writes) is told every partition held here after each change. ``link`` (the NatsLink
+    given to ``start``) carries
+    Liftbridge's partition status requests (``<namespace>.raft.metadata.status.<server
+    id>``): this server answers whether it holds and leads a partition once
+    ``doors_synced()`` returned (its NATS door listens then), and asks a new stream's
+    leaders before a create returns, so a publish right after it reaches a listening
+    leader.
     """
 
     def __init__(self, config: ClusterConfig, broker: Broker, settings: RaftSettings,
                  create_local: Callable[[str, StreamConfig], object],
-                 delete_local: Callable[[str], None]) -> None:
+                 delete_local: Callable[[str], None],
+                 doors_synced: Callable[[], Awaitable[None]] | None = None) -> None:
         self.config = config
+        self.link = None  # server.nats_link.NatsLink: partition status requests and answers
+        self.doors_synced = doors_synced
         self.server_id = config.server_id
         self.broker = broker
         self.settings = settings
         self.create_local = create_local
         self.delete_local = delete_local
         self.placement = ClusterPlacement(config.server_id, config.min_insync_replicas)
+        self.placement.created = self.wait_for_leaders
         broker.placement = self.placement
         self.metadata: RaftMetadata | None = None
         self.replication = None
         self._assigned: set[tuple[str, int]] = set()
         self._unwatch: Callable[[], None] | None = None
         self._register_task: asyncio.Task | None = None
-        self.registered = asyncio.Event()
 
-    async def start(self, doors: Mapping[str, tuple[str, int]]) -> None:
+    async def start(self, doors: Mapping[str, tuple[str, int]], link=None) -> None:
         """Start the Raft member (its thread; the Raft files are checked first), follow its
-        metadata, and register this server with ``doors`` (door name -> advertised host and
-        port) in the background until Raft takes it. Raises RaftConfigError,
-        RaftFileCorrupt, RaftBindError."""
+        metadata, register this server with ``doors`` (door name -> advertised host and
+        port) in the background until Raft takes it, and answer partition status requests
+        on ``link`` (a started NatsLink). Raises RaftConfigError, RaftFileCorrupt,
+        RaftBindError."""
+        self.link = link
         self.metadata = await asyncio.to_thread(RaftMetadata, self.settings)
         self.placement.metadata = self.metadata
         loop = asyncio.get_running_loop()
@@ -155,6 +175,9 @@ class ClusterNode:
         server = Server(self.server_id, {name: Door(host, port)
                                          for name, (host, port) in doors.items()})
         self._register_task = loop.create_task(self._register(server))
+        if self.link is not None:
+            await self._answer_status(self.link.nc)
+            self.link.add_reconnect_listener(self._answer_status)
         log.info("cluster member %s: Raft on %s, peers %s", self.server_id,
                  self.settings.address, ", ".join(self.settings.peers) or "none")
 
@@ -167,9 +190,57 @@ class ClusterNode:
                 log.debug("registering %s: %s; trying again", self.server_id, exc)
                 await asyncio.sleep(REGISTER_RETRY_S)
                 continue
-            self.registered.set()
             log.info("server %s registered in the cluster metadata", self.server_id)
             return
+
+    def _status_subject(self, server_id: str) -> str:
+        return f"{self.link.config.namespace}.raft.metadata.status.{server_id}"
+
+    async def _answer_status(self, nc) -> None:
+        """Answer PartitionStatusRequests on this server's status subject (Liftbridge's
+        handlePartitionStatusRequest) on connection ``nc``."""
+        async def answer(msg) -> None:
+            try:
+                req = decode_internal(msg.data, MsgType.PartitionStatusRequest)
+            except EnvelopeError as exc:
+                log.warning("invalid partition status request: %s", exc)
+                return
+            local = self.broker.streams.get(req.stream)
+            exists = local is not None and 0 <= req.partition < len(local.partitions)
+            leads = exists and self.placement.leads(req.stream, req.partition)
+            if leads and self.doors_synced is not None:
+                await self.doors_synced()  # the NATS door listens on its subject now
+            if msg.reply:
+                await nc.publish(msg.reply, encode_message(pb.PartitionStatusResponse(
+                    exists=exists, isLeader=leads)))
+        if nc is not None:
+            await nc.subscribe(self._status_subject(self.server_id), cb=answer)
+
+    async def wait_for_leaders(self, name: str) -> None:
+        """Best effort, as Liftbridge's waitForPartitionLeader: ask each partition's leader
+        (another server) whether it leads it, up to STATUS_TRIES times, until it says so."""
+        stream = self.placement.state.streams.get(name)
+        nc = self.link.nc if self.link is not None else None
+        if stream is None or nc is None:
+            return
+        for part in stream.partitions:
+            if part.leader is None or part.leader == self.server_id:
+                continue
+            request = encode_message(pb.PartitionStatusRequest(stream=name,
+                                                               partition=part.index))
+            for _ in range(STATUS_TRIES):
+                try:
+                    reply = await nc.request(self._status_subject(part.leader), request,
+                                             timeout=STATUS_TIMEOUT_S)
+                    if decode_internal(reply.data, MsgType.PartitionStatusResponse).isLeader:
+                        break
+                except Exception as exc:  # no responders, timeout, a bad answer: try again
+                    log.debug("partition status of %s/%d from %s: %s", name, part.index,
+                              part.leader, exc)
+                await asyncio.sleep(STATUS_WAIT_S)
+            else:
+                log.warning("the leader %s of %s/%d did not say it leads it", part.leader,
+                            name, part.index)
 
     async def stop(self) -> None:
         """Stop following the metadata and stop the Raft member."""

@@ -49,7 +49,7 @@ class App:
             self.cluster = ClusterNode(
                 config.cluster, self.broker,
                 RaftSettings.from_config(config.cluster, config.data_dir),
-                self._create_local, self._delete_local)
+                self._create_local, self._delete_local, doors_synced=self._doors_synced)
 
     def _create_local(self, name: str, stream_config) -> None:
         """The cluster's way to make a stream's local replica: as the doors make one."""
@@ -57,6 +57,11 @@ class App:
             self.liftbridge.add_stream(name, stream_config)
         else:
             self.broker.create(name, stream_config)
+
+    async def _doors_synced(self) -> None:
+        """Return once the doors' subscriptions changes are in effect (the NATS door's)."""
+        if self.nats is not None:
+            await self.nats.sync()
 
     def _delete_local(self, name: str) -> None:
         if self.liftbridge is not None:
@@ -74,9 +79,8 @@ class App:
                                                       self.guard)
             await self.rabbitmq_stream.start()
             if self.cluster is not None:
-                if self.nats_link is not None:
-                    await self.nats_link.start()
-                await self.cluster.start(self.doors())
+                await self.nats_link.start()
+                await self.cluster.start(self.doors(), self.nats_link)
             if self.config.metrics is not None:
                 from .metrics_http import MetricsServer
                 self.metrics = MetricsServer(self, self.config.metrics)

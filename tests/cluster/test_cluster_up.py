@@ -84,6 +84,7 @@ def cluster_up(tmp_path):
 
 async def test_cluster_up_serves_and_survives_the_raft_leaders_kill(cluster_up, tmp_path):
     from gufo.liftbridge.client import LiftbridgeClient
+    from gufo.liftbridge.types import AckPolicy
     rows = read_table(cluster_up)
     assert sorted(rows) == ["s0", "s1", "s2"]
     assert oct(os.stat(tmp_path / "cluster" / "raft-password").st_mode & 0o777) == "0o600"
@@ -91,9 +92,25 @@ async def test_cluster_up_serves_and_survives_the_raft_leaders_kill(cluster_up, 
     async with LiftbridgeClient([grpc_of["s1"]]) as client:
         await client.create_stream("orders", subject="orders", replication_factor=3,
                                    wait_for_stream=True)
+        # at once: CreateStream returned once the leader said it leads (Liftbridge's
+        # partition status request), so it listens. gufo publishes through its seed (s1): a
+        # follower, unless s1 leads, sends it to the leader through NATS (no deadline, so no
+        # ack is waited for)
+        await client.publish(b"first", stream="orders", ack_policy=AckPolicy.LEADER)
+    leaders = set()
     for address in grpc_of.values():
         meta = await until("orders everywhere", lambda a=address: _has(a, "orders"))
         assert len(meta.brokers) == 3
+        (part,) = [s for s in meta.streamMetadata if s.name == "orders"][0].partitions.values()
+        leaders.add(part.leader)
+    assert len(leaders) == 1 and leaders <= set(rows)
+    leader_address = grpc_of[leaders.pop()]
+
+    async def stored():
+        meta = await metadata(leader_address)
+        (part,) = [s for s in meta.streamMetadata if s.name == "orders"][0].partitions.values()
+        return part.newestOffset == 0
+    await until("gufo's publish stored on the leader", stored)
 
     leader = await until("a Raft leader", lambda: asyncio.to_thread(raft_leader, rows))
     os.kill(int(rows[leader]["pid"]), signal.SIGKILL)
