@@ -370,22 +370,11 @@ class GrpcApi:
             metadata=self._partition_metadata(req.stream, partition))
 
     # -- publishing ---------------------------------------------------------------------
-    def _led_elsewhere(self, stream: str, index: int) -> str | None:
-        """The NATS subject of a cluster partition another server leads (None: this server
-        leads it, or it is unknown)."""
-        placement = self.service.broker.placement
-        if not placement.clustered or placement.leads(stream, index):
-            return None
-        known = (placement.streams() or {}).get(stream)
-        if known is None or not 0 <= index < known[1]:
-            return None
-        return partition_subject(known[0], index)
-
     async def Publish(self, raw: bytes, context) -> pb.PublishResponse:
         req = await _parse(pb.PublishRequest, raw, context)
         service = self.service
         bridge = service.bridge
-        subject = elsewhere = self._led_elsewhere(req.stream, req.partition)
+        subject = elsewhere = service.led_elsewhere(req.stream, req.partition)
         if elsewhere is None:
             try:
                 stream, partition = service.check_publish(req.stream, req.partition,

@@ -262,6 +262,18 @@ class Liftbridge:
             return None
         return stream.partitions[index]
 
+    def led_elsewhere(self, stream: str, index: int) -> str | None:
+        """The NATS subject of a cluster partition another server leads, where a publish
+        reaching this server goes (Liftbridge publishes every gRPC publish there); None
+        when this server leads it, on a single server, or for an unknown partition."""
+        placement = self.broker.placement
+        if not placement.clustered or placement.leads(stream, index):
+            return None
+        known = (placement.streams() or {}).get(stream)
+        if known is None or not 0 <= index < known[1]:
+            return None
+        return partition_subject(known[0], index)
+
     def _partition_count(self, name: str) -> int:
         stream = self.broker.streams.get(name)
         return 0 if stream is None else len(stream.partitions)

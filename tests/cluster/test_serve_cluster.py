@@ -135,12 +135,15 @@ async def test_a_stream_made_through_any_server_is_on_every_replica(cluster):
         await nc2.close()
         await nc.close()
 
-        async def one_request():
-            yield pb.PublishRequest(stream="orders", value=b"x", correlationId="c1",
-                                    ackPolicy=pb.AckPolicy.LEADER)
-        (answer,) = [r async for r in follower_stub.PublishAsync(one_request(), timeout=10)]
-        assert (answer.correlationId, answer.asyncError.message) == (
-            "c1", "Server not partition leader")
+        async def requests():  # PublishAsync on a follower: each one to the leader
+            for i, policy in enumerate((pb.AckPolicy.LEADER, pb.AckPolicy.NONE,
+                                        pb.AckPolicy.LEADER)):
+                yield pb.PublishRequest(stream="orders", value=b"async%d" % i,
+                                        correlationId=f"c{i}", ackPolicy=policy)
+        answers = [r async for r in follower_stub.PublishAsync(requests(), timeout=10)]
+        assert [(r.correlationId, r.ack.offset, r.HasField("asyncError")) for r in answers] == [
+            ("c0", 3, False), ("c2", 5, False)]
+        assert leader.broker.streams["orders"].partitions[0].next_offset == 6
         assert all(f.broker.streams["orders"].partitions[0].next_offset == 0 for f in followers)
 
         with pytest.raises(grpc.aio.AioRpcError) as refused:
