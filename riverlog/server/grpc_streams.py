@@ -13,6 +13,9 @@
 # runs of them to one partition with one ack policy are encoded in one pass, appended at once
 # and answered from template bytes (AckTemplate), counted once per run; what one-by-one
 # publishing would answer and store stays exactly the same (tests: test_lb_publish_batch.py).
+# In a cluster, Subscribe off the partition's leader is FailedPrecondition unless
+# readISRReplica, and PublishAsync sends a request for a partition led elsewhere to its NATS
+# subject, where the leader takes it, and answers with the ack the leader sends back.
 from __future__ import annotations
 
 import asyncio
