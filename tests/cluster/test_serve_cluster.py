@@ -187,3 +187,40 @@ async def test_a_stream_made_through_any_server_is_on_every_replica(cluster):
     finally:
         for channel, _ in channels:
             await channel.close()
+
+
+async def test_a_new_leader_takes_the_nats_subject_over(cluster):
+    """After a leader change (Raft's change_leader) the new leader listens on the subject
+    and the old one no longer does: NATS publishes are stored on the new leader only."""
+    a = cluster[0]
+    channel, stub = stub_of(a)
+    nc = await nats.connect(cluster[2].nats.url)
+    try:
+        await stub.CreateStream(pb.CreateStreamRequest(name="moves", subject="moves",
+                                                       replicationFactor=3), timeout=30)
+        await until("moves everywhere", lambda: all("moves" in app.broker.streams
+                                                    for app in cluster))
+        inbox = "_INBOX.moves"
+        sub = await nc.subscribe(inbox)
+
+        async def publish(value: bytes) -> int:
+            await nc.publish("moves", encode_publish(pb.Message(
+                value=value, ackInbox=inbox, ackPolicy=pb.AckPolicy.LEADER)))
+            return decode_ack((await sub.next_msg(timeout=10)).data).offset
+
+        old = a.broker.placement.of("moves", 0).leader
+        assert await publish(b"before") == 0
+        await a.broker.placement.submit("change_leader", stream="moves", index=0)
+        def agreed_new_leader():
+            leaders = {app.broker.placement.of("moves", 0).leader for app in cluster}
+            return len(leaders) == 1 and old not in leaders and leaders.pop()
+        new = await until("one new leader everywhere", agreed_new_leader)
+        new_app, old_app = cluster[IDS.index(new)], cluster[IDS.index(old)]
+        await new_app.nats.sync()  # its SUB, and the old leader's UNSUB, are in effect
+        await old_app.nats.sync()
+        assert await publish(b"after") == 0  # the new leader's own log: no replication yet
+        assert old_app.broker.streams["moves"].partitions[0].next_offset == 1
+        assert new_app.broker.streams["moves"].partitions[0].next_offset == 1
+    finally:
+        await nc.close()
+        await channel.close()
