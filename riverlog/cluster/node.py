@@ -156,6 +156,7 @@ class ClusterNode:
         broker.placement = self.placement
         self.metadata: RaftMetadata | None = None
         self.replication = None
+        self.leader_timeout_s = LEADER_TIMEOUT_S  # report_leader's window (replication's)
         self._assigned: set[tuple[str, int]] = set()
         self._unwatch: Callable[[], None] | None = None
         self._register_task: asyncio.Task | None = None
@@ -322,8 +323,10 @@ class ClusterNode:
                             leader_epoch: int) -> None:
         """This server, a follower, finds ``leader`` unresponsive: state.report_leader
         records it, and changes the leader once a majority of the followers in the ISR
-        reported it within LEADER_TIMEOUT_S (Liftbridge's quorum, server/failover.go)."""
+        reported it within ``leader_timeout_s`` of each other (Liftbridge's quorum,
+        server/failover.go). Raises MetadataError (StaleLeaderEpoch: the leader changed
+        since; NotAReplica: this server is not a follower in the ISR), RaftUnavailable."""
         await self.placement.submit("report_leader", stream=stream, index=index,
                                     replica=self.server_id, leader=leader,
                                     leader_epoch=leader_epoch, now=time.time(),
-                                    timeout=LEADER_TIMEOUT_S)
+                                    window=self.leader_timeout_s)

@@ -220,11 +220,11 @@ def change_leader(state: ClusterState, stream: str, index: int, leader: str | No
 
 def report_leader(state: ClusterState, stream: str, index: int, replica: str, leader: str,
                   leader_epoch: int, now: float,
-                  timeout: float) -> tuple[ClusterState, Partition]:
+                  window: float) -> tuple[ClusterState, Partition]:
     """In-sync ``replica`` reports ``leader`` (under ``leader_epoch``) unresponsive at time
     ``now`` (s, the reporter's clock, passed in so every member applies the same). As
     Liftbridge's ReportLeader (server/failover.go): once more than (ISR size - 1) // 2
-    replicas reported it within ``timeout`` s of each other (a majority of the followers;
+    replicas reported it within ``window`` s of each other (a majority of the followers;
     one of two, two of three), the leader is changed as ``change_leader`` does; otherwise
     the report is recorded. Raises NoSuchStream, NoSuchPartition, StaleLeaderEpoch (the
     leader or epoch changed since), NotAReplica (``replica`` is not a follower in the ISR)."""
@@ -236,7 +236,7 @@ def report_leader(state: ClusterState, stream: str, index: int, replica: str, le
     if replica not in part.isr or replica == part.leader:
         raise NotAReplica(f"stream {stream!r} partition {index}: {replica!r} is not a "
                           f"follower in the ISR (ISR {list(part.isr)})")
-    witnesses = tuple((r, t) for r, t in part.witnesses if r != replica and now - t <= timeout)
+    witnesses = tuple((r, t) for r, t in part.witnesses if r != replica and now - t <= window)
     witnesses += ((replica, now),)
     if len(witnesses) > (len(part.isr) - 1) // 2:
         return change_leader(state, stream, index, leader_epoch=leader_epoch)

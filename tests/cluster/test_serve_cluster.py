@@ -14,8 +14,10 @@ import nats
 import pytest
 
 from compat._servers import HOST, free_port
+from riverlog.broker import StreamConfig
 from riverlog.config import (ClusterConfig, GrpcConfig, NatsConfig, RabbitStreamConfig,
                              ServerConfig)
+from riverlog.cluster.state import StaleLeaderEpoch
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge import api_pb2_grpc
 from riverlog.protocol.liftbridge.envelope import decode_ack, encode_publish
@@ -224,3 +226,31 @@ async def test_a_new_leader_takes_the_nats_subject_over(cluster):
     finally:
         await nc.close()
         await channel.close()
+
+
+async def test_replication_events_change_the_metadata_everywhere(cluster):
+    """What replication asks (ClusterNode as ReplicationEvents): ISR shrink and expand under
+    the leader epoch, and a leader reported by both followers (Liftbridge's quorum: more
+    than (ISR - 1) / 2) is replaced; a stale report is refused."""
+    a = cluster[0]
+    await a.broker.placement.create_stream("events", StreamConfig(subject="events",
+                                                                   replication_factor=3))
+    placed = a.broker.placement.of("events", 0)
+    leader = cluster[IDS.index(placed.leader)]
+    first, second = [x for x in cluster if x is not leader]
+    follower = first.config.cluster.server_id
+    await leader.cluster.shrink_isr("events", 0, follower, placed.leader_epoch)
+    await until("ISR shrunk everywhere", lambda: all(
+        follower not in x.broker.placement.of("events", 0).isr for x in cluster))
+    await leader.cluster.expand_isr("events", 0, follower, placed.leader_epoch)
+    await until("ISR expanded everywhere", lambda: all(
+        follower in x.broker.placement.of("events", 0).isr for x in cluster))
+    await first.cluster.report_leader("events", 0, placed.leader, placed.leader_epoch)
+    assert first.broker.placement.of("events", 0).leader == placed.leader  # one of two
+    await second.cluster.report_leader("events", 0, placed.leader, placed.leader_epoch)
+    await until("a new leader everywhere", lambda: all(
+        x.broker.placement.of("events", 0).leader not in (None, placed.leader)
+        and x.broker.placement.of("events", 0).leader_epoch == placed.leader_epoch + 1
+        for x in cluster))
+    with pytest.raises(StaleLeaderEpoch):
+        await first.cluster.report_leader("events", 0, placed.leader, placed.leader_epoch)

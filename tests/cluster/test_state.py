@@ -181,17 +181,17 @@ def test_state_survives_pickle():  # pysyncobj snapshots and journals it as pick
 
 def test_report_leader_changes_it_once_a_majority_of_the_followers_reported():
     st0, _ = s.create_stream(cluster("a", "b", "c"), "x", "x", replication_factor=3)
-    st1, part = s.report_leader(st0, "x", 0, "b", "a", 1, now=100.0, timeout=15.0)
+    st1, part = s.report_leader(st0, "x", 0, "b", "a", 1, now=100.0, window=15.0)
     assert part.leader == "a" and part.witnesses == (("b", 100.0),)  # one of two followers
     # a report older than the timeout does not count with a new one
-    st2, part = s.report_leader(st1, "x", 0, "c", "a", 1, now=200.0, timeout=15.0)
+    st2, part = s.report_leader(st1, "x", 0, "c", "a", 1, now=200.0, window=15.0)
     assert part.leader == "a" and part.witnesses == (("c", 200.0),)
-    st3, part = s.report_leader(st2, "x", 0, "b", "a", 1, now=210.0, timeout=15.0)
+    st3, part = s.report_leader(st2, "x", 0, "b", "a", 1, now=210.0, window=15.0)
     assert (part.leader, part.leader_epoch, part.isr, part.witnesses) == ("b", 2, ("b", "c"), ())
     with pytest.raises(s.StaleLeaderEpoch):  # a report of the old leader changes nothing
-        s.report_leader(st3, "x", 0, "c", "a", 1, now=211.0, timeout=15.0)
+        s.report_leader(st3, "x", 0, "c", "a", 1, now=211.0, window=15.0)
     with pytest.raises(s.NotAReplica):
-        s.report_leader(st3, "x", 0, "a", "b", 2, now=211.0, timeout=15.0)
+        s.report_leader(st3, "x", 0, "a", "b", 2, now=211.0, window=15.0)
     st4, _ = s.create_stream(cluster("a", "b"), "y", "y", replication_factor=2)
-    _, part = s.report_leader(st4, "y", 0, "b", "a", 1, now=1.0, timeout=15.0)
+    _, part = s.report_leader(st4, "y", 0, "b", "a", 1, now=1.0, window=15.0)
     assert part.leader == "b"  # of two replicas, the one follower's report is enough
