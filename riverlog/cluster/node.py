@@ -54,7 +54,9 @@ def stream_config(stored: Mapping[str, object], replicated: bool) -> StreamConfi
 
 class ClusterPlacement(Placement):
     """Placement from the applied metadata (``state``, replaced by the reconcile loop);
-    creates and deletes streams through Raft (``metadata``, set once Raft runs)."""
+    creates and deletes streams through Raft (``metadata``, set once Raft runs). The
+    internal streams (``__cursors``, ``__activity``) are outside the metadata: each server
+    holds and leads its own, as a single server does."""
 
     clustered = True
 
@@ -67,6 +69,9 @@ class ClusterPlacement(Placement):
         """Awaited after a create_stream applied here (ClusterNode.wait_for_leaders)."""
 
     def of(self, stream: str, index: int) -> PartitionPlacement | None:
+        if stream in RESERVED_STREAMS:  # each server's own (cursors, activity): it leads them
+            me = (self.server_id,)
+            return PartitionPlacement(self.server_id, me, me)
         found = self.state.streams.get(stream)
         if found is None or not 0 <= index < len(found.partitions):
             return None

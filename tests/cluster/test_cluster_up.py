@@ -97,6 +97,12 @@ async def test_cluster_up_serves_and_survives_the_raft_leaders_kill(cluster_up, 
         # follower, unless s1 leads, sends it to the leader through NATS (no deadline, so no
         # ack is waited for)
         await client.publish(b"first", stream="orders", ack_policy=AckPolicy.LEADER)
+        # cursors are each server's own (outside the metadata): the server asked leads them
+        # (gufo retries for ever a cursor stream without a leader: bounded here)
+        await asyncio.wait_for(client.set_cursor(stream="orders", partition=0,
+                                                 cursor_id="c", offset=0), WAIT_S)
+        assert await asyncio.wait_for(client.get_cursor(
+            stream="orders", partition=0, cursor_id="c"), WAIT_S) == 1
     leaders = set()
     for address in grpc_of.values():
         meta = await until("orders everywhere", lambda a=address: _has(a, "orders"))
