@@ -170,9 +170,11 @@ class ClusterNode:
         """Start the Raft member (its thread; the Raft files are checked first), follow its
         metadata, register this server with ``doors`` (door name -> advertised host and
         port) in the background until Raft takes it, and answer partition status requests
-        on ``link`` (a started NatsLink). Raises RaftConfigError, RaftFileCorrupt,
-        RaftBindError."""
+        on ``link`` (a started NatsLink). ``replication``, when set, is started first and
+        stopped by ``stop``. Raises RaftConfigError, RaftFileCorrupt, RaftBindError."""
         self.link = link
+        if self.replication is not None:
+            await self.replication.start()
         self.metadata = await asyncio.to_thread(RaftMetadata, self.settings)
         self.placement.metadata = self.metadata
         loop = asyncio.get_running_loop()
@@ -249,11 +251,13 @@ class ClusterNode:
                             name, part.index)
 
     async def stop(self) -> None:
-        """Stop following the metadata and stop the Raft member."""
+        """Stop following the metadata, replication, and the Raft member."""
         if self._register_task is not None:
             self._register_task.cancel()
         if self._unwatch is not None:
             self._unwatch()
+        if self.replication is not None:
+            await self.replication.stop()
         if self.metadata is not None:
             await asyncio.to_thread(self.metadata.close)
 
