@@ -235,6 +235,8 @@ async def test_replication_events_change_the_metadata_everywhere(cluster):
     a = cluster[0]
     await a.broker.placement.create_stream("events", StreamConfig(subject="events",
                                                                    replication_factor=3))
+    await until("events applied everywhere", lambda: all(
+        x.broker.placement.of("events", 0) is not None for x in cluster))
     placed = a.broker.placement.of("events", 0)
     leader = cluster[IDS.index(placed.leader)]
     first, second = [x for x in cluster if x is not leader]
