@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import time
 
 import click
 
@@ -83,6 +84,13 @@ def main() -> None:
                                                     "embedded server.")
 @click.option("--nats-port", type=int, default=None,
               help="Port of the embedded nats-server (0 picks a free port).  [default: 4222]")
+@click.option("--nats-cluster-port", type=int, default=None,
+              help="Route port of the embedded nats-server, for the other cluster members' "
+                   "nats-servers (riverlog.nats.cluster.port; needs riverlog.raft.address, "
+                   "docs/clustering.md).")
+@click.option("--nats-routes", multiple=True,
+              help="Route addresses HOST:PORT[,HOST:PORT] of the other members' embedded "
+                   "nats-servers (riverlog.nats.routes).")
 @click.option("--id", "--server-id", "server_id", default=None,
               help="ID of this server (default: generated once and kept in the data dir).")
 @click.option("--ns", "--namespace", "namespace", default=None,
@@ -126,8 +134,9 @@ def serve(config_file: str | None, **flags) -> None:
     """
     from .config_file import build, load, log_format, log_ignored
     try:
-        if flags.get("nats_servers"):
-            flags["nats_servers"] = [s for arg in flags["nats_servers"] for s in arg.split(",")]
+        for name in ("nats_servers", "nats_routes"):
+            if flags.get(name):
+                flags[name] = [s for arg in flags[name] for s in arg.split(",")]
         settings = load(config_file, os.environ)
         config, level = build(settings, flags)
         _setup_logging(level, log_format(settings, flags.get("log_format")))
@@ -209,6 +218,58 @@ def user_hash(rounds: int, password: str | None) -> None:
         click.echo(hash_password(password, rounds))
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
+
+
+@main.group("cluster")
+def cluster_group() -> None:
+    """Run a riverlog cluster on this machine (docs/clustering.md)."""
+
+
+@cluster_group.command("up")
+@click.option("-s", "--servers", type=click.IntRange(1, 99), default=3, show_default=True,
+              help="How many `riverlog serve` processes.")
+@click.option("-d", "--dir", "directory", required=True, type=click.Path(file_okay=False),
+              help="The cluster's folder: DIR/<id>/ holds each server's data and riverlog.log, "
+                   "DIR/raft-password the generated Raft password (0600), DIR/cluster.json "
+                   "the ports (reused next time while free).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address every door, Raft and the NATS routes listen on.")
+def cluster_up(servers: int, directory: str, host: str) -> None:
+    """Start a cluster of SERVERS servers on free ports, wait until each is registered in
+    the cluster metadata, print where each door of each server listens (and its process
+    id), and run until Ctrl-C or SIGTERM, which stops them all. A server that exits (e.g.
+    killed to try a failover) is reported and the others keep running. Running it again on
+    the same DIR starts the same servers with their data."""
+    from .cluster.local import LocalCluster, table
+    stop = []
+
+    def on_signal(signum, frame) -> None:
+        stop.append(signum)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    try:
+        cluster = LocalCluster(directory, servers, host)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    cluster.start()
+    try:
+        cluster.wait_registered(stopping=lambda: bool(stop))
+        if not stop:
+            click.echo(table(cluster.members, host, [p.pid for p in cluster.procs]))
+            click.echo(f"{servers} servers up (logs in {cluster.directory}/<server>/"
+                       f"riverlog.log); press Ctrl-C to stop them")
+            sys.stdout.flush()
+        told = set()
+        while not stop:  # a server that exits (killed to try a failover) is told, once
+            for server_id, code in cluster.exited():
+                if server_id not in told:
+                    told.add(server_id)
+                    click.echo(f"server {server_id} exited with code {code}", err=True)
+            time.sleep(0.2)
+    except (RuntimeError, TimeoutError) as exc:
+        raise click.ClickException(f"{exc}; stopping the cluster") from None
+    finally:
+        cluster.stop()
 
 
 @main.group("log")

@@ -120,10 +120,22 @@ class NatsConfig:
     port_fallback: bool = False
     """When ``port`` is taken: False fails with an error naming it; True (the command line sets
     it when no port was asked for) warns and takes a free port."""
+    cluster_port: int | None = None
+    """The embedded nats-server's route port (``riverlog.nats.cluster.port``,
+    ``--nats-cluster-port``): other servers' nats-servers join it there (cluster members
+    only; None: no routes)."""
+    routes: tuple[str, ...] = ()
+    """``host:port`` route addresses of the other servers' embedded nats-servers
+    (``riverlog.nats.routes``, ``--nats-routes``)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError("NATS port must be between 0 and 65535")
+        if self.cluster_port is not None and not 1 <= self.cluster_port <= 65535:
+            raise ValueError("riverlog.nats.cluster.port must be between 1 and 65535")
+        if self.routes and self.cluster_port is None:
+            raise ValueError("riverlog.nats.routes needs riverlog.nats.cluster.port (the "
+                             "route port of this server's nats-server)")
         for url in self.servers:
             if not url or any(c.isspace() for c in url):
                 raise ValueError(f"nats.servers: bad URL {url!r}")
@@ -300,8 +312,12 @@ class ClusterConfig:
     bootstrap_peers: tuple[str, ...] = ()
     raft_peers: tuple[tuple[str, str], ...] = ()
     raft_password: str = ""
+    min_insync_replicas: int = 1
+    """``clustering.min.insync.replicas``: the minimum ISR of streams created without one."""
 
     def __post_init__(self) -> None:
+        if self.min_insync_replicas < 1:
+            raise ValueError("clustering.min.insync.replicas must be >= 1")
         if not self.server_id:
             raise ValueError("clustering.server.id: a cluster member needs an id")
         if self.bootstrap_seed == bool(self.bootstrap_peers):
@@ -343,7 +359,7 @@ class ServerConfig:
     security: SecurityConfig = dataclasses.field(default_factory=SecurityConfig)
     tables: TableConfig = dataclasses.field(default_factory=TableConfig)
     cluster: ClusterConfig | None = None
-    """Read from the clustering settings; `riverlog serve` does not run a cluster yet."""
+    """This server's cluster membership (None: a single server, the default)."""
 
     @property
     def table_dir(self) -> str:

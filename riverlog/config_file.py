@@ -68,12 +68,13 @@ SECURITY_KEYS = {
     "riverlog.users", "riverlog.loopback.users", "riverlog.authz.rules",
     "riverlog.stream.tls.port",
 }
-# The metadata Raft's member (ClusterConfig, docs/clustering.md): read, checked and kept in
-# ServerConfig.cluster when riverlog.raft.address is set, but `riverlog serve` does not run a
-# cluster yet: like IGNORED_KEYS they are logged as having no effect on a single server.
+# The cluster member (ClusterConfig, docs/clustering.md): read, checked and kept in
+# ServerConfig.cluster when riverlog.raft.address is set, which makes `riverlog serve` a
+# cluster member; without it they are logged as having no effect on a single server.
 CLUSTER_KEYS = {
     "clustering.raft.bootstrap.seed", "clustering.raft.bootstrap.peers",
     "riverlog.raft.address", "riverlog.raft.peers", "riverlog.raft.password",
+    "riverlog.nats.cluster.port", "riverlog.nats.routes",
 }
 NO_EFFECT_KEYS = IGNORED_KEYS | CLUSTER_KEYS
 KNOWN_KEYS = USED_KEYS | IGNORED_KEYS | SECURITY_KEYS | CLUSTER_KEYS
@@ -196,8 +197,11 @@ def load(path: str | None, environ: Mapping[str, str]) -> dict[str, Any]:
 
 
 def log_ignored(values: dict[str, Any]) -> None:
-    """Log the settings that have no effect on one riverlog server (once logging is set up)."""
-    for key in sorted(k for k in values if k in NO_EFFECT_KEYS):
+    """Log the settings that have no effect on this riverlog server (once logging is set
+    up): IGNORED_KEYS, and CLUSTER_KEYS unless it is a cluster member."""
+    ignored = IGNORED_KEYS if values.get("riverlog.raft.address") is not None \
+        else NO_EFFECT_KEYS
+    for key in sorted(k for k in values if k in ignored):
         log.info("configuration setting %s has no effect on a single riverlog server", key)
 
 
@@ -280,7 +284,9 @@ def _cluster(v: dict[str, Any]) -> ClusterConfig | None:
             bootstrap_seed=seed is not None and _bool("clustering.raft.bootstrap.seed", seed),
             bootstrap_peers=tuple(_list(peers)) if peers is not None else (),
             raft_peers=_raft_peers(v.get("riverlog.raft.peers") or {}),
-            raft_password=str(v.get("riverlog.raft.password") or ""))
+            raft_password=str(v.get("riverlog.raft.password") or ""),
+            min_insync_replicas=_int("clustering.min.insync.replicas",
+                                     v.get("clustering.min.insync.replicas") or 1))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
@@ -293,6 +299,7 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
                       "clustering.server.id"), ("namespace", "clustering.namespace"),
                       ("level", "logging.level"), ("durability", "riverlog.durability"),
                       ("stream_port", "riverlog.stream.port"), ("nats_port", "riverlog.nats.port"),
+                      ("nats_cluster_port", "riverlog.nats.cluster.port"),
                       ("metrics_host", "riverlog.metrics.host"),
                       ("metrics_port", "riverlog.metrics.port"),
                       ("tls_cert", "tls.cert"), ("tls_key", "tls.key"),
@@ -306,6 +313,8 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
         v["riverlog.fsync.interval"] = f"{flags['fsync_interval_ms']}ms"
     if flags.get("nats_servers"):
         v["nats.servers"] = flags["nats_servers"]
+    if flags.get("nats_routes"):
+        v["riverlog.nats.routes"] = flags["nats_routes"]
     if flags.get("embedded_nats"):
         v["nats.embedded"] = True
     if flags.get("tls_client_auth"):
@@ -325,9 +334,15 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
                                                          v["streams.encryption"]):
         raise ConfigError("streams.encryption: riverlog does not encrypt streams at rest")
     min_isr = v.get("clustering.min.insync.replicas")
-    if min_isr is not None and _int("clustering.min.insync.replicas", min_isr) > 1:
+    if min_isr is not None and _int("clustering.min.insync.replicas", min_isr) > 1 \
+            and v.get("riverlog.raft.address") is None:
         raise ConfigError("clustering.min.insync.replicas: a single riverlog server has one "
-                          "replica, so it must be 1")
+                          "replica, so it must be 1 (a cluster member may ask more)")
+    if v.get("riverlog.raft.address") is None and (
+            v.get("riverlog.nats.cluster.port") is not None or v.get("riverlog.nats.routes")):
+        raise ConfigError("riverlog.nats.cluster.port and riverlog.nats.routes join the "
+                          "embedded nats-servers of a cluster: set riverlog.raft.address too "
+                          "(the routes' password comes from riverlog.raft.password)")
 
     # the log defaults every partition starts from
     log_kwargs: dict[str, Any] = {}
@@ -407,6 +422,14 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
         nats_kwargs["port_fallback"] = True
     if v.get("nats.embedded.config"):
         nats_kwargs["embedded_config"] = str(v["nats.embedded.config"])
+    if v.get("riverlog.nats.cluster.port") is not None:
+        nats_kwargs["cluster_port"] = _int("riverlog.nats.cluster.port",
+                                           v["riverlog.nats.cluster.port"])
+    if v.get("riverlog.nats.routes") is not None:
+        routes = _list(v["riverlog.nats.routes"])
+        for route in routes:
+            _host_port("riverlog.nats.routes", route)
+        nats_kwargs["routes"] = tuple(routes)
     if v.get("clustering.namespace"):
         nats_kwargs["namespace"] = str(v["clustering.namespace"])
     if v.get("nats.password") and not v.get("nats.user"):

@@ -77,3 +77,8 @@ class ReservedStreamError(InvalidArgumentError):
     """The stream is one of the server's internal streams (``__cursors``, ``__activity``):
     only the server creates, writes and keeps it; no client may create, delete or publish to
     it, on any door."""
+
+
+class ClusterUnavailableError(RiverlogError):
+    """The cluster metadata could not take a change now (no Raft leader, or its outcome is
+    unknown): read the metadata, then try again."""

@@ -62,6 +62,11 @@ class Placement:
         """Every server id of the cluster, sorted."""
         raise NotImplementedError
 
+    def streams(self) -> Mapping[str, tuple[str, int]] | None:
+        """Every stream of the cluster, held here or not: name -> (NATS subject, partition
+        count); None on a single server, whose Broker holds every stream."""
+        return None
+
     async def create_stream(self, name: str, config: "StreamConfig") -> None:
         """Create a stream on every server that will hold one of its replicas (cluster only:
         a single server's doors create streams through ``Broker.create``). ``config``

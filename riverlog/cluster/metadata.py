@@ -22,6 +22,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replic
 from pysyncobj.syncobj import SyncObjException
 
 from ..config import ClusterConfig
+from ..errors import ClusterUnavailableError
 from . import raft_files
 from .state import TRANSITIONS, ClusterState, MetadataError
 
@@ -38,7 +39,7 @@ class RaftBindError(OSError):
     """The Raft address could not be listened on."""
 
 
-class RaftUnavailable(RuntimeError):
+class RaftUnavailable(ClusterUnavailableError, RuntimeError):
     """A command whose outcome Raft could not report (no leader, queue full, leader changed,
     timed out): it may or may not have been applied; read the metadata before retrying."""
 
@@ -149,6 +150,12 @@ class RaftMetadata:
         """The address of the Raft leader this member last heard of, or None."""
         node = self._raft._getLeader()
         return None if node is None else node.address
+
+    @property
+    def ready(self) -> bool:
+        """Whether this member has caught up with the Raft log since it started (pysyncobj's
+        isReady): before, ``state`` may lack changes the cluster agreed on."""
+        return self._raft.isReady()
 
     @property
     def is_leader(self) -> bool:

@@ -79,15 +79,21 @@ class Partition:
     leader_epoch: int = FIRST_LEADER_EPOCH
     paused: bool = False
     read_only: bool = False
+    witnesses: tuple[tuple[str, float], ...] = ()
+    """(replica, report time in s) of the in-sync replicas that reported this epoch's leader
+    unresponsive (report_leader); emptied by every leader change."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Stream:
-    """A stream: its name, NATS subject and partitions (index i at position i)."""
+    """A stream: its name, NATS subject and partitions (index i at position i); ``config``
+    is its broker.StreamConfig as a plain dict (field name -> value), so every replica
+    creates it with the same settings."""
 
     name: str
     subject: str
     partitions: tuple[Partition, ...]
+    config: Mapping[str, object] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -128,11 +134,13 @@ def add_server(state: ClusterState, server: Server) -> tuple[ClusterState, Serve
 
 
 def create_stream(state: ClusterState, name: str, subject: str, partitions: int = 1,
-                  replication_factor: int = 1) -> tuple[ClusterState, Stream]:
+                  replication_factor: int = 1,
+                  config: Mapping[str, object] | None = None) -> tuple[ClusterState, Stream]:
     """Create stream ``name`` with ``partitions`` partitions of ``replication_factor``
-    replicas each (ALL_SERVERS: every server). Replicas are spread round robin over the
-    servers in id order, starting after the partitions that exist, so leaders spread too;
-    each partition's first replica leads, every replica is in sync, epoch 1.
+    replicas each (ALL_SERVERS: every server) and settings ``config`` (a StreamConfig as a
+    dict, kept as given). Replicas are spread round robin over the servers in id order,
+    starting after the partitions that exist, so leaders spread too; each partition's first
+    replica leads, every replica is in sync, epoch 1.
     Raises StreamExists, NotEnoughServers, MetadataError (bad counts)."""
     if not name:
         raise MetadataError("a stream needs a name")
@@ -153,7 +161,7 @@ def create_stream(state: ClusterState, name: str, subject: str, partitions: int 
     for index in range(partitions):
         replicas = tuple(servers[(start + index + k) % len(servers)] for k in range(factor))
         placed.append(Partition(name, index, replicas, replicas[0], replicas))
-    stream = Stream(name, subject, tuple(placed))
+    stream = Stream(name, subject, tuple(placed), dict(config or {}))
     return dataclasses.replace(state, streams={**state.streams, name: stream}), stream
 
 
@@ -203,9 +211,36 @@ def change_leader(state: ClusterState, stream: str, index: int, leader: str | No
     if candidates:
         new = dataclasses.replace(part, leader=candidates[0],
                                   isr=tuple(r for r in part.isr if r != part.leader),
-                                  leader_epoch=part.leader_epoch + 1)
+                                  leader_epoch=part.leader_epoch + 1, witnesses=())
     else:
-        new = dataclasses.replace(part, leader=None, leader_epoch=part.leader_epoch + 1)
+        new = dataclasses.replace(part, leader=None, leader_epoch=part.leader_epoch + 1,
+                                  witnesses=())
+    return _with_partition(state, new), new
+
+
+def report_leader(state: ClusterState, stream: str, index: int, replica: str, leader: str,
+                  leader_epoch: int, now: float,
+                  window: float) -> tuple[ClusterState, Partition]:
+    """In-sync ``replica`` reports ``leader`` (under ``leader_epoch``) unresponsive at time
+    ``now`` (s, the reporter's clock, passed in so every member applies the same). As
+    Liftbridge's ReportLeader (server/failover.go): once more than (ISR size - 1) // 2
+    replicas reported it within ``window`` s of each other (a majority of the followers;
+    one of two, two of three), the leader is changed as ``change_leader`` does; otherwise
+    the report is recorded. Raises NoSuchStream, NoSuchPartition, StaleLeaderEpoch (the
+    leader or epoch changed since), NotAReplica (``replica`` is not a follower in the ISR)."""
+    part = state.partition(stream, index)
+    _check_epoch(part, leader_epoch)
+    if leader != part.leader:
+        raise StaleLeaderEpoch(f"stream {stream!r} partition {index}: {leader!r} is not the "
+                               f"leader ({part.leader!r})")
+    if replica not in part.isr or replica == part.leader:
+        raise NotAReplica(f"stream {stream!r} partition {index}: {replica!r} is not a "
+                          f"follower in the ISR (ISR {list(part.isr)})")
+    witnesses = tuple((r, t) for r, t in part.witnesses if r != replica and now - t <= window)
+    witnesses += ((replica, now),)
+    if len(witnesses) > (len(part.isr) - 1) // 2:
+        return change_leader(state, stream, index, leader_epoch=leader_epoch)
+    new = dataclasses.replace(part, witnesses=witnesses)
     return _with_partition(state, new), new
 
 
@@ -290,6 +325,6 @@ def leave_group(state: ClusterState, group: str,
 
 TRANSITIONS: Mapping[str, Callable[..., tuple[ClusterState, object]]] = {
     f.__name__: f for f in (add_server, create_stream, delete_stream, change_leader,
-                            shrink_isr, expand_isr, set_partition_flags, join_group,
+                            report_leader, shrink_isr, expand_isr, set_partition_flags, join_group,
                             leave_group)}
 """The commands Raft replicates, by name: ``TRANSITIONS[name](state, **arguments)``."""

@@ -11,7 +11,12 @@
 # only when the user holds that right on its subject too (the policy's patterns match
 # subjects as they match stream names), so a stream never widens anyone's NATS rights. No
 # user may join a queue group on a stream's subject: those are the bridge's (nats-server's
-# `"subject queue"` deny entries, `>` matching every queue name). The bridge itself is one
+# `"subject queue"` deny entries, `>` matching every queue name). The namespace's subjects
+# (`<namespace>.>`: replication, notifications, server acks) are riverlog's own: every user is
+# denied publishing and subscribing them. In a cluster nats-server always has users (routes
+# join it to the others' nats-servers), and on loopback without authorization a client
+# without credentials is the restricted ANONYMOUS user (nats-server's `no_auth_user`), so
+# such clients keep working and still never reach the namespace. The bridge itself is one
 # more user, allowed everything, whose random password exists only in riverlog's memory.
 # Permissions are kept per stream (``add``/``remove``: a few policy checks per user when a
 # stream comes or goes, never users x streams), and ``settings`` only assembles them, so it can
@@ -28,6 +33,8 @@ from .guard import Guard
 from .tls import client_context
 from .users import hash_password, listens_on_loopback
 
+ANONYMOUS = "riverlog-anonymous"
+"""The user of clients without credentials on a clustered loopback nats-server."""
 INBOXES = ("_INBOX.>",)
 """The subjects every NATS user may subscribe to for acks and replies; with authorization on,
 riverlog sends acks only there."""
@@ -47,11 +54,14 @@ class NatsAuth:
     ``bridge_password``: what the bridge connects with (None when nats-server needs no
     users). Tell it the streams attached to subjects with ``add``/``remove``."""
 
-    def __init__(self, guard: Guard, host: str) -> None:
+    def __init__(self, guard: Guard, host: str, namespace: str = "liftbridge-default",
+                 clustered: bool = False) -> None:
         self.guard = guard
         self.on_loopback = listens_on_loopback(host)
         self.authz = guard.config.authz
-        self.users_on = self.authz or not self.on_loopback
+        self.users_on = self.authz or not self.on_loopback or clustered
+        self.anonymous = clustered and self.on_loopback and not self.authz
+        self.reserved = [f"{namespace}.>"]  # riverlog's own subjects
         users = guard.users
         # (name, bcrypt hash) of the NATS users
         self.users = [(name, users.hash_of(name)) for name in users if users.hash_of(name)
@@ -61,6 +71,7 @@ class NatsAuth:
         self.bridge_user: str | None = None
         self.bridge_password: str | None = None
         self._bridge_hash = ""
+        self._anonymous_password = secrets.token_urlsafe(24)
         if self.users_on:
             self.bridge_user = f"riverlog-bridge-{secrets.token_hex(4)}"
             self.bridge_password = secrets.token_urlsafe(24)
@@ -120,15 +131,20 @@ class NatsAuth:
             for name in consumers:
                 consume[name] += subjects
         users = [{"user": self.bridge_user, "password": self._bridge_hash}]
-        for name, hashed in self.users:
-            permissions: dict = {}
+        names = list(self.users)
+        if self.anonymous:
+            # nats-server refuses its no_auth_user when the password is a bcrypt hash
+            # ("authentication error"): a random one in clear, which nobody logs in with
+            names.append((ANONYMOUS, self._anonymous_password))
+            config["no_auth_user"] = ANONYMOUS
+        for name, hashed in names:
+            permissions: dict = {"publish": {}, "subscribe": {}}
             if self.authz:
                 permissions = {"publish": _permission(publish[name]),
                                "subscribe": _permission(consume[name])}
-            if queues:
-                permissions.setdefault("subscribe", {})["deny"] = queues
-            users.append({"user": name, "password": hashed, "permissions": permissions}
-                         if permissions else {"user": name, "password": hashed})
+            for kind, denied in (("publish", self.reserved), ("subscribe", self.reserved + queues)):
+                permissions[kind]["deny"] = permissions[kind].get("deny", []) + denied
+            users.append({"user": name, "password": hashed, "permissions": permissions})
         config["authorization"] = {"users": users}
         return config
 

@@ -1,13 +1,19 @@
 # The running server: opens the broker, starts every front door, and stops them in order on
 # shutdown (stop accepting, finish in-flight confirms, close connections, close the logs).
+# With a cluster configured (ServerConfig.cluster) it is also a cluster member: the cluster
+# Placement is installed before any door starts, the shared NATS link joins the other
+# servers' nats-servers, and the Raft member starts once every door listens (it registers
+# where they are); without one nothing of the cluster is started or imported.
 # Rules: startup failures (a port taken, a data folder not writable) raise with a message
 # that names the cause; shutdown never loses a confirmed message; a door listening beyond
 # loopback that no remote client can log in to, or whose logins riverlog does not manage, is
 # warned about at start (every door serves clients without credentials from loopback only).
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+from urllib.parse import urlsplit
 
 from .. import __version__
 from ..broker import Broker
@@ -32,9 +38,36 @@ class App:
         self.rabbitmq_stream: RabbitStreamServer | None = None
         self.liftbridge = None  # server.liftbridge.Liftbridge, when a Liftbridge door is on
         self.nats = None  # server.nats_bridge.NatsBridge
+        self.nats_link = None  # server.nats_link.NatsLink, when NATS or a cluster is on
         self.grpc = None  # server.grpc_api.GrpcApi
         self.metrics = None  # server.metrics_http.MetricsServer, when config.metrics is set
         self.tables = TableService(self.broker, config.tables, config.table_dir)
+        self.cluster = None  # cluster.node.ClusterNode, when config.cluster is set
+        if config.cluster is not None:
+            from ..cluster.metadata import RaftSettings
+            from ..cluster.node import ClusterNode
+            self.cluster = ClusterNode(
+                config.cluster, self.broker,
+                RaftSettings.from_config(config.cluster, config.data_dir),
+                self._create_local, self._delete_local, doors_synced=self._doors_synced)
+
+    def _create_local(self, name: str, stream_config) -> None:
+        """The cluster's way to make a stream's local replica: as the doors make one."""
+        if self.liftbridge is not None:
+            self.liftbridge.add_stream(name, stream_config)
+        else:
+            self.broker.create(name, stream_config)
+
+    async def _doors_synced(self) -> None:
+        """Return once the doors' subscriptions changes are in effect (the NATS door's)."""
+        if self.nats is not None:
+            await self.nats.sync()
+
+    def _delete_local(self, name: str) -> None:
+        if self.liftbridge is not None:
+            self.liftbridge.remove_stream(name)
+        else:
+            self.broker.delete(name)
 
     async def start(self) -> None:
         self.broker.open()
@@ -45,11 +78,16 @@ class App:
             self.rabbitmq_stream = RabbitStreamServer(self.broker, self.config.rabbitmq_stream,
                                                       self.guard)
             await self.rabbitmq_stream.start()
+            if self.cluster is not None:
+                await self.nats_link.start()
+                await self.cluster.start(self.doors(), self.nats_link)
             if self.config.metrics is not None:
                 from .metrics_http import MetricsServer
                 self.metrics = MetricsServer(self, self.config.metrics)
                 self.metrics.start()
         except BaseException:
+            if self.cluster is not None:
+                await self.cluster.stop()
             if self.rabbitmq_stream is not None:
                 await self.rabbitmq_stream.stop()
             await self._stop_liftbridge()
@@ -91,10 +129,27 @@ class App:
                 log.info("NATS listens on %s beyond loopback: every NATS client logs in, on "
                          "loopback too (nats-server cannot tell them apart)", host)
 
+    def doors(self) -> dict[str, tuple[str, int]]:
+        """Where clients reach this server's doors: door name ("rabbitmq-stream",
+        "rabbitmq-stream-tls", "grpc", "nats") -> advertised (host, port)."""
+        doors = {}
+        if self.rabbitmq_stream is not None:
+            doors["rabbitmq-stream"] = self.rabbitmq_stream.advertised
+            if self.config.security.tls is not None:
+                doors["rabbitmq-stream-tls"] = self.rabbitmq_stream.advertised_for(tls=True)
+        if self.grpc is not None:
+            doors["grpc"] = self.liftbridge.advertised
+        if self.nats_link is not None and self.nats_link.url:
+            address = urlsplit(self.nats_link.url)
+            doors["nats"] = (address.hostname or "", address.port or 4222)
+        return doors
+
     async def stop(self) -> None:
         log.info("shutting down")
         if self.metrics is not None:
             await self.metrics.stop()
+        if self.cluster is not None:
+            await self.cluster.stop()
         if self.rabbitmq_stream is not None:
             await self.rabbitmq_stream.stop()
         await self._stop_liftbridge()
@@ -104,22 +159,42 @@ class App:
 
     async def _start_liftbridge(self) -> None:
         """NATS first (the embedded server, then the bridge's subscriptions), then gRPC."""
-        if self.config.nats is None and self.config.grpc is None:
+        config, cluster = self.config, self.config.cluster
+        if config.nats is not None or cluster is not None:
+            self.nats_link = self._nats_link()
+        if config.nats is None and config.grpc is None:
             return
         from ..config import GrpcConfig
         from .liftbridge import Liftbridge
-        self.liftbridge = Liftbridge(self.broker, self.config.grpc or GrpcConfig(),
-                                     self.config.nats)
+        grpc = config.grpc or GrpcConfig()
+        if cluster is not None:  # one server id for the cluster and Liftbridge
+            grpc = dataclasses.replace(grpc, server_id=cluster.server_id)
+        self.liftbridge = Liftbridge(self.broker, grpc, config.nats)
         self.liftbridge.open()
         self.liftbridge.start()
-        if self.config.nats is not None:
+        if config.nats is not None:
             from .nats_bridge import NatsBridge
-            self.nats = NatsBridge(self.liftbridge, self.config.nats, self.guard)
+            self.nats = NatsBridge(self.liftbridge, self.nats_link)
             await self.nats.start()
         if self.config.grpc is not None:
             from .grpc_api import GrpcApi
             self.grpc = GrpcApi(self.liftbridge, self.config.grpc, self.guard)
             await self.grpc.start()
+
+    def _nats_link(self):
+        """The shared NATS link; a cluster member's embedded nats-server is named after the
+        server and, with ``nats.cluster_port``, routed to the others' (routes log in with a
+        password derived from the Raft password)."""
+        from ..config import NatsConfig
+        from .embedded_nats import route_settings
+        from .nats_link import NatsLink
+        nats, cluster = self.config.nats or NatsConfig(), self.config.cluster
+        routes = None
+        if cluster is not None and nats.cluster_port is not None:
+            routes = route_settings(nats.namespace, nats.host, nats.cluster_port, nats.routes,
+                                    cluster.raft_password)
+        name = None if cluster is None else f"riverlog-{cluster.server_id}"
+        return NatsLink(nats, self.guard, routes, name)
 
     async def _stop_liftbridge(self) -> None:
         """gRPC (stop taking calls), NATS bridge (acks out, unsubscribe, nats-server down),
@@ -132,6 +207,9 @@ class App:
             await self.liftbridge.appenders.drain()
         if nats is not None:
             await nats.stop()
+        link, self.nats_link = self.nats_link, None
+        if link is not None:
+            await link.stop()
         liftbridge, self.liftbridge = self.liftbridge, None
         if liftbridge is not None:
             await liftbridge.close()

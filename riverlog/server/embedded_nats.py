@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -21,6 +23,9 @@ import threading
 import time
 
 log = logging.getLogger("riverlog.nats")
+
+ROUTE_USER = "riverlog-route"
+"""The user every embedded nats-server of a cluster authenticates its routes with."""
 
 _LISTENING = re.compile(r"Listening for client connections on (\S+):(\d+)")
 _READY = "Server is ready"
@@ -64,6 +69,21 @@ def find_nats_server(binary: str | None = None) -> str:
                             "or pass --nats-servers to use a running NATS server)")
 
 
+def route_settings(name: str, host: str, port: int, routes: tuple[str, ...],
+                   secret: str) -> dict:
+    """nats-server's ``cluster`` block joining this server's nats-server to the others at
+    ``routes`` ("host:port" route addresses), listening for theirs on ``host``:``port``.
+    ``name`` is the NATS cluster's name (the same on every server); routes log in as
+    ROUTE_USER with a password derived from ``secret`` (the Raft password, which every member
+    has) by HMAC-SHA256, so no other secret needs sharing and nothing without it can join.
+    Format: docs.nats.io "Clustering Configuration" (cluster: name, host, port, routes,
+    authorization)."""
+    password = hmac.new(secret.encode(), b"riverlog nats routes", hashlib.sha256).hexdigest()
+    return {"name": name, "host": host, "port": port,
+            "authorization": {"user": ROUTE_USER, "password": password},
+            "routes": [f"nats-route://{ROUTE_USER}:{password}@{route}" for route in routes]}
+
+
 class PortTakenError(OSError):
     """The embedded nats-server could not listen: its port is in use. ``taken`` says which."""
 
@@ -78,13 +98,16 @@ class EmbeddedNats:
     ``await start()`` then ``url`` is the address clients use; ``await stop()``.
     ``settings``: nats-server settings of riverlog's own (TLS, users: a map in the shape of
     nats-server's configuration file, see riverlog.security.nats_auth), written with the
-    address to a private temporary file; ``reload()`` replaces them.
+    address to a private temporary file; ``reload()`` replaces them. ``name``: nats-server's
+    server name (unique in a NATS cluster; default ``riverlog-<pid>``).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 4222,
                  config_file: str | None = None, binary: str | None = None,
-                 port_fallback: bool = False, settings: dict | None = None) -> None:
+                 port_fallback: bool = False, settings: dict | None = None,
+                 name: str | None = None) -> None:
         self.host = host
+        self.name = name or f"riverlog-{os.getpid()}"
         self.port = port
         self.port_fallback = port_fallback
         self.config_file = config_file
@@ -129,7 +152,7 @@ class EmbeddedNats:
             cmd = [binary, "-c", self._write_settings(self.settings)]
         else:
             cmd = [binary, "-a", self.host, "-p", str(self.port if self.port else -1),
-                   "-n", f"riverlog-{os.getpid()}"]
+                   "-n", self.name]
         launch = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid())] + cmd
         self.proc = subprocess.Popen(launch, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE)
@@ -156,7 +179,7 @@ class EmbeddedNats:
         """Write ``settings`` with the address and name to the private configuration file
         (mode 0600, JSON, which nats-server's format includes); its path."""
         text = json.dumps({"host": self.host, "port": self.port if self.port else -1,
-                           "server_name": f"riverlog-{os.getpid()}", **settings}, indent=2)
+                           "server_name": self.name, **settings}, indent=2)
         if self._settings_dir is None:
             self._settings_dir = tempfile.TemporaryDirectory(prefix="riverlog-nats-")
         path = os.path.join(self._settings_dir.name, "nats-server.conf")

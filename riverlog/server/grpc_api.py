@@ -6,6 +6,9 @@
 # exactly the gRPC status code Liftbridge uses, with its message; Publish waits for its ack
 # only when the call has a deadline and the ack policy is not NONE; a subject or ack inbox that
 # NATS or riverlog refuses (NatsBridge.ack_inbox_error) is refused before anything is stored.
+# In a cluster (Broker.placement): CreateStream/DeleteStream go through the metadata,
+# FetchMetadata lists every server and stream, and a Publish for a partition led elsewhere goes
+# to the leader through its NATS subject, as Liftbridge publishes every gRPC Publish.
 # Wire facts: reference/liftbridge.md (service, field numbers, status codes); checks and
 # messages from liftbridge's server/api.go and metadata.go (liftbridge-io/liftbridge 50ac358).
 from __future__ import annotations
@@ -215,13 +218,18 @@ class GrpcApi:
             raise LiftbridgeError("INVALID_ARGUMENT", f"Invalid partitions {req.partitions}: "
                                                       f"at most {MAX_PARTITIONS} per stream")
         rf = req.replicationFactor or 1
-        if rf == -1:
+        placement = self.service.broker.placement
+        size = len(placement.servers()) if placement.clustered else 1
+        if rf == -1 and not placement.clustered:
             rf = 1
-        if rf <= 0:
+        if rf <= 0 and rf != -1:
             raise LiftbridgeError("INVALID_ARGUMENT", f"Invalid replicationFactor {rf}")
-        if rf > 1:
+        if rf > size:  # Liftbridge's metadata.go
             raise LiftbridgeError("INVALID_ARGUMENT",
-                                  f"Invalid replicationFactor {rf}, cluster size 1")
+                                  f"Invalid replicationFactor {rf}, cluster size {size}")
+        if req.HasField("minIsr") and req.minIsr.value > (size if rf == -1 else rf):
+            raise LiftbridgeError("INVALID_ARGUMENT", f"Invalid minIsr {req.minIsr.value}, "
+                                                      f"replicationFactor {rf}")
         if req.HasField("encryption") and req.encryption.value:
             raise LiftbridgeError("FAILED_PRECONDITION",
                                   "Failed on preconditions for stream's encryption handler: "
@@ -249,14 +257,14 @@ class GrpcApi:
             auto_pause_time_ms=defaults.auto_pause_time_ms if auto_pause is None else auto_pause,
             auto_pause_disable_if_subscribers=(defaults.auto_pause_disable_if_subscribers
                                                if auto_subs is None else auto_subs))
-        self.service.create_stream(req.name, req.subject, config)
+        await self.service.create_stream(req.name, req.subject, config)
         if self.service.bridge is not None:
             await self.service.bridge.sync()
         return pb.CreateStreamResponse()
 
     async def DeleteStream(self, raw: bytes, context) -> pb.DeleteStreamResponse:
         req = await _parse(pb.DeleteStreamRequest, raw, context)
-        self.service.delete_stream(req.name)
+        await self.service.delete_stream(req.name)
         if self.service.bridge is not None:
             await self.service.bridge.sync()
         return pb.DeleteStreamResponse()
@@ -274,8 +282,9 @@ class GrpcApi:
         return pb.SetStreamReadonlyResponse()
 
     # -- metadata -----------------------------------------------------------------------
-    def _partition_metadata(self, partition: Partition) -> pb.PartitionMetadata:
-        sid = self.service.server_id
+    def _partition_metadata(self, stream: str, partition: Partition) -> pb.PartitionMetadata:
+        placed = self.service.broker.placement.of(stream, partition.index)
+        leader = "" if placed is None or placed.leader is None else placed.leader
         events = partition.events
 
         def stamps(kind: str) -> pb.PartitionEventTimestamps:
@@ -283,30 +292,66 @@ class GrpcApi:
             return pb.PartitionEventTimestamps(firstTimestamp=first, latestTimestamp=latest)
 
         return pb.PartitionMetadata(
-            id=partition.index, leader=sid, replicas=[sid], isr=[sid],
-            highWatermark=partition.committed_offset, newestOffset=partition.next_offset - 1,
+            id=partition.index, leader=leader, replicas=placed.replicas if placed else (),
+            isr=placed.isr if placed else (), highWatermark=partition.committed_offset,
+            newestOffset=partition.next_offset - 1,
             paused=partition.paused, readonly=partition.readonly,
             messagesReceivedTimestamps=stamps("received"), pauseTimestamps=stamps("pause"),
             readonlyTimestamps=stamps("readonly"))
+
+    def _brokers(self) -> list[pb.Broker]:
+        """Every server (Liftbridge's fetchBrokerInfo): id, advertised gRPC host and port,
+        the partitions it holds and leads."""
+        service = self.service
+        placement = service.broker.placement
+        if not placement.clustered:
+            total = sum(len(s.partitions) for s in service.broker.streams.values())
+            host, port = service.advertised
+            return [pb.Broker(id=service.server_id, host=host, port=port,
+                              partitionCount=total, leaderCount=total)]
+        held: dict[str, int] = {}
+        led: dict[str, int] = {}
+        for name, stream in service.broker.streams.items():
+            for index in range(len(stream.partitions)):
+                placed = placement.of(name, index)
+                for replica in placed.replicas if placed else ():
+                    held[replica] = held.get(replica, 0) + 1
+                if placed is not None and placed.leader is not None:
+                    led[placed.leader] = led.get(placed.leader, 0) + 1
+        brokers = []
+        for server_id in placement.servers():
+            host, port = placement.door(server_id, "grpc") or ("", 0)
+            brokers.append(pb.Broker(id=server_id, host=host, port=port,
+                                     partitionCount=held.get(server_id, 0),
+                                     leaderCount=led.get(server_id, 0)))
+        return brokers
 
     async def FetchMetadata(self, raw: bytes, context) -> pb.FetchMetadataResponse:
         req = await _parse(pb.FetchMetadataRequest, raw, context)
         service = self.service
         streams = service.broker.streams
-        names = list(req.streams) or list(streams)
-        total = sum(len(s.partitions) for s in streams.values())
-        host, port = service.advertised
-        resp = pb.FetchMetadataResponse(brokers=[pb.Broker(
-            id=service.server_id, host=host, port=port, partitionCount=total, leaderCount=total)])
+        elsewhere = service.broker.placement.streams() or {}  # a cluster's, held here or not
+        names = list(req.streams) or list(streams) + [n for n in elsewhere if n not in streams]
+        resp = pb.FetchMetadataResponse(brokers=self._brokers())
         for name in names:
             stream = streams.get(name)
+            if stream is None and name in elsewhere:  # no replica here: no offsets either
+                subject, count = elsewhere[name]
+                meta = resp.streamMetadata.add(name=name, subject=subject)
+                for index in range(count):
+                    placed = service.broker.placement.of(name, index)
+                    meta.partitions[index].CopyFrom(pb.PartitionMetadata(
+                        id=index, leader=placed.leader or "", replicas=placed.replicas,
+                        isr=placed.isr, highWatermark=-1, newestOffset=-1))
+                continue
             if stream is None:
                 resp.streamMetadata.add(name=name, error=pb.StreamMetadata.Error.UNKNOWN_STREAM)
                 continue
             meta = resp.streamMetadata.add(name=name, subject=stream.config.subject or "",
                                            creationTimestamp=stream.created_ns)
             for partition in stream.partitions:
-                meta.partitions[partition.index].CopyFrom(self._partition_metadata(partition))
+                meta.partitions[partition.index].CopyFrom(
+                    self._partition_metadata(name, partition))
         for group_id in req.groups:
             found = service.groups.coordinator_of(group_id)
             if found is None:
@@ -321,26 +366,44 @@ class GrpcApi:
         partition = self.service.partition(req.stream, req.partition)
         if partition is None:
             raise LiftbridgeError("NOT_FOUND", "partition not found")
-        return pb.FetchPartitionMetadataResponse(metadata=self._partition_metadata(partition))
+        if not self.service.broker.placement.leads(req.stream, req.partition):
+            raise LiftbridgeError("FAILED_PRECONDITION",
+                                  "The request should be sent to partition leader")
+        return pb.FetchPartitionMetadataResponse(
+            metadata=self._partition_metadata(req.stream, partition))
 
     # -- publishing ---------------------------------------------------------------------
     async def Publish(self, raw: bytes, context) -> pb.PublishResponse:
         req = await _parse(pb.PublishRequest, raw, context)
         service = self.service
-        try:
-            stream, partition = service.check_publish(req.stream, req.partition, req.ackPolicy)
-        except LiftbridgeError as exc:
-            await context.abort(_PUBLISH_STATUS.get(exc.code, grpc.StatusCode.UNKNOWN),
-                                exc.message)
         bridge = service.bridge
+        subject = elsewhere = service.led_elsewhere(req.stream, req.partition)
+        if elsewhere is None:
+            try:
+                stream, partition = service.check_publish(req.stream, req.partition,
+                                                          req.ackPolicy)
+            except LiftbridgeError as exc:
+                await context.abort(_PUBLISH_STATUS.get(exc.code, grpc.StatusCode.UNKNOWN),
+                                    exc.message)
+            subject = partition_subject(stream.config.subject or "", partition.index)
         nats_ack = None
         if bridge is not None and req.ackInbox:
             error = bridge.ack_inbox_error(req.ackInbox)
             if error is not None:
                 raise error
             nats_ack = bridge.send_ack
+        if elsewhere is not None:
+            # Liftbridge publishes every gRPC Publish to the partition's NATS subject, where
+            # its leader takes it (api.go publish): riverlog does so for another leader's
+            ack = await self._through_nats(subject, pb.Message(
+                key=req.key, value=req.value, stream=req.stream, subject=subject,
+                headers=dict(req.headers), ackInbox=req.ackInbox,
+                correlationId=req.correlationId, ackPolicy=req.ackPolicy,
+                offset=req.expectedOffset), context)
+            if ack is None:
+                return pb.PublishResponse()
+            return await self._acked(ack, context)
         service.resume_for_publish(stream, partition)
-        subject = partition_subject(stream.config.subject or "", partition.index)
         size = nats_size(req, subject)
         if size > service.config.replication_max_bytes:
             size = exact_nats_size(req, subject)
@@ -377,6 +440,11 @@ class GrpcApi:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "timed out waiting for the ack")
         except Exception as exc:
             await context.abort(grpc.StatusCode.INTERNAL, f"publish failed: {exc}")
+        return await self._acked(ack, context)
+
+    @staticmethod
+    async def _acked(ack: pb.Ack, context) -> pb.PublishResponse:
+        """Publish's answer to ``ack``: the ack, or its error as Liftbridge's status."""
         problem = ack_error_to_async(ack.ackError)
         if problem is not None:
             await context.abort(_PUBLISH_STATUS.get(problem[0], grpc.StatusCode.UNKNOWN),
@@ -397,21 +465,33 @@ class GrpcApi:
             error = bridge.ack_inbox_error(req.ackInbox)
             if error is not None:
                 raise error
-        inbox = req.ackInbox or f"{self.service.namespace}.ack.{new_id()}"
-        data = encode_publish(pb.Message(
+        ack = await self._through_nats(req.subject, pb.Message(
             key=req.key, value=req.value, subject=req.subject, headers=dict(req.headers),
-            ackInbox=inbox, correlationId=req.correlationId, ackPolicy=req.ackPolicy))
+            ackInbox=req.ackInbox, correlationId=req.correlationId, ackPolicy=req.ackPolicy),
+            context)
+        return pb.PublishToSubjectResponse(ack=ack) if ack is not None else \
+            pb.PublishToSubjectResponse()
+
+    async def _through_nats(self, subject: str, message: pb.Message, context) -> pb.Ack | None:
+        """Publish ``message`` enveloped on NATS ``subject`` (with an ack inbox of riverlog's
+        own when it names none) and, when the call has a deadline and the policy is not
+        NONE, return the first Ack; None otherwise. Aborts UNAVAILABLE without NATS,
+        DEADLINE_EXCEEDED when no ack comes in time."""
+        bridge = self.service.bridge
+        if bridge is None:
+            raise LiftbridgeError("UNAVAILABLE", "NATS is not configured on this server")
+        if not message.ackInbox:
+            message.ackInbox = f"{self.service.namespace}.ack.{new_id()}"
         timeout = context.time_remaining()
-        if req.ackPolicy == NONE:
+        if message.ackPolicy == NONE:
             timeout = None
         try:
-            ack = await bridge.publish_wait_ack(req.subject, data, inbox, timeout)
+            return await bridge.publish_wait_ack(subject, encode_publish(message),
+                                                 message.ackInbox, timeout)
         except asyncio.TimeoutError:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "timed out waiting for the ack")
         except OSError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        return pb.PublishToSubjectResponse(ack=ack) if ack is not None else \
-            pb.PublishToSubjectResponse()
 
     # -- cursors ------------------------------------------------------------------------
     async def SetCursor(self, raw: bytes, context) -> pb.SetCursorResponse:

@@ -13,6 +13,9 @@
 # runs of them to one partition with one ack policy are encoded in one pass, appended at once
 # and answered from template bytes (AckTemplate), counted once per run; what one-by-one
 # publishing would answer and store stays exactly the same (tests: test_lb_publish_batch.py).
+# In a cluster, Subscribe off the partition's leader is FailedPrecondition unless
+# readISRReplica, and PublishAsync sends a request for a partition led elsewhere to its NATS
+# subject, where the leader takes it, and answers with the ack the leader sends back.
 from __future__ import annotations
 
 import asyncio
@@ -31,7 +34,7 @@ from ..protocol.liftbridge import envelope
 from ..protocol.liftbridge.envelope import varint
 from ..record import Record, decode_record, encode_records
 from .memory import release_soon
-from .liftbridge import (ACK_OK, NONE, Liftbridge, LiftbridgeError, RunSink,
+from .liftbridge import (ACK_OK, NONE, Liftbridge, LiftbridgeError, RunSink, new_id,
                          partition_subject)
 
 log = logging.getLogger("riverlog.grpc")
@@ -140,6 +143,13 @@ async def subscribe(service: Liftbridge, raw: bytes, context: grpc.aio.ServicerC
     partition = service.partition(req.stream, req.partition)
     if partition is None:
         await context.abort(grpc.StatusCode.NOT_FOUND, "No such partition")
+    if not service.broker.placement.leads(req.stream, req.partition):  # Liftbridge's api.go
+        if not req.readISRReplica:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "Server not partition leader")
+        if group:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "Consumer groups not compatible with ReadISRReplica")
     stream = service.broker.streams[req.stream]
     if req.resume and partition.paused:
         service.resume(stream, [partition])
@@ -378,7 +388,7 @@ class _AsyncSession:
     """State of one PublishAsync call: requests of this loop turn, responses waiting to be
     written, acks outstanding."""
 
-    __slots__ = ("batch", "out", "wake", "inflight", "reading", "error")
+    __slots__ = ("batch", "out", "wake", "inflight", "reading", "error", "inbox", "acks")
 
     def __init__(self) -> None:
         self.batch: list[bytes] = []
@@ -387,6 +397,60 @@ class _AsyncSession:
         self.inflight = 0
         self.reading = True
         self.error: tuple[grpc.StatusCode, str] | None = None
+        self.inbox = ""  # the ack inbox of publishes sent on to another leader
+        self.acks: asyncio.Task | None = None  # subscribes it; its result: the subscription
+
+    def forward(self, service: Liftbridge, req: pb.PublishRequest, subject: str) -> None:
+        """Send ``req`` enveloped to ``subject``, its partition's NATS subject, where the
+        leader (another server) takes it, as Liftbridge's publishAsyncSession sends every
+        request; its ack comes back on this call's ack inbox (``<namespace>.ack.<id>``,
+        subscribed first) and is answered as a local one. Without NATS: an UNKNOWN error."""
+        bridge = service.bridge
+        if bridge is None or bridge.nc is None:
+            self.send_error(req.correlationId, _ASYNC.UNKNOWN, "NATS is not connected: cannot "
+                            "reach the partition leader")
+            return
+        if self.acks is None:
+            self.inbox = f"{service.namespace}.ack.{new_id()}"
+
+            async def on_ack(msg) -> None:
+                ack = envelope.decode_ack(msg.data)
+                if ack is not None:
+                    self.deliver(ack)
+            self.acks = asyncio.get_running_loop().create_task(
+                bridge.nc.subscribe(self.inbox, cb=on_ack))
+        data = envelope.encode_publish(pb.Message(
+            key=req.key, value=req.value, stream=req.stream, subject=subject,
+            headers=dict(req.headers), ackInbox=self.inbox, correlationId=req.correlationId,
+            ackPolicy=req.ackPolicy, offset=req.expectedOffset))
+        acked = req.ackPolicy != NONE
+        if acked:
+            self.inflight += 1
+
+        def send(subscribing: asyncio.Task) -> None:  # once the ack inbox listens
+            if subscribing.cancelled() or subscribing.exception() is not None:
+                if acked:
+                    self.inflight -= 1
+                self.send_error(req.correlationId, _ASYNC.UNKNOWN,
+                                "cannot listen for the partition leader's ack")
+                return
+            bridge.queue_publish(subject.encode(), data)
+        self.acks.add_done_callback(send)
+
+    def close(self) -> None:
+        """Stop listening for forwarded acks."""
+        acks = self.acks
+        if acks is None:
+            return
+        if not acks.done():
+            acks.cancel()
+        elif not acks.cancelled() and acks.exception() is None:
+            async def unsubscribe(sub) -> None:
+                try:
+                    await sub.unsubscribe()
+                except Exception:  # the connection went, and the subscription with it
+                    pass
+            asyncio.get_running_loop().create_task(unsubscribe(acks.result()))
 
     def send(self, data: bytes) -> None:
         self.out.append(data)
@@ -442,6 +506,7 @@ async def publish_async(service: Liftbridge, requests, context: grpc.aio.Service
     finally:
         if not reader.done():
             reader.cancel()
+        session.close()
 
 
 async def _publish_loop(service: Liftbridge, requests, session: _AsyncSession) -> None:
@@ -485,6 +550,14 @@ def _publish_batch(service: Liftbridge, session: _AsyncSession) -> None:
             session.error = (grpc.StatusCode.INVALID_ARGUMENT, f"malformed PublishRequest: {exc}")
             break
         key = (req.stream, req.partition, req.ackPolicy)
+        elsewhere = service.led_elsewhere(req.stream, req.partition)
+        if elsewhere is not None:  # another server leads it: to it through NATS
+            if run:
+                _append_run(service, session, run, now)
+                run = []
+            run_key = None
+            session.forward(service, req, elsewhere)
+            continue
         if key != run_key:
             if run:
                 _append_run(service, session, run, now)
@@ -496,6 +569,7 @@ def _publish_batch(service: Liftbridge, session: _AsyncSession) -> None:
                 session.send_error(req.correlationId, getattr(_ASYNC, exc.code, _ASYNC.UNKNOWN),
                                    exc.message)
                 continue
+
             if service.needs_resume(stream, partition):
                 service.resume_for_publish(stream, partition)
             subject = partition_subject(stream.config.subject or "", partition.index)

@@ -24,7 +24,8 @@ from ..broker.broker import ACTIVITY_STREAM
 from ..broker.cursors import Cursors
 from ..broker.groups import ConsumerGroups
 from ..config import GrpcConfig, NatsConfig
-from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
+from ..errors import (ClusterUnavailableError, InvalidArgumentError, StreamExistsError,
+                      StreamNotFoundError)
 from ..metrics import DOORS, TurnLatency, counters, error as count_error
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.nats_subject import queue_problem, subject_problem
@@ -189,6 +190,8 @@ class Liftbridge:
         self.config = config
         self.namespace = nats.namespace if nats is not None else NatsConfig().namespace
         self.server_id = load_server_id(broker.data_dir, config.server_id)
+        if not broker.placement.server_id:  # a single server: this id leads everything
+            broker.placement.server_id = self.server_id
         self.appenders = Appenders(config.batch_max_messages)
         self.cursors = Cursors(broker, self.appenders, config.cursors_partitions,
                                f"{self.namespace}.cursors")
@@ -259,6 +262,18 @@ class Liftbridge:
             return None
         return stream.partitions[index]
 
+    def led_elsewhere(self, stream: str, index: int) -> str | None:
+        """The NATS subject of a cluster partition another server leads, where a publish
+        reaching this server goes (Liftbridge publishes every gRPC publish there); None
+        when this server leads it, on a single server, or for an unknown partition."""
+        placement = self.broker.placement
+        if not placement.clustered or placement.leads(stream, index):
+            return None
+        known = (placement.streams() or {}).get(stream)
+        if known is None or not 0 <= index < known[1]:
+            return None
+        return partition_subject(known[0], index)
+
     def _partition_count(self, name: str) -> int:
         stream = self.broker.streams.get(name)
         return 0 if stream is None else len(stream.partitions)
@@ -284,11 +299,11 @@ class Liftbridge:
                 future.set_result(None)
 
     # -- stream administration ----------------------------------------------------------
-    def create_stream(self, name: str, subject: str, config: StreamConfig) -> Stream:
-        """CreateStream with Liftbridge's checks, and a subject and queue group NATS takes
+    def check_create(self, name: str, subject: str, config: StreamConfig) -> None:
+        """CreateStream's checks, Liftbridge's and a subject and queue group NATS takes
         (riverlog.protocol.nats_subject: wildcards allowed, at most MAX_SUBJECT_BYTES).
         Raises LiftbridgeError INVALID_ARGUMENT (empty name, bad subject or group, reserved
-        name, bad settings) or ALREADY_EXISTS."""
+        name)."""
         if not name:
             raise LiftbridgeError("INVALID_ARGUMENT", "Name cannot be empty")
         problem = subject_problem(subject, wildcards=True)
@@ -299,12 +314,30 @@ class Liftbridge:
             raise LiftbridgeError("INVALID_ARGUMENT", f"Group is invalid: it {problem}")
         if name in RESERVED_STREAMS:
             raise LiftbridgeError("INVALID_ARGUMENT", "Stream is reserved")
+
+    async def create_stream(self, name: str, subject: str, config: StreamConfig) -> None:
+        """CreateStream: ``check_create``, then on this server (``add_stream``) or, in a
+        cluster, through the metadata, which creates it on every server holding a replica.
+        Raises LiftbridgeError INVALID_ARGUMENT (see check_create, bad settings, more
+        replicas than servers), ALREADY_EXISTS, INTERNAL (no metadata leader)."""
+        self.check_create(name, subject, config)
+        placement = self.broker.placement
         try:
-            stream = self.broker.create(name, config)
+            if placement.clustered:
+                await placement.create_stream(name, config)
+            else:
+                self.add_stream(name, config)
         except StreamExistsError:
             raise LiftbridgeError("ALREADY_EXISTS", "stream already exists") from None
         except InvalidArgumentError as exc:
             raise LiftbridgeError("INVALID_ARGUMENT", str(exc)) from None
+        except ClusterUnavailableError as exc:  # Liftbridge's answer without a Raft leader
+            raise LiftbridgeError("INTERNAL", f"no known metadata leader ({exc})") from None
+
+    def add_stream(self, name: str, config: StreamConfig) -> Stream:
+        """Create stream ``name`` on this server and attach it to NATS. Raises
+        StreamExistsError, InvalidArgumentError."""
+        stream = self.broker.create(name, config)
         if self.bridge is not None:
             self.bridge.attach(stream)
         self.activity(pb.ActivityStreamEvent(
@@ -312,14 +345,26 @@ class Liftbridge:
                 stream=name, partitions=range(len(stream.partitions)))))
         return stream
 
-    def delete_stream(self, name: str) -> None:
-        """DeleteStream. Raises LiftbridgeError INVALID_ARGUMENT (reserved) or NOT_FOUND."""
+    async def delete_stream(self, name: str) -> None:
+        """DeleteStream, on this server or, in a cluster, through the metadata (every
+        server deletes its replica). Raises LiftbridgeError INVALID_ARGUMENT (reserved),
+        NOT_FOUND, INTERNAL (no metadata leader)."""
         if name in RESERVED_STREAMS:
             raise LiftbridgeError("INVALID_ARGUMENT", "Stream is reserved")
+        placement = self.broker.placement
         try:
-            self.broker.delete(name)  # listeners: _stream_deleted, the doors
+            if placement.clustered:
+                await placement.delete_stream(name)
+            else:
+                self.remove_stream(name)
         except StreamNotFoundError:
             raise LiftbridgeError("NOT_FOUND", "stream does not exist") from None
+        except ClusterUnavailableError as exc:
+            raise LiftbridgeError("INTERNAL", f"no known metadata leader ({exc})") from None
+
+    def remove_stream(self, name: str) -> None:
+        """Delete stream ``name`` on this server. Raises StreamNotFoundError."""
+        self.broker.delete(name)  # listeners: _stream_deleted, the doors
         self.activity(pb.ActivityStreamEvent(
             op=pb.ActivityStreamOp.DELETE_STREAM, deleteStreamOp=pb.DeleteStreamOp(stream=name)))
 

@@ -90,6 +90,12 @@ class StateCollector(Collector):
             nc = app.nats.nc
             nats_up.add_metric([], 1 if nc is not None and nc.is_connected else 0)
         families = [info, connections, subscriptions, nats_up, sub_lag]
+        metadata = app.cluster.metadata if app.cluster is not None else None
+        if metadata is not None:
+            raft = GaugeMetricFamily("riverlog_raft_leader", "1 when this server's Raft "
+                                     "member leads the cluster metadata.")
+            raft.add_metric([], 1 if metadata.is_leader else 0)
+            families.append(raft)
         return families + self._stream_families()
 
     def _stream_families(self) -> list[Metric]:

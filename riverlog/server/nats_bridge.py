@@ -1,16 +1,16 @@
-# The NATS front door of Liftbridge: makes NATS subjects durable. Owns the NATS connection
-# (and getting it back), one queue subscription per partition of every stream attached to a
-# subject, and the acks published back to ack inboxes; starts the embedded nats-server unless
-# servers are given.
+# The NATS front door of Liftbridge: makes NATS subjects durable. Owns one queue subscription
+# per partition of every stream attached to a subject, and the acks published back to ack
+# inboxes; the connection (and the embedded nats-server) is the shared NatsLink's.
 # Rules: partition N of a stream listens on `subject` (N = 0) or `subject.N`, in the stream's
 # queue group; a stream whose subject or group NATS cannot take (stored by an older version)
 # is logged and left detached; a payload that is a valid Publish envelope is stored with its
 # key, value and headers and acked per its ack policy, anything else (including a broken
 # envelope) is stored as a plain message (value = the payload, no key, no ack); an envelope
 # naming an ack inbox riverlog does not send to (``ack_inbox_error``) is not stored, counted
-# and logged; paused partitions are not subscribed; read-only partitions drop what arrives.
-# When the server closes the connection for good (nats-py reconnects by itself only after a
-# lost socket, not after an -ERR), a new one is made and every partition subscribed again.
+# and logged; paused partitions are not subscribed; read-only partitions drop what arrives;
+# only a partition's leader (Broker.placement) subscribes it, and a new leader subscribes when
+# it takes over (on one server: every partition).
+# When the link replaces a connection the server closed, every partition is subscribed again.
 # The messages a partition gets in one event-loop turn are stored together, in order: runs of
 # them (same subject, same ack mode) encoded in one pass and appended at once, acks built from
 # template bytes; what one-by-one ingest would store and ack stays exactly the same (tests:
@@ -28,24 +28,21 @@ import nats
 from nats.aio.client import Client as NatsClient
 
 from ..broker import RESERVED_STREAMS, Partition, Stream
-from ..config import NatsConfig, SecurityConfig
-from ..metrics import NATS, NATS_RECONNECTS, counters, error as count_error
+from ..metrics import NATS, counters, error as count_error
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge.envelope import (ACK_HEADER, MAGIC, AckTemplate, decode_ack,
                                             decode_publish, encode_ack)
 from ..protocol.nats_subject import has_wildcard, matches, queue_problem, subject_problem
 from ..record import Record, encode_records
-from ..security.guard import Guard
-from ..security.nats_auth import INBOXES, NatsAuth, connect_options
+from ..security.nats_auth import INBOXES, NatsAuth
 from .embedded_nats import EmbeddedNats
 from .liftbridge import (ALL, LEADER, NONE, Liftbridge, LiftbridgeError, RunSink,
                          partition_subject)
+from .nats_link import NatsLink
 
 log = logging.getLogger("riverlog.nats")
 
 PENDING_BYTES_LIMIT = 512 * 1024 * 1024  # per subscription, before NATS "slow consumer" drops
-FIRST_CONNECT_TIMEOUT_S = 15.0
-RECONNECT_WAIT_S = 1.0  # between attempts to connect again after the server closed the link
 REFUSAL_LOG_INTERVAL_S = 1.0  # refused NATS messages: one log line at most this often
 
 
@@ -66,86 +63,66 @@ def nats_problem(stream: Stream) -> str | None:
 class NatsBridge:
     """The NATS side of the Liftbridge doors. ``await start()``, ``await stop()``."""
 
-    def __init__(self, service: Liftbridge, config: NatsConfig,
-                 guard: Guard | None = None) -> None:
+    def __init__(self, service: Liftbridge, link: NatsLink) -> None:
         self.service = service
-        self.config = config
-        self.guard = guard
-        self.auth: NatsAuth | None = None  # the embedded server's TLS and users, when ours
+        self.link = link
+        self.config = link.config
+        self.guard = link.guard
         self._reload_task: asyncio.Task | None = None
         self._permissions_dirty = False
-        self.embedded: EmbeddedNats | None = None
-        self.nc: NatsClient | None = None
-        self.servers: list[str] = list(config.servers)
-        self._stopping = False
-        self._reconnect_task: asyncio.Task | None = None
         self._subs: dict[int, object] = {}
         # the streams NATS serves, by name, and their partition subjects (literal, wildcard)
         self._attached: dict[str, Stream] = {}
         self._literal: dict[str, int] = {}
         self._wildcard: dict[str, int] = {}
         self._inbox_errors: dict[str, LiftbridgeError | None] = {}  # ack_inbox_error's answers
-        self._inboxes_only = guard is not None and guard.config.authz
+        self._inboxes_only = link.guard.config.authz
+        self._own = f"{service.namespace}."  # riverlog's own subjects
+        self._acks = f"{service.namespace}.ack."  # its own ack inboxes (no NATS user's)
         self._next_refusal_log = 0.0
         self._pending: set[asyncio.Task] = set()
         self._out: list[tuple[bytes, bytes]] = []  # (subject UTF-8, payload)
         self._out_task: asyncio.Task | None = None
         self._pub_lines: dict[tuple[bytes, int], bytes] = {}  # (subject, size) -> PUB line
         service.bridge = self
+        link.add_reconnect_listener(self._resubscribe)
+        service.broker.placement.add_leader_listener(self._leader_changed)
 
     # -- lifecycle ----------------------------------------------------------------------
+    @property
+    def nc(self) -> NatsClient | None:
+        """The shared NATS connection (NatsLink.nc)."""
+        return self.link.nc
+
+    @property
+    def auth(self) -> NatsAuth | None:
+        return self.link.auth
+
+    @property
+    def embedded(self) -> EmbeddedNats | None:
+        return self.link.embedded
+
+    @property
+    def url(self) -> str:
+        """The NATS address clients can use (the first server)."""
+        return self.link.url
+
     async def start(self) -> None:
-        """Start the embedded nats-server (unless servers were given), connect, and subscribe
-        every partition of every stream that has a subject NATS can take. Raises ``OSError``
-        (port taken, no server) with a message naming the address."""
+        """Note every stream with a subject NATS can take (the embedded server's permissions
+        start with them), start the NATS link, and subscribe their partitions. Raises
+        ``OSError`` (port taken, no server) with a message naming the address."""
         for stream in list(self.service.broker.streams.values()):
-            self._index(stream)
-        guard = self.guard = self.guard or Guard(SecurityConfig())
-        settings = None
-        if self.config.embedded:
-            auth = NatsAuth(guard, self.config.host)
-            if auth.needed and not self.config.embedded_config:
-                self.auth = auth
-                for stream in self._attached.values():
-                    auth.add(stream)
-                settings = auth.settings()
-            self.embedded = EmbeddedNats(self.config.host, self.config.port,
-                                         self.config.embedded_config, self.config.binary,
-                                         self.config.port_fallback, settings)
-            await self.embedded.start()
-            self.servers = [self.embedded.url]
-        try:
-            self.nc = await self._connect()
-        except Exception as exc:
-            if self.embedded is not None:
-                await self.embedded.stop()
-            reason = str(exc) or f"no connection within {FIRST_CONNECT_TIMEOUT_S:.0f}s (the " \
-                                 f"errors logged above say why)"
-            raise OSError(f"cannot connect to NATS at {', '.join(self.servers)}: "
-                          f"{reason}") from None
+            if self._index(stream) and self.auth is not None:
+                self.auth.add(stream)
+        await self.link.start()
         for stream in list(self._attached.values()):
             self._subscribe_all(stream)
         await self.sync()
-        log.info("NATS bridge connected to %s", ", ".join(self.servers))
-
-    async def _connect(self) -> NatsClient:
-        """A new connection to ``servers``. nats-py retries a failing first connection forever
-        (max_reconnect_attempts -1, kept for later reconnects): this gives up after
-        FIRST_CONNECT_TIMEOUT_S (e.g. on a TLS mismatch) with ``asyncio.TimeoutError``."""
-        return await asyncio.wait_for(nats.connect(
-            self.servers, name="riverlog", connect_timeout=5, allow_reconnect=True,
-            max_reconnect_attempts=-1, reconnect_time_wait=1,
-            error_cb=self._error, disconnected_cb=self._disconnected,
-            reconnected_cb=self._reconnected, closed_cb=self._closed,
-            pending_size=64 * 1024 * 1024,
-            **connect_options(self.config, self.guard, self.auth)), FIRST_CONNECT_TIMEOUT_S)
+        log.info("NATS bridge connected to %s", ", ".join(self.link.servers))
 
     async def stop(self) -> None:
-        """Unsubscribe, send the acks still queued, close the connection, stop nats-server."""
-        self._stopping = True
-        if self._reconnect_task is not None:
-            self._reconnect_task.cancel()
-        nc, self.nc = self.nc, None
+        """Unsubscribe and send the acks still queued (the App closes the link after)."""
+        nc = self.nc
         if nc is not None:
             if self._pending:
                 await asyncio.wait(list(self._pending), timeout=5)
@@ -156,68 +133,14 @@ class NatsBridge:
                     pass
             self._subs.clear()
             await self._send_out(nc)
-            try:
-                await asyncio.wait_for(nc.flush(), 5)
-            except Exception:
-                pass
-            await nc.close()
-        if self.embedded is not None:
-            await self.embedded.stop()
 
-    async def _error(self, exc: Exception) -> None:
-        log.error("NATS: %s", exc)
-
-    async def _disconnected(self) -> None:
-        if self.nc is not None:  # None: we are closing it
-            log.warning("disconnected from NATS, reconnecting")
-
-    async def _reconnected(self) -> None:
-        NATS_RECONNECTS.inc()
-        log.info("reconnected to NATS at %s", self.nc.connected_url.netloc if self.nc else "?")
-
-    async def _closed(self) -> None:
-        """nats-py closed the connection for good: the server sent -ERR (e.g. "maximum
-        control line exceeded", "authorization violation") and nats-py does not reconnect
-        after that. Unless the bridge is stopping, connect again."""
-        nc = self.nc
-        if self._stopping or nc is None or not nc.is_closed or self._reconnect_task is not None:
-            return
-        log.error("the NATS server closed riverlog's connection (%s): NATS publishes are not "
-                  "stored until riverlog is connected again", nc.last_error or "no reason given")
-        self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect())
-
-    async def _reconnect(self) -> None:
-        """Connect again (every RECONNECT_WAIT_S until it works or the bridge stops), then
-        subscribe every partition again: the closed connection's subscriptions are gone."""
-        try:
-            while True:
-                try:
-                    nc = await self._connect()
-                except Exception as exc:
-                    log.error("cannot connect to NATS at %s again: %s; next try in %.0fs",
-                              ", ".join(self.servers), str(exc) or "timed out",
-                              RECONNECT_WAIT_S)
-                    await asyncio.sleep(RECONNECT_WAIT_S)
-                    continue
-                if self._stopping:
-                    await nc.close()
-                    return
-                self.nc = nc
-                self._subs.clear()
-                for stream in list(self._attached.values()):
-                    self._subscribe_all(stream)
-                await self.sync()
-                NATS_RECONNECTS.inc()
-                log.warning("reconnected to NATS at %s: %d partitions listen again",
-                            nc.connected_url.netloc, len(self._subs))
-                return
-        finally:
-            self._reconnect_task = None
-
-    @property
-    def url(self) -> str:
-        """The NATS address clients can use (the first server)."""
-        return self.servers[0] if self.servers else ""
+    async def _resubscribe(self, nc: NatsClient) -> None:
+        """The link has a new connection (the old one was closed): subscribe again."""
+        self._subs.clear()
+        for stream in list(self._attached.values()):
+            self._subscribe_all(stream)
+        await self.sync()
+        log.warning("%d partitions listen on NATS again", len(self._subs))
 
     # -- subscriptions ------------------------------------------------------------------
     def _task(self, coro) -> asyncio.Task:
@@ -293,8 +216,11 @@ class NatsBridge:
     def ack_inbox_error(self, inbox: str) -> LiftbridgeError | None:
         """Why riverlog sends no ack to ``inbox`` (None: it does): INVALID_ARGUMENT when it is
         no literal NATS subject of at most MAX_SUBJECT_BYTES (riverlog.protocol.nats_subject);
-        PERMISSION_DENIED when a stream listens on it (an ack would be stored there) or, with
-        authorization on, when it is outside INBOXES, the inboxes NATS users may subscribe to.
+        PERMISSION_DENIED when a stream listens on it (an ack would be stored there), when it
+        is one of riverlog's own subjects (``<namespace>.>`` but ``<namespace>.ack.>``, the
+        inboxes riverlog itself waits on, which no NATS user may subscribe) or, with
+        authorization on, when it is outside INBOXES (the inboxes NATS users may subscribe
+        to) and riverlog's own.
         Answers are kept until the streams' subjects change."""
         errors = self._inbox_errors
         if inbox in errors:
@@ -303,7 +229,11 @@ class NatsBridge:
         problem = subject_problem(inbox)
         if problem is not None:
             error = LiftbridgeError("INVALID_ARGUMENT", f"ack inbox {_shown(inbox)} {problem}")
-        elif self._inboxes_only and not any(matches(p, inbox) for p in INBOXES):
+        elif inbox.startswith(self._own) and not inbox.startswith(self._acks):
+            error = LiftbridgeError("PERMISSION_DENIED", f"ack inbox {_shown(inbox)} is one of "
+                                                         f"riverlog's own subjects")
+        elif self._inboxes_only and not inbox.startswith(self._acks) and \
+                not any(matches(p, inbox) for p in INBOXES):
             error = LiftbridgeError("PERMISSION_DENIED", f"ack inbox {_shown(inbox)} is not an "
                                                          f"inbox ({', '.join(INBOXES)})")
         elif inbox in self._literal or any(matches(p, inbox) for p in self._wildcard):
@@ -338,10 +268,7 @@ class NatsBridge:
             while self._permissions_dirty:
                 await asyncio.sleep(0)  # one reload for every change made in this turn
                 self._permissions_dirty = False
-                if self.embedded is not None and self.auth is not None:
-                    settings = await asyncio.to_thread(self.auth.settings,
-                                                       self.auth.snapshot())
-                    await self.embedded.reload(settings)
+                await self.link.reload()
         finally:
             self._reload_task = None
 
@@ -354,17 +281,34 @@ class NatsBridge:
         if stream.config.subject and id(partition) not in self._subs:
             self._task(self._subscribe(stream, partition))
 
+    def _leader_changed(self, name: str, index: int) -> None:
+        """A partition's leader changed (Placement listener): its new leader listens on its
+        subject, any other server stops."""
+        stream = self._attached.get(name)
+        if stream is None or not 0 <= index < len(stream.partitions):
+            return
+        partition = stream.partitions[index]
+        if self.service.broker.placement.leads(name, index):
+            if not partition.paused:
+                self.resume(stream, partition)
+        else:
+            self.pause(stream, partition)
+
     async def _subscribe(self, stream: Stream, partition: Partition) -> None:
-        if self.nc is None or id(partition) in self._subs or stream.name in RESERVED_STREAMS:
-            return  # the reserved streams are written by the server itself, never from NATS
+        placement = self.service.broker.placement
+        if self.nc is None or id(partition) in self._subs or stream.name in RESERVED_STREAMS \
+                or not placement.leads(stream.name, partition.index):
+            return  # the reserved streams are written by the server itself, never from NATS;
+            # only a partition's leader ingests its subject
         subject = partition_subject(stream.config.subject or "", partition.index)
         sub = await self.nc.subscribe(subject, queue=stream.config.group or "",
                                       cb=self._handler(stream, partition),
                                       pending_msgs_limit=0,
                                       pending_bytes_limit=PENDING_BYTES_LIMIT)
         if id(partition) in self._subs or partition.paused or \
-                self.service.broker.streams.get(stream.name) is not stream:
-            await sub.unsubscribe()  # lost a race with pause/delete
+                self.service.broker.streams.get(stream.name) is not stream or \
+                not placement.leads(stream.name, partition.index):
+            await sub.unsubscribe()  # lost a race with pause/delete/a leader change
             return
         self._subs[id(partition)] = sub
         log.debug("partition %s/%d listens on %s (queue group %r)", stream.name,

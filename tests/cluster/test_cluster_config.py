@@ -105,3 +105,16 @@ def test_seed_member_from_config_serves_metadata(tmp_path):
             metadata.close()
     asyncio.run(run())
     assert os.path.exists(tmp_path / "raft" / "journal")
+
+
+def test_a_cluster_member_takes_min_insync_replicas_and_nats_routes(tmp_path):
+    values = {**load(write(tmp_path, CLUSTER_FILE), {}), "clustering.min.insync.replicas": 2}
+    config, _ = build(values, {"nats_cluster_port": 6222,
+                               "nats_routes": ["10.0.0.1:6222", "10.0.0.3:6222"]})
+    assert config.cluster.min_insync_replicas == 2
+    assert (config.nats.cluster_port, config.nats.routes) == (6222, ("10.0.0.1:6222",
+                                                                     "10.0.0.3:6222"))
+    with pytest.raises(ConfigError, match="a single riverlog server has one replica"):
+        build(load(None, {"LIFTBRIDGE_CLUSTERING_MIN_INSYNC_REPLICAS": "2"}), {})
+    with pytest.raises(ConfigError, match="set riverlog.raft.address too"):
+        build(load(None, {}), {"nats_cluster_port": 6222})

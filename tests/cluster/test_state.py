@@ -30,6 +30,16 @@ def test_create_stream_spreads_replicas_and_leaders():
     assert other.partitions[0].replicas == ("a", "b", "c")  # starts after the 3 placed
 
 
+def test_create_stream_keeps_its_settings_for_every_replica():
+    config = {"subject": "orders", "partitions": 1, "min_isr": 2, "retention_max_bytes": 10}
+    st1, stream = s.create_stream(cluster("a", "b"), "orders", "orders", replication_factor=2,
+                                  config=config)
+    config["min_isr"] = 1  # the caller's dict changing later changes nothing stored
+    assert st1.streams["orders"].config == {"subject": "orders", "partitions": 1,
+                                            "min_isr": 2, "retention_max_bytes": 10}
+    assert pickle.loads(pickle.dumps(st1)) == st1  # Raft snapshots pickle the state
+
+
 @pytest.mark.parametrize("kwargs, error", [
     ({"replication_factor": 4}, s.NotEnoughServers),
     ({"replication_factor": 0}, s.MetadataError),
@@ -167,3 +177,21 @@ def test_state_survives_pickle():  # pysyncobj snapshots and journals it as pick
     st1, _ = s.create_stream(cluster("a", "b"), "x", "x", replication_factor=2)
     st2, _ = s.join_group(st1, "g", "c", ("x",), coordinator="a")
     assert pickle.loads(pickle.dumps(st2)) == st2
+
+
+def test_report_leader_changes_it_once_a_majority_of_the_followers_reported():
+    st0, _ = s.create_stream(cluster("a", "b", "c"), "x", "x", replication_factor=3)
+    st1, part = s.report_leader(st0, "x", 0, "b", "a", 1, now=100.0, window=15.0)
+    assert part.leader == "a" and part.witnesses == (("b", 100.0),)  # one of two followers
+    # a report older than the timeout does not count with a new one
+    st2, part = s.report_leader(st1, "x", 0, "c", "a", 1, now=200.0, window=15.0)
+    assert part.leader == "a" and part.witnesses == (("c", 200.0),)
+    st3, part = s.report_leader(st2, "x", 0, "b", "a", 1, now=210.0, window=15.0)
+    assert (part.leader, part.leader_epoch, part.isr, part.witnesses) == ("b", 2, ("b", "c"), ())
+    with pytest.raises(s.StaleLeaderEpoch):  # a report of the old leader changes nothing
+        s.report_leader(st3, "x", 0, "c", "a", 1, now=211.0, window=15.0)
+    with pytest.raises(s.NotAReplica):
+        s.report_leader(st3, "x", 0, "a", "b", 2, now=211.0, window=15.0)
+    st4, _ = s.create_stream(cluster("a", "b"), "y", "y", replication_factor=2)
+    _, part = s.report_leader(st4, "y", 0, "b", "a", 1, now=1.0, window=15.0)
+    assert part.leader == "b"  # of two replicas, the one follower's report is enough

@@ -294,8 +294,8 @@ async def test_a_create_asks_the_policy_about_the_new_stream_only(tmp_path, user
     0.5-0.7 s per create."""
     async with running(tmp_path, security(users)) as app:
         for i in range(40):
-            app.liftbridge.create_stream(f"orders.{i}", f"orders.{i}",
-                                         StreamConfig(subject=f"orders.{i}"))
+            await app.liftbridge.create_stream(f"orders.{i}", f"orders.{i}",
+                                               StreamConfig(subject=f"orders.{i}"))
         await app.nats.sync()
         channel, stub = stub_of(app)
         async with channel:

@@ -86,7 +86,7 @@ async def test_nats_users_and_permissions_follow_the_policy(tmp_path, users, pki
 
 async def test_tls_without_authorization(tmp_path, users, pki):
     async with running(tmp_path, security(users, pki, authz=False)) as app:
-        app.liftbridge.create_stream("open", "open", StreamConfig(subject="open"))
+        await app.liftbridge.create_stream("open", "open", StreamConfig(subject="open"))
         await app.nats.sync()
         client = await Client().connect(app.nats.url, None, tls=client_context(pki.ca))
         await client.publish("open", b"no users without authorization")
@@ -119,7 +119,7 @@ async def test_bridge_logs_in_to_external_nats_over_tls(tmp_path, users, pki):
         app = App(config)
         await app.start()
         try:
-            app.liftbridge.create_stream("ext", "ext", StreamConfig(subject="ext"))
+            await app.liftbridge.create_stream("ext", "ext", StreamConfig(subject="ext"))
             await app.nats.sync()
             with pytest.raises(nats.errors.Error, match="Authorization Violation"):
                 await Client().connect(url, None, tls=client_context(pki.ca))
@@ -132,3 +132,23 @@ async def test_bridge_logs_in_to_external_nats_over_tls(tmp_path, users, pki):
             await app.stop()
     finally:
         await external.stop()
+
+
+async def test_no_nats_user_reaches_riverlogs_own_subjects(tmp_path, users):
+    """``<namespace>.>`` (replication, notifications, riverlog's own ack inboxes) is
+    riverlog's: even a user allowed everything may neither publish nor subscribe there, and
+    riverlog sends no ack there (an ack inbox under the namespace but ``<ns>.ack.`` is
+    refused), while the bridge's own connection still uses it."""
+    async with running(tmp_path, security(users)) as app:
+        url, own = app.nats.url, f"{app.liftbridge.namespace}.notify.a"
+        ops = await Client().connect(url, "ops")
+        await ops.nc.subscribe(own)
+        await ops.nc.flush()
+        await ops.publish(own, b"forged")
+        errors = await ops.errors_reach(2)
+        assert "permissions violation for subscription" in errors[0].lower()
+        assert "permissions violation for publish" in errors[1].lower()
+        seen = await app.nats.nc.subscribe(own)
+        await app.nats.nc.publish(own, b"riverlog's own")
+        assert (await seen.next_msg(timeout=5)).data == b"riverlog's own"
+        assert "riverlog's own" in app.nats.ack_inbox_error(own).message

@@ -1,0 +1,341 @@
+# This server as a member of a riverlog cluster (docs/clustering.md): the Raft metadata member
+# (metadata.py) started inside `riverlog serve`, the cluster Placement every door asks ("who
+# leads this partition", "where are that server's doors"), the reconcile loop that makes the
+# local Broker follow the metadata, and the metadata changes the replication engine asks for
+# (ReplicationEvents: ISR shrink/expand, a leader reported unresponsive).
+# Rules: the metadata is the truth: a stream with a replica here exists locally with the
+# settings the metadata carries (the same on every replica), a stream gone from the metadata is
+# deleted here, but only once this member has caught up with the Raft log (a member restarting
+# starts from an empty state and must not delete what it has not replayed yet); reconciling
+# runs on the event loop after every applied change, never blocks it, and one local failure
+# (a stream folder that cannot be made) is logged without stopping the rest; the placement is
+# read synchronously from the latest applied state; leader changes are told to the doors
+# (Placement.leader_changed) after the local streams follow the new state.
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from typing import Awaitable, Callable, Mapping
+
+from ..broker import RESERVED_STREAMS, Broker, StreamConfig
+from ..broker.placement import PartitionPlacement, Placement
+from ..config import ClusterConfig
+from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
+from ..protocol.liftbridge import api_pb2 as pb
+from ..protocol.liftbridge.envelope import EnvelopeError, MsgType, decode_internal, encode_message
+from .metadata import RaftMetadata, RaftSettings, RaftUnavailable
+from .state import ClusterState, Door, MetadataError, NoSuchStream, Server, StreamExists
+
+log = logging.getLogger("riverlog.cluster")
+
+REGISTER_RETRY_S = 0.5
+STATUS_TRIES, STATUS_WAIT_S, STATUS_TIMEOUT_S = 5, 0.1, 2.0
+"""Liftbridge's waitForPartitionLeader: 5 status requests, 100 ms apart (best effort)."""
+LEADER_TIMEOUT_S = 15.0
+"""Liftbridge's clustering.replica.max.leader.timeout: reports of one leader count together
+when at most this far apart (state.report_leader)."""
+_LOCAL_ONLY = ("replicated",)  # StreamConfig fields each server sets for itself
+
+
+def config_dict(config: StreamConfig) -> dict:
+    """``config`` as the plain dict the metadata carries (state.Stream.config)."""
+    return {k: v for k, v in dataclasses.asdict(config).items() if k not in _LOCAL_ONLY}
+
+
+def stream_config(stored: Mapping[str, object], replicated: bool) -> StreamConfig:
+    """The StreamConfig of a metadata stream's ``stored`` dict; fields this version does not
+    know are left out (a newer server's)."""
+    known = {f.name for f in dataclasses.fields(StreamConfig)} - set(_LOCAL_ONLY)
+    return StreamConfig(**{k: v for k, v in stored.items() if k in known},
+                        replicated=replicated)
+
+
+class ClusterPlacement(Placement):
+    """Placement from the applied metadata (``state``, replaced by the reconcile loop);
+    creates and deletes streams through Raft (``metadata``, set once Raft runs). The
+    internal streams (``__cursors``, ``__activity``) are outside the metadata: each server
+    holds and leads its own, as a single server does."""
+
+    clustered = True
+
+    def __init__(self, server_id: str, min_isr: int = 1) -> None:
+        super().__init__(server_id)
+        self.min_isr = min_isr  # of streams created without one
+        self.state = ClusterState()
+        self.metadata: RaftMetadata | None = None
+        self.created: Callable[[str], Awaitable[None]] | None = None
+        """Awaited after a create_stream applied here (ClusterNode.wait_for_leaders)."""
+
+    def of(self, stream: str, index: int) -> PartitionPlacement | None:
+        if stream in RESERVED_STREAMS:  # each server's own (cursors, activity): it leads them
+            me = (self.server_id,)
+            return PartitionPlacement(self.server_id, me, me)
+        found = self.state.streams.get(stream)
+        if found is None or not 0 <= index < len(found.partitions):
+            return None
+        part = found.partitions[index]
+        return PartitionPlacement(part.leader, part.replicas, part.isr, part.leader_epoch)
+
+    def door(self, server_id: str, door: str) -> tuple[str, int] | None:
+        server = self.state.servers.get(server_id)
+        found = None if server is None else server.doors.get(door)
+        return None if found is None else (found.host, found.port)
+
+    def servers(self) -> tuple[str, ...]:
+        return tuple(sorted(self.state.servers))
+
+    def streams(self) -> Mapping[str, tuple[str, int]]:
+        return {name: (s.subject, len(s.partitions)) for name, s in self.state.streams.items()}
+
+    async def submit(self, command: str, **arguments) -> object:
+        """Apply a metadata command through Raft (RaftMetadata.submit). Raises its
+        MetadataError, RaftUnavailable (also before Raft runs)."""
+        if self.metadata is None:
+            raise RaftUnavailable("the cluster metadata is not running yet")
+        return await self.metadata.submit(command, **arguments)
+
+    async def create_stream(self, name: str, config: StreamConfig) -> None:
+        """Create the stream through Raft: ``config.replication_factor`` replicas (-1: every
+        server) of ``config.partitions`` partitions, every replica with ``config``'s
+        settings (``min_isr`` None: clustering.min.insync.replicas). Returns once
+        applied here (the local replica, if any, exists then) and, best effort, once each
+        partition's leader says it leads it and takes its writes (``created``).
+        Raises StreamExistsError, InvalidArgumentError (e.g. more replicas than servers),
+        RaftUnavailable (no Raft leader: the outcome is unknown)."""
+        if config.min_isr is None:
+            config = dataclasses.replace(config, min_isr=self.min_isr)
+        try:
+            await self.submit("create_stream", name=name, subject=config.subject or "",
+                              partitions=config.partitions,
+                              replication_factor=config.replication_factor,
+                              config=config_dict(config))
+        except StreamExists as exc:
+            raise StreamExistsError(str(exc)) from None
+        except MetadataError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        if self.created is not None:
+            await self.created(name)
+
+    async def delete_stream(self, name: str) -> None:
+        """Delete the stream through Raft, on every server. Raises StreamNotFoundError,
+        RaftUnavailable."""
+        try:
+            await self.submit("delete_stream", name=name)
+        except NoSuchStream as exc:
+            raise StreamNotFoundError(str(exc)) from None
+
+
+class ClusterNode:
+    """This server's part of the cluster. ``await start(doors)``, ``await stop()``.
+
+    ``create_local(name, config)`` / ``delete_local(name)`` make and remove a stream on this
+    server the way its doors do (the App passes the Liftbridge layer's, so the NATS door
+    attaches it); ``placement`` is installed as ``broker.placement`` at construction.
+    ``replication`` (riverlog.cluster.replication.Replication, or None while there is no
+    data replication: then every replica commits on its own and only the leader takes
+    writes) is told every partition held here after each change. ``link`` (the NatsLink
+    given to ``start``) carries
+    Liftbridge's partition status requests (``<namespace>.raft.metadata.status.<server
+    id>``): this server answers whether it holds and leads a partition once
+    ``doors_synced()`` returned (its NATS door listens then), and asks a new stream's
+    leaders before a create returns, so a publish right after it reaches a listening
+    leader.
+    """
+
+    def __init__(self, config: ClusterConfig, broker: Broker, settings: RaftSettings,
+                 create_local: Callable[[str, StreamConfig], object],
+                 delete_local: Callable[[str], None],
+                 doors_synced: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.config = config
+        self.link = None  # server.nats_link.NatsLink: partition status requests and answers
+        self.doors_synced = doors_synced
+        self.server_id = config.server_id
+        self.broker = broker
+        self.settings = settings
+        self.create_local = create_local
+        self.delete_local = delete_local
+        self.placement = ClusterPlacement(config.server_id, config.min_insync_replicas)
+        self.placement.created = self.wait_for_leaders
+        broker.placement = self.placement
+        self.metadata: RaftMetadata | None = None
+        self.replication = None
+        self.leader_timeout_s = LEADER_TIMEOUT_S  # report_leader's window (replication's)
+        self._assigned: set[tuple[str, int]] = set()
+        self._unwatch: Callable[[], None] | None = None
+        self._register_task: asyncio.Task | None = None
+
+    async def start(self, doors: Mapping[str, tuple[str, int]], link=None) -> None:
+        """Start the Raft member (its thread; the Raft files are checked first), follow its
+        metadata, register this server with ``doors`` (door name -> advertised host and
+        port) in the background until Raft takes it, and answer partition status requests
+        on ``link`` (a started NatsLink). ``replication``, when set, is started first and
+        stopped by ``stop``. Raises RaftConfigError, RaftFileCorrupt, RaftBindError."""
+        self.link = link
+        if self.replication is not None:
+            await self.replication.start()
+        self.metadata = await asyncio.to_thread(RaftMetadata, self.settings)
+        self.placement.metadata = self.metadata
+        loop = asyncio.get_running_loop()
+        self._unwatch = self.metadata.watch(loop, self.apply)
+        self.apply(self.metadata.state)
+        server = Server(self.server_id, {name: Door(host, port)
+                                         for name, (host, port) in doors.items()})
+        self._register_task = loop.create_task(self._register(server))
+        if self.link is not None:
+            await self._answer_status(self.link.nc)
+            self.link.add_reconnect_listener(self._answer_status)
+        log.info("cluster member %s: Raft on %s, peers %s", self.server_id,
+                 self.settings.address, ", ".join(self.settings.peers) or "none")
+
+    async def _register(self, server: Server) -> None:
+        """add_server until Raft applies it (no leader yet while the members start)."""
+        while True:
+            try:
+                await self.placement.submit("add_server", server=server)
+            except RaftUnavailable as exc:
+                log.debug("registering %s: %s; trying again", self.server_id, exc)
+                await asyncio.sleep(REGISTER_RETRY_S)
+                continue
+            log.info("server %s registered in the cluster metadata", self.server_id)
+            return
+
+    def _status_subject(self, server_id: str) -> str:
+        return f"{self.link.config.namespace}.raft.metadata.status.{server_id}"
+
+    async def _answer_status(self, nc) -> None:
+        """Answer PartitionStatusRequests on this server's status subject (Liftbridge's
+        handlePartitionStatusRequest) on connection ``nc``."""
+        async def answer(msg) -> None:
+            try:
+                req = decode_internal(msg.data, MsgType.PartitionStatusRequest)
+            except EnvelopeError as exc:
+                log.warning("invalid partition status request: %s", exc)
+                return
+            local = self.broker.streams.get(req.stream)
+            exists = local is not None and 0 <= req.partition < len(local.partitions)
+            leads = exists and self.placement.leads(req.stream, req.partition)
+            if leads and self.doors_synced is not None:
+                await self.doors_synced()  # the NATS door listens on its subject now
+            if msg.reply:
+                await nc.publish(msg.reply, encode_message(pb.PartitionStatusResponse(
+                    exists=exists, isLeader=leads)))
+        if nc is not None:
+            await nc.subscribe(self._status_subject(self.server_id), cb=answer)
+
+    async def wait_for_leaders(self, name: str) -> None:
+        """Best effort, as Liftbridge's waitForPartitionLeader: ask each partition's leader
+        (another server) whether it leads it, up to STATUS_TRIES times, until it says so."""
+        stream = self.placement.state.streams.get(name)
+        nc = self.link.nc if self.link is not None else None
+        if stream is None or nc is None:
+            return
+        for part in stream.partitions:
+            if part.leader is None or part.leader == self.server_id:
+                continue
+            request = encode_message(pb.PartitionStatusRequest(stream=name,
+                                                               partition=part.index))
+            for _ in range(STATUS_TRIES):
+                try:
+                    reply = await nc.request(self._status_subject(part.leader), request,
+                                             timeout=STATUS_TIMEOUT_S)
+                    if decode_internal(reply.data, MsgType.PartitionStatusResponse).isLeader:
+                        break
+                except Exception as exc:  # no responders, timeout, a bad answer: try again
+                    log.debug("partition status of %s/%d from %s: %s", name, part.index,
+                              part.leader, exc)
+                await asyncio.sleep(STATUS_WAIT_S)
+            else:
+                log.warning("the leader %s of %s/%d did not say it leads it", part.leader,
+                            name, part.index)
+
+    async def stop(self) -> None:
+        """Stop following the metadata, replication, and the Raft member."""
+        if self._register_task is not None:
+            self._register_task.cancel()
+        if self._unwatch is not None:
+            self._unwatch()
+        if self.replication is not None:
+            await self.replication.stop()
+        if self.metadata is not None:
+            await asyncio.to_thread(self.metadata.close)
+
+    # -- the reconcile loop -------------------------------------------------------------
+    def apply(self, state: ClusterState) -> None:
+        """Make this server follow ``state`` (called on the loop after every applied
+        change): create the streams with a replica here, delete the ones gone, tell
+        replication every partition held here, and the doors every leader change."""
+        old, self.placement.state = self.placement.state, state
+        me, broker = self.server_id, self.broker
+        ready = self.metadata is not None and self.metadata.ready
+        for name, stream in state.streams.items():
+            if name in broker.streams or not any(me in p.replicas for p in stream.partitions):
+                continue
+            try:
+                self.create_local(name, stream_config(stream.config,
+                                                      replicated=self.replication is not None))
+            except Exception:
+                log.exception("cannot create the local replica of stream %r", name)
+        for name in list(broker.streams):
+            if name in RESERVED_STREAMS:
+                continue
+            stream = state.streams.get(name)
+            held = stream is not None and any(me in p.replicas for p in stream.partitions)
+            if not held and (ready or name in old.streams):
+                try:
+                    self.delete_local(name)
+                except Exception:
+                    log.exception("cannot delete the local replica of stream %r", name)
+        self._assign(state)
+        for name, stream in state.streams.items():
+            before = old.streams.get(name)
+            for part in stream.partitions:
+                prior = before.partitions[part.index] if before is not None and \
+                    part.index < len(before.partitions) else None
+                if prior is None or (prior.leader, prior.leader_epoch) != (part.leader,
+                                                                          part.leader_epoch):
+                    self.placement.leader_changed(name, part.index)
+
+    def _assign(self, state: ClusterState) -> None:
+        """Replication.assign for every partition held here, unassign for those no more."""
+        replication = self.replication
+        if replication is None:
+            return
+        held = set()
+        for name, stream in state.streams.items():
+            local = self.broker.streams.get(name)
+            if local is None:
+                continue
+            for part in stream.partitions:
+                if self.server_id in part.replicas and part.index < len(local.partitions):
+                    held.add((name, part.index))
+                    replication.assign(local.partitions[part.index],
+                                       self.placement.of(name, part.index))
+        for name, index in self._assigned - held:
+            replication.unassign(name, index)
+        self._assigned = held
+
+    # -- ReplicationEvents: what replication asks of the metadata -------------------------
+    async def shrink_isr(self, stream: str, index: int, replica: str, leader_epoch: int) -> None:
+        """``replica`` lags: it leaves the ISR (state.shrink_isr). Raises MetadataError
+        (e.g. StaleLeaderEpoch), RaftUnavailable."""
+        await self.placement.submit("shrink_isr", stream=stream, index=index, replica=replica,
+                                    leader_epoch=leader_epoch)
+
+    async def expand_isr(self, stream: str, index: int, replica: str, leader_epoch: int) -> None:
+        """``replica`` caught up: it rejoins the ISR (state.expand_isr)."""
+        await self.placement.submit("expand_isr", stream=stream, index=index, replica=replica,
+                                    leader_epoch=leader_epoch)
+
+    async def report_leader(self, stream: str, index: int, leader: str,
+                            leader_epoch: int) -> None:
+        """This server, a follower, finds ``leader`` unresponsive: state.report_leader
+        records it, and changes the leader once a majority of the followers in the ISR
+        reported it within ``leader_timeout_s`` of each other (Liftbridge's quorum,
+        server/failover.go). Raises MetadataError (StaleLeaderEpoch: the leader changed
+        since; NotAReplica: this server is not a follower in the ISR), RaftUnavailable."""
+        await self.placement.submit("report_leader", stream=stream, index=index,
+                                    replica=self.server_id, leader=leader,
+                                    leader_epoch=leader_epoch, now=time.time(),
+                                    window=self.leader_timeout_s)

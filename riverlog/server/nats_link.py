@@ -1,0 +1,185 @@
+# The server's one NATS connection, shared by the NATS door (nats_bridge.py) and the cluster
+# runtime (riverlog/cluster/: replication, notifications). Owns the embedded nats-server when
+# riverlog runs its own (with riverlog's users and TLS, nats_auth.py, and the routes joining
+# the other servers' nats-servers in a cluster), the nats-py connection and getting it back.
+# Rules: start() is idempotent (whoever needs NATS first starts it); when the server closes
+# the connection for good (nats-py reconnects by itself only after a lost socket, not after an
+# -ERR), a new one is made every RECONNECT_WAIT_S and every reconnect listener is called with
+# it, so its users subscribe again (the closed connection's subscriptions are gone); the state
+# is logged and counted (riverlog_nats_connected, riverlog_nats_reconnects_total).
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable
+
+import nats
+from nats.aio.client import Client as NatsClient
+
+from ..config import NatsConfig, SecurityConfig
+from ..metrics import NATS_RECONNECTS
+from ..security.guard import Guard
+from ..security.nats_auth import NatsAuth, connect_options
+from .embedded_nats import EmbeddedNats
+
+log = logging.getLogger("riverlog.nats")
+
+FIRST_CONNECT_TIMEOUT_S = 15.0
+RECONNECT_WAIT_S = 1.0  # between attempts to connect again after the server closed the link
+
+ReconnectListener = Callable[[NatsClient], Awaitable[None]]
+"""Called (awaited, on the loop) with the new connection that replaced a closed one."""
+
+
+class NatsLink:
+    """riverlog's NATS connection. ``await start()``, ``nc`` (None until started or while
+    reconnecting), ``await stop()``. ``routes``: the embedded nats-server's ``cluster`` block
+    (nats-server configuration format: name, listen, routes, authorization), None alone.
+    ``auth`` is the embedded server's users and TLS when riverlog manages them (the NATS door
+    tells it the streams' subjects before start); ``embedded`` the child nats-server, named
+    ``name`` (nats-server's server name, unique in a NATS cluster)."""
+
+    def __init__(self, config: NatsConfig, guard: Guard | None = None,
+                 routes: dict | None = None, name: str | None = None) -> None:
+        self.config = config
+        self.guard = guard = guard or Guard(SecurityConfig())
+        self.routes = routes
+        self.name = name
+        self.auth: NatsAuth | None = None
+        if config.embedded and not config.embedded_config:
+            auth = NatsAuth(guard, config.host, config.namespace, clustered=routes is not None)
+            if auth.needed:
+                self.auth = auth
+        self.embedded: EmbeddedNats | None = None
+        self.nc: NatsClient | None = None
+        self.servers: list[str] = list(config.servers)
+        self._listeners: list[ReconnectListener] = []
+        self._stopping = False
+        self._reconnect_task: asyncio.Task | None = None
+
+    @property
+    def url(self) -> str:
+        """The NATS address clients can use (the first server)."""
+        return self.servers[0] if self.servers else ""
+
+    @property
+    def started(self) -> bool:
+        return self.nc is not None or self._reconnect_task is not None
+
+    def add_reconnect_listener(self, listener: ReconnectListener) -> None:
+        self._listeners.append(listener)
+
+    async def start(self) -> None:
+        """Start the embedded nats-server (unless servers were given) and connect; nothing
+        when already started. Raises ``OSError`` (port taken, no server) naming the
+        address."""
+        if self.started:
+            return
+        if self.config.embedded:
+            settings = None
+            if self.auth is not None or self.routes is not None:
+                settings = self.auth.settings() if self.auth is not None else {}
+                if self.routes is not None:
+                    settings["cluster"] = self.routes
+            self.embedded = EmbeddedNats(self.config.host, self.config.port,
+                                         self.config.embedded_config, self.config.binary,
+                                         self.config.port_fallback, settings, self.name)
+            await self.embedded.start()
+            self.servers = [self.embedded.url]
+        try:
+            self.nc = await self._connect()
+        except Exception as exc:
+            if self.embedded is not None:
+                await self.embedded.stop()
+            reason = str(exc) or f"no connection within {FIRST_CONNECT_TIMEOUT_S:.0f}s (the " \
+                                 f"errors logged above say why)"
+            raise OSError(f"cannot connect to NATS at {', '.join(self.servers)}: "
+                          f"{reason}") from None
+
+    async def reload(self) -> None:
+        """Have the embedded nats-server take ``auth``'s current settings (the streams'
+        subjects changed); the file is assembled off the loop. Raises ``OSError``."""
+        if self.embedded is None or self.auth is None:
+            return
+        settings = await asyncio.to_thread(self.auth.settings, self.auth.snapshot())
+        if self.routes is not None:
+            settings["cluster"] = self.routes
+        await self.embedded.reload(settings)
+
+    async def _connect(self) -> NatsClient:
+        """A new connection to ``servers``. nats-py retries a failing first connection forever
+        (max_reconnect_attempts -1, kept for later reconnects): this gives up after
+        FIRST_CONNECT_TIMEOUT_S (e.g. on a TLS mismatch) with ``asyncio.TimeoutError``."""
+        return await asyncio.wait_for(nats.connect(
+            self.servers, name="riverlog", connect_timeout=5, allow_reconnect=True,
+            max_reconnect_attempts=-1, reconnect_time_wait=1,
+            error_cb=self._error, disconnected_cb=self._disconnected,
+            reconnected_cb=self._reconnected, closed_cb=self._closed,
+            pending_size=64 * 1024 * 1024,
+            **connect_options(self.config, self.guard, self.auth)), FIRST_CONNECT_TIMEOUT_S)
+
+    async def stop(self) -> None:
+        """Close the connection (its users flushed what they send first) and stop the
+        embedded nats-server."""
+        self._stopping = True
+        if self._reconnect_task is not None:
+            self._reconnect_task.cancel()
+        nc, self.nc = self.nc, None
+        if nc is not None:
+            try:
+                await asyncio.wait_for(nc.flush(), 5)
+            except Exception:
+                pass
+            await nc.close()
+        if self.embedded is not None:
+            await self.embedded.stop()
+
+    async def _error(self, exc: Exception) -> None:
+        log.error("NATS: %s", exc)
+
+    async def _disconnected(self) -> None:
+        if self.nc is not None:  # None: we are closing it
+            log.warning("disconnected from NATS, reconnecting")
+
+    async def _reconnected(self) -> None:
+        NATS_RECONNECTS.inc()
+        log.info("reconnected to NATS at %s", self.nc.connected_url.netloc if self.nc else "?")
+
+    async def _closed(self) -> None:
+        """nats-py closed the connection for good: the server sent -ERR (e.g. "maximum
+        control line exceeded", "authorization violation") and nats-py does not reconnect
+        after that. Unless stopping, connect again."""
+        nc = self.nc
+        if self._stopping or nc is None or not nc.is_closed or self._reconnect_task is not None:
+            return
+        log.error("the NATS server closed riverlog's connection (%s): NATS publishes are not "
+                  "stored until riverlog is connected again", nc.last_error or "no reason given")
+        self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        """Connect again (every RECONNECT_WAIT_S until it works or the link stops), then
+        hand the new connection to every reconnect listener."""
+        try:
+            while True:
+                try:
+                    nc = await self._connect()
+                except Exception as exc:
+                    log.error("cannot connect to NATS at %s again: %s; next try in %.0fs",
+                              ", ".join(self.servers), str(exc) or "timed out",
+                              RECONNECT_WAIT_S)
+                    await asyncio.sleep(RECONNECT_WAIT_S)
+                    continue
+                if self._stopping:
+                    await nc.close()
+                    return
+                self.nc = nc
+                for listener in list(self._listeners):
+                    try:
+                        await listener(nc)
+                    except Exception:
+                        log.exception("a NATS reconnect listener failed")
+                NATS_RECONNECTS.inc()
+                log.warning("reconnected to NATS at %s", nc.connected_url.netloc)
+                return
+        finally:
+            self._reconnect_task = None

@@ -1,0 +1,258 @@
+# `riverlog serve` as a cluster member: three real Apps in this process (each with its Raft
+# member, its embedded nats-server routed to the others', every door on free ports), driven
+# by real Liftbridge clients (riverlog's generated gRPC stub, gufo-liftbridge) and nats-py:
+# a stream created through any server exists on every replica with one leader, FetchMetadata
+# tells the same everywhere, only the leader ingests its subject, a publish reaching a follower
+# goes to the leader through NATS (as Liftbridge's api.go publishes every gRPC Publish), a
+# follower refuses Subscribe as Liftbridge does, a delete reaches every server. No mocks.
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import nats
+import pytest
+
+from compat._servers import HOST, free_port
+from riverlog.broker import StreamConfig
+from riverlog.config import (ClusterConfig, GrpcConfig, NatsConfig, RabbitStreamConfig,
+                             ServerConfig)
+from riverlog.cluster.state import StaleLeaderEpoch
+from riverlog.protocol.liftbridge import api_pb2 as pb
+from riverlog.protocol.liftbridge import api_pb2_grpc
+from riverlog.protocol.liftbridge.envelope import decode_ack, encode_publish
+from riverlog.server.app import App
+
+IDS = ("a", "b", "c")
+WAIT_S = 60
+
+
+def configs(tmp_path, password: str = "pw") -> list[ServerConfig]:
+    raft = {i: f"{HOST}:{free_port()}" for i in IDS}
+    routes = {i: f"{HOST}:{free_port()}" for i in IDS}
+    return [ServerConfig(
+        data_dir=str(tmp_path / i), rabbitmq_stream=RabbitStreamConfig(port=0, tls_port=0),
+        nats=NatsConfig(port=0, cluster_port=int(routes[i].rsplit(":", 1)[1]),
+                        routes=tuple(r for j, r in routes.items() if j != i)),
+        grpc=GrpcConfig(port=0),
+        cluster=ClusterConfig(server_id=i, raft_address=raft[i], bootstrap_peers=IDS,
+                              raft_peers=tuple((j, a) for j, a in raft.items() if j != i),
+                              raft_password=password)) for i in IDS]
+
+
+async def until(what: str, check):
+    """Poll ``check`` (on the loop) until it returns something true; return that."""
+    for _ in range(WAIT_S * 20):
+        result = check()
+        if result:
+            return result
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"still not: {what}")
+
+
+@pytest.fixture
+async def cluster(tmp_path):
+    apps = [App(c) for c in configs(tmp_path)]
+    await asyncio.gather(*(a.start() for a in apps))
+    try:
+        await until("every server registered everywhere", lambda: all(
+            a.broker.placement.servers() == IDS for a in apps))
+        yield apps
+    finally:
+        await asyncio.gather(*(a.stop() for a in apps), return_exceptions=True)
+
+
+def stub_of(app: App):
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc.port}")
+    return channel, api_pb2_grpc.APIStub(channel)
+
+
+async def test_a_stream_made_through_any_server_is_on_every_replica(cluster):
+    a, b, c = cluster
+    channels = [stub_of(app) for app in cluster]
+    stubs = [s for _, s in channels]
+    try:
+        await stubs[1].CreateStream(pb.CreateStreamRequest(
+            name="orders", subject="orders", replicationFactor=3,
+            minIsr=pb.NullableInt32(value=2)), timeout=30)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stubs[2].CreateStream(pb.CreateStreamRequest(
+                name="orders", subject="orders"), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stubs[0].CreateStream(pb.CreateStreamRequest(
+                name="big", subject="big", replicationFactor=4), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.details() == "Invalid replicationFactor 4, cluster size 3"
+        await until("every server holds orders", lambda: all(
+            "orders" in app.broker.streams for app in cluster))
+        assert all(app.broker.streams["orders"].config.min_isr == 2 for app in cluster)
+
+        answers = [await s.FetchMetadata(pb.FetchMetadataRequest(streams=["orders"]), timeout=10)
+                   for s in stubs]
+        for answer in answers:
+            assert [(br.id, br.port) for br in answer.brokers] == [
+                (app.config.cluster.server_id, app.grpc.port) for app in cluster]
+            (meta,) = answer.streamMetadata
+            part = meta.partitions[0]
+            assert (meta.name, sorted(part.replicas), sorted(part.isr)) == (
+                "orders", list(IDS), list(IDS))
+        leaders = {answer.streamMetadata[0].partitions[0].leader for answer in answers}
+        assert len(leaders) == 1
+        leader_id = leaders.pop()
+        index = IDS.index(leader_id)
+        leader, followers = cluster[index], [x for x in cluster if x is not cluster[index]]
+
+        # publish to the leader: stored there; to a follower: through NATS to the leader
+        ack = (await stubs[index].Publish(pb.PublishRequest(
+            stream="orders", value=b"one", ackPolicy=pb.AckPolicy.LEADER), timeout=10)).ack
+        assert ack.offset == 0
+        follower_stub = stubs[IDS.index(followers[0].config.cluster.server_id)]
+        ack = (await follower_stub.Publish(pb.PublishRequest(
+            stream="orders", value=b"two", ackPolicy=pb.AckPolicy.LEADER), timeout=10)).ack
+        assert (ack.stream, ack.offset) == ("orders", 1)
+        assert leader.broker.streams["orders"].partitions[0].next_offset == 2
+        assert all(f.broker.streams["orders"].partitions[0].next_offset == 0 for f in followers)
+
+        # only the leader listens on the subject: a plain NATS publish is stored once
+        nc = await nats.connect(followers[1].nats.url)
+        inbox = "_INBOX.acks"
+        sub = await nc.subscribe(inbox)
+        await nc.publish("orders", encode_publish(pb.Message(
+            value=b"three", ackInbox=inbox, ackPolicy=pb.AckPolicy.LEADER)))
+        assert decode_ack((await sub.next_msg(timeout=10)).data).offset == 2
+        # a client without credentials is nats-server's restricted anonymous user: riverlog's
+        # own subjects are out of its reach
+        errors = []
+
+        async def on_error(exc):
+            errors.append(str(exc).lower())
+        nc2 = await nats.connect(followers[1].nats.url, error_cb=on_error)
+        await nc2.subscribe(f"{leader.liftbridge.namespace}.notify.{leader_id}")
+        await nc2.publish(f"{leader.liftbridge.namespace}.orders.0.replicate", b"x")
+        await nc2.flush()
+        await until("both refusals", lambda: len(errors) >= 2)
+        assert "permissions violation for subscription" in errors[0]
+        assert "permissions violation for publish" in errors[1]
+        await nc2.close()
+        await nc.close()
+
+        async def requests():  # PublishAsync on a follower: each one to the leader
+            for i, policy in enumerate((pb.AckPolicy.LEADER, pb.AckPolicy.NONE,
+                                        pb.AckPolicy.LEADER)):
+                yield pb.PublishRequest(stream="orders", value=b"async%d" % i,
+                                        correlationId=f"c{i}", ackPolicy=policy)
+        answers = [r async for r in follower_stub.PublishAsync(requests(), timeout=10)]
+        assert [(r.correlationId, r.ack.offset, r.HasField("asyncError")) for r in answers] == [
+            ("c0", 3, False), ("c2", 5, False)]
+        assert leader.broker.streams["orders"].partitions[0].next_offset == 6
+        assert all(f.broker.streams["orders"].partitions[0].next_offset == 0 for f in followers)
+
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await anext(follower_stub.Subscribe(pb.SubscribeRequest(stream="orders"),
+                                                timeout=10).__aiter__())
+        assert (refused.value.code(), refused.value.details()) == (
+            grpc.StatusCode.FAILED_PRECONDITION, "Server not partition leader")
+        # readISRReplica: the follower serves its own replica (empty: no data replication
+        # yet), first with Liftbridge's empty handshake message
+        call = follower_stub.Subscribe(pb.SubscribeRequest(stream="orders", readISRReplica=True),
+                                       timeout=10)
+        assert await anext(call.__aiter__()) == pb.Message()
+        call.cancel()
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await follower_stub.FetchPartitionMetadata(pb.FetchPartitionMetadataRequest(
+                stream="orders"), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+        # a stream without a replica on a server is still in its FetchMetadata
+        await stubs[0].CreateStream(pb.CreateStreamRequest(name="one", subject="one"),
+                                    timeout=30)
+        await until("one applied everywhere", lambda: all(
+            app.broker.placement.of("one", 0) is not None for app in cluster))
+        (holder,) = [app for app in cluster if "one" in app.broker.streams]
+        other = stubs[cluster.index(next(app for app in cluster if app is not holder))]
+        (meta,) = (await other.FetchMetadata(pb.FetchMetadataRequest(streams=["one"]),
+                                             timeout=10)).streamMetadata
+        part = meta.partitions[0]
+        assert (meta.subject, part.leader, list(part.replicas)) == (
+            "one", holder.config.cluster.server_id, [holder.config.cluster.server_id])
+        ack = (await other.Publish(pb.PublishRequest(  # no replica here: to the leader too
+            stream="one", value=b"v", ackPolicy=pb.AckPolicy.LEADER), timeout=10)).ack
+        assert (ack.stream, ack.offset) == ("one", 0)
+
+        await follower_stub.DeleteStream(pb.DeleteStreamRequest(name="orders"), timeout=30)
+        await until("orders gone everywhere", lambda: all(
+            "orders" not in app.broker.streams for app in cluster))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stubs[0].DeleteStream(pb.DeleteStreamRequest(name="orders"), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND
+    finally:
+        for channel, _ in channels:
+            await channel.close()
+
+
+async def test_a_new_leader_takes_the_nats_subject_over(cluster):
+    """After a leader change (Raft's change_leader) the new leader listens on the subject
+    and the old one no longer does: NATS publishes are stored on the new leader only."""
+    a = cluster[0]
+    channel, stub = stub_of(a)
+    nc = await nats.connect(cluster[2].nats.url)
+    try:
+        await stub.CreateStream(pb.CreateStreamRequest(name="moves", subject="moves",
+                                                       replicationFactor=3), timeout=30)
+        await until("moves everywhere", lambda: all("moves" in app.broker.streams
+                                                    for app in cluster))
+        inbox = "_INBOX.moves"
+        sub = await nc.subscribe(inbox)
+
+        async def publish(value: bytes) -> int:
+            await nc.publish("moves", encode_publish(pb.Message(
+                value=value, ackInbox=inbox, ackPolicy=pb.AckPolicy.LEADER)))
+            return decode_ack((await sub.next_msg(timeout=10)).data).offset
+
+        old = a.broker.placement.of("moves", 0).leader
+        assert await publish(b"before") == 0
+        await a.broker.placement.submit("change_leader", stream="moves", index=0)
+        def agreed_new_leader():
+            leaders = {app.broker.placement.of("moves", 0).leader for app in cluster}
+            return len(leaders) == 1 and old not in leaders and leaders.pop()
+        new = await until("one new leader everywhere", agreed_new_leader)
+        new_app, old_app = cluster[IDS.index(new)], cluster[IDS.index(old)]
+        await new_app.nats.sync()  # its SUB, and the old leader's UNSUB, are in effect
+        await old_app.nats.sync()
+        assert await publish(b"after") == 0  # the new leader's own log: no replication yet
+        assert old_app.broker.streams["moves"].partitions[0].next_offset == 1
+        assert new_app.broker.streams["moves"].partitions[0].next_offset == 1
+    finally:
+        await nc.close()
+        await channel.close()
+
+
+async def test_replication_events_change_the_metadata_everywhere(cluster):
+    """What replication asks (ClusterNode as ReplicationEvents): ISR shrink and expand under
+    the leader epoch, and a leader reported by both followers (Liftbridge's quorum: more
+    than (ISR - 1) / 2) is replaced; a stale report is refused."""
+    a = cluster[0]
+    await a.broker.placement.create_stream("events", StreamConfig(subject="events",
+                                                                   replication_factor=3))
+    await until("events applied everywhere", lambda: all(
+        x.broker.placement.of("events", 0) is not None for x in cluster))
+    placed = a.broker.placement.of("events", 0)
+    leader = cluster[IDS.index(placed.leader)]
+    first, second = [x for x in cluster if x is not leader]
+    follower = first.config.cluster.server_id
+    await leader.cluster.shrink_isr("events", 0, follower, placed.leader_epoch)
+    await until("ISR shrunk everywhere", lambda: all(
+        follower not in x.broker.placement.of("events", 0).isr for x in cluster))
+    await leader.cluster.expand_isr("events", 0, follower, placed.leader_epoch)
+    await until("ISR expanded everywhere", lambda: all(
+        follower in x.broker.placement.of("events", 0).isr for x in cluster))
+    await first.cluster.report_leader("events", 0, placed.leader, placed.leader_epoch)
+    assert first.broker.placement.of("events", 0).leader == placed.leader  # one of two
+    await second.cluster.report_leader("events", 0, placed.leader, placed.leader_epoch)
+    await until("a new leader everywhere", lambda: all(
+        x.broker.placement.of("events", 0).leader not in (None, placed.leader)
+        and x.broker.placement.of("events", 0).leader_epoch == placed.leader_epoch + 1
+        for x in cluster))
+    with pytest.raises(StaleLeaderEpoch):
+        await first.cluster.report_leader("events", 0, placed.leader, placed.leader_epoch)
