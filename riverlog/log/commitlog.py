@@ -68,6 +68,11 @@ class CommitLog:
         self._blooms = BloomCache()
         self.on_roll: Callable[[int], None] | None = None
         """Called with the new base offset just before a new segment is created."""
+        self.on_written: Callable[[], None] | None = None
+        """Called after each chunk this log writes itself (not ``append_chunks``): a
+        replicated partition's leader wakes its idle followers."""
+        self.on_synced: Callable[[], None] | None = None
+        """Called after each fsync of new data (``durable_next_offset`` moved on)."""
         os.makedirs(self.directory, exist_ok=True)
         self.report = RecoveryReport()
         self._segments: list[Segment] = []
@@ -179,6 +184,17 @@ class CommitLog:
         """Bytes on disk in segment files (indexes excluded)."""
         return sum(s.size for s in self._segments)
 
+    def bytes_from(self, offset: int) -> int:
+        """Bytes on disk of the chunks from the one holding ``offset`` to the end (0 when
+        ``offset`` is at or past the end): how far, in bytes, a follower at ``offset`` lags."""
+        total = 0
+        for seg in reversed(self._segments):
+            if seg.next_offset <= offset:
+                break
+            i = seg.index.find_offset(offset)
+            total += seg.size - (seg.index.positions[i] if i < len(seg.index) else seg.size)
+        return total
+
     @property
     def segments(self) -> list[Segment]:
         """The segments, oldest first (read-only view for inspection and tests)."""
@@ -266,6 +282,8 @@ class CommitLog:
         if self.epoch != self.epochs.latest_epoch:
             self.epochs.assign(self.epoch, first)  # ValueError for an epoch gone backwards
         self._place(raw, first, num_records, ts, self.epoch, trailer[:bloom_size], now)
+        if self.on_written is not None:
+            self.on_written()
         return range(first, first + num_records)
 
     def _place(self, raw: bytes, first: int, num_records: int, ts: int, epoch: int,
@@ -372,6 +390,15 @@ class CommitLog:
         self._synced_next = max(self._synced_next, upto)
         if self.auto_commit:
             self.commit(upto - 1)
+        if self.on_synced is not None:
+            self.on_synced()
+
+    @property
+    def durable_next_offset(self) -> int:
+        """The end of what the durability policy counts as written: ``next_offset``, or under
+        ``Durability.ALWAYS`` the end of what is fsynced (what a leader of a replicated
+        partition counts as its own log end for the high watermark)."""
+        return min(self._synced_next, self.next_offset) if self.needs_flush else self.next_offset
 
     async def flush(self) -> None:
         """Wait until everything written so far is fsynced (group commit: concurrent

@@ -1,0 +1,115 @@
+# Partition replication (riverlog/cluster/replication*.py) between 2-3 servers in this event
+# loop, each a Broker with its own nats-py connection to one real nats-server; the metadata
+# holder in _replicas.py stands in for Raft (it applies shrink/expand with state.py).
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from _replicas import NS, Cluster, chunk_bytes, eventually  # noqa: E402
+from riverlog.cluster import state as meta  # noqa: E402
+from riverlog.server.embedded_nats import EmbeddedNats  # noqa: E402
+
+
+@pytest.fixture
+async def nats_url():
+    server = EmbeddedNats("127.0.0.1", 0)
+    await server.start()
+    yield server.url
+    await server.stop()
+
+
+@pytest.fixture
+async def cluster(nats_url, tmp_path):
+    c = Cluster(nats_url, tmp_path)
+    await c.start()
+    yield c
+    await c.close()
+
+
+async def publish(node, n: int, size: int = 100, batch: int = 10, stream: str = "s") -> int:
+    """Write ``n`` records in chunks of ``batch`` on ``node``'s partition; wait until the
+    last is committed; returns its offset."""
+    part = node.partition(stream)
+    last = -1
+    for i in range(0, n, batch):
+        last = part.write_records([b"%06d" % j + b"x" * size for j in range(i, i + batch)])[-1]
+    await asyncio.wait_for(part.wait_committed(last), 30)
+    return last
+
+
+async def test_replicas_hold_the_same_bytes_and_the_high_watermark_is_the_isr_minimum(cluster):
+    cluster.create_stream()
+    a, b, c = (cluster.nodes[i] for i in "abc")
+    last = await publish(a, 500)
+    await eventually(lambda: all(n.partition().committed_offset == last for n in (b, c)),
+                     what="followers committing the leader's high watermark")
+    want = chunk_bytes(a.partition())
+    assert want and chunk_bytes(b.partition()) == want and chunk_bytes(c.partition()) == want
+    # with one follower stopped the leader's high watermark stays at what it holds
+    await c.stop()
+    part = a.partition()
+    more = part.write_records([b"y" * 50] * 10)
+    await eventually(lambda: b.partition().log.next_offset == more[-1] + 1,
+                     what="b holding the new chunk")
+    assert part.committed_offset == last  # c (in the ISR) lacks it
+    stats = a.replication.stats("s", 0)
+    assert stats["role"] == "leader" and stats["high_watermark"] == last
+    assert stats["followers"]["c"]["log_end"] == last + 1
+    assert stats["followers"]["c"]["lag_messages"] == 10
+    assert stats["followers"]["c"]["lag_bytes"] == part.log.bytes_from(last + 1) > 0
+    assert b.partition().committed_offset <= last  # never beyond the leader's
+
+
+async def test_a_stopped_follower_leaves_the_isr_and_rejoins_after_catching_up(cluster):
+    cluster.create_stream()
+    a, c = cluster.nodes["a"], cluster.nodes["c"]
+    await publish(a, 100)
+    await c.stop()
+    part = a.partition()
+    offsets = part.write_records([b"z" * 10] * 20)
+    await eventually(lambda: "c" not in cluster.placement().isr, what="c leaving the ISR")
+    assert ("shrink_isr", "s", 0, "c", 1) in cluster.events
+    await asyncio.wait_for(part.wait_committed(offsets[-1]), 10)  # the ISR without c commits
+    await c.start()
+    await eventually(lambda: "c" in cluster.placement().isr, what="c rejoining the ISR")
+    assert ("expand_isr", "s", 0, "c", 1) in cluster.events
+    await eventually(lambda: c.partition().committed_offset == offsets[-1],
+                     what="c committing")
+    assert chunk_bytes(c.partition()) == chunk_bytes(part)
+    stats = a.replication.stats("s", 0)
+    assert stats["followers"]["c"]["in_sync"] and stats["followers"]["c"]["in_sync_since"]
+
+
+async def test_an_idle_follower_wakes_on_a_notification(nats_url, tmp_path):
+    """With an idle wait far longer than the test, the follower can only learn of the new
+    chunk through the leader's PartitionNotification."""
+    import dataclasses
+    from _replicas import FAST
+    slow = dataclasses.replace(FAST, replica_max_idle_wait_ms=600_000,
+                               replica_max_lag_time_ms=1_200_000,
+                               replica_max_leader_timeout_ms=1_200_000)
+    cluster = Cluster(nats_url, tmp_path, ids=("a", "b"), settings=slow)
+    await cluster.start()
+    try:
+        cluster.create_stream(replication_factor=2)
+        a, b = cluster.nodes["a"], cluster.nodes["b"]
+        await publish(a, 10)
+        await asyncio.sleep(0.2)  # b is idle, waiting
+        notes = []
+
+        async def seen(msg):
+            notes.append(msg.data)
+
+        sub = await a.nc.subscribe(f"{NS}.notify.b", cb=seen)
+        last = await publish(a, 10)
+        await eventually(lambda: b.partition().committed_offset == last, what="b committing")
+        assert notes
+        await sub.unsubscribe()
+    finally:
+        await cluster.close()
