@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import nats
 
@@ -104,6 +105,17 @@ class Cluster:
 
     def placement(self, stream: str = "s", index: int = 0) -> meta.Partition:
         return self.state.partition(stream, index)
+
+    def set_placement(self, leader: str | None, isr: tuple[str, ...], leader_epoch: int,
+                      stream: str = "s", index: int = 0) -> None:
+        """Force a placement (scenarios Raft would reach through several failures)."""
+        part = dataclasses.replace(self.state.partition(stream, index), leader=leader, isr=isr,
+                                   leader_epoch=leader_epoch)
+        s = self.state.streams[stream]
+        parts = s.partitions[:index] + (part,) + s.partitions[index + 1:]
+        self.state = dataclasses.replace(self.state, streams={
+            **self.state.streams, stream: dataclasses.replace(s, partitions=parts)})
+        self.apply_all()
 
     def change(self, fn, *args, **kwargs) -> meta.Partition:
         self.state, part = fn(self.state, *args, **kwargs)

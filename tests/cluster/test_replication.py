@@ -113,3 +113,60 @@ async def test_an_idle_follower_wakes_on_a_notification(nats_url, tmp_path):
         await sub.unsubscribe()
     finally:
         await cluster.close()
+
+
+
+
+async def test_a_returning_old_leader_truncates_its_divergent_tail(cluster):
+    cluster.create_stream()
+    a, b, c = (cluster.nodes[i] for i in "abc")
+    last = await publish(a, 100)
+    await eventually(lambda: c.partition().committed_offset == last, what="c committing")
+    await a.stop()  # cut off: what it writes now reaches nobody
+    a.partition().write_records([b"divergent"] * 7)
+    a.partition().write_records([b"divergent"] * 5)
+    cluster.change(meta.change_leader, "s", 0, leader_epoch=1)
+    assert cluster.placement().leader == "b" and cluster.placement().leader_epoch == 2
+    new_last = await publish(b, 30, batch=3)
+    await a.start()  # back as b's follower: asks where epoch 1 ends on b, truncates there
+    await eventually(lambda: a.partition().committed_offset == new_last, what="a catching up")
+    assert chunk_bytes(a.partition(), committed_only=False) == chunk_bytes(b.partition())
+    assert a.partition().log.epochs.entries == b.partition().log.epochs.entries
+    await eventually(lambda: "a" in cluster.placement().isr, what="a rejoining the ISR")
+
+
+async def test_truncation_finds_the_epoch_both_logs_share(cluster):
+    """c led epoch 2 alone (nobody got its chunks); b, which never saw epoch 2 but holds
+    more of epoch 1 than c, leads epoch 3. c must cut at the end of *its* epoch 1 (100),
+    not where b's epoch 1 ends (110): the leader's answer names epoch 1 (KIP-279). Cutting
+    at 110 would keep c's epoch-2 records 100..109 beside b's different ones."""
+    cluster.create_stream()
+    a, b, c = (cluster.nodes[i] for i in "abc")
+    last = await publish(a, 100)
+    await eventually(lambda: c.partition().committed_offset == last, what="c committing")
+    await c.stop()
+    a.partition().write_records([b"epoch 1, not on c"] * 10)
+    await eventually(lambda: b.partition().log.next_offset == 110, what="b holding 110")
+    await a.stop()
+    await b.stop()
+    cluster.set_placement("c", ("c", "b"), 2)
+    await c.start()
+    c.partition().write_records([b"epoch 2, only on c"] * 20)
+    await c.stop()
+    cluster.set_placement("b", ("b", "a"), 3)
+    await a.start()
+    await b.start()
+    new_last = await publish(b, 30)
+    await c.start()
+    await eventually(lambda: c.partition().log.next_offset == new_last + 1
+                     and c.partition().committed_offset == new_last, what="c catching up")
+    assert chunk_bytes(c.partition(), committed_only=False) == chunk_bytes(b.partition())
+
+
+async def test_a_silent_leader_is_reported(cluster):
+    cluster.create_stream()
+    await publish(cluster.nodes["a"], 10)
+    await cluster.nodes["a"].stop()
+    await eventually(lambda: {e[0] for e in cluster.events} >= {"report_leader"}
+                     and {(e[3], e[4]) for e in cluster.events if e[0] == "report_leader"}
+                     == {("a", 1)}, what="the followers reporting a")
