@@ -170,3 +170,125 @@ async def test_a_silent_leader_is_reported(cluster):
     await eventually(lambda: {e[0] for e in cluster.events} >= {"report_leader"}
                      and {(e[3], e[4]) for e in cluster.events if e[0] == "report_leader"}
                      == {("a", 1)}, what="the followers reporting a")
+
+
+async def test_bad_replication_requests_get_an_error_and_change_nothing(cluster):
+    """The error answer: an empty payload with the header
+    ``Riverlog-Replication-Error: <code>: <reason>``."""
+    import nats
+    from riverlog.cluster.replication_leader import ERROR_HEADER
+    from riverlog.protocol.liftbridge import api_pb2
+    from riverlog.protocol.liftbridge.envelope import encode_message
+
+    cluster.create_stream()
+    a = cluster.nodes["a"]
+    last = await publish(a, 50)
+    await eventually(lambda: cluster.nodes["c"].partition().committed_offset == last,
+                     what="c committing")
+    await cluster.nodes["b"].stop()
+    await cluster.nodes["c"].stop()
+    before = a.replication.stats("s", 0)
+    before.pop("followers")
+    followers = {r: dict(f, last_seen_ms=0)
+                 for r, f in a.replication.stats("s", 0)["followers"].items()}
+    subject = f"{NS}.s.0.replicate"
+
+    def request(replica, offset, epoch):
+        return encode_message(api_pb2.ReplicationRequest(replicaID=replica, offset=offset,
+                                                         leaderEpoch=epoch))
+
+    client = await nats.connect(cluster.url)
+    try:
+        for payload, code in [
+                (request("zzz", 0, 1), "unknown-replica"),
+                (request("a", 0, 1), "unknown-replica"),  # the leader itself
+                (request("b", 0, 2), "stale-epoch"),
+                (request("b", 0, 0), "stale-epoch"),
+                (request("b", last + 2, 1), "offset-out-of-range"),
+                (request("b", -1, 1), "offset-out-of-range"),
+                (b"not an envelope", "bad-request"),
+                (encode_message(api_pb2.LeaderEpochOffsetRequest(leaderEpoch=1)), "bad-request")]:
+            reply = await client.request(subject, payload, timeout=5)
+            assert reply.data == b""
+            assert reply.headers[ERROR_HEADER].startswith(code + ": "), (code, reply.headers)
+        reply = await client.request(f"{NS}.s.0.offset", b"\x00" * 9, timeout=5)
+        assert reply.headers[ERROR_HEADER].startswith("bad-request: ")
+    finally:
+        await client.close()
+    after = a.replication.stats("s", 0)
+    assert {r: dict(f, last_seen_ms=0) for r, f in after.pop("followers").items()} == followers
+    assert after == before
+    assert a.partition().committed_offset == last
+
+
+async def test_a_chunk_with_a_bad_crc_is_refused_and_fetched_again(nats_url, tmp_path):
+    """b follows a "leader" played by the test, which corrupts one byte of its first
+    answer: b appends nothing of it, fetches again and gets the same bytes as the real log."""
+    import nats
+    from riverlog.protocol.liftbridge import api_pb2
+    from riverlog.protocol.liftbridge.envelope import (MsgType, decode_internal, encode_message,
+                                                       encode_replication_response)
+
+    cluster = Cluster(nats_url, tmp_path, ids=("a", "b"))
+    try:
+        cluster.create_stream(replication_factor=2)
+        source = cluster.nodes["a"].partition()  # a's engine never runs: the test leads
+        for i in range(5):
+            source.write_records([b"record %d" % i] * 4)
+        source.log.commit(source.log.last_offset)
+        answers = []
+        leader = await nats.connect(nats_url)
+
+        async def replicate(msg):
+            req = decode_internal(msg.data, MsgType.ReplicationRequest)
+            data = bytearray(b"".join(bytes(c.raw) for c in source.read_chunks(req.offset, 1 << 20)))
+            if data and not answers:
+                data[-5] ^= 0xFF  # in the last chunk's data: its CRC no longer matches
+            answers.append((req.offset, len(data)))
+            await msg.respond(encode_replication_response(1, source.committed_offset, bytes(data)))
+
+        async def offset(msg):
+            await msg.respond(encode_message(api_pb2.LeaderEpochOffsetResponse(endOffset=0)))
+
+        await leader.subscribe(f"{NS}.s.0.replicate", cb=replicate)
+        await leader.subscribe(f"{NS}.s.0.offset", cb=offset)
+        b = cluster.nodes["b"]
+        await b.start()
+        await eventually(lambda: b.partition().committed_offset == source.committed_offset,
+                         what="b committing")
+        assert answers[0][0] == 0 and answers[1][0] == 0  # the same fetch again
+        assert b.replication.stats("s", 0)["refused_chunks"] == 1
+        assert chunk_bytes(b.partition()) == chunk_bytes(source)
+        await leader.close()
+    finally:
+        await cluster.close()
+
+
+async def test_the_high_watermark_survives_a_restart(cluster, tmp_path):
+    """Saved off the hot path: after a restart a follower's log exposes what was committed
+    (all of it here, once the checkpoint caught up) and none of the records it held beyond
+    the high watermark, before any replication traffic."""
+    from riverlog.broker.broker import Broker
+    from riverlog.broker.placement import PartitionPlacement
+    from riverlog.cluster.replication import Replication
+    from riverlog.log.high_watermark import HighWatermarkCheckpoint
+
+    cluster.create_stream()
+    a, b = cluster.nodes["a"], cluster.nodes["b"]
+    last = await publish(a, 40)
+    await cluster.nodes["c"].stop()  # the high watermark stays at ``last`` from now on
+    a.partition().write_records([b"uncommitted"] * 10)
+    await eventually(lambda: b.partition().log.next_offset == last + 11, what="b fetching")
+    await eventually(lambda: HighWatermarkCheckpoint(b.partition().log.directory).offset == last,
+                     what="b's checkpoint")
+    await b.stop()
+    await b.broker.close()
+    b.broker = Broker(str(tmp_path / "b"))
+    b.broker.open()
+    part = b.partition()
+    assert part.committed_offset == -1 and part.log.next_offset == last + 11
+    engine = Replication("b", NS, a.nc, cluster.settings, cluster)
+    engine.assign(part, PartitionPlacement(None, ("a", "b", "c"), ("a", "b"), 2))
+    assert part.committed_offset == last
+    assert engine.stats("s", 0)["role"] == "none"
+    await engine.stop()
