@@ -19,6 +19,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
+import nats.errors
+
 from ..errors import LogError
 from ..protocol.liftbridge import api_pb2
 from ..protocol.liftbridge.envelope import (EnvelopeError, MsgType, decode_internal,
@@ -78,7 +80,8 @@ class Leader:
         self._loop = asyncio.get_running_loop()
         settings = engine.settings
         self._max_lag = settings.replica_max_lag_time_ms / 1000
-        self._max_bytes = settings.replication_max_bytes
+        # an answer is one NATS message: 24 bytes of header, then the chunks
+        self._max_bytes = min(settings.replication_max_bytes, engine.nc.max_payload - 64)
         log_ = partition.log
         if self.epoch > log_.epochs.latest_epoch:
             log_.epochs.assign(self.epoch, log_.next_offset)
@@ -153,7 +156,7 @@ class Leader:
         if not log_.first_offset <= req.offset <= end:
             return await self._refuse(msg, "offset-out-of-range", f"offset {req.offset} is "
                                       f"outside {log_.first_offset}..{end}")
-        data = b""
+        chunks = []
         if req.offset < end:
             try:
                 chunks = log_.read_chunks(req.offset, self._max_bytes, committed_only=False)
@@ -161,7 +164,6 @@ class Leader:
                 log.error("%r: cannot read offset %d for %s: %s", self.partition, req.offset,
                           req.replicaID, exc)
                 return await self._refuse(msg, "read-failed", str(exc))
-            data = b"".join(c.raw for c in chunks)
         now = self._loop.time()
         f.last_seen = now
         if req.offset >= end:
@@ -176,8 +178,15 @@ class Leader:
               and req.offset >= self._epoch_start):
             self._ask("expand_isr", req.replicaID)
         hw = log_.committed_offset
-        f.idle, f.told_hw = not data, hw
-        await msg.respond(encode_replication_response(self.epoch, max(hw, -1), data))
+        f.idle, f.told_hw = not chunks, hw
+        # the chunks are copied once, into the answer
+        answer = b"".join([encode_replication_response(self.epoch, hw), *[c.raw for c in chunks]])
+        try:
+            await msg.respond(answer)
+        except nats.errors.MaxPayloadError:  # one chunk above the NATS max payload
+            log.error("%r: the chunk at offset %d (%d bytes) exceeds the NATS max payload; "
+                      "%s cannot replicate it", self.partition, req.offset, len(answer),
+                      req.replicaID)
 
     async def _on_offset(self, msg) -> None:
         """Answer a LeaderEpochOffsetRequest {leaderEpoch}: LeaderEpochOffsetResponse

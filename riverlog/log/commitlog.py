@@ -345,7 +345,7 @@ class CommitLog:
         for pos, h in headers:
             if h.epoch != self.epochs.latest_epoch:
                 self.epochs.assign(h.epoch, h.first_offset)
-            chunk = bytes(view[pos:pos + h.size])
+            chunk = view[pos:pos + h.size]  # written as is: no copy
             self._place(chunk, h.first_offset, h.num_records, h.timestamp_ms, h.epoch,
                         bytes(chunkfmt.bloom_of(h, chunk)), now)
         self.epoch = max(self.epoch, self.epochs.latest_epoch)
