@@ -148,8 +148,9 @@ class Replication:
         if self._notify_sub is not None:
             await self._notify_sub.unsubscribe()
             self._notify_sub = None
-        for key in list(self._replicas):
-            await self._drop(key)
+        replicas, self._replicas = list(self._replicas.values()), {}
+        for replica in replicas:
+            await self._drop(replica)
 
     # -- placement ----------------------------------------------------------------------
     def assign(self, partition: "Partition", placement: PartitionPlacement) -> None:
@@ -196,9 +197,9 @@ class Replication:
     def unassign(self, stream: str, index: int) -> None:
         """Stop replicating partition ``index`` of ``stream`` (deleted, or no longer held
         here); its high watermark is saved unless its folder is gone."""
-        key = (stream, index)
-        if key in self._replicas:
-            asyncio.get_running_loop().create_task(self._drop(key))
+        replica = self._replicas.pop((stream, index), None)
+        if replica is not None:
+            asyncio.get_running_loop().create_task(self._drop(replica))
 
     def stats(self, stream: str, index: int) -> dict:
         """What describe and /metrics show: ``role`` ("leader", "follower" or "none"),
@@ -226,8 +227,7 @@ class Replication:
         elif role is not None:
             role.stop()
 
-    async def _drop(self, key: tuple[str, int]) -> None:
-        replica = self._replicas.pop(key)
+    async def _drop(self, replica: _Replica) -> None:
         self._stop_role(replica)
         await replica.settled()
         self._save(replica)

@@ -292,3 +292,38 @@ async def test_the_high_watermark_survives_a_restart(cluster, tmp_path):
     assert part.committed_offset == last
     assert engine.stats("s", 0)["role"] == "none"
     await engine.stop()
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+async def test_under_durability_always_commits_wait_for_fsync(nats_url, tmp_path, replicas):
+    """An ISR of one commits as a single server would (after the fsync); with three, the
+    leader counts only what it fsynced and followers report only fsynced data."""
+    from riverlog.config import Durability, LogConfig
+    cluster = Cluster(nats_url, tmp_path, log_config=LogConfig(durability=Durability.ALWAYS))
+    await cluster.start()
+    try:
+        cluster.create_stream(replication_factor=replicas)
+        a = cluster.nodes["a"]
+        part = a.partition()
+        offsets = part.write_records([b"r"] * 5)
+        assert part.committed_offset == -1  # written, not yet fsynced
+        await asyncio.wait_for(part.wait_committed(offsets[-1]), 10)
+        assert part.log.durable_next_offset == offsets[-1] + 1
+        if replicas == 3:
+            await eventually(lambda: cluster.nodes["c"].partition().committed_offset
+                             == offsets[-1], what="c committing")
+    finally:
+        await cluster.close()
+
+
+async def test_without_a_leader_nothing_is_fetched_and_unassign_forgets(cluster):
+    cluster.create_stream()
+    a, b = cluster.nodes["a"], cluster.nodes["b"]
+    last = await publish(a, 20)
+    await eventually(lambda: b.partition().committed_offset == last, what="b committing")
+    cluster.set_placement(None, ("a", "b", "c"), 2)
+    assert {n.replication.stats("s", 0)["role"] for n in cluster.nodes.values()} == {"none"}
+    assert a.partition().log.on_written is None  # the old leader's side is off
+    b.replication.unassign("s", 0)
+    with pytest.raises(KeyError):
+        b.replication.stats("s", 0)
