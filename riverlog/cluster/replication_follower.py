@@ -26,7 +26,7 @@ from ..errors import ChunkRefusedError
 from ..protocol.liftbridge import api_pb2
 from ..protocol.liftbridge.envelope import (EnvelopeError, MsgType, decode_internal,
                                             encode_message)
-from .replication_leader import ERROR_HEADER
+from .replication_leader import EPOCH_HEADER, ERROR_HEADER
 
 if TYPE_CHECKING:
     from ..broker.partition import Partition
@@ -86,7 +86,8 @@ class Follower:
             return
         request = encode_message(api_pb2.LeaderEpochOffsetRequest(leaderEpoch=latest))
         while True:
-            reply = await self._ask(self.subjects[1], request)
+            reply = await self._ask(self.subjects[1], request,
+                                    headers={EPOCH_HEADER: str(self.epoch)})
             if reply is None:
                 continue
             try:
@@ -149,11 +150,13 @@ class Follower:
                 await self._idle()
 
     # -- helpers ------------------------------------------------------------------------
-    async def _ask(self, subject: str, request: bytes) -> bytes | None:
+    async def _ask(self, subject: str, request: bytes,
+                   headers: dict[str, str] | None = None) -> bytes | None:
         """The leader's answer, or None (no answer in time, no responder, or an error
         answer: after a pause, and reporting the leader once it is silent for too long)."""
         try:
-            reply = await self.engine.nc.request(subject, request, timeout=self._fetch_timeout)
+            reply = await self.engine.nc.request(subject, request, timeout=self._fetch_timeout,
+                                                 headers=headers)
         except nats.errors.Error as exc:
             log.debug("%r: no answer from leader %s: %r", self.partition, self.leader, exc)
             self._check_leader()

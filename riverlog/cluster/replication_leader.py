@@ -38,10 +38,16 @@ ERROR_HEADER = "Riverlog-Replication-Error"
 """NATS header of an error answer: ``<code>: <reason>``, with an empty payload. Codes:
 ``bad-request`` (not a ReplicationRequest / LeaderEpochOffsetRequest envelope), ``unknown-replica``
 (the replica id is not a follower in the partition's replicas), ``stale-epoch`` (the request's
-leader epoch is not this leader's), ``offset-out-of-range`` (before the log start or past the
-log end), ``not-leader`` (this server stopped leading), ``read-failed`` (the leader could not
-read its log there). Liftbridge drops such requests without an answer; an answer lets the
-follower tell a refusal from a dead leader."""
+leader epoch is older than this leader's), ``offset-out-of-range`` (before the log start or
+past the log end), ``not-leader`` (this server stopped leading), ``read-failed`` (the leader
+could not read its log there). Liftbridge drops such requests without an answer; an answer
+lets the follower tell a refusal from a dead leader. A request for a *newer* leader epoch is
+not answered at all: a newer leader exists and shares the subject, and NATS hands the
+requester the first answer, which must be that leader's, not a refusal from this stale one."""
+EPOCH_HEADER = "Riverlog-Leader-Epoch"
+"""NATS header of a LeaderEpochOffsetRequest: the leader epoch the follower follows (the
+request's own field is the epoch asked about), checked as a ReplicationRequest's epoch is.
+Without it (a Liftbridge follower) the request is answered by whoever leads."""
 
 
 class _Follower:
@@ -151,8 +157,7 @@ class Leader:
             return await self._refuse(msg, "unknown-replica",
                                       f"{req.replicaID!r} is not a follower of {self.partition!r}")
         if req.leaderEpoch != self.epoch:
-            return await self._refuse(msg, "stale-epoch", f"leader epoch {req.leaderEpoch}, "
-                                      f"this leader's is {self.epoch}")
+            return await self._refuse_epoch(msg, req.leaderEpoch)
         if not log_.first_offset <= req.offset <= end:
             return await self._refuse(msg, "offset-out-of-range", f"offset {req.offset} is "
                                       f"outside {log_.first_offset}..{end}")
@@ -199,10 +204,21 @@ class Leader:
             return await self._refuse(msg, "bad-request", str(exc))
         if not self.active:
             return await self._refuse(msg, "not-leader", f"epoch {self.epoch} is over")
+        followed = (msg.headers or {}).get(EPOCH_HEADER)
+        if followed is not None and followed != str(self.epoch):
+            return await self._refuse_epoch(msg, int(followed) if followed.isdigit() else -1)
         log_ = self.partition.log
         found, end = log_.epochs.epoch_and_end_offset_for(req.leaderEpoch, log_.next_offset)
         await msg.respond(encode_message(api_pb2.LeaderEpochOffsetResponse(
             endOffset=end, leaderEpoch=max(found, 0))))
+
+    async def _refuse_epoch(self, msg, epoch: int) -> None:
+        if epoch > self.epoch:  # a newer leader answers it (see ERROR_HEADER)
+            log.info("%r: a request for leader epoch %d: this leader's %d is over",
+                     self.partition, epoch, self.epoch)
+            return
+        await self._refuse(msg, "stale-epoch",
+                           f"leader epoch {epoch}, this leader's is {self.epoch}")
 
     async def _refuse(self, msg, code: str, reason: str) -> None:
         log.warning("%r: refused a replication request: %s: %s", self.partition, code, reason)

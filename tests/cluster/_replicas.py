@@ -21,6 +21,10 @@ NS = "rl-test"
 FAST = ReplicationSettings(replica_max_lag_time_ms=800, replica_max_leader_timeout_ms=800,
                            replica_max_idle_wait_ms=100, replica_fetch_timeout_ms=400,
                            high_watermark_checkpoint_ms=100)
+SLOW = dataclasses.replace(FAST, replica_max_idle_wait_ms=600_000,
+                           replica_max_lag_time_ms=1_200_000,
+                           replica_max_leader_timeout_ms=1_200_000)
+"""Nothing happens on a timer within a test: a follower only fetches when notified."""
 
 
 def placement_of(part: meta.Partition) -> PartitionPlacement:

@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _replicas import NS, Cluster, chunk_bytes, eventually  # noqa: E402
+from _replicas import NS, SLOW, Cluster, chunk_bytes, eventually  # noqa: E402
 from riverlog.cluster import state as meta  # noqa: E402
 from riverlog.server.embedded_nats import EmbeddedNats  # noqa: E402
 
@@ -89,12 +89,7 @@ async def test_a_stopped_follower_leaves_the_isr_and_rejoins_after_catching_up(c
 async def test_an_idle_follower_wakes_on_a_notification(nats_url, tmp_path):
     """With an idle wait far longer than the test, the follower can only learn of the new
     chunk through the leader's PartitionNotification."""
-    import dataclasses
-    from _replicas import FAST
-    slow = dataclasses.replace(FAST, replica_max_idle_wait_ms=600_000,
-                               replica_max_lag_time_ms=1_200_000,
-                               replica_max_leader_timeout_ms=1_200_000)
-    cluster = Cluster(nats_url, tmp_path, ids=("a", "b"), settings=slow)
+    cluster = Cluster(nats_url, tmp_path, ids=("a", "b"), settings=SLOW)
     await cluster.start()
     try:
         cluster.create_stream(replication_factor=2)
@@ -172,21 +167,28 @@ async def test_a_silent_leader_is_reported(cluster):
                      == {("a", 1)}, what="the followers reporting a")
 
 
-async def test_bad_replication_requests_get_an_error_and_change_nothing(cluster):
+async def test_bad_replication_requests_get_an_error_and_change_nothing(nats_url, tmp_path):
     """The error answer: an empty payload with the header
     ``Riverlog-Replication-Error: <code>: <reason>``."""
+    cluster = Cluster(nats_url, tmp_path, settings=SLOW)
+    await cluster.start()
+    try:
+        await _bad_requests(cluster)
+    finally:
+        await cluster.close()
+
+
+async def _bad_requests(cluster):
     import nats
-    from riverlog.cluster.replication_leader import ERROR_HEADER
+    from riverlog.cluster.replication_leader import EPOCH_HEADER, ERROR_HEADER
     from riverlog.protocol.liftbridge import api_pb2
     from riverlog.protocol.liftbridge.envelope import encode_message
 
     cluster.create_stream()
     a = cluster.nodes["a"]
     last = await publish(a, 50)
-    await eventually(lambda: cluster.nodes["c"].partition().committed_offset == last,
-                     what="c committing")
-    await cluster.nodes["b"].stop()
-    await cluster.nodes["c"].stop()
+    await eventually(lambda: all(cluster.nodes[i].partition().committed_offset == last
+                                 for i in "bc"), what="b and c committing")
     before = a.replication.stats("s", 0)
     before.pop("followers")
     followers = {r: dict(f, last_seen_ms=0)
@@ -202,7 +204,6 @@ async def test_bad_replication_requests_get_an_error_and_change_nothing(cluster)
         for payload, code in [
                 (request("zzz", 0, 1), "unknown-replica"),
                 (request("a", 0, 1), "unknown-replica"),  # the leader itself
-                (request("b", 0, 2), "stale-epoch"),
                 (request("b", 0, 0), "stale-epoch"),
                 (request("b", last + 2, 1), "offset-out-of-range"),
                 (request("b", -1, 1), "offset-out-of-range"),
@@ -213,6 +214,16 @@ async def test_bad_replication_requests_get_an_error_and_change_nothing(cluster)
             assert reply.headers[ERROR_HEADER].startswith(code + ": "), (code, reply.headers)
         reply = await client.request(f"{NS}.s.0.offset", b"\x00" * 9, timeout=5)
         assert reply.headers[ERROR_HEADER].startswith("bad-request: ")
+        offset_request = encode_message(api_pb2.LeaderEpochOffsetRequest(leaderEpoch=1))
+        reply = await client.request(f"{NS}.s.0.offset", offset_request, timeout=5,
+                                     headers={EPOCH_HEADER: "0"})
+        assert reply.headers[ERROR_HEADER].startswith("stale-epoch: ")
+        # a request for a newer epoch is left to that epoch's leader: no answer from a
+        for subject, payload, headers in [
+                (subject, request("b", 0, 2), None),
+                (f"{NS}.s.0.offset", offset_request, {EPOCH_HEADER: "2"})]:
+            with pytest.raises(nats.errors.TimeoutError):
+                await client.request(subject, payload, timeout=0.5, headers=headers)
     finally:
         await client.close()
     after = a.replication.stats("s", 0)
