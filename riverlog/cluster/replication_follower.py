@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import nats.errors
 
-from ..errors import ChunkRefusedError
+from ..errors import ChunkRefusedError, LogClosedError
 from ..protocol.liftbridge import api_pb2
 from ..protocol.liftbridge.envelope import (EnvelopeError, MsgType, decode_internal,
                                             encode_message)
@@ -75,6 +75,8 @@ class Follower:
             await self._fetch_loop()
         except asyncio.CancelledError:
             raise
+        except LogClosedError:  # the partition closed or was deleted under us
+            log.info("%r: closed, replication from %s stopped", self.partition, self.leader)
         except Exception:  # a bug or a broken log: say so, never die silently
             log.exception("%r: replication from %s stopped", self.partition, self.leader)
 
