@@ -12,7 +12,11 @@ Measures, one stream of one partition, 100-byte records:
   ``--pings`` times with a pause between (the followers wait for a PartitionNotification);
   p50/p99 in ms.
 
+``--processes`` runs the followers b and c in processes of their own (the leader's process
+then does what a real leader does; the machine's cores are still shared).
+
 Usage: .venv/bin/python benchmarks/replication_bench.py [--records 200000] [--batch 100]
+       [--processes]
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import argparse
 import asyncio
 import logging
 import statistics
+import sys
 import tempfile
 import time
 
@@ -70,48 +75,83 @@ async def latencies(partition, pings: int) -> list[float]:
     return out
 
 
+async def serve(server: str, root: str, url: str, until: asyncio.Future | None) -> tuple:
+    """One server: its Broker (in ``root/<server>``), NATS connection and engine, with the
+    replicated stream assigned (leader a). Runs until ``until`` resolves (a follower process:
+    until its stdin closes) or returns the pieces for the caller (the leader)."""
+    broker = Broker(f"{root}/{server}")
+    broker.open()
+    nc = await nats.connect(url)
+    engine = Replication(server, "bench", nc, ReplicationSettings(), Unchanging())
+    await engine.start()
+    part = broker.create("replicated", StreamConfig(replicated=True)).partitions[0]
+    engine.assign(part, PartitionPlacement("a", SERVERS, SERVERS, 1))
+    if until is None:
+        return broker, nc, engine
+    await until
+    await engine.stop()
+    await nc.close()
+    await broker.close()
+    return ()
+
+
+async def follower_process(server: str, root: str, url: str) -> None:
+    loop = asyncio.get_running_loop()
+    stdin_closed = loop.run_in_executor(None, sys.stdin.read)
+    await serve(server, root, url, asyncio.ensure_future(stdin_closed))
+
+
 async def run(args) -> None:
     nats_server = EmbeddedNats("127.0.0.1", 0)
     await nats_server.start()
     root = tempfile.mkdtemp(prefix="replication-bench-")
-    brokers = {s: Broker(f"{root}/{s}") for s in SERVERS}
-    conns, engines = [], []
+    single_broker = Broker(f"{root}/single")
+    servers, children = [], []
     try:
-        for broker in brokers.values():
-            broker.open()
-        single = brokers["a"].create("single", StreamConfig()).partitions[0]
+        single_broker.open()
+        single = single_broker.create("single", StreamConfig()).partitions[0]
         rf1, rf1_cpu = await throughput(single, args.records, args.batch, args.window)
         rf1_lat = await latencies(single, args.pings)
-        settings = ReplicationSettings()
-        placement = PartitionPlacement("a", SERVERS, SERVERS, 1)
-        for server, broker in brokers.items():
-            nc = await nats.connect(nats_server.url)
-            conns.append(nc)
-            engine = Replication(server, "bench", nc, settings, Unchanging())
-            await engine.start()
-            engines.append(engine)
-            part = broker.create("replicated", StreamConfig(replicated=True)).partitions[0]
-            engine.assign(part, placement)
-        leader = brokers["a"].get("replicated").partitions[0]
+        for server in SERVERS[1:]:
+            if args.processes:
+                children.append(await asyncio.create_subprocess_exec(
+                    sys.executable, __file__, "--follower", server, root, nats_server.url,
+                    stdin=asyncio.subprocess.PIPE))
+            else:
+                servers.append(await serve(server, root, nats_server.url, None))
+        servers.insert(0, await serve("a", root, nats_server.url, None))
+        leader_engine = servers[0][2]
+        await _until_fetched(leader_engine)
+        leader = servers[0][0].get("replicated").partitions[0]
         rf3, rf3_cpu = await throughput(leader, args.records, args.batch, args.window)
         await asyncio.sleep(0.5)
         rf3_lat = await latencies(leader, args.pings)
+        where = "3 processes" if args.processes else "one process"
         print(f"records of 100 B, {args.batch} per chunk, window {args.window} chunks, "
               f"{args.records} records; latency: {args.pings} single-record chunks")
         print(f"RF=1 (single server): {rf1:,.0f} records/s committed (CPU {rf1_cpu:.0%}); "
               f"commit p50 {_pct(rf1_lat, 50):.2f} ms p99 {_pct(rf1_lat, 99):.2f} ms")
-        print(f"RF=3 (in-process):    {rf3:,.0f} records/s committed (CPU {rf3_cpu:.0%}); "
+        print(f"RF=3 ({where}): {rf3:,.0f} records/s committed (leader CPU {rf3_cpu:.0%}); "
               f"commit p50 {_pct(rf3_lat, 50):.2f} ms p99 {_pct(rf3_lat, 99):.2f} ms")
         print(f"ratio RF=3 / RF=1: {rf3 / rf1:.2f}")
-        print("ISR at the end:", engines[0].stats("replicated", 0)["isr"])
+        print("ISR at the end:", leader_engine.stats("replicated", 0)["isr"])
     finally:
-        for engine in engines:
+        for broker, nc, engine in servers:
             await engine.stop()
-        for nc in conns:
             await nc.close()
-        for broker in brokers.values():
             await broker.close()
+        for child in children:
+            child.stdin.close()
+            await child.wait()
+        await single_broker.close()
         await nats_server.stop()
+
+
+async def _until_fetched(engine: Replication) -> None:
+    """Wait until every follower fetched once (the high watermark can move)."""
+    while any(f["log_end"] is None
+              for f in engine.stats("replicated", 0)["followers"].values()):
+        await asyncio.sleep(0.01)
 
 
 def _pct(values: list[float], p: int) -> float:
@@ -124,7 +164,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--window", type=int, default=64)
     parser.add_argument("--pings", type=int, default=500)
-    asyncio.run(run(parser.parse_args()))
+    parser.add_argument("--processes", action="store_true",
+                        help="run the followers b and c in processes of their own")
+    parser.add_argument("--follower", nargs=3, metavar=("ID", "ROOT", "NATS_URL"),
+                        help=argparse.SUPPRESS)  # the child processes of --processes
+    args = parser.parse_args()
+    if args.follower:
+        asyncio.run(follower_process(*args.follower))
+    else:
+        asyncio.run(run(args))
 
 
 if __name__ == "__main__":

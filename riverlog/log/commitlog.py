@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import os
 import shutil
@@ -60,7 +61,11 @@ class CommitLog:
         self.auto_commit = auto_commit
         self._clock_ms = clock_ms
         self._closed = False
-        self._waiter: asyncio.Future | None = None
+        # readers waiting for an offset to commit: a heap of (offset, n, future), so a
+        # commit wakes only those it reaches (not every waiter, each commit)
+        self._waiters: list[tuple[int, int, asyncio.Future]] = []
+        self._waiter_count = 0
+        self._abandoned = 0  # cancelled waiters still in the heap
         self._sync_task: asyncio.Task | None = None
         self._flush_timer: asyncio.TimerHandle | None = None
         self._last_sync_ms = clock_ms()
@@ -445,22 +450,42 @@ class CommitLog:
         if offset <= self.committed_offset:
             return
         self.committed_offset = offset
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= offset:
+            future = heapq.heappop(waiters)[2]
+            if not future.done():
+                future.set_result(None)
 
     async def wait_for(self, offset: int) -> None:
         """Return once ``offset`` is committed (readable). Raises ``LogClosedError`` if the
-        log closes first. No polling: appends wake the waiters."""
+        log closes first. No polling: the commit that reaches ``offset`` wakes the waiter."""
         while self.committed_offset < offset:
             if self._closed:
                 raise LogClosedError(f"commit log {self.directory} is closed")
-            loop = asyncio.get_running_loop()
-            if (self._waiter is None or self._waiter.done()
-                    or self._waiter.get_loop() is not loop):
-                self._waiter = loop.create_future()
-            # shielded: a cancelled reader must not cancel the future the others wait on
-            await asyncio.shield(self._waiter)
+            future = asyncio.get_running_loop().create_future()
+            self._waiter_count += 1
+            heapq.heappush(self._waiters, (offset, self._waiter_count, future))
+            try:
+                await future
+            except asyncio.CancelledError:
+                self._abandon()
+                raise
+
+    def _abandon(self) -> None:
+        """A waiter was cancelled: drop the cancelled ones once they are most of the heap
+        (readers that wait with a timeout on an idle log would pile up)."""
+        self._abandoned += 1
+        if self._abandoned > 32 and self._abandoned * 2 > len(self._waiters):
+            self._waiters = [w for w in self._waiters if not w[2].done()]
+            heapq.heapify(self._waiters)
+            self._abandoned = 0
+
+    def _wake_all(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        self._abandoned = 0
+        for _, _, future in waiters:
+            if not future.done():
+                future.set_result(None)
 
     # -- reads --------------------------------------------------------------------------
     def read_chunks(self, offset: int, max_bytes: int = DEFAULT_READ_BYTES, *,
@@ -641,9 +666,7 @@ class CommitLog:
         self._closed = True
         for seg in self._segments:
             seg.close()
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._wake_all()
 
     async def aclose(self) -> None:
         """Wait for an in-flight fsync, then ``close``."""
