@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 from .segment import write_atomically
 
@@ -24,12 +25,13 @@ class HighWatermarkCheckpoint:
     written (-1: nothing committed, or no readable file; then ``problem`` says why when the
     file exists but does not parse). ``write`` raises OSError."""
 
-    __slots__ = ("path", "offset", "problem")
+    __slots__ = ("path", "offset", "problem", "_lock")
 
     def __init__(self, directory: str | os.PathLike) -> None:
         self.path = os.path.join(os.fspath(directory), CHECKPOINT_NAME)
         self.offset = -1
         self.problem: str | None = None
+        self._lock = threading.Lock()  # a worker thread and the event loop may both write
         try:
             with open(self.path, "rb") as f:
                 raw = f.read(64)
@@ -42,14 +44,16 @@ class HighWatermarkCheckpoint:
             self.problem = f"{self.path}: not a high watermark ({raw[:32]!r}); read as none"
 
     def write(self, offset: int) -> None:
-        """Record ``offset`` (>= -1) as committed; nothing is written when it is unchanged."""
-        if offset == self.offset:
-            return
-        if offset < 0:
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
-        else:
-            write_atomically(self.path, b"%d\n" % offset)
-        self.offset = offset
+        """Record ``offset`` (>= -1) as committed; nothing is written when it is unchanged.
+        Thread-safe."""
+        with self._lock:
+            if offset == self.offset:
+                return
+            if offset < 0:
+                try:
+                    os.unlink(self.path)
+                except FileNotFoundError:
+                    pass
+            else:
+                write_atomically(self.path, b"%d\n" % offset)
+            self.offset = offset
