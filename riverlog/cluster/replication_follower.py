@@ -54,6 +54,7 @@ class Follower:
         self.subjects = (replicate_subject, offset_subject)
         self.wake = asyncio.Event()
         self.refused_chunks = 0
+        self._refusal: str | None = None  # the code of the leader's last error answer
         settings = engine.settings
         self._fetch_timeout = settings.replica_fetch_timeout_ms / 1000
         self._idle_wait = settings.replica_max_idle_wait_ms / 1000
@@ -123,6 +124,8 @@ class Follower:
                 replicaID=self.engine.server_id, offset=log_.next_offset, leaderEpoch=self.epoch))
             reply = await self._ask(self.subjects[0], request)
             if reply is None:
+                if self._refusal == "offset-out-of-range":
+                    await self._catch_up_with_log_start()
                 continue
             try:
                 answer = decode_internal(reply, MsgType.ReplicationResponse)
@@ -151,6 +154,27 @@ class Follower:
             if not answer.entries:
                 await self._idle()
 
+    async def _catch_up_with_log_start(self) -> None:
+        """The leader no longer holds this log's next offset: when its log now starts after
+        it (retention), start this log afresh where the leader's starts (the end offset of
+        epoch 0, older than every epoch, is the start of the leader's first entry, which
+        retention moves with the log start)."""
+        reply = await self._ask(self.subjects[1], encode_message(
+            api_pb2.LeaderEpochOffsetRequest(leaderEpoch=0)),
+            headers={EPOCH_HEADER: str(self.epoch)})
+        if reply is None:
+            return
+        try:
+            start = decode_internal(reply, MsgType.LeaderEpochOffsetResponse).endOffset
+        except EnvelopeError:
+            return
+        log_ = self.partition.log
+        if log_.next_offset < start:
+            log.warning("%r: leader %s starts at offset %d, after this log's end %d "
+                        "(retention): starting again from there", self.partition, self.leader,
+                        start, log_.next_offset)
+            log_.reset(start)
+
     # -- helpers ------------------------------------------------------------------------
     async def _ask(self, subject: str, request: bytes,
                    headers: dict[str, str] | None = None) -> bytes | None:
@@ -160,11 +184,13 @@ class Follower:
             reply = await self.engine.nc.request(subject, request, timeout=self._fetch_timeout,
                                                  headers=headers)
         except nats.errors.Error as exc:
+            self._refusal = None
             log.debug("%r: no answer from leader %s: %r", self.partition, self.leader, exc)
             self._check_leader()
             await asyncio.sleep(RETRY_S)
             return None
         error = reply.headers.get(ERROR_HEADER) if reply.headers else None
+        self._refusal = None if error is None else error.split(":", 1)[0]
         if error is not None:
             log.warning("%r: leader %s refused: %s", self.partition, self.leader, error)
             self._check_leader()

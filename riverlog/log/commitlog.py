@@ -25,7 +25,7 @@ from .compaction import CompactionResult, compact_segments, install_compacted
 from .epochs import CHECKPOINT_NAME, EpochEntry, LeaderEpochCache, entries_of_chunks
 from .recovery import RecoveryReport, recover_segment
 from .retention import segments_to_delete
-from .segment import SEGMENT_SUFFIX, ChunkSlice, Segment
+from .segment import SEGMENT_SUFFIX, ChunkSlice, Segment, fsync_dir
 
 log = logging.getLogger("riverlog.log")
 
@@ -651,6 +651,27 @@ class CommitLog:
         self._synced_next = min(self._synced_next, self.next_offset)
         self.committed_offset = min(self.committed_offset, self.next_offset - 1)
         self.epochs.truncate_from_end(self.next_offset)
+
+    def reset(self, offset: int) -> None:
+        """Remove every record and continue at ``offset`` (a follower whose leader no longer
+        holds the follower's next offset: retention removed it there). The log is then empty
+        with ``first_offset == next_offset == offset``, nothing committed below it matters
+        (``committed_offset`` = ``offset - 1``) and the leader-epoch checkpoint is empty (the
+        leader's chunks bring their epochs). Fsyncs before returning."""
+        if self._closed:
+            raise LogClosedError(f"commit log {self.directory} is closed")
+        if self._compacting:
+            raise LogError("cannot reset while a compaction is running")
+        self._blooms.forget()
+        for seg in self._segments:
+            seg.delete()
+        seg = Segment(self.directory, offset)
+        seg.created_ms = self._clock_ms()
+        self._segments, self._bases = [seg], [offset]
+        fsync_dir(self.directory)
+        self._synced_next = offset
+        self.committed_offset = offset - 1
+        self.epochs.replace([])
 
     # -- lifecycle ----------------------------------------------------------------------
     def close(self) -> None:

@@ -338,3 +338,30 @@ async def test_without_a_leader_nothing_is_fetched_and_unassign_forgets(cluster)
     b.replication.unassign("s", 0)
     with pytest.raises(KeyError):
         b.replication.stats("s", 0)
+
+
+async def test_a_follower_behind_the_leaders_log_start_starts_again_there(nats_url, tmp_path):
+    """c stops; retention on the leader removes the offsets c would fetch next; back, c is
+    refused (offset-out-of-range), learns where the leader's log starts and continues from
+    there with the same chunks."""
+    from riverlog.config import LogConfig
+    cluster = Cluster(nats_url, tmp_path, log_config=LogConfig(segment_max_bytes=4096,
+                                                               retention_max_bytes=8192))
+    await cluster.start()
+    try:
+        cluster.create_stream()
+        a, c = cluster.nodes["a"], cluster.nodes["c"]
+        await publish(a, 20)
+        await eventually(lambda: c.partition().log.next_offset == 20, what="c fetching")
+        await c.stop()
+        cluster.change(meta.shrink_isr, "s", 0, "c")
+        last = await publish(a, 400, batch=20)
+        part = a.partition()
+        assert part.log.first_offset > 20  # retention removed what c needs next
+        await c.start()
+        await eventually(lambda: c.partition().committed_offset == last, what="c catching up")
+        assert c.partition().log.first_offset == part.log.first_offset
+        assert chunk_bytes(c.partition()) == chunk_bytes(part)
+        await eventually(lambda: "c" in cluster.placement().isr, what="c rejoining the ISR")
+    finally:
+        await cluster.close()
