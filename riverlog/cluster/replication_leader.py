@@ -39,11 +39,12 @@ ERROR_HEADER = "Riverlog-Replication-Error"
 ``bad-request`` (not a ReplicationRequest / LeaderEpochOffsetRequest envelope), ``unknown-replica``
 (the replica id is not a follower in the partition's replicas), ``stale-epoch`` (the request's
 leader epoch is older than this leader's), ``offset-out-of-range`` (before the log start or
-past the log end), ``not-leader`` (this server stopped leading), ``read-failed`` (the leader
-could not read its log there). Liftbridge drops such requests without an answer; an answer
-lets the follower tell a refusal from a dead leader. A request for a *newer* leader epoch is
-not answered at all: a newer leader exists and shares the subject, and NATS hands the
-requester the first answer, which must be that leader's, not a refusal from this stale one."""
+past the log end), ``read-failed`` (the leader could not read its log there). Liftbridge
+drops such requests without an answer; an answer lets the follower tell a refusal from a
+dead leader. Not answered at all: a request for a *newer* leader epoch, and any request once
+this server stopped leading (until its subscriptions are gone): the partition's new leader
+shares the subjects and NATS hands the requester the first answer, which must be that
+leader's, not a refusal from a stale one."""
 EPOCH_HEADER = "Riverlog-Leader-Epoch"
 """NATS header of a LeaderEpochOffsetRequest: the leader epoch the follower follows (the
 request's own field is the epoch asked about), checked as a ReplicationRequest's epoch is.
@@ -144,6 +145,8 @@ class Leader:
         leaderEpoch}: ReplicationResponse (this epoch, the high watermark, the chunks from
         ``offset`` on, up to replication_max_bytes; none when the follower is caught up),
         or an error (ERROR_HEADER) that changes nothing."""
+        if not self.active:
+            return
         try:
             req = decode_internal(msg.data, MsgType.ReplicationRequest)
         except EnvelopeError as exc:
@@ -151,8 +154,6 @@ class Leader:
         f = self._followers.get(req.replicaID)
         log_ = self.partition.log
         end = log_.next_offset
-        if not self.active:
-            return await self._refuse(msg, "not-leader", f"epoch {self.epoch} is over")
         if f is None:
             return await self._refuse(msg, "unknown-replica",
                                       f"{req.replicaID!r} is not a follower of {self.partition!r}")
@@ -198,12 +199,12 @@ class Leader:
         {endOffset: the offset after the last one of the newest epoch not above it,
         leaderEpoch: that epoch} (``LeaderEpochCache.epoch_and_end_offset_for``); -1 and 0
         when the log knows no such epoch."""
+        if not self.active:
+            return
         try:
             req = decode_internal(msg.data, MsgType.LeaderEpochOffsetRequest)
         except EnvelopeError as exc:
             return await self._refuse(msg, "bad-request", str(exc))
-        if not self.active:
-            return await self._refuse(msg, "not-leader", f"epoch {self.epoch} is over")
         followed = (msg.headers or {}).get(EPOCH_HEADER)
         if followed is not None and followed != str(self.epoch):
             return await self._refuse_epoch(msg, int(followed) if followed.isdigit() else -1)
