@@ -184,15 +184,14 @@ class Replication:
         else:
             self._stop_role(replica)
         replica.placement = placement
-        subject = lambda kind: partition_subject(self.namespace, partition.stream,  # noqa: E731
-                                                 partition.index, kind)
+        subjects = [partition_subject(self.namespace, partition.stream, partition.index, kind)
+                    for kind in ("replicate", "offset")]
         if placement.leader == self.server_id:
-            leader = Leader(self, partition, placement, subject("replicate"), subject("offset"))
+            leader = Leader(self, partition, placement, *subjects)
             replica.role = leader
             replica.chain(leader.subscribe())
         elif placement.leader is not None and self.server_id in placement.replicas:
-            replica.role = Follower(self, partition, placement, subject("replicate"),
-                                    subject("offset"))
+            replica.role = Follower(self, partition, placement, *subjects)
 
     def unassign(self, stream: str, index: int) -> None:
         """Stop replicating partition ``index`` of ``stream`` (deleted, or no longer held
@@ -226,6 +225,7 @@ class Replication:
             replica.chain(role.unsubscribe())
         elif role is not None:
             role.stop()
+            replica.chain(role.finished())
 
     async def _drop(self, replica: _Replica) -> None:
         self._stop_role(replica)

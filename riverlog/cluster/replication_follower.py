@@ -54,6 +54,7 @@ class Follower:
         self.subjects = (replicate_subject, offset_subject)
         self.wake = asyncio.Event()
         self.refused_chunks = 0
+        self._stopped = False
         self._refusal: str | None = None  # the code of the leader's last error answer
         settings = engine.settings
         self._fetch_timeout = settings.replica_fetch_timeout_ms / 1000
@@ -64,7 +65,19 @@ class Follower:
         self._task = self._loop.create_task(self._run())
 
     def stop(self) -> None:
+        self._stopped = True
         self._task.cancel()
+
+    async def finished(self) -> None:
+        """Wait until the task stopped (after ``stop``)."""
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    def _check_stopped(self) -> None:
+        """Raise CancelledError once stopped: nats-py can swallow the cancellation of a
+        request in flight (its connection closing), and a follower that went on could append
+        an old leader's chunks to a log this server now leads."""
+        if self._stopped:
+            raise asyncio.CancelledError
 
     def stats(self) -> dict:
         return {"role": "follower", "refused_chunks": self.refused_chunks,
@@ -180,15 +193,18 @@ class Follower:
                    headers: dict[str, str] | None = None) -> bytes | None:
         """The leader's answer, or None (no answer in time, no responder, or an error
         answer: after a pause, and reporting the leader once it is silent for too long)."""
+        self._check_stopped()
         try:
             reply = await self.engine.nc.request(subject, request, timeout=self._fetch_timeout,
                                                  headers=headers)
         except nats.errors.Error as exc:
+            self._check_stopped()
             self._refusal = None
             log.debug("%r: no answer from leader %s: %r", self.partition, self.leader, exc)
             self._check_leader()
             await asyncio.sleep(RETRY_S)
             return None
+        self._check_stopped()
         error = reply.headers.get(ERROR_HEADER) if reply.headers else None
         self._refusal = None if error is None else error.split(":", 1)[0]
         if error is not None:

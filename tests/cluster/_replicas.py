@@ -136,7 +136,10 @@ class Cluster:
         self.change(meta.expand_isr, stream, index, replica, leader_epoch)
 
     async def report_leader(self, stream, index, leader, leader_epoch):
+        """As the Raft metadata will: the next in-sync replica leads (epoch + 1); a report
+        under an older epoch is refused (StaleLeaderEpoch)."""
         self.events.append(("report_leader", stream, index, leader, leader_epoch))
+        self.change(meta.change_leader, stream, index, leader_epoch=leader_epoch)
 
 
 async def eventually(condition, timeout: float = 20.0, what: str = "condition") -> None:

@@ -158,13 +158,20 @@ async def test_truncation_finds_the_epoch_both_logs_share(cluster):
     assert chunk_bytes(c.partition(), committed_only=False) == chunk_bytes(b.partition())
 
 
-async def test_a_silent_leader_is_reported(cluster):
+async def test_a_silent_leader_is_reported_and_replaced_and_rejoins_as_a_follower(cluster):
     cluster.create_stream()
-    await publish(cluster.nodes["a"], 10)
-    await cluster.nodes["a"].stop()
-    await eventually(lambda: {e[0] for e in cluster.events} >= {"report_leader"}
-                     and {(e[3], e[4]) for e in cluster.events if e[0] == "report_leader"}
-                     == {("a", 1)}, what="the followers reporting a")
+    a, b, c = (cluster.nodes[i] for i in "abc")
+    last = await publish(a, 100)
+    await eventually(lambda: c.partition().committed_offset == last, what="c committing")
+    await a.stop()
+    await eventually(lambda: cluster.placement().leader_epoch == 2, what="a new leader")
+    assert cluster.placement().leader == "b" and cluster.placement().isr == ("b", "c")
+    assert {e[3:] for e in cluster.events if e[0] == "report_leader"} == {("a", 1)}
+    new_last = await publish(b, 50)
+    await a.start()
+    await eventually(lambda: a.partition().committed_offset == new_last, what="a catching up")
+    await eventually(lambda: "a" in cluster.placement().isr, what="a rejoining the ISR")
+    assert chunk_bytes(a.partition()) == chunk_bytes(b.partition()) == chunk_bytes(c.partition())
 
 
 async def test_bad_replication_requests_get_an_error_and_change_nothing(nats_url, tmp_path):
