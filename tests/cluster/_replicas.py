@@ -18,9 +18,10 @@ from riverlog.cluster.replication import Replication, ReplicationSettings
 from riverlog.config import LogConfig
 
 NS = "rl-test"
-FAST = ReplicationSettings(replica_max_lag_time_ms=800, replica_max_leader_timeout_ms=800,
-                           replica_max_idle_wait_ms=100, replica_fetch_timeout_ms=400,
+FAST = ReplicationSettings(replica_max_lag_time_ms=1000, replica_max_leader_timeout_ms=2000,
+                           replica_max_idle_wait_ms=100, replica_fetch_timeout_ms=1000,
                            high_watermark_checkpoint_ms=100)
+"""Short enough for quick tests, long enough that a loaded machine makes no false report."""
 SLOW = dataclasses.replace(FAST, replica_max_idle_wait_ms=600_000,
                            replica_max_lag_time_ms=1_200_000,
                            replica_max_leader_timeout_ms=1_200_000)
