@@ -113,14 +113,16 @@ class Follower:
                             self.leader, exc)
                 await self._idle()
                 continue
-            break
+            if answer.endOffset >= 0:
+                break
+            # the leader knows no epoch this old: it cannot be this epoch's leader yet (it
+            # records its epoch on taking over); ask again rather than guess
+            log.warning("%r: leader %s knows no epoch <= %d yet", self.partition, self.leader,
+                        latest)
+            await self._idle()
         found = answer.leaderEpoch or latest  # a Liftbridge leader does not send field 2
         own = log_.end_offset_for(found)
         end = answer.endOffset
-        if end < 0:  # the leader knows no epoch this old: keep what is committed only
-            end = log_.committed_offset + 1
-            log.warning("%r: leader %s knows no epoch <= %d; truncating to the high watermark",
-                        self.partition, self.leader, latest)
         target = min(end, own if own >= 0 else log_.next_offset)
         if target < log_.next_offset:
             log.warning("%r: truncating the divergent tail %d..%d (epoch %d ends at %d on "
