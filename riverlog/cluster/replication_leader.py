@@ -98,6 +98,7 @@ class Leader:
         self._followers = {r: _Follower(now, r in placement.isr)
                            for r in placement.replicas if r != engine.server_id}
         self._wake_pending = False
+        self._flusher: asyncio.Task | None = None
         log_.on_written = self._written
         log_.on_synced = self._advance
         self._ticker = self._loop.create_task(self._check_isr())
@@ -247,6 +248,20 @@ class Leader:
     def _written(self) -> None:
         self._advance()
         self._wake()
+        log_ = self.partition.log
+        if log_.needs_flush and (self._flusher is None or self._flusher.done()):
+            self._flusher = self._loop.create_task(self._flush())
+
+    async def _flush(self) -> None:
+        """Under Durability.ALWAYS, fsync what this leader writes (group commit) even when
+        no writer waits for it (LEADER acks): its log end counts for the high watermark only
+        once fsynced (``on_synced`` advances it)."""
+        log_ = self.partition.log
+        try:
+            while self.active and log_.durable_next_offset < log_.next_offset:
+                await log_.flush()
+        except (OSError, LogError) as exc:
+            log.error("%r: fsync failed: %s", self.partition, exc)
 
     def _wake(self) -> None:
         """Notify, once per loop iteration, the idle followers that lack data or the

@@ -330,6 +330,10 @@ async def test_under_durability_always_commits_wait_for_fsync(nats_url, tmp_path
         if replicas == 3:
             await eventually(lambda: cluster.nodes["c"].partition().committed_offset
                              == offsets[-1], what="c committing")
+            # writes nobody waits on with wait_committed (LEADER acks) are fsynced and
+            # committed too: the leader flushes its own writes
+            more = part.write_records([b"s"] * 5)
+            await asyncio.wait_for(part.wait_for(more[-1]), 10)
     finally:
         await cluster.close()
 
