@@ -225,7 +225,8 @@ class Leader:
     async def _refuse(self, msg, code: str, reason: str) -> None:
         log.warning("%r: refused a replication request: %s: %s", self.partition, code, reason)
         if msg.reply:
-            await self.engine.nc.publish(msg.reply, b"", headers={ERROR_HEADER: f"{code}: {reason}"})
+            await self.engine.nc.publish(msg.reply, b"",
+                                         headers={ERROR_HEADER: f"{code}: {reason}"})
 
     # -- high watermark and notifications -----------------------------------------------
     def _advance(self) -> None:

@@ -259,7 +259,8 @@ async def test_a_chunk_with_a_bad_crc_is_refused_and_fetched_again(nats_url, tmp
 
         async def replicate(msg):
             req = decode_internal(msg.data, MsgType.ReplicationRequest)
-            data = bytearray(b"".join(bytes(c.raw) for c in source.read_chunks(req.offset, 1 << 20)))
+            chunks = source.read_chunks(req.offset, 1 << 20)
+            data = bytearray(b"".join(bytes(c.raw) for c in chunks))
             if data and not answers:
                 data[-5] ^= 0xFF  # in the last chunk's data: its CRC no longer matches
             answers.append((req.offset, len(data)))
