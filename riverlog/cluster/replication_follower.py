@@ -128,7 +128,7 @@ class Follower:
             log.warning("%r: truncating the divergent tail %d..%d (epoch %d ends at %d on "
                         "leader %s)", self.partition, target, log_.next_offset - 1, found, end,
                         self.leader)
-            log_.truncate(target)
+            self.partition.truncate(target)
 
     async def _fetch_loop(self) -> None:
         log_ = self.partition.log
@@ -154,7 +154,7 @@ class Follower:
                 continue
             if answer.entries:
                 try:
-                    log_.append_chunks(answer.entries)
+                    self.partition.append_replicated(answer.entries)
                 except ChunkRefusedError as exc:
                     self.refused_chunks += 1
                     refusals += 1

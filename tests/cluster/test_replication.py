@@ -112,14 +112,22 @@ async def test_an_idle_follower_wakes_on_a_notification(nats_url, tmp_path):
 
 
 
+def _entry(record: bytes) -> bytes:
+    from riverlog.log.chunk import encode_entries
+    return encode_entries([record])
+
+
 async def test_a_returning_old_leader_truncates_its_divergent_tail(cluster):
     cluster.create_stream()
     a, b, c = (cluster.nodes[i] for i in "abc")
     last = await publish(a, 100)
     await eventually(lambda: c.partition().committed_offset == last, what="c committing")
+    a.partition().write_entries([_entry(b"deduplicated")], writers={"p": 3})
+    await eventually(lambda: b.partition().publishers.get("p") == 3,
+                     what="b noting the publisher's sequence")  # dedup holds if b leads
     await a.stop()  # cut off: what it writes now reaches nobody
     a.partition().write_records([b"divergent"] * 7)
-    a.partition().write_records([b"divergent"] * 5)
+    a.partition().write_entries([_entry(b"divergent")] * 5, writers={"p": 8, "q": 1})
     cluster.change(meta.change_leader, "s", 0, leader_epoch=1)
     assert cluster.placement().leader == "b" and cluster.placement().leader_epoch == 2
     new_last = await publish(b, 30, batch=3)
@@ -127,6 +135,8 @@ async def test_a_returning_old_leader_truncates_its_divergent_tail(cluster):
     await eventually(lambda: a.partition().committed_offset == new_last, what="a catching up")
     assert chunk_bytes(a.partition(), committed_only=False) == chunk_bytes(b.partition())
     assert a.partition().log.epochs.entries == b.partition().log.epochs.entries
+    # the truncated chunk's publishing ids are forgotten: a retry of them is not a duplicate
+    assert (a.partition().publishers.get("p"), a.partition().publishers.get("q")) == (3, None)
     await eventually(lambda: "a" in cluster.placement().isr, what="a rejoining the ISR")
 
 
