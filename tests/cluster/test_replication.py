@@ -387,3 +387,24 @@ async def test_a_follower_behind_the_leaders_log_start_starts_again_there(nats_u
         await eventually(lambda: "c" in cluster.placement().isr, what="c rejoining the ISR")
     finally:
         await cluster.close()
+
+
+async def test_partitions_of_one_stream_replicate_apart_under_a_name_of_any_characters(cluster):
+    """Two partitions led by different servers, the stream named with NATS subject
+    characters: each partition's traffic stays on its own subjects."""
+    name = "odd.name *> %2E"
+    stream = cluster.create_stream(name, partitions=2)
+    leaders = [cluster.nodes[p.leader] for p in stream.partitions]
+    assert leaders[0] is not leaders[1]
+    lasts = []
+    for index, leader in enumerate(leaders):
+        part = leader.partition(name, index)
+        offsets = part.write_records([b"partition %d" % index] * (5 + index))
+        await asyncio.wait_for(part.wait_committed(offsets[-1]), 10)
+        lasts.append(offsets[-1])
+    for index, leader in enumerate(leaders):
+        want = chunk_bytes(leader.partition(name, index))
+        for node in cluster.nodes.values():
+            await eventually(lambda: node.partition(name, index).committed_offset == lasts[index],
+                             what=f"{node.id} committing partition {index}")
+            assert chunk_bytes(node.partition(name, index)) == want
