@@ -92,6 +92,21 @@ class Partition:
         return self.log.write_entries(encode_entries(records), len(records), len(records),
                                       timestamp_ms=timestamp_ms)
 
+    # -- replication (a follower's side) ------------------------------------------------
+    def append_replicated(self, raw: bytes | memoryview) -> range:
+        """Append whole chunks as the partition's leader sent them (``CommitLog.append_chunks``:
+        raises ``ChunkRefusedError``, appending nothing, when one fails its checks) and note
+        the publisher sequences they carry. Returns the offsets appended."""
+        offsets = self.log.append_chunks(raw)
+        self.publishers.replicated(raw)
+        return offsets
+
+    def truncate(self, offset: int) -> None:
+        """Remove every record from ``offset`` on (``CommitLog.truncate``: a follower's
+        divergent tail) and forget the publisher sequences only they carried."""
+        self.log.truncate(offset)
+        self.publishers.reload()
+
     # -- the commit pipeline ------------------------------------------------------------
     def is_committed(self, offset: int) -> bool:
         """Whether the record at ``offset`` is committed (at or below the high watermark,

@@ -16,7 +16,7 @@ from typing import Iterable, Mapping
 
 from ..errors import LogError
 from ..log import CommitLog
-from ..log.chunk import HEADER_SIZE
+from ..log.chunk import HEADER_SIZE, ChunkHeader, parse_header
 from ..log.segment import segment_name
 
 log = logging.getLogger("riverlog.broker")
@@ -127,13 +127,30 @@ class PublisherSequences:
             if not chunks:
                 return
             for chunk in chunks:
-                h = chunk.header
-                if h.trailer_length > h.bloom_size:
-                    found = decode_writer_trailer(
-                        chunk.raw[HEADER_SIZE + h.data_length + h.bloom_size:])
-                    for reference, sequence in found or ():
-                        self._raise(reference, sequence)
+                self._note(chunk.header, chunk.raw)
             offset = chunks[-1].header.next_offset
+
+    def _note(self, h: ChunkHeader, raw: bytes | memoryview) -> None:
+        """Raise the sequences the writer trailer of chunk ``raw`` (header ``h``) records."""
+        if h.trailer_length > h.bloom_size:
+            found = decode_writer_trailer(raw[HEADER_SIZE + h.data_length + h.bloom_size:])
+            for reference, sequence in found or ():
+                self._raise(reference, sequence)
+
+    def replicated(self, raw: bytes | memoryview) -> None:
+        """Note the sequences of whole chunks a follower appended as its leader sent them
+        (``CommitLog.append_chunks``, which checked them), so deduplication holds when this
+        replica leads."""
+        view, pos = memoryview(raw), 0
+        while pos < len(view):
+            h = parse_header(view, pos)
+            self._note(h, view[pos:pos + h.size])
+            pos += h.size
+
+    def reload(self) -> None:
+        """Read the sequences again from the log (after a truncation removed chunks)."""
+        self._seqs = {}
+        self._load()
 
 
 class ConsumerOffsets:

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import os
 import shutil
@@ -24,7 +25,7 @@ from .compaction import CompactionResult, compact_segments, install_compacted
 from .epochs import CHECKPOINT_NAME, EpochEntry, LeaderEpochCache, entries_of_chunks
 from .recovery import RecoveryReport, recover_segment
 from .retention import segments_to_delete
-from .segment import SEGMENT_SUFFIX, ChunkSlice, Segment
+from .segment import SEGMENT_SUFFIX, ChunkSlice, Segment, fsync_dir
 
 log = logging.getLogger("riverlog.log")
 
@@ -60,7 +61,11 @@ class CommitLog:
         self.auto_commit = auto_commit
         self._clock_ms = clock_ms
         self._closed = False
-        self._waiter: asyncio.Future | None = None
+        # readers waiting for an offset to commit: a heap of (offset, n, future), so a
+        # commit wakes only those it reaches (not every waiter, each commit)
+        self._waiters: list[tuple[int, int, asyncio.Future]] = []
+        self._waiter_count = 0
+        self._abandoned = 0  # cancelled waiters still in the heap
         self._sync_task: asyncio.Task | None = None
         self._flush_timer: asyncio.TimerHandle | None = None
         self._last_sync_ms = clock_ms()
@@ -68,6 +73,11 @@ class CommitLog:
         self._blooms = BloomCache()
         self.on_roll: Callable[[int], None] | None = None
         """Called with the new base offset just before a new segment is created."""
+        self.on_written: Callable[[], None] | None = None
+        """Called after each chunk this log writes itself (not ``append_chunks``): a
+        replicated partition's leader wakes its idle followers."""
+        self.on_synced: Callable[[], None] | None = None
+        """Called after each fsync of new data (``durable_next_offset`` moved on)."""
         os.makedirs(self.directory, exist_ok=True)
         self.report = RecoveryReport()
         self._segments: list[Segment] = []
@@ -179,6 +189,17 @@ class CommitLog:
         """Bytes on disk in segment files (indexes excluded)."""
         return sum(s.size for s in self._segments)
 
+    def bytes_from(self, offset: int) -> int:
+        """Bytes on disk of the chunks from the one holding ``offset`` to the end (0 when
+        ``offset`` is at or past the end): how far, in bytes, a follower at ``offset`` lags."""
+        total = 0
+        for seg in reversed(self._segments):
+            if seg.next_offset <= offset:
+                break
+            i = seg.index.find_offset(offset)
+            total += seg.size - (seg.index.positions[i] if i < len(seg.index) else seg.size)
+        return total
+
     @property
     def segments(self) -> list[Segment]:
         """The segments, oldest first (read-only view for inspection and tests)."""
@@ -266,6 +287,8 @@ class CommitLog:
         if self.epoch != self.epochs.latest_epoch:
             self.epochs.assign(self.epoch, first)  # ValueError for an epoch gone backwards
         self._place(raw, first, num_records, ts, self.epoch, trailer[:bloom_size], now)
+        if self.on_written is not None:
+            self.on_written()
         return range(first, first + num_records)
 
     def _place(self, raw: bytes, first: int, num_records: int, ts: int, epoch: int,
@@ -327,7 +350,7 @@ class CommitLog:
         for pos, h in headers:
             if h.epoch != self.epochs.latest_epoch:
                 self.epochs.assign(h.epoch, h.first_offset)
-            chunk = bytes(view[pos:pos + h.size])
+            chunk = view[pos:pos + h.size]  # written as is: no copy
             self._place(chunk, h.first_offset, h.num_records, h.timestamp_ms, h.epoch,
                         bytes(chunkfmt.bloom_of(h, chunk)), now)
         self.epoch = max(self.epoch, self.epochs.latest_epoch)
@@ -372,6 +395,15 @@ class CommitLog:
         self._synced_next = max(self._synced_next, upto)
         if self.auto_commit:
             self.commit(upto - 1)
+        if self.on_synced is not None:
+            self.on_synced()
+
+    @property
+    def durable_next_offset(self) -> int:
+        """The end of what the durability policy counts as written: ``next_offset``, or under
+        ``Durability.ALWAYS`` the end of what is fsynced (what a leader of a replicated
+        partition counts as its own log end for the high watermark)."""
+        return min(self._synced_next, self.next_offset) if self.needs_flush else self.next_offset
 
     async def flush(self) -> None:
         """Wait until everything written so far is fsynced (group commit: concurrent
@@ -418,22 +450,42 @@ class CommitLog:
         if offset <= self.committed_offset:
             return
         self.committed_offset = offset
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= offset:
+            future = heapq.heappop(waiters)[2]
+            if not future.done():
+                future.set_result(None)
 
     async def wait_for(self, offset: int) -> None:
         """Return once ``offset`` is committed (readable). Raises ``LogClosedError`` if the
-        log closes first. No polling: appends wake the waiters."""
+        log closes first. No polling: the commit that reaches ``offset`` wakes the waiter."""
         while self.committed_offset < offset:
             if self._closed:
                 raise LogClosedError(f"commit log {self.directory} is closed")
-            loop = asyncio.get_running_loop()
-            if (self._waiter is None or self._waiter.done()
-                    or self._waiter.get_loop() is not loop):
-                self._waiter = loop.create_future()
-            # shielded: a cancelled reader must not cancel the future the others wait on
-            await asyncio.shield(self._waiter)
+            future = asyncio.get_running_loop().create_future()
+            self._waiter_count += 1
+            heapq.heappush(self._waiters, (offset, self._waiter_count, future))
+            try:
+                await future
+            except asyncio.CancelledError:
+                self._abandon()
+                raise
+
+    def _abandon(self) -> None:
+        """A waiter was cancelled: drop the cancelled ones once they are most of the heap
+        (readers that wait with a timeout on an idle log would pile up)."""
+        self._abandoned += 1
+        if self._abandoned > 32 and self._abandoned * 2 > len(self._waiters):
+            self._waiters = [w for w in self._waiters if not w[2].done()]
+            heapq.heapify(self._waiters)
+            self._abandoned = 0
+
+    def _wake_all(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        self._abandoned = 0
+        for _, _, future in waiters:
+            if not future.done():
+                future.set_result(None)
 
     # -- reads --------------------------------------------------------------------------
     def read_chunks(self, offset: int, max_bytes: int = DEFAULT_READ_BYTES, *,
@@ -600,6 +652,27 @@ class CommitLog:
         self.committed_offset = min(self.committed_offset, self.next_offset - 1)
         self.epochs.truncate_from_end(self.next_offset)
 
+    def reset(self, offset: int) -> None:
+        """Remove every record and continue at ``offset`` (a follower whose leader no longer
+        holds the follower's next offset: retention removed it there). The log is then empty
+        with ``first_offset == next_offset == offset``, nothing committed below it matters
+        (``committed_offset`` = ``offset - 1``) and the leader-epoch checkpoint is empty (the
+        leader's chunks bring their epochs). Fsyncs before returning."""
+        if self._closed:
+            raise LogClosedError(f"commit log {self.directory} is closed")
+        if self._compacting:
+            raise LogError("cannot reset while a compaction is running")
+        self._blooms.forget()
+        for seg in self._segments:
+            seg.delete()
+        seg = Segment(self.directory, offset)
+        seg.created_ms = self._clock_ms()
+        self._segments, self._bases = [seg], [offset]
+        fsync_dir(self.directory)
+        self._synced_next = offset
+        self.committed_offset = offset - 1
+        self.epochs.replace([])
+
     # -- lifecycle ----------------------------------------------------------------------
     def close(self) -> None:
         """Fsync (unless the policy is NEVER) and close the files. Readers waiting in
@@ -614,9 +687,7 @@ class CommitLog:
         self._closed = True
         for seg in self._segments:
             seg.close()
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        self._wake_all()
 
     async def aclose(self) -> None:
         """Wait for an in-flight fsync, then ``close``."""

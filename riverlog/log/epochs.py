@@ -17,7 +17,7 @@ from bisect import bisect_right
 from typing import Iterable, NamedTuple
 
 from ..errors import EpochCheckpointError
-from .segment import fsync_dir
+from .segment import write_atomically
 
 CHECKPOINT_NAME = "leader-epoch-checkpoint"
 """File name of the checkpoint in a partition's folder (Kafka's and Liftbridge's name)."""
@@ -83,11 +83,23 @@ class LeaderEpochCache:
         LeaderEpochOffsetRequest: ``log_end`` (the log's next offset) when ``epoch`` is the
         latest, else the start offset of the first epoch above it (also for an epoch older
         than every entry); UNDEFINED (-1) for an epoch above the latest, or no entries."""
+        return self.epoch_and_end_offset_for(epoch, log_end)[1]
+
+    def epoch_and_end_offset_for(self, epoch: int, log_end: int) -> tuple[int, int]:
+        """``(found, end)``: ``found`` is the newest epoch recorded that is not above
+        ``epoch`` and ``end`` its end offset (``end_offset_for(found)``), Kafka's answer to
+        OffsetsForLeaderEpoch since KIP-279. A follower whose latest epoch the leader never
+        had learns from ``found`` which older epoch they share, and truncates to the lower of
+        both logs' ends of it. For an epoch older than every entry: ``(epoch, start offset
+        of the first entry)``; above the latest, or no entries: ``(UNDEFINED, UNDEFINED)``."""
         if not self._entries or epoch > self._epochs[-1]:
-            return UNDEFINED
-        if epoch == self._epochs[-1]:
-            return log_end
-        return self._entries[bisect_right(self._epochs, epoch)].start_offset
+            return UNDEFINED, UNDEFINED
+        i = bisect_right(self._epochs, epoch)  # entries [0, i) have an epoch <= ``epoch``
+        if i == 0:
+            return epoch, self._entries[0].start_offset
+        if i == len(self._entries):
+            return self._epochs[-1], log_end
+        return self._epochs[i - 1], self._entries[i].start_offset
 
     def truncate_from_end(self, end_offset: int) -> None:
         """Forget the epochs that start at ``end_offset`` or later (the log was truncated to
@@ -124,13 +136,7 @@ class LeaderEpochCache:
 
     def _save(self, entries: list[EpochEntry]) -> None:
         lines = [str(VERSION), str(len(entries))] + [f"{e.epoch} {e.start_offset}" for e in entries]
-        tmp = self.path + ".tmp"  # a leftover is removed when the commit log opens
-        with open(tmp, "wb") as f:
-            f.write(("\n".join(lines) + "\n").encode())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        fsync_dir(os.path.dirname(self.path) or ".")
+        write_atomically(self.path, ("\n".join(lines) + "\n").encode())
         self._set(entries)
 
     def __repr__(self) -> str:

@@ -46,6 +46,19 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def write_atomically(path: str, data: bytes) -> None:
+    """Replace the file ``path`` with ``data`` crash-safely: a temporary file beside it
+    (``path + ".tmp"``, removed by the commit log's open if left over), fsync, rename, fsync of
+    the folder. Raises OSError."""
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path) or ".")
+
+
 def segment_name(base_offset: int) -> str:
     """File stem of the segment whose base offset is ``base_offset``: 20 zero-padded digits."""
     return f"{base_offset:020d}"

@@ -198,6 +198,35 @@ def test_wait_for_wakes_on_append_and_close(tmp_path):
     asyncio.run(main())
 
 
+def test_a_commit_wakes_only_the_waiters_it_reaches_and_cancelled_ones_do_not_pile_up(tmp_path):
+    """Replicated logs commit in many small steps with many waiters (one per unconfirmed
+    chunk): each commit must wake only the waiters at or below it."""
+    async def main():
+        log = CommitLog(tmp_path, auto_commit=False)
+        log.append([b"r"] * 10)
+        woken = []
+
+        async def wait(offset):
+            await log.wait_for(offset)
+            woken.append(offset)
+
+        tasks = [asyncio.create_task(wait(o)) for o in range(10)]
+        await asyncio.sleep(0)
+        log.commit(3)
+        await asyncio.gather(*tasks[:4])
+        await asyncio.sleep(0)
+        assert sorted(woken) == [0, 1, 2, 3] and len(log._waiters) == 6
+        for _ in range(200):  # a reader polling an idle log with a timeout
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(log.wait_for(9), 0)
+        assert len(log._waiters) < 6 + 70
+        log.commit(9)
+        await asyncio.gather(*tasks)
+        assert sorted(woken) == list(range(10)) and not log._waiters
+        log.close()
+    asyncio.run(main())
+
+
 def test_a_cancelled_reader_does_not_stop_the_others(tmp_path):
     async def main():
         log = CommitLog(tmp_path)

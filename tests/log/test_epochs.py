@@ -24,6 +24,12 @@ def test_end_offset_for_is_the_next_epochs_start_or_the_log_end(cache):
     assert LeaderEpochCache(cache.path + ".other").end_offset_for(1, log_end=12) == UNDEFINED
 
 
+def test_epoch_and_end_offset_for_names_the_epoch_it_answers_for(cache):
+    """KIP-279: asked for epoch 3, which this log never had, it answers for epoch 2."""
+    assert [cache.epoch_and_end_offset_for(e, log_end=12) for e in range(6)] == [
+        (0, 0), (1, 5), (2, 9), (2, 9), (4, 12), (UNDEFINED, UNDEFINED)]
+
+
 def test_assign(cache):
     assert cache.latest_epoch == 4
     cache.assign(4, 11)  # the latest epoch again: nothing changes

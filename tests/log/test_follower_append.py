@@ -158,3 +158,22 @@ def test_old_leader_truncates_to_its_epochs_end_then_follows_the_new_leader(pair
     old.close()
     new.close()
     assert _files(old.directory) == _files(new.directory)
+
+
+def test_reset_starts_an_empty_log_at_the_leaders_log_start(tmp_path):
+    leader = CommitLog(tmp_path / "leader", CONFIG)
+    _write_as_leader(leader, 3, 40)
+    start = leader.segments[-1].base_offset  # as if retention removed the older segments
+    follower = CommitLog(tmp_path / "follower", CONFIG, auto_commit=False)
+    follower.append([b"old"] * 5)
+    follower.reset(start)
+    assert (follower.first_offset, follower.next_offset, follower.committed_offset,
+            follower.epochs.entries) == (start, start, start - 1, ())
+    raw = b"".join(bytes(c.raw) for c in leader.read_chunks(start, 1 << 20))
+    follower.append_chunks(raw)
+    follower.close()
+    reopened = CommitLog(tmp_path / "follower", CONFIG, auto_commit=False)
+    assert (reopened.first_offset, reopened.next_offset) == (start, leader.next_offset)
+    assert reopened.epochs.entries == ((3, start),)
+    reopened.close()
+    leader.close()

@@ -1,0 +1,410 @@
+# Partition replication (riverlog/cluster/replication*.py) between 2-3 servers in this event
+# loop, each a Broker with its own nats-py connection to one real nats-server; the metadata
+# holder in _replicas.py stands in for Raft (it applies shrink/expand with state.py).
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+from _replicas import NS, SLOW, Cluster, chunk_bytes, eventually  # noqa: E402
+from riverlog.cluster import state as meta  # noqa: E402
+from riverlog.server.embedded_nats import EmbeddedNats  # noqa: E402
+
+
+@pytest.fixture
+async def nats_url():
+    server = EmbeddedNats("127.0.0.1", 0)
+    await server.start()
+    yield server.url
+    await server.stop()
+
+
+@pytest.fixture
+async def cluster(nats_url, tmp_path):
+    c = Cluster(nats_url, tmp_path)
+    await c.start()
+    yield c
+    await c.close()
+
+
+async def publish(node, n: int, size: int = 100, batch: int = 10, stream: str = "s") -> int:
+    """Write ``n`` records in chunks of ``batch`` on ``node``'s partition; wait until the
+    last is committed; returns its offset."""
+    part = node.partition(stream)
+    last = -1
+    for i in range(0, n, batch):
+        last = part.write_records([b"%06d" % j + b"x" * size for j in range(i, i + batch)])[-1]
+    await asyncio.wait_for(part.wait_committed(last), 30)
+    return last
+
+
+async def test_replicas_hold_the_same_bytes_and_the_high_watermark_is_the_isr_minimum(cluster):
+    cluster.create_stream()
+    a, b, c = (cluster.nodes[i] for i in "abc")
+    last = await publish(a, 500)
+    await eventually(lambda: all(n.partition().committed_offset == last for n in (b, c)),
+                     what="followers committing the leader's high watermark")
+    want = chunk_bytes(a.partition())
+    assert want and chunk_bytes(b.partition()) == want and chunk_bytes(c.partition()) == want
+    # with one follower stopped the leader's high watermark stays at what it holds
+    await c.stop()
+    part = a.partition()
+    more = part.write_records([b"y" * 50] * 10)
+    await eventually(lambda: b.partition().log.next_offset == more[-1] + 1,
+                     what="b holding the new chunk")
+    assert part.committed_offset == last  # c (in the ISR) lacks it
+    stats = a.replication.stats("s", 0)
+    assert stats["role"] == "leader" and stats["high_watermark"] == last
+    assert stats["followers"]["c"]["log_end"] == last + 1
+    assert stats["followers"]["c"]["lag_messages"] == 10
+    assert stats["followers"]["c"]["lag_bytes"] == part.log.bytes_from(last + 1) > 0
+    assert b.partition().committed_offset <= last  # never beyond the leader's
+
+
+async def test_a_stopped_follower_leaves_the_isr_and_rejoins_after_catching_up(cluster):
+    cluster.create_stream()
+    a, c = cluster.nodes["a"], cluster.nodes["c"]
+    await publish(a, 100)
+    await c.stop()
+    part = a.partition()
+    offsets = part.write_records([b"z" * 10] * 20)
+    await eventually(lambda: "c" not in cluster.placement().isr, what="c leaving the ISR")
+    assert ("shrink_isr", "s", 0, "c", 1) in cluster.events
+    await asyncio.wait_for(part.wait_committed(offsets[-1]), 10)  # the ISR without c commits
+    await c.start()
+    await eventually(lambda: "c" in cluster.placement().isr, what="c rejoining the ISR")
+    assert ("expand_isr", "s", 0, "c", 1) in cluster.events
+    await eventually(lambda: c.partition().committed_offset == offsets[-1],
+                     what="c committing")
+    assert chunk_bytes(c.partition()) == chunk_bytes(part)
+    stats = a.replication.stats("s", 0)
+    assert stats["followers"]["c"]["in_sync"] and stats["followers"]["c"]["in_sync_since"]
+
+
+async def test_an_idle_follower_wakes_on_a_notification(nats_url, tmp_path):
+    """With an idle wait far longer than the test, the follower can only learn of the new
+    chunk through the leader's PartitionNotification."""
+    cluster = Cluster(nats_url, tmp_path, ids=("a", "b"), settings=SLOW)
+    await cluster.start()
+    try:
+        cluster.create_stream(replication_factor=2)
+        a, b = cluster.nodes["a"], cluster.nodes["b"]
+        await publish(a, 10)
+        await asyncio.sleep(0.2)  # b is idle, waiting
+        notes = []
+
+        async def seen(msg):
+            notes.append(msg.data)
+
+        sub = await a.nc.subscribe(f"{NS}.notify.b", cb=seen)
+        last = await publish(a, 10)
+        await eventually(lambda: b.partition().committed_offset == last, what="b committing")
+        assert notes
+        await sub.unsubscribe()
+    finally:
+        await cluster.close()
+
+
+
+
+def _entry(record: bytes) -> bytes:
+    from riverlog.log.chunk import encode_entries
+    return encode_entries([record])
+
+
+async def test_a_returning_old_leader_truncates_its_divergent_tail(cluster):
+    cluster.create_stream()
+    a, b, c = (cluster.nodes[i] for i in "abc")
+    last = await publish(a, 100)
+    await eventually(lambda: c.partition().committed_offset == last, what="c committing")
+    a.partition().write_entries([_entry(b"deduplicated")], writers={"p": 3})
+    await eventually(lambda: b.partition().publishers.get("p") == 3,
+                     what="b noting the publisher's sequence")  # dedup holds if b leads
+    await a.stop()  # cut off: what it writes now reaches nobody
+    a.partition().write_records([b"divergent"] * 7)
+    a.partition().write_entries([_entry(b"divergent")] * 5, writers={"p": 8, "q": 1})
+    cluster.change(meta.change_leader, "s", 0, leader_epoch=1)
+    assert cluster.placement().leader == "b" and cluster.placement().leader_epoch == 2
+    new_last = await publish(b, 30, batch=3)
+    await a.start()  # back as b's follower: asks where epoch 1 ends on b, truncates there
+    await eventually(lambda: a.partition().committed_offset == new_last, what="a catching up")
+    assert chunk_bytes(a.partition(), committed_only=False) == chunk_bytes(b.partition())
+    assert a.partition().log.epochs.entries == b.partition().log.epochs.entries
+    # the truncated chunk's publishing ids are forgotten: a retry of them is not a duplicate
+    assert (a.partition().publishers.get("p"), a.partition().publishers.get("q")) == (3, None)
+    await eventually(lambda: "a" in cluster.placement().isr, what="a rejoining the ISR")
+
+
+async def test_truncation_finds_the_epoch_both_logs_share(cluster):
+    """c led epoch 2 alone (nobody got its chunks); b, which never saw epoch 2 but holds
+    more of epoch 1 than c, leads epoch 3. c must cut at the end of *its* epoch 1 (100),
+    not where b's epoch 1 ends (110): the leader's answer names epoch 1 (KIP-279). Cutting
+    at 110 would keep c's epoch-2 records 100..109 beside b's different ones."""
+    cluster.create_stream()
+    a, b, c = (cluster.nodes[i] for i in "abc")
+    last = await publish(a, 100)
+    await eventually(lambda: c.partition().committed_offset == last, what="c committing")
+    await c.stop()
+    a.partition().write_records([b"epoch 1, not on c"] * 10)
+    await eventually(lambda: b.partition().log.next_offset == 110, what="b holding 110")
+    await a.stop()
+    await b.stop()
+    cluster.set_placement("c", ("c", "b"), 2)
+    await c.start()
+    c.partition().write_records([b"epoch 2, only on c"] * 20)
+    await c.stop()
+    cluster.set_placement("b", ("b", "a"), 3)
+    await a.start()
+    await b.start()
+    new_last = await publish(b, 30)
+    await c.start()
+    await eventually(lambda: c.partition().log.next_offset == new_last + 1
+                     and c.partition().committed_offset == new_last, what="c catching up")
+    assert chunk_bytes(c.partition(), committed_only=False) == chunk_bytes(b.partition())
+
+
+async def test_a_silent_leader_is_reported_and_replaced_and_rejoins_as_a_follower(cluster):
+    cluster.create_stream()
+    a, b, c = (cluster.nodes[i] for i in "abc")
+    last = await publish(a, 100)
+    await eventually(lambda: c.partition().committed_offset == last, what="c committing")
+    await a.stop()
+    await eventually(lambda: cluster.placement().leader_epoch == 2, what="a new leader")
+    assert cluster.placement().leader == "b" and cluster.placement().isr == ("b", "c")
+    assert {e[3:] for e in cluster.events if e[0] == "report_leader"} == {("a", 1)}
+    new_last = await publish(b, 50)
+    await a.start()
+    await eventually(lambda: a.partition().committed_offset == new_last, what="a catching up")
+    await eventually(lambda: "a" in cluster.placement().isr, what="a rejoining the ISR")
+    assert chunk_bytes(a.partition()) == chunk_bytes(b.partition()) == chunk_bytes(c.partition())
+
+
+async def test_bad_replication_requests_get_an_error_and_change_nothing(nats_url, tmp_path):
+    """The error answer: an empty payload with the header
+    ``Riverlog-Replication-Error: <code>: <reason>``."""
+    cluster = Cluster(nats_url, tmp_path, settings=SLOW)
+    await cluster.start()
+    try:
+        await _bad_requests(cluster)
+    finally:
+        await cluster.close()
+
+
+async def _bad_requests(cluster):
+    import nats
+    from riverlog.cluster.replication_leader import EPOCH_HEADER, ERROR_HEADER
+    from riverlog.protocol.liftbridge import api_pb2
+    from riverlog.protocol.liftbridge.envelope import encode_message
+
+    cluster.create_stream()
+    a = cluster.nodes["a"]
+    last = await publish(a, 50)
+    await eventually(lambda: all(cluster.nodes[i].partition().committed_offset == last
+                                 for i in "bc"), what="b and c committing")
+    before = a.replication.stats("s", 0)
+    before.pop("followers")
+    followers = {r: dict(f, last_seen_ms=0)
+                 for r, f in a.replication.stats("s", 0)["followers"].items()}
+    subject = f"{NS}.s.0.replicate"
+
+    def request(replica, offset, epoch):
+        return encode_message(api_pb2.ReplicationRequest(replicaID=replica, offset=offset,
+                                                         leaderEpoch=epoch))
+
+    client = await nats.connect(cluster.url)
+    try:
+        for payload, code in [
+                (request("zzz", 0, 1), "unknown-replica"),
+                (request("a", 0, 1), "unknown-replica"),  # the leader itself
+                (request("b", 0, 0), "stale-epoch"),
+                (request("b", last + 2, 1), "offset-out-of-range"),
+                (request("b", -1, 1), "offset-out-of-range"),
+                (b"not an envelope", "bad-request"),
+                (encode_message(api_pb2.LeaderEpochOffsetRequest(leaderEpoch=1)), "bad-request")]:
+            reply = await client.request(subject, payload, timeout=5)
+            assert reply.data == b""
+            assert reply.headers[ERROR_HEADER].startswith(code + ": "), (code, reply.headers)
+        reply = await client.request(f"{NS}.s.0.offset", b"\x00" * 9, timeout=5)
+        assert reply.headers[ERROR_HEADER].startswith("bad-request: ")
+        offset_request = encode_message(api_pb2.LeaderEpochOffsetRequest(leaderEpoch=1))
+        reply = await client.request(f"{NS}.s.0.offset", offset_request, timeout=5,
+                                     headers={EPOCH_HEADER: "0"})
+        assert reply.headers[ERROR_HEADER].startswith("stale-epoch: ")
+        # a request for a newer epoch is left to that epoch's leader: no answer from a
+        for subject, payload, headers in [
+                (subject, request("b", 0, 2), None),
+                (f"{NS}.s.0.offset", offset_request, {EPOCH_HEADER: "2"})]:
+            with pytest.raises(nats.errors.TimeoutError):
+                await client.request(subject, payload, timeout=0.5, headers=headers)
+    finally:
+        await client.close()
+    after = a.replication.stats("s", 0)
+    assert {r: dict(f, last_seen_ms=0) for r, f in after.pop("followers").items()} == followers
+    assert after == before
+    assert a.partition().committed_offset == last
+
+
+async def test_a_chunk_with_a_bad_crc_is_refused_and_fetched_again(nats_url, tmp_path):
+    """b follows a "leader" played by the test, which corrupts one byte of its first
+    answer: b appends nothing of it, fetches again and gets the same bytes as the real log."""
+    import nats
+    from riverlog.protocol.liftbridge import api_pb2
+    from riverlog.protocol.liftbridge.envelope import (MsgType, decode_internal, encode_message,
+                                                       encode_replication_response)
+
+    cluster = Cluster(nats_url, tmp_path, ids=("a", "b"))
+    try:
+        cluster.create_stream(replication_factor=2)
+        source = cluster.nodes["a"].partition()  # a's engine never runs: the test leads
+        for i in range(5):
+            source.write_records([b"record %d" % i] * 4)
+        source.log.commit(source.log.last_offset)
+        answers = []
+        leader = await nats.connect(nats_url)
+
+        async def replicate(msg):
+            req = decode_internal(msg.data, MsgType.ReplicationRequest)
+            chunks = source.read_chunks(req.offset, 1 << 20)
+            data = bytearray(b"".join(bytes(c.raw) for c in chunks))
+            if data and not answers:
+                data[-5] ^= 0xFF  # in the last chunk's data: its CRC no longer matches
+            answers.append((req.offset, len(data)))
+            await msg.respond(encode_replication_response(1, source.committed_offset, bytes(data)))
+
+        async def offset(msg):
+            await msg.respond(encode_message(api_pb2.LeaderEpochOffsetResponse(endOffset=0)))
+
+        await leader.subscribe(f"{NS}.s.0.replicate", cb=replicate)
+        await leader.subscribe(f"{NS}.s.0.offset", cb=offset)
+        b = cluster.nodes["b"]
+        await b.start()
+        await eventually(lambda: b.partition().committed_offset == source.committed_offset,
+                         what="b committing")
+        assert answers[0][0] == 0 and answers[1][0] == 0  # the same fetch again
+        assert b.replication.stats("s", 0)["refused_chunks"] == 1
+        assert chunk_bytes(b.partition()) == chunk_bytes(source)
+        await leader.close()
+    finally:
+        await cluster.close()
+
+
+async def test_the_high_watermark_survives_a_restart(cluster, tmp_path):
+    """Saved off the hot path: after a restart a follower's log exposes what was committed
+    (all of it here, once the checkpoint caught up) and none of the records it held beyond
+    the high watermark, before any replication traffic."""
+    from riverlog.broker.broker import Broker
+    from riverlog.broker.placement import PartitionPlacement
+    from riverlog.cluster.replication import Replication
+    from riverlog.log.high_watermark import HighWatermarkCheckpoint
+
+    cluster.create_stream()
+    a, b = cluster.nodes["a"], cluster.nodes["b"]
+    last = await publish(a, 40)
+    await cluster.nodes["c"].stop()  # the high watermark stays at ``last`` from now on
+    a.partition().write_records([b"uncommitted"] * 10)
+    await eventually(lambda: b.partition().log.next_offset == last + 11, what="b fetching")
+    await eventually(lambda: HighWatermarkCheckpoint(b.partition().log.directory).offset == last,
+                     what="b's checkpoint")
+    await b.stop()
+    await b.broker.close()
+    b.broker = Broker(str(tmp_path / "b"))
+    b.broker.open()
+    part = b.partition()
+    assert part.committed_offset == -1 and part.log.next_offset == last + 11
+    engine = Replication("b", NS, a.nc, cluster.settings, cluster)
+    engine.assign(part, PartitionPlacement(None, ("a", "b", "c"), ("a", "b"), 2))
+    assert part.committed_offset == last
+    assert engine.stats("s", 0)["role"] == "none"
+    await engine.stop()
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+async def test_under_durability_always_commits_wait_for_fsync(nats_url, tmp_path, replicas):
+    """An ISR of one commits as a single server would (after the fsync); with three, the
+    leader counts only what it fsynced and followers report only fsynced data."""
+    from riverlog.config import Durability, LogConfig
+    cluster = Cluster(nats_url, tmp_path, log_config=LogConfig(durability=Durability.ALWAYS))
+    await cluster.start()
+    try:
+        cluster.create_stream(replication_factor=replicas)
+        a = cluster.nodes["a"]
+        part = a.partition()
+        offsets = part.write_records([b"r"] * 5)
+        assert part.committed_offset == -1  # written, not yet fsynced
+        await asyncio.wait_for(part.wait_committed(offsets[-1]), 10)
+        assert part.log.durable_next_offset == offsets[-1] + 1
+        if replicas == 3:
+            await eventually(lambda: cluster.nodes["c"].partition().committed_offset
+                             == offsets[-1], what="c committing")
+            # writes nobody waits on with wait_committed (LEADER acks) are fsynced and
+            # committed too: the leader flushes its own writes
+            more = part.write_records([b"s"] * 5)
+            await asyncio.wait_for(part.wait_for(more[-1]), 10)
+    finally:
+        await cluster.close()
+
+
+async def test_without_a_leader_nothing_is_fetched_and_unassign_forgets(cluster):
+    cluster.create_stream()
+    a, b = cluster.nodes["a"], cluster.nodes["b"]
+    last = await publish(a, 20)
+    await eventually(lambda: b.partition().committed_offset == last, what="b committing")
+    cluster.set_placement(None, ("a", "b", "c"), 2)
+    assert {n.replication.stats("s", 0)["role"] for n in cluster.nodes.values()} == {"none"}
+    assert a.partition().log.on_written is None  # the old leader's side is off
+    b.replication.unassign("s", 0)
+    with pytest.raises(KeyError):
+        b.replication.stats("s", 0)
+
+
+async def test_a_follower_behind_the_leaders_log_start_starts_again_there(nats_url, tmp_path):
+    """c stops; retention on the leader removes the offsets c would fetch next; back, c is
+    refused (offset-out-of-range), learns where the leader's log starts and continues from
+    there with the same chunks."""
+    from riverlog.config import LogConfig
+    cluster = Cluster(nats_url, tmp_path, log_config=LogConfig(segment_max_bytes=4096,
+                                                               retention_max_bytes=8192))
+    await cluster.start()
+    try:
+        cluster.create_stream()
+        a, c = cluster.nodes["a"], cluster.nodes["c"]
+        await publish(a, 20)
+        await eventually(lambda: c.partition().log.next_offset == 20, what="c fetching")
+        await c.stop()
+        cluster.change(meta.shrink_isr, "s", 0, "c")
+        last = await publish(a, 400, batch=20)
+        part = a.partition()
+        assert part.log.first_offset > 20  # retention removed what c needs next
+        await c.start()
+        await eventually(lambda: c.partition().committed_offset == last, what="c catching up")
+        assert c.partition().log.first_offset == part.log.first_offset
+        assert chunk_bytes(c.partition()) == chunk_bytes(part)
+        await eventually(lambda: "c" in cluster.placement().isr, what="c rejoining the ISR")
+    finally:
+        await cluster.close()
+
+
+async def test_partitions_of_one_stream_replicate_apart_under_a_name_of_any_characters(cluster):
+    """Two partitions led by different servers, the stream named with NATS subject
+    characters: each partition's traffic stays on its own subjects."""
+    name = "odd.name *> %2E"
+    stream = cluster.create_stream(name, partitions=2)
+    leaders = [cluster.nodes[p.leader] for p in stream.partitions]
+    assert leaders[0] is not leaders[1]
+    lasts = []
+    for index, leader in enumerate(leaders):
+        part = leader.partition(name, index)
+        offsets = part.write_records([b"partition %d" % index] * (5 + index))
+        await asyncio.wait_for(part.wait_committed(offsets[-1]), 10)
+        lasts.append(offsets[-1])
+    for index, leader in enumerate(leaders):
+        want = chunk_bytes(leader.partition(name, index))
+        for node in cluster.nodes.values():
+            await eventually(lambda: node.partition(name, index).committed_offset == lasts[index],
+                             what=f"{node.id} committing partition {index}")
+            assert chunk_bytes(node.partition(name, index)) == want

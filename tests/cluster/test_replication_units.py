@@ -1,0 +1,42 @@
+"""The pieces of replication that need no server: subject tokens, settings checks, the
+high-watermark checkpoint file."""
+import pytest
+
+from riverlog.cluster.replication import ReplicationSettings
+from riverlog.cluster.replication_subjects import notify_subject, partition_subject, subject_token
+from riverlog.log.high_watermark import CHECKPOINT_NAME, HighWatermarkCheckpoint
+from riverlog.protocol.nats_subject import subject_problem
+
+NAMES = ["orders", "a.b", "a%2Eb", "*", ">", "with space", "tab\there", "ü", "%", "a-b_c",
+         "x" * 255, ".", "..", "%25"]
+
+
+def test_every_stream_name_is_one_token_and_no_two_names_share_one():
+    tokens = [subject_token(n) for n in NAMES]
+    assert len(set(tokens)) == len(NAMES)
+    for name in NAMES:
+        subject = partition_subject("ns", name, 3, "replicate")
+        assert subject_problem(subject) is None, name
+        assert subject.split(".")[1] == subject_token(name) and len(subject.split(".")) == 4
+    assert subject_token("orders") == "orders" and subject_token("a.b") == "a%2Eb"
+    assert notify_subject("ns", "server 1") == "ns.notify.server%201"
+
+
+def test_settings_refuse_an_idle_wait_a_dead_peer_could_hide_behind():
+    ReplicationSettings()
+    with pytest.raises(ValueError, match="idle.wait"):
+        ReplicationSettings(replica_max_idle_wait_ms=2000, replica_max_leader_timeout_ms=1500)
+    with pytest.raises(ValueError, match="replica_fetch_timeout_ms"):
+        ReplicationSettings(replica_fetch_timeout_ms=0)
+
+
+def test_the_checkpoint_round_trips_and_a_damaged_one_reads_as_nothing_committed(tmp_path):
+    cp = HighWatermarkCheckpoint(tmp_path)
+    assert cp.offset == -1 and cp.problem is None
+    cp.write(41)
+    assert HighWatermarkCheckpoint(tmp_path).offset == 41
+    (tmp_path / CHECKPOINT_NAME).write_bytes(b"4x\n")
+    damaged = HighWatermarkCheckpoint(tmp_path)
+    assert damaged.offset == -1 and "not a high watermark" in damaged.problem
+    cp.write(-1)
+    assert not (tmp_path / CHECKPOINT_NAME).exists()
