@@ -309,3 +309,20 @@ async def test_create_and_delete_go_through_the_placement(app, cluster):
     assert r.response_code == OK
     assert not {"super-0", "super-1"} & set(app.broker.streams)
     assert await peer.delete("two") == ResponseCode.STREAM_DOES_NOT_EXIST
+
+
+async def test_publishes_are_not_written_once_another_server_leads(app, cluster):
+    """The placement may name a new leader before its leader change is announced: what a
+    publisher sends meanwhile is refused with 0x06, never written on the follower."""
+    cluster.join(app, "a")
+    cluster.doors["b"] = {"rabbitmq-stream": ("b.example", 5552)}
+    partition = app.broker.create("moved").partitions[0]
+    cluster.place("moved", "a", ("a", "b"))
+    peer = await peer_for(app)
+    r = await peer.request(f.DeclarePublisher(peer.next_corr(), 1, "", "moved"))
+    assert r.response_code == OK
+    cluster.partitions[("moved", 0)] = PartitionPlacement("b", ("a", "b"), ("a", "b"), 2)
+    peer.send(f.Publish(1, ((5, simple_entry(b"late")),)))
+    error = await peer.recv_until(f.PublishError)
+    assert error.errors == ((5, NOT_AVAILABLE),)
+    assert partition.next_offset == 0
