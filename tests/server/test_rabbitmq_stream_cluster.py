@@ -6,7 +6,6 @@ moved by hand (``CommitLog.commit``), as replication will move it."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import pytest
 from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, Producer
@@ -14,7 +13,7 @@ from rstream.exceptions import LeaderNotAvailable
 from rstream.recovery import RecoveryStrategy
 
 from compat._helpers import wait_until
-from compat._raw import Chunk, RawPeer
+from compat._raw import RawPeer
 from riverlog.broker import StreamConfig
 from riverlog.broker.placement import PartitionPlacement, Placement
 from riverlog.errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
@@ -107,7 +106,7 @@ class ScriptedPlacement(Placement):
 
 
 @pytest.fixture
-async def cluster():
+def cluster():
     return Cluster()
 
 
