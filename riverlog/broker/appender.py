@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from functools import partial
 from typing import Protocol
 
 from ..errors import LogClosedError
@@ -104,9 +105,7 @@ class Appender:
                 offsets = partition.write_records(records)
             except Exception as exc:  # OSError, LogClosedError: the batch is lost, say so
                 log.error("append to %r failed: %s", partition, exc)
-                for sink in sinks:
-                    if sink is not None:
-                        sink.failed(exc)
+                _failed(sinks, exc)
                 continue
             partition.note_event("received", time.time_ns())
             first = offsets.start
@@ -117,28 +116,8 @@ class Appender:
                     wanted = True
             if not wanted:
                 continue
-            if partition.is_committed(offsets[-1]):
-                for i, sink in enumerate(sinks):
-                    if sink is not None:
-                        sink.committed(first + i)
-            else:
-                task = asyncio.get_running_loop().create_task(
-                    self._commit(first, offsets[-1], sinks))
-                self._flushing.add(task)
-                task.add_done_callback(self._flushing.discard)
-
-    async def _commit(self, first: int, last: int, sinks: list) -> None:
-        try:
-            await self.partition.wait_committed(last)
-        except Exception as exc:
-            log.error("%r: records %d..%d not committed: %s", self.partition, first, last, exc)
-            for sink in sinks:
-                if sink is not None:
-                    sink.failed(exc)
-            return
-        for i, sink in enumerate(sinks):
-            if sink is not None:
-                sink.committed(first + i)
+            partition.when_committed(offsets[-1], partial(_committed, first, sinks),
+                                     partial(_failed, sinks), self._flushing)
 
     async def drain(self, timeout: float = 5.0) -> None:
         """Write what is pending now and wait (up to ``timeout`` s) for pending commits."""
@@ -150,6 +129,18 @@ class Appender:
     def close(self) -> None:
         """Refuse further appends (what is pending is still written)."""
         self.closed = True
+
+
+def _committed(first: int, sinks: list[Sink | None]) -> None:
+    for i, sink in enumerate(sinks):
+        if sink is not None:
+            sink.committed(first + i)
+
+
+def _failed(sinks: list[Sink | None], error: BaseException) -> None:
+    for sink in sinks:
+        if sink is not None:
+            sink.failed(error)
 
 
 class Appenders:

@@ -3,7 +3,8 @@
 # speaks the domain (streams, partitions, offsets), never a wire format.
 # Rules: one event loop owns the broker; a stream folder that cannot be opened is reported
 # and skipped, never fatal; deletion wakes every reader of the stream (LogClosedError) and
-# tells listeners so doors can notify their clients; the internal streams (RESERVED_STREAMS,
+# tells listeners so doors can notify their clients, and so does a partition's leader change
+# (``leader_listeners``, whichever placement is installed); the internal streams (RESERVED_STREAMS,
 # Liftbridge's) are created by the server only and never deleted, and the doors refuse
 # publishers on them (``check_writable``).
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ..config import LogConfig
 from ..errors import (InvalidArgumentError, ReservedStreamError, StreamExistsError,
                       StreamNotFoundError)
 from ..record import decode_record
-from .placement import LocalPlacement, Placement
+from .placement import LeaderListener, LocalPlacement, Placement
 from .stream import METADATA_FILE, Stream, StreamConfig
 
 log = logging.getLogger("riverlog.broker")
@@ -63,11 +64,32 @@ class Broker:
         self.root = os.path.join(data_dir, STREAMS_DIR)
         self.log_defaults = log_defaults or LogConfig()
         self.streams: dict[str, Stream] = {}
-        self.placement: Placement = LocalPlacement(has_partition=self._has_partition)
-        """Who leads each partition (doors ask here; the cluster runtime replaces it)."""
         self.deletion_listeners: list[Callable[[Stream], None]] = []
+        self.leader_listeners: list[LeaderListener] = []
+        """Called with (stream, partition index) after a partition's leader changed."""
+        self._placement: Placement = LocalPlacement(has_partition=self._has_partition)
+        self._stop_listening = self._placement.add_leader_listener(self._leader_changed)
         self._housekeeper: asyncio.Task | None = None
         self._compacting: set[str] = set()
+
+    @property
+    def placement(self) -> Placement:
+        """Who leads each partition (doors ask here). The cluster runtime installs its own by
+        assignment; ``leader_listeners`` then hear that placement's leader changes."""
+        return self._placement
+
+    @placement.setter
+    def placement(self, placement: Placement) -> None:
+        self._stop_listening()
+        self._stop_listening = placement.add_leader_listener(self._leader_changed)
+        self._placement = placement
+
+    def _leader_changed(self, stream: str, index: int) -> None:
+        for listener in list(self.leader_listeners):
+            try:
+                listener(stream, index)
+            except Exception:  # a door's bug must not keep the news from the other doors
+                log.exception("leader change listener failed")
 
     # -- lifecycle ----------------------------------------------------------------------
     def open(self) -> None:

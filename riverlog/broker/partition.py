@@ -2,10 +2,12 @@
 # deduplication, stored consumer offsets). The only way front doors write and read data.
 # Rules: writes happen synchronously on the event loop, in arrival order; "committed" is one
 # event, the high watermark passing an offset, and every door's confirm or ALL ack waits for
-# it through ``wait_committed`` (the commit pipeline; LEADER acks wait only for the write);
+# it through ``when_committed`` (the commit pipeline; LEADER acks wait only for the write);
 # nothing here knows any wire format.
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Callable, Collection, Mapping, Sequence
 
 from ..config import LogConfig
@@ -13,6 +15,8 @@ from ..log import ChunkSlice, CommitLog
 from ..log.bloom import build_bloom
 from ..log.chunk import encode_entries
 from .tracking import ConsumerOffsets, PublisherSequences, encode_writer_trailer
+
+log = logging.getLogger("riverlog.broker")
 
 
 def entry_records(entry: bytes) -> int:
@@ -74,8 +78,8 @@ class Partition:
         ``writers`` (reference -> highest publishing id among these entries) are recorded
         with the chunk as those publishers' sequences. ``filter_values`` are the entries'
         filter values (None for an entry without one; a superset is fine): the chunk's bloom
-        filter is built from them. Returns the offsets; confirm them once ``is_committed`` of
-        the last one holds (now, or after ``await wait_committed``)."""
+        filter is built from them. Returns the offsets; confirm them once the last one is
+        committed (``when_committed``)."""
         records = sum(entry_records(e) for e in entries)
         bloom = build_bloom(filter_values) if filter_values else b""
         trailer = encode_writer_trailer(writers.items()) if writers else b""
@@ -123,6 +127,32 @@ class Partition:
         if self.log.needs_flush:
             await self.log.flush()
         await self.log.wait_for(offset)
+
+    def when_committed(self, offset: int, committed: Callable[[], None],
+                       failed: Callable[[BaseException], None],
+                       pending: set[asyncio.Task]) -> None:
+        """Call ``committed()`` once the high watermark reaches ``offset``: at once when it
+        has, else from a task awaiting ``wait_committed``, kept in ``pending`` while it runs
+        (so shutdown can wait for it). When the offset cannot be committed (the partition
+        closed or was deleted, the fsync failed) ``failed(error)`` is called instead, and
+        the error logged."""
+        if self.is_committed(offset):
+            committed()
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._call_when_committed(offset, committed, failed))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+
+    async def _call_when_committed(self, offset: int, committed: Callable[[], None],
+                                   failed: Callable[[BaseException], None]) -> None:
+        try:
+            await self.wait_committed(offset)
+        except Exception as exc:
+            log.error("%r: offset %d not committed: %s", self, offset, exc)
+            failed(exc)
+            return
+        committed()
 
     # -- reading ------------------------------------------------------------------------
     def read_chunks(self, offset: int, max_bytes: int = 1024 * 1024, max_chunks: int = 0,

@@ -56,6 +56,15 @@ def member_name(stream: str, index: int) -> str:
     return f"{stream}-{index}"
 
 
+def split_member_name(name: str) -> tuple[str, int] | None:
+    """``(stream, index)`` when ``name`` has the form of ``member_name`` (``<stream>-<i>``, i
+    written without leading zeros), else None."""
+    base, _, index = name.rpartition("-")
+    if not base or not (index.isascii() and index.isdigit() and str(int(index)) == index):
+        return None
+    return base, int(index)
+
+
 def _check_name(what: str, name: str) -> None:
     if not name or len(name.encode()) > MAX_NAME_BYTES:
         raise InvalidArgumentError(f"a {what} name is 1 to {MAX_NAME_BYTES} bytes: {name!r}")
@@ -97,13 +106,11 @@ class SuperStreams:
         stream = self.broker.streams.get(name)
         if stream is not None:
             return (stream, stream.partitions[0]) if len(stream.partitions) == 1 else None
-        base, _, index = name.rpartition("-")
-        stream = self.broker.streams.get(base)
-        if stream is None or len(stream.partitions) < 2 or not (
-                index.isascii() and index.isdigit() and str(int(index)) == index):
+        member = split_member_name(name)
+        stream = self.broker.streams.get(member[0]) if member else None
+        if stream is None or len(stream.partitions) < 2 or member[1] >= len(stream.partitions):
             return None
-        i = int(index)
-        return (stream, stream.partitions[i]) if i < len(stream.partitions) else None
+        return stream, stream.partitions[member[1]]
 
     def door_names(self, stream: Stream) -> list[str]:
         """The RabbitMQ Stream names of ``stream``'s partitions (``resolve``'s inverse)."""
@@ -120,6 +127,45 @@ class SuperStreams:
         partitions and binding keys differ, a partition is named twice or a name is empty
         or too long; ``StreamExistsError`` when the super stream or a partition stream
         already exists."""
+        self._check_new(name, partitions, binding_keys)
+        created: list[str] = []
+        try:
+            for partition in partitions:
+                self.broker.create(partition, config)
+                created.append(partition)
+            return self._record(name, partitions, binding_keys)
+        except BaseException:
+            for partition in created:
+                self.broker.delete(partition)
+            raise
+
+    async def create_in_cluster(self, name: str, partitions: list[str] | tuple[str, ...],
+                                binding_keys: list[str] | tuple[str, ...],
+                                config: StreamConfig) -> SuperStream:
+        """``create`` in a cluster: each partition stream through
+        ``broker.placement.create_stream`` (on the servers holding its replicas), and those
+        made deleted again when one fails. The super stream itself is recorded on this
+        server only. Raises as ``create`` and as ``Placement.create_stream``."""
+        self._check_new(name, partitions, binding_keys)
+        placement = self.broker.placement
+        created: list[str] = []
+        try:
+            for partition in partitions:
+                await placement.create_stream(partition, config)
+                created.append(partition)
+            return self._record(name, partitions, binding_keys)
+        except BaseException:
+            for partition in created:
+                try:
+                    await placement.delete_stream(partition)
+                except Exception as exc:
+                    log.error("super stream %r: partition %r made, not deleted again: %s",
+                              name, partition, exc)
+            raise
+
+    def _check_new(self, name: str, partitions: list[str] | tuple[str, ...],
+                   binding_keys: list[str] | tuple[str, ...]) -> None:
+        """What ``create`` checks before it makes anything (its errors)."""
         _check_name("super stream", name)
         if len(partitions) != len(binding_keys):
             raise InvalidArgumentError("there must be as many partitions as binding keys")
@@ -132,18 +178,16 @@ class SuperStreams:
         for partition in partitions:
             if partition in self.broker.streams or self.resolve(partition) is not None:
                 raise StreamExistsError(f"stream {partition!r} already exists")
-        created: list[str] = []
+
+    def _record(self, name: str, partitions: list[str] | tuple[str, ...],
+                binding_keys: list[str] | tuple[str, ...]) -> SuperStream:
+        """Remember a super stream whose partitions exist, in memory and in the file."""
+        super_stream = SuperStream(name, tuple(partitions), tuple(binding_keys))
+        self.super_streams[name] = super_stream
         try:
-            for partition in partitions:
-                self.broker.create(partition, config)
-                created.append(partition)
-            super_stream = SuperStream(name, tuple(partitions), tuple(binding_keys))
-            self.super_streams[name] = super_stream
             self._save()
         except BaseException:
-            self.super_streams.pop(name, None)
-            for partition in created:
-                self.broker.delete(partition)
+            del self.super_streams[name]
             raise
         log.info("created super stream %r with %d partition(s)", name, len(partitions))
         return super_stream
@@ -151,16 +195,29 @@ class SuperStreams:
     def delete(self, name: str) -> None:
         """Forget the super stream, then delete its partition streams (those still there);
         a derived one is its broker stream, deleted. Raises ``StreamNotFoundError``."""
+        for stream in self._forget(name):
+            if stream in self.broker.streams:
+                self.broker.delete(stream)
+
+    async def delete_in_cluster(self, name: str) -> None:
+        """``delete`` in a cluster: the streams go through ``broker.placement.delete_stream``
+        (a partition stream already gone is skipped). Raises ``StreamNotFoundError``."""
+        for stream in self._forget(name):
+            try:
+                await self.broker.placement.delete_stream(stream)
+            except StreamNotFoundError:
+                pass
+
+    def _forget(self, name: str) -> list[str]:
+        """Forget super stream ``name`` (in the file too); the streams to delete: a derived
+        one's broker stream, a stored one's partitions. Raises ``StreamNotFoundError``."""
         super_stream = self.get(name)
         if name not in self.super_streams:
-            self.broker.delete(name)
-            return
+            return [name]
         del self.super_streams[name]
         self._save()
-        for partition in super_stream.partitions:
-            if partition in self.broker.streams:
-                self.broker.delete(partition)
         log.info("deleted super stream %r", name)
+        return list(super_stream.partitions)
 
     def partition_index(self, super_stream: str, stream: str) -> int:
         """Position of ``stream`` in ``super_stream``; -1 when either is unknown."""

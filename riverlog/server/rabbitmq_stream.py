@@ -7,6 +7,11 @@
 # too, in chunks of at most CHUNK_MAX_ENTRIES entries; a confirm is sent only once the chunk
 # is committed under the durability policy; credit counts chunks and is never exceeded;
 # a publisher with too many unconfirmed messages stops being read until they drain.
+# In a cluster the door asks ``Broker.placement`` only: publishers are taken and chunks
+# written where this server leads the partition, consumers read any local replica (committed
+# chunks only), Create and Delete go through the placement, and a leader change ends the
+# publishers and subscriptions on the partition with MetadataUpdate, as RabbitMQ does when a
+# stream member goes down (docs/rabbitmq-stream.md, "Cluster").
 # Wire facts: ../shared/reference/rabbitmq-stream-protocol.md.
 from __future__ import annotations
 
@@ -14,14 +19,17 @@ import asyncio
 import logging
 import re
 import time
-from typing import Callable
+from functools import partial
+from typing import Awaitable, Callable, Collection
 
 from .. import __version__
 from ..broker import (RESERVED_STREAMS, Broker, Notification, Partition, SingleActiveConsumers,
                       Stream, StreamConfig, SuperStreams)
+from ..broker.placement import PartitionPlacement
+from ..broker.superstreams import split_member_name
 from ..config import MIN_SEGMENT_MAX_BYTES, RabbitStreamConfig, SecurityConfig
 from ..errors import (CorruptChunkError, InvalidArgumentError, LogClosedError, LogError,
-                      OffsetOutOfRangeError, StreamExistsError)
+                      OffsetOutOfRangeError, StreamExistsError, StreamNotFoundError)
 from ..log import bloom
 from ..log.bloom import ChunkFilter, filter_from_properties
 from ..log.chunk import CHUNK_USER, ChunkFormatError, check_entry
@@ -56,6 +64,11 @@ PRE_OPEN_FRAME_MAX = max(INITIAL_FRAME_MAX, 65536)
 # may make the server buffer (and decode: ~130 bytes of Python objects per message).
 PUBLISH_FRAME_MAX = 16 * 1024 * 1024
 LOGIN_REFUSED_LINGER_S = 0.2
+# the names of this door's listeners in Placement.door (Metadata answers with the one of the
+# connection's kind, as rabbit_stream_reader's advertised_host_fun/advertised_port_fun)
+DOOR = "rabbitmq-stream"
+TLS_DOOR = "rabbitmq-stream-tls"
+NO_LEADER = 0xFFFF  # StreamMetadata leader reference when there is none
 # after a client's Close, how long a Close sent behind it is still answered (unless the client
 # hangs up first, as clients do once answered)
 CLOSE_LINGER_S = 1.0
@@ -73,8 +86,8 @@ _AGE_MS = {"Y": 365 * 86_400_000, "M": 30 * 86_400_000, "D": 86_400_000, "h": 3_
 MAX_SEGMENT_SIZE_BYTES = 3_000_000_000
 LEADER_LOCATORS = frozenset(("client-local", "balanced", "random", "least-leaders",
                              "min-masters"))
-# arguments checked as RabbitMQ checks them, then without effect on one server (chunk filters
-# keep bloom.DEFAULT_SIZE)
+# arguments checked as RabbitMQ checks them, then without effect (chunk filters keep
+# bloom.DEFAULT_SIZE; the initial cluster size counts in a cluster only)
 _CHECKED_ONLY: dict[str, Callable[[str], bool]] = {
     "initial-cluster-size": lambda value: int(value) >= 1,
     "queue-leader-locator": lambda value: value in LEADER_LOCATORS,
@@ -83,19 +96,29 @@ _CHECKED_ONLY: dict[str, Callable[[str], bool]] = {
 }
 
 
-def stream_config_from_arguments(arguments: dict[str, str]) -> StreamConfig:
+def stream_config_from_arguments(arguments: dict[str, str],
+                                 cluster_size: int | None = None) -> StreamConfig:
     """Translate Create arguments to a StreamConfig, validating them as RabbitMQ does:
     ``max-length-bytes``; ``max-age`` (e.g. ``7D``, ``12h``, ``30s``; units Y M D h m s);
     ``stream-max-segment-size-bytes`` up to 3,000,000,000, raised to the commit log's
     smallest segment (MIN_SEGMENT_MAX_BYTES) when below it, as RabbitMQ takes any smaller
-    value; ``initial-cluster-size`` (at least 1), ``queue-leader-locator`` (one of
+    value; ``initial-cluster-size`` (at least 1): in a cluster of ``cluster_size`` servers
+    the replication factor, at most every server and every server when not given
+    (rabbit_stream_queue:initial_cluster_size, rabbit_queue_location:select_members), on a
+    single server (``cluster_size`` None) checked only; ``queue-leader-locator`` (one of
     LEADER_LOCATORS) and ``stream-filter-size-bytes`` (16..255) are checked, then ignored
     with a log line, as are unknown arguments; riverlog's ``x-riverlog-table``
     (``true``/``false``: mirror the stream to Parquet). Raises ``InvalidArgumentError``."""
     kwargs = {}
+    if cluster_size is not None:
+        kwargs["replication_factor"] = -1  # every server
     for key, value in arguments.items():
         try:
-            if key == "max-length-bytes":
+            if key == "initial-cluster-size" and cluster_size is not None:
+                if int(value) < 1:
+                    raise ValueError(value)
+                kwargs["replication_factor"] = min(int(value), cluster_size)
+            elif key == "max-length-bytes":
                 kwargs["retention_max_bytes"] = int(value)
             elif key == "stream-max-segment-size-bytes":
                 size = int(value)
@@ -115,12 +138,30 @@ def stream_config_from_arguments(arguments: dict[str, str]) -> StreamConfig:
             elif key in _CHECKED_ONLY:
                 if not _CHECKED_ONLY[key](value):
                     raise ValueError(value)
-                log.info("Create: argument %s=%s has no effect on a single server", key, value)
+                log.info("Create: argument %s=%s has no effect here", key, value)
             else:
                 log.info("Create: unknown argument %s=%s ignored", key, value)
         except (ValueError, KeyError):
             raise InvalidArgumentError(f"bad value for {key}: {value!r}") from None
     return StreamConfig(**kwargs)
+
+
+def _create_refused(name: str, exc: StreamExistsError | InvalidArgumentError) -> int:
+    """The Create (and CreateSuperStream) code for ``exc``: 0x05 when the stream exists, 0x11
+    for bad arguments or names."""
+    if isinstance(exc, StreamExistsError):
+        return ResponseCode.STREAM_ALREADY_EXISTS
+    log.info("creating %r refused: %s", name, exc)
+    return ResponseCode.PRECONDITION_FAILED
+
+
+async def _deleted(delete: Awaitable[None]) -> int:
+    """The Delete (and DeleteSuperStream) code of a deletion through the cluster."""
+    try:
+        await delete
+    except StreamNotFoundError:
+        return ResponseCode.STREAM_DOES_NOT_EXIST
+    return OK
 
 
 def _negotiate(ours: int, theirs: int) -> int:
@@ -303,6 +344,8 @@ class RabbitStreamConnection(asyncio.Protocol):
         self._pending: set[asyncio.Task] = set()
         self._staged: dict[Partition, _Staged] = {}  # publishes not written yet
         self._flush_scheduled = False
+        # while a cluster change (Create, Delete) runs: the frames that came after it
+        self._held: list[f.Frame] | None = None
         # single active consumer: ConsumerUpdate requests awaiting an answer (correlation
         # id -> subscription id, active) and each member's Subscribe offset spec
         self._last_request = 0
@@ -342,8 +385,9 @@ class RabbitStreamConnection(asyncio.Protocol):
 
     def _resume_reading(self) -> None:
         """Read the socket again, unless something still holds it: too many unconfirmed
-        publishes (``reading_paused``), too much unsent output (``output_paused``) or closing."""
-        if self.reading_paused or self.output_paused or self.closing:
+        publishes (``reading_paused``), too much unsent output (``output_paused``), a cluster
+        change under way (``_held``) or closing."""
+        if self.reading_paused or self.output_paused or self.closing or self._held is not None:
             return
         if self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()
@@ -376,10 +420,24 @@ class RabbitStreamConnection(asyncio.Protocol):
                 self._flush_publishes()
             self.fail(exc.code, exc.message)
             return
-        for frame in frames:
+        if self._dispatch(frames):
+            self._after_frames()
+
+    def _dispatch(self, frames: list[f.Frame]) -> bool:
+        """Handle ``frames`` in order. While a cluster change runs they wait in ``_held``;
+        False when the connection is closing (then only a Close is still answered)."""
+        for i, frame in enumerate(frames):
+            if self._held is not None:
+                self._held += frames[i:]
+                return True
             if self.closing and type(frame) is not f.Close:
-                return  # a Close is still answered (on_close)
+                return False
             self._handle(frame)
+        return True
+
+    def _after_frames(self) -> None:
+        """After a batch of frames: stop reading a peer that does not read, and write the
+        staged publishes once this turn's reads are done."""
         if self.transport.get_write_buffer_size() > OUTPUT_PAUSE_BYTES and not self.closing:
             self.output_paused = True  # until resume_writing: the peer reads again
             self.transport.pause_reading()
@@ -616,6 +674,36 @@ class RabbitStreamConnection(asyncio.Protocol):
         stream with several partitions is ``<stream>-<i>`` (broker/superstreams.py)."""
         return self.server.super_streams.resolve(name)
 
+    def _place(self, name: str) -> tuple[str, int, PartitionPlacement | None] | None:
+        """The broker stream, partition index and placement the name ``name`` stands for,
+        whether or not this server holds a replica: a local stream as ``_resolve`` finds it,
+        else, in a cluster, the partition the placement knows (``<stream>-<i>`` for
+        partition i of a stream with several; a real stream's name wins). None when
+        neither knows the name; the placement None when it does not know a local stream."""
+        placement = self.broker.placement
+        found = self._resolve(name)
+        if found is not None:
+            stream, index = found[0].name, found[1].index
+        elif not placement.clustered:
+            return None
+        elif placement.of(name, 0) is not None and placement.of(name, 1) is None:
+            stream, index = name, 0
+        else:
+            member = split_member_name(name)
+            if member is None or placement.of(member[0], 1) is None:
+                return None
+            stream, index = member
+            if placement.of(stream, index) is None:
+                return None
+        return stream, index, placement.of(stream, index)
+
+    def _missing(self, name: str) -> int:
+        """The code for a name this server holds no replica of: STREAM_NOT_AVAILABLE when
+        the cluster has it on other servers (RabbitMQ's code for a stream it cannot reach
+        from here), STREAM_DOES_NOT_EXIST otherwise."""
+        return (ResponseCode.STREAM_DOES_NOT_EXIST if self._place(name) is None
+                else ResponseCode.STREAM_NOT_AVAILABLE)
+
     def _may(self, stream: str, action: str) -> bool:
         """Authorization (riverlog.security.authz): False answers ACCESS_REFUSED (0x10), as
         RabbitMQ does for Create, Delete, DeclarePublisher, Subscribe and QueryOffset when the
@@ -625,17 +713,22 @@ class RabbitStreamConnection(asyncio.Protocol):
         return self.guard.allowed(self.user, found[0].name if found else stream, action)
 
     def on_create(self, frame: f.Create) -> None:
+        """In a cluster through ``Placement.create_stream`` (``x-initial-cluster-size``: the
+        replication factor), answered once this server has applied it."""
         if not self._may(frame.stream, CREATE):
             self.send(f.CreateResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED))
             return
+        respond = partial(f.CreateResponse, frame.correlation_id)
         if frame.stream in RESERVED_STREAMS:  # as RabbitMQ answers its reserved amq.* names
-            code = ResponseCode.PRECONDITION_FAILED
-        elif self._resolve(frame.stream) is not None:  # the partitions of a stream too
-            code = ResponseCode.STREAM_ALREADY_EXISTS
+            self.send(respond(ResponseCode.PRECONDITION_FAILED))
+        elif self._place(frame.stream) is not None:  # the partitions of a stream too
+            self.send(respond(ResponseCode.STREAM_ALREADY_EXISTS))
+        elif self.broker.placement.clustered:
+            self._await_cluster(self._create_in_cluster(
+                frame.stream, frame.arguments, self.broker.placement.create_stream), respond)
         else:
-            code = self._create(frame.stream, frame.arguments,
-                                lambda config: self.broker.create(frame.stream, config))
-        self.send(f.CreateResponse(frame.correlation_id, code))
+            self.send(respond(self._create(frame.stream, frame.arguments,
+                                           partial(self.broker.create, frame.stream))))
 
     @staticmethod
     def _create(name: str, arguments: dict[str, str] | None,
@@ -645,42 +738,119 @@ class RabbitStreamConnection(asyncio.Protocol):
         try:
             create(stream_config_from_arguments(dict(arguments or {})))
             return OK
-        except StreamExistsError:
-            return ResponseCode.STREAM_ALREADY_EXISTS
-        except InvalidArgumentError as exc:
-            log.info("creating %r refused: %s", name, exc)
-            return ResponseCode.PRECONDITION_FAILED
+        except (StreamExistsError, InvalidArgumentError) as exc:
+            return _create_refused(name, exc)
+
+    async def _create_in_cluster(self, name: str, arguments: dict[str, str] | None,
+                                 create: Callable[[str, StreamConfig], Awaitable[object]]) -> int:
+        """``_create`` in a cluster: ``await create(name, config)``, the replication factor
+        from ``initial-cluster-size`` over the cluster's servers."""
+        try:
+            config = stream_config_from_arguments(dict(arguments or {}),
+                                                  len(self.broker.placement.servers()))
+            await create(name, config)
+            return OK
+        except (StreamExistsError, InvalidArgumentError) as exc:
+            return _create_refused(name, exc)
+
+    def _await_cluster(self, change: Awaitable[int], respond: Callable[[int], f.Frame]) -> None:
+        """Run a cluster change (Create, Delete) and answer ``respond(code)`` when it ends
+        (INTERNAL_ERROR when it fails unexpectedly). Meanwhile this connection reads and
+        handles nothing else, as RabbitMQ's reader waits for the stream coordinator."""
+        self._held = []
+        self.transport.pause_reading()
+        task = asyncio.ensure_future(change)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        task.add_done_callback(partial(self._cluster_change_done, respond))
+
+    def _cluster_change_done(self, respond: Callable[[int], f.Frame], done: asyncio.Future) -> None:
+        if done.cancelled():
+            code = ResponseCode.INTERNAL_ERROR
+        elif done.exception() is not None:
+            log.error("cluster change for %s failed: %s", self.peer, done.exception())
+            code = ResponseCode.INTERNAL_ERROR
+        else:
+            code = done.result()
+        self.send(respond(code))
+        held, self._held = self._held or [], None
+        if self.transport is None or self.transport.is_closing():
+            return
+        self._resume_reading()
+        if self._dispatch(held):
+            self._after_frames()
 
     def on_delete(self, frame: f.Delete) -> None:
         """A stream with several partitions is no stream here (0x02; DeleteSuperStream
-        deletes it); one of its partitions cannot go alone (0x11)."""
+        deletes it); one of its partitions cannot go alone (0x11). In a cluster through
+        ``Placement.delete_stream``."""
         if not self._may(frame.stream, DELETE):
             self.send(f.DeleteResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED))
             return
-        found = self._resolve(frame.stream)
+        respond = partial(f.DeleteResponse, frame.correlation_id)
+        placed = self._place(frame.stream)
         if frame.stream in RESERVED_STREAMS:  # as RabbitMQ answers its reserved amq.* names
             code = ResponseCode.PRECONDITION_FAILED
-        elif found is None:
+        elif placed is None:
             code = ResponseCode.STREAM_DOES_NOT_EXIST
-        elif found[0].name != frame.stream:
-            log.info("Delete %r refused: a partition of stream %r", frame.stream, found[0].name)
+        elif placed[0] != frame.stream:
+            log.info("Delete %r refused: a partition of stream %r", frame.stream, placed[0])
             code = ResponseCode.PRECONDITION_FAILED
+        elif self.broker.placement.clustered:
+            self._await_cluster(_deleted(self.broker.placement.delete_stream(frame.stream)),
+                                respond)
+            return
         else:
             self.broker.delete(frame.stream)
             code = OK
-        self.send(f.DeleteResponse(frame.correlation_id, code))
+        self.send(respond(code))
 
     def on_metadata(self, frame: f.Metadata) -> None:
-        host, port = self.server.advertised_for(self.tls)
-        streams = []
+        """Metadata (0x0f) as rabbit_stream_reader builds it: the brokers are the servers
+        leading or following the asked streams that advertise this connection's kind of
+        listener (``Placement.door``), sorted by (host, port) and numbered from 0, and this
+        server, always (RabbitMQ lists no broker when no asked stream exists); a
+        stream's replicas are its in-sync followers, the leader not among them (RabbitMQ
+        lists the members whose replica runs); a partition without a leader is OK with
+        leader 0xFFFF (clients ask again); 0x06 when the placement of a local stream is
+        unknown, 0x02 for a name no server has."""
+        placement = self.broker.placement
+        door = TLS_DOOR if self.tls else DOOR
+        endpoints: dict[str, tuple[str, int] | None] = {}
+
+        def endpoint(server: str) -> tuple[str, int] | None:
+            if server not in endpoints:
+                endpoints[server] = (self.server.advertised_for(self.tls)
+                                     if server == placement.server_id
+                                     else placement.door(server, door))
+            return endpoints[server]
+
+        endpoint(placement.server_id)
+        asked = []
         for name in frame.streams:
-            if self._resolve(name) is not None:
-                streams.append(f.StreamMetadata(name, OK, 0, ()))
+            placed = self._place(name)
+            where = placed[2] if placed else None
+            if where is None:
+                asked.append((name, placed, None, ()))
+                continue
+            leader = endpoint(where.leader) if where.leader is not None else None
+            followers = [endpoint(s) for s in where.replicas
+                         if s != where.leader and s in where.isr]
+            asked.append((name, placed, leader, [ep for ep in followers if ep is not None]))
+        brokers = sorted({ep for ep in endpoints.values() if ep is not None})
+        reference = {ep: i for i, ep in enumerate(brokers)}
+        streams = []
+        for name, placed, leader, followers in asked:
+            if placed is None or placed[2] is None:
+                code = (ResponseCode.STREAM_DOES_NOT_EXIST if placed is None
+                        else ResponseCode.STREAM_NOT_AVAILABLE)
+                streams.append(f.StreamMetadata(name, code, NO_LEADER, ()))
             else:
-                streams.append(f.StreamMetadata(name, ResponseCode.STREAM_DOES_NOT_EXIST,
-                                                0xFFFF, ()))
-        self.send(f.MetadataResponse(frame.correlation_id, (f.Broker(0, host, port),),
-                                     tuple(streams)))
+                streams.append(f.StreamMetadata(
+                    name, OK, NO_LEADER if leader is None else reference[leader],
+                    tuple(reference[ep] for ep in followers)))
+        self.send(f.MetadataResponse(frame.correlation_id, tuple(
+            f.Broker(i, host, port) for i, (host, port) in enumerate(brokers)), tuple(streams)))
 
     def on_stream_stats(self, frame: f.StreamStats) -> None:
         if not self._may(frame.stream, CONSUME):
@@ -690,7 +860,7 @@ class RabbitStreamConnection(asyncio.Protocol):
         found = self._resolve(frame.stream)
         if found is None:
             self.send(f.StreamStatsResponse(frame.correlation_id,
-                                            ResponseCode.STREAM_DOES_NOT_EXIST, {}))
+                                            self._missing(frame.stream), {}))
             return
         partition = found[1]
         committed = partition.committed_offset
@@ -701,19 +871,20 @@ class RabbitStreamConnection(asyncio.Protocol):
         }
         self.send(f.StreamStatsResponse(frame.correlation_id, OK, stats))
 
-    def stream_deleted(self, stream: Stream) -> None:
-        """Broker callback: drop this connection's publishers and subscriptions on a deleted
-        stream and tell the client with MetadataUpdate (0x06), once per name they used
-        (each partition's, for a stream with several)."""
+    def drop(self, partitions: Collection[Partition]) -> None:
+        """Drop this connection's publishers and subscriptions on ``partitions`` (a stream
+        deleted, a partition's leader changed) and tell the client with MetadataUpdate
+        (0x06), once per name they used, as rabbit_stream_reader does when a stream member
+        goes down (clean_state_after_stream_deletion_or_failure)."""
         touched: dict[str, None] = {}
         for sub_id, sub in list(self.subscriptions.items()):
-            if sub.stream is stream:
+            if sub.partition in partitions:
                 sub.cancel()
                 del self.subscriptions[sub_id]
                 self._sac_specs.pop(sub_id, None)  # the server dropped its group
                 touched[sub.name] = None
         for pub_id, pub in list(self.publishers.items()):
-            if pub.stream is stream:
+            if pub.partition in partitions:
                 del self.publishers[pub_id]
                 touched[pub.name] = None
         for name in touched:
@@ -726,14 +897,16 @@ class RabbitStreamConnection(asyncio.Protocol):
 
     def declare_publisher(self, publisher_id: int, reference: str | None, name: str) -> int:
         """Add a publisher to this connection (also for the draft dialect's Publish); returns
-        the response code: OK, STREAM_DOES_NOT_EXIST, ACCESS_REFUSED or PRECONDITION_FAILED
+        the response code: OK, STREAM_DOES_NOT_EXIST, ACCESS_REFUSED, PRECONDITION_FAILED
         (the id, or the reference on that stream, is taken; a reserved stream, as RabbitMQ
-        answers Create for its reserved amq.* names)."""
+        answers Create for its reserved amq.* names) or STREAM_NOT_AVAILABLE when another
+        server leads the partition (RabbitMQ's code when the leader cannot be reached:
+        clients ask Metadata again and connect to the leader)."""
         if name in RESERVED_STREAMS:
             return ResponseCode.PRECONDITION_FAILED
         found = self._resolve(name)
         if found is None:
-            return ResponseCode.STREAM_DOES_NOT_EXIST
+            return self._missing(name)
         stream, partition = found
         taken = publisher_id in self.publishers or (reference and any(
             p.reference == reference and p.partition is partition
@@ -742,6 +915,8 @@ class RabbitStreamConnection(asyncio.Protocol):
             return ResponseCode.ACCESS_REFUSED
         if taken:
             return ResponseCode.PRECONDITION_FAILED
+        if not self.broker.placement.leads(stream.name, partition.index):
+            return ResponseCode.STREAM_NOT_AVAILABLE
         self.publishers[publisher_id] = Publisher(publisher_id, reference, stream, partition,
                                                   name)
         return OK
@@ -841,9 +1016,15 @@ class RabbitStreamConnection(asyncio.Protocol):
 
     def _write_staged(self, partition: Partition) -> None:
         """Write what is staged for ``partition`` as one chunk, then confirm once it is
-        committed (``Partition.wait_committed``). Duplicates are confirmed once everything
-        written before them is committed, their originals included."""
+        committed (``Partition.when_committed``). Duplicates are confirmed once everything
+        written before them is committed, their originals included. In a cluster, nothing
+        is written unless this server leads the partition (PublishError 0x06: the leader
+        moved, the MetadataUpdate of the change follows or came)."""
         staged = self._staged.pop(partition)
+        placement = self.broker.placement
+        if placement.clustered and not placement.leads(partition.stream, partition.index):
+            self._fail_confirms(staged.confirms, ResponseCode.STREAM_NOT_AVAILABLE)
+            return
         if staged.entries:
             try:
                 offsets = partition.write_entries(staged.entries, writers=staged.writers,
@@ -856,26 +1037,11 @@ class RabbitStreamConnection(asyncio.Protocol):
                 return
             counters(partition.stream, RABBITMQ_STREAM).published(len(offsets), staged.size)
         last = offsets[-1] if staged.entries else partition.next_offset - 1
-        if not staged.confirms:
-            return
-        if partition.is_committed(last):
-            self._confirm(staged.confirms, staged.received)
-        else:
-            task = asyncio.get_running_loop().create_task(self._confirm_when_committed(
-                partition, last, staged.confirms, staged.received))
-            self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
-
-    async def _confirm_when_committed(self, partition: Partition, last: int,
-                                      confirms: dict[int, list[int]], received: float) -> None:
-        try:
-            await partition.wait_committed(last)
-        except Exception as exc:
-            log.error("%r: offset %d not committed, publish not confirmed: %s", partition,
-                      last, exc)
-            self._fail_confirms(confirms, ResponseCode.INTERNAL_ERROR)
-            return
-        self._confirm(confirms, received)
+        if staged.confirms:
+            partition.when_committed(
+                last, partial(self._confirm, staged.confirms, staged.received),
+                lambda _: self._fail_confirms(staged.confirms, ResponseCode.INTERNAL_ERROR),
+                self._pending)
 
     def _confirm(self, confirms: dict[int, list[int]], received: float) -> None:
         """Send a PublishConfirm per publisher (``confirms``: publisher id -> publishing ids);
@@ -913,7 +1079,7 @@ class RabbitStreamConnection(asyncio.Protocol):
         found = self._resolve(frame.stream)
         if found is None:
             self.send(f.QueryPublisherSequenceResponse(
-                frame.correlation_id, ResponseCode.STREAM_DOES_NOT_EXIST, 0))
+                frame.correlation_id, self._missing(frame.stream), 0))
             return
         sequence = found[1].publishers.get(frame.reference)
         self.send(f.QueryPublisherSequenceResponse(
@@ -936,7 +1102,7 @@ class RabbitStreamConnection(asyncio.Protocol):
         found = self._resolve(frame.stream)
         if found is None:
             self.send(f.SubscribeResponse(frame.correlation_id,
-                                          ResponseCode.STREAM_DOES_NOT_EXIST))
+                                          self._missing(frame.stream)))
             return
         stream, partition = found
         offset = resolve_offset(partition, frame.offset_type, frame.offset)
@@ -967,7 +1133,7 @@ class RabbitStreamConnection(asyncio.Protocol):
         if not self._may(frame.stream, CONSUME):
             code = ResponseCode.ACCESS_REFUSED
         elif found is None:
-            code = ResponseCode.STREAM_DOES_NOT_EXIST
+            code = self._missing(frame.stream)
         else:
             resolved = resolve_offset(found[1], frame.offset_type, frame.offset)
             if resolved is None:
@@ -1010,7 +1176,7 @@ class RabbitStreamConnection(asyncio.Protocol):
         found = self._resolve(frame.stream)
         if found is None:
             self.send(f.QueryOffsetResponse(frame.correlation_id,
-                                            ResponseCode.STREAM_DOES_NOT_EXIST, 0))
+                                            self._missing(frame.stream), 0))
             return
         offset = found[1].offsets.query(frame.reference)
         if offset is None:
@@ -1063,15 +1229,21 @@ class RabbitStreamConnection(asyncio.Protocol):
 
     # -- super streams (registry and routing in broker/superstreams.py) -------------------
     def on_create_super_stream(self, frame: f.CreateSuperStream) -> None:
-        """Partitions are ordinary streams made with the Create arguments; 0x05 when the
-        super stream or a partition exists, 0x11 for a bad list (reference doc)."""
+        """Partitions are ordinary streams made with the Create arguments (in a cluster each
+        through ``Placement.create_stream``); 0x05 when the super stream or a partition
+        exists, 0x11 for a bad list (reference doc)."""
+        respond = partial(f.CreateSuperStreamResponse, frame.correlation_id)
+        super_streams = self.server.super_streams
         if not all(self._may(name, CREATE) for name in (frame.name, *frame.partitions)):
-            code = ResponseCode.ACCESS_REFUSED
+            self.send(respond(ResponseCode.ACCESS_REFUSED))
+        elif self.broker.placement.clustered:
+            self._await_cluster(self._create_in_cluster(
+                frame.name, frame.arguments, lambda name, config: super_streams.create_in_cluster(
+                    name, frame.partitions, frame.binding_keys, config)), respond)
         else:
-            code = self._create(frame.name, frame.arguments, lambda config: (
-                self.server.super_streams.create(frame.name, frame.partitions,
-                                                 frame.binding_keys, config)))
-        self.send(f.CreateSuperStreamResponse(frame.correlation_id, code))
+            self.send(respond(self._create(frame.name, frame.arguments, lambda config: (
+                super_streams.create(frame.name, frame.partitions, frame.binding_keys,
+                                     config)))))
 
     def on_delete_super_stream(self, frame: f.DeleteSuperStream) -> None:
         super_streams = self.server.super_streams
@@ -1080,6 +1252,10 @@ class RabbitStreamConnection(asyncio.Protocol):
             code = ResponseCode.STREAM_DOES_NOT_EXIST
         elif not all(self._may(name, DELETE) for name in (frame.name, *found.partitions)):
             code = ResponseCode.ACCESS_REFUSED
+        elif self.broker.placement.clustered:
+            self._await_cluster(_deleted(super_streams.delete_in_cluster(frame.name)),
+                                partial(f.DeleteSuperStreamResponse, frame.correlation_id))
+            return
         else:
             super_streams.delete(frame.name)
             code = OK
@@ -1180,6 +1356,7 @@ class RabbitStreamServer:
         self.super_streams = SuperStreams(broker)
         self.sac = SingleActiveConsumers()
         broker.deletion_listeners.append(self._stream_deleted)
+        broker.leader_listeners.append(self._leader_changed)
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -1222,7 +1399,19 @@ class RabbitStreamServer:
         for name in self.super_streams.door_names(stream):
             self.sac.drop_stream(name)  # its subscriptions end with MetadataUpdate
         for conn in list(self.connections):
-            conn.stream_deleted(stream)
+            conn.drop(stream.partitions)
+
+    def _leader_changed(self, stream: str, index: int) -> None:
+        """Placement callback: the publishers and subscriptions on the partition end with
+        MetadataUpdate (0x06), as RabbitMQ's do when a new leader restarts the stream's
+        members; clients ask Metadata and come back (publishers to the new leader)."""
+        found = self.broker.streams.get(stream)
+        if found is None or not 0 <= index < len(found.partitions):
+            return  # no replica here: nobody publishes or reads it on this server
+        self.sac.drop_stream(self.super_streams.door_names(found)[index])
+        partition = (found.partitions[index],)
+        for conn in list(self.connections):
+            conn.drop(partition)
 
     async def stop(self, grace: float = 1.0) -> None:
         """Stop accepting; stop reading, write what was received and send its confirms

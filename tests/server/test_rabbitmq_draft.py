@@ -38,21 +38,11 @@ from rstream import (AMQPMessage, CompressionType, Consumer, ConsumerOffsetSpeci
 from rstream.recovery import BackOffRecoveryStrategy
 
 from riverlog.broker import StreamConfig
-from riverlog.config import RabbitStreamConfig, ServerConfig
 from riverlog.metrics import RABBITMQ_STREAM, REGISTRY
-from riverlog.server.app import App
 from riverlog.server.rabbitmq_stream import PUBLISH_FRAME_MAX
 
 pytestmark = pytest.mark.timeout(60)
 GUEST = {"username": "guest", "password": "guest"}
-
-
-@pytest.fixture
-async def app(tmp_path):
-    running = App(ServerConfig(data_dir=str(tmp_path), rabbitmq_stream=RabbitStreamConfig(port=0)))
-    await running.start()
-    yield running
-    await running.stop()
 
 
 async def draft_for(app) -> DraftClient:

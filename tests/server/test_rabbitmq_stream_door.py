@@ -86,15 +86,6 @@ class RawClient:
         self.writer.close()
 
 
-@pytest.fixture
-async def app(tmp_path):
-    running = App(ServerConfig(data_dir=str(tmp_path),
-                               rabbitmq_stream=RabbitStreamConfig(port=0)))
-    await running.start()
-    yield running
-    await running.stop()
-
-
 async def client_for(app, **kw):
     client = await RawClient.connect(app.rabbitmq_stream.port)
     assert await client.handshake(**kw) == ResponseCode.OK
