@@ -11,16 +11,19 @@
 # listed file is checked before use (size, footer, row count, offset statistics within its
 # range): a missing or damaged file or manifest is reported (log warning) and its offsets are
 # read from the log, never guessed; a file used whole gets no filter, so a full scan costs
-# what reading the Parquet files costs. pyspark/pyarrow are imported in the functions.
+# what reading the Parquet files costs. The table folder is a path or a URI
+# (riverlog.tables.storage): checks and pyarrow reads go through pyarrow.fs, Spark reads the
+# files through its own Hadoop filesystems. pyspark/pyarrow are imported in the functions.
 from __future__ import annotations
 
 import functools
 import json
 import logging
-import os
+import posixpath
 from typing import Iterable
 
 from . import manifest as mf
+from .storage import Storage
 
 log = logging.getLogger("riverlog.tables")
 
@@ -32,7 +35,8 @@ def read_table(spark, stream: str, table_dir: str, *, columns: Iterable[str] | N
     """A DataFrame of ``stream`` (one name, or a comma-separated list) with the riverlog
     source's schema (riverlog.spark.schema), or only ``columns`` of it, in that order.
     ``table_dir``: where the server writes tables (``streams.table.dir``, default
-    ``DATA/tables``), a path Spark's executors can read. ``options``: the riverlog source's
+    ``DATA/tables``), a path or URI (riverlog.tables.storage) the driver reads with
+    pyarrow and Spark's executors with their Hadoop filesystems (``s3://`` as ``s3a://``). ``options``: the riverlog source's
     read options (``servers``, ``startingOffsets``, ``endingOffsets``,
     ``startingTimestamp``, ``failOnDataLoss``, ``user``, ...; docs/spark.md), resolved once
     here. Raises what the source raises for bad options, DataLossError, and ValueError (also
@@ -40,29 +44,26 @@ def read_table(spark, stream: str, table_dir: str, *, columns: Iterable[str] | N
     from ..spark import register
     from ..spark.options import read_options
     from ..spark.reader import planned_ranges
-    from ..spark.schema import projected_schema, spark_schema
+    from ..spark.schema import column_names, projected_schema, spark_schema
 
-    opts = read_options(dict(options, stream=stream))
     full = spark_schema()
-    names = tuple(c.lower() for c in columns) if columns is not None else tuple(full.names)
-    unknown = [c for c in names if c not in full.names]
-    if unknown or not names or len(set(names)) != len(names):
-        raise ValueError(f"read_table: columns {list(names)}: name each of "
-                         f"{', '.join(full.names)} at most once, at least one")
+    names = column_names(columns, "read_table") if columns is not None else tuple(full.names)
+    opts = read_options(dict(options, stream=stream))
+    storage = Storage(table_dir)
     schema = projected_schema(names)
     whole: list[str] = []
     partial: list[tuple[str, str, int, int, int]] = []  # path, stream, partition, lo, hi
     from_log = []
     for r in planned_ranges(opts):
         pos = r.start
-        for f, path in _usable(table_dir, r.stream, r.partition, r.start, r.end):
+        for f, path, _ in _usable(storage, r.stream, r.partition, r.start, r.end):
             lo, hi = max(f.start, r.start), min(f.end, r.end)
             if lo > pos:
                 from_log.append((r.stream, r.partition, pos, lo))
             if (lo, hi) == (f.start, f.end):
-                whole.append(path)
+                whole.append(storage.spark_path(path))
             else:
-                partial.append((path, r.stream, r.partition, lo, hi))
+                partial.append((storage.spark_path(path), r.stream, r.partition, lo, hi))
             pos = hi
         if pos < r.end:
             from_log.append((r.stream, r.partition, pos, r.end))
@@ -88,8 +89,9 @@ def table_files(table_dir: str, stream: str, partition: int = 0) -> list[str]:
     """Paths of the Parquet files the table of ``partition`` of ``stream`` lists now, in
     offset order, each checked as read_table checks them (the others are reported and left
     out): for DuckDB, pandas or Polars. They hold what the table has, not the newest records
-    it has not got yet (see the lag in ``riverlog stream describe``)."""
-    return [path for _, path in _usable(table_dir, stream, partition, 0, 1 << 63)]
+    it has not got yet (see the lag in ``riverlog stream describe``). Paths in the
+    filesystem of ``table_dir`` (for a URI: without its scheme, as pyarrow.fs names them)."""
+    return [path for _, path, _ in _usable(Storage(table_dir), stream, partition, 0, 1 << 63)]
 
 
 def table_batches(table_dir: str, stream: str, partition: int, start: int, end: int,
@@ -104,16 +106,17 @@ def table_batches(table_dir: str, stream: str, partition: int, start: int, end: 
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    storage = Storage(table_dir)
     pos = start
-    for f, path in _usable(table_dir, stream, partition, start, end):
+    for f, path, meta in _usable(storage, stream, partition, start, end):
         if f.start > pos:
             break  # a gap: the rest comes from the log
         hi = min(f.end, end)
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(path, metadata=meta, filesystem=storage.fs)
         columns = list(dict.fromkeys(schema.names + ["offset"]))
-        at = _offset_column(pf.metadata)  # _usable checked it is there, with statistics
-        for i in range(pf.metadata.num_row_groups):
-            stats = pf.metadata.row_group(i).column(at).statistics
+        at = _offset_column(meta)  # _usable checked it is there, with statistics
+        for i in range(meta.num_row_groups):
+            stats = meta.row_group(i).column(at).statistics
             if stats.max < pos or stats.min >= hi:
                 continue
             table = pf.read_row_group(i, columns=columns)
@@ -138,13 +141,13 @@ def _partial(spark, schema, pieces):
     return spark.read.schema(schema).parquet(*[piece[0] for piece in pieces]).where(keep)
 
 
-def _usable(table_dir: str, stream: str, partition: int, start: int,
-            end: int) -> list[tuple[mf.TableFile, str]]:
+def _usable(storage: Storage, stream: str, partition: int, start: int,
+            end: int) -> list[tuple[mf.TableFile, str, object]]:
     """The listed files of the table holding offsets of ``[start, end)`` that pass their
-    checks, with their paths; the others are reported."""
-    directory = mf.partition_dir(table_dir, stream, partition)
+    checks, with their paths and Parquet metadata; the others are reported."""
+    directory = mf.partition_dir(storage.root, stream, partition)
     try:
-        m = mf.load(directory)
+        m = mf.load(storage, directory)
     except (mf.ManifestError, OSError) as exc:
         log.warning("table of %r partition %d: %s; reading it from the log", stream,
                     partition, exc)
@@ -153,41 +156,44 @@ def _usable(table_dir: str, stream: str, partition: int, start: int,
         return []
     out = []
     for f in m.overlapping(start, end):
-        path = os.path.join(directory, f.name)
-        problem = _check(path, f)
+        path = posixpath.join(directory, f.name)
+        meta, problem = _check(storage, path, f)
         if problem is None:
-            out.append((f, path))
+            out.append((f, path, meta))
         else:
             log.warning("table of %r partition %d: %s %s; offsets %d..%d read from the log",
                         stream, partition, path, problem, f.start, f.end - 1)
     return out
 
 
-def _check(path: str, f: mf.TableFile) -> str | None:
-    """None when the file at ``path`` is what the manifest lists, else what is wrong."""
+def _check(storage: Storage, path: str, f: mf.TableFile) -> tuple[object, str | None]:
+    """``(footer metadata, None)`` when the file at ``path`` is what the manifest lists,
+    else ``(None, what is wrong)``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     try:
-        size = os.path.getsize(path)
+        size = storage.size(path)
+        if size is None:
+            return None, "is missing"
         if size != f.size:
-            return f"is {size} bytes, the manifest says {f.size}"
-        meta = pq.read_metadata(path)
+            return None, f"is {size} bytes, the manifest says {f.size}"
+        meta = pq.read_metadata(path, filesystem=storage.fs)
     except FileNotFoundError:
-        return "is missing"
+        return None, "is missing"
     except (OSError, pa.ArrowException) as exc:
-        return f"cannot be read ({exc})"
+        return None, f"cannot be read ({exc})"
     if meta.num_rows != f.rows:
-        return f"holds {meta.num_rows} rows, the manifest says {f.rows}"
+        return None, f"holds {meta.num_rows} rows, the manifest says {f.rows}"
     at = _offset_column(meta)
     if at is None:
-        return "has no offset column"
+        return None, "has no offset column"
     for i in range(meta.num_row_groups):
         stats = meta.row_group(i).column(at).statistics
         if stats is None or not stats.has_min_max or stats.min < f.start \
                 or stats.max >= f.end:
-            return f"has offsets outside {f.start}..{f.end - 1}"
-    return None
+            return None, f"has offsets outside {f.start}..{f.end - 1}"
+    return meta, None
 
 
 def _offset_column(meta) -> int | None:
