@@ -2,7 +2,8 @@
 # riverlog source does, then serves each offset range from the table's Parquet files where
 # they hold it (Spark's own Parquet reader: column pruning, no Python per row) and from the
 # riverlog source for the rest (offsets the table has not got yet, or whose file is damaged),
-# as one DataFrame with the source's schema; ``table_files`` lists a table's checked files
+# as one DataFrame with the source's schema; offsets the log no longer has but an archived
+# table still holds (``streams.table.archive``) count as available, from the table; ``table_files`` lists a table's checked files
 # for other readers (DuckDB, pandas, Polars); ``table_batches`` serves the riverlog source's
 # ``tableDir`` option (a streaming query from earliest catches up from the table, then goes
 # on from the log).
@@ -36,10 +37,12 @@ def read_table(spark, stream: str, table_dir: str, *, columns: Iterable[str] | N
     source's schema (riverlog.spark.schema), or only ``columns`` of it, in that order.
     ``table_dir``: where the server writes tables (``streams.table.dir``, default
     ``DATA/tables``), a path or URI (riverlog.tables.storage) the driver reads with
-    pyarrow and Spark's executors with their Hadoop filesystems (``s3://`` as ``s3a://``). ``options``: the riverlog source's
-    read options (``servers``, ``startingOffsets``, ``endingOffsets``,
-    ``startingTimestamp``, ``failOnDataLoss``, ``user``, ...; docs/spark.md), resolved once
-    here. Raises what the source raises for bad options, DataLossError, and ValueError (also
+    pyarrow and Spark's executors with their Hadoop filesystems (``s3://`` as ``s3a://``).
+    ``options``: the riverlog source's read options (``servers``, ``startingOffsets``,
+    ``endingOffsets``, ``startingTimestamp``, ``failOnDataLoss``, ``user``, ...;
+    docs/spark.md), resolved once here; "earliest" is the table's first offset when the
+    table holds, without a gap, offsets older than the log's first (TableFiles.first).
+    Raises what the source raises for bad options, DataLossError, and ValueError (also
     for ``columns`` naming a column the schema does not have)."""
     from ..spark import register
     from ..spark.options import read_options
@@ -49,14 +52,15 @@ def read_table(spark, stream: str, table_dir: str, *, columns: Iterable[str] | N
     full = spark_schema()
     names = column_names(columns, "read_table") if columns is not None else tuple(full.names)
     opts = read_options(dict(options, stream=stream))
-    storage = Storage(table_dir)
+    files = TableFiles(table_dir)
+    storage = files.storage
     schema = projected_schema(names)
     whole: list[str] = []
     partial: list[tuple[str, str, int, int, int]] = []  # path, stream, partition, lo, hi
     from_log = []
-    for r in planned_ranges(opts):
+    for r in planned_ranges(opts, files.first):
         pos = r.start
-        for f, path, _ in _usable(storage, r.stream, r.partition, r.start, r.end):
+        for f, path, _ in files.usable(r.stream, r.partition, r.start, r.end):
             lo, hi = max(f.start, r.start), min(f.end, r.end)
             if lo > pos:
                 from_log.append((r.stream, r.partition, pos, lo))
@@ -91,7 +95,7 @@ def table_files(table_dir: str, stream: str, partition: int = 0) -> list[str]:
     out): for DuckDB, pandas or Polars. They hold what the table has, not the newest records
     it has not got yet (see the lag in ``riverlog stream describe``). Paths in the
     filesystem of ``table_dir`` (for a URI: without its scheme, as pyarrow.fs names them)."""
-    return [path for _, path, _ in _usable(Storage(table_dir), stream, partition, 0, 1 << 63)]
+    return [path for _, path, _ in TableFiles(table_dir).usable(stream, partition, 0, 1 << 63)]
 
 
 def table_batches(table_dir: str, stream: str, partition: int, start: int, end: int,
@@ -106,15 +110,15 @@ def table_batches(table_dir: str, stream: str, partition: int, start: int, end: 
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    storage = Storage(table_dir)
+    files = TableFiles(table_dir)
     pos = start
-    for f, path, meta in _usable(storage, stream, partition, start, end):
+    for f, path, meta in files.usable(stream, partition, start, end):
         if f.start > pos:
             break  # a gap: the rest comes from the log
         hi = min(f.end, end)
-        pf = pq.ParquetFile(path, metadata=meta, filesystem=storage.fs)
+        pf = pq.ParquetFile(path, metadata=meta, filesystem=files.storage.fs)
         columns = list(dict.fromkeys(schema.names + ["offset"]))
-        at = _offset_column(meta)  # _usable checked it is there, with statistics
+        at = _offset_column(meta)  # TableFiles.usable checked it is there, with statistics
         for i in range(meta.num_row_groups):
             stats = meta.row_group(i).column(at).statistics
             if stats.max < pos or stats.min >= hi:
@@ -141,29 +145,58 @@ def _partial(spark, schema, pieces):
     return spark.read.schema(schema).parquet(*[piece[0] for piece in pieces]).where(keep)
 
 
-def _usable(storage: Storage, stream: str, partition: int, start: int,
-            end: int) -> list[tuple[mf.TableFile, str, object]]:
-    """The listed files of the table holding offsets of ``[start, end)`` that pass their
-    checks, with their paths and Parquet metadata; the others are reported."""
-    directory = mf.partition_dir(storage.root, stream, partition)
-    try:
-        m = mf.load(storage, directory)
-    except (mf.ManifestError, OSError) as exc:
-        log.warning("table of %r partition %d: %s; reading it from the log", stream,
-                    partition, exc)
-        return []
-    if m is None:
-        return []
-    out = []
-    for f in m.overlapping(start, end):
-        path = posixpath.join(directory, f.name)
-        meta, problem = _check(storage, path, f)
-        if problem is None:
-            out.append((f, path, meta))
-        else:
-            log.warning("table of %r partition %d: %s %s; offsets %d..%d read from the log",
-                        stream, partition, path, problem, f.start, f.end - 1)
-    return out
+class TableFiles:
+    """The files of the tables under ``table_dir`` (a path or URI) for one read: each
+    partition's manifest is loaded, and each listed file checked (riverlog.tables.read's
+    rules), once; a missing or damaged file or manifest is reported once and left out."""
+
+    def __init__(self, table_dir: str) -> None:
+        self.storage = Storage(table_dir)
+        self._manifests: dict[tuple[str, int], mf.Manifest | None] = {}
+        self._checked: dict[str, tuple[object, str | None]] = {}
+
+    def usable(self, stream: str, partition: int, start: int,
+               end: int) -> list[tuple[mf.TableFile, str, object]]:
+        """The listed files of the table holding offsets of ``[start, end)`` that pass
+        their checks, with their paths and Parquet metadata, in offset order."""
+        directory = mf.partition_dir(self.storage.root, stream, partition)
+        m = self._manifest(stream, partition, directory)
+        out = []
+        for f in m.overlapping(start, end) if m is not None else ():
+            path = posixpath.join(directory, f.name)
+            if path not in self._checked:
+                self._checked[path] = _check(self.storage, path, f)
+                problem = self._checked[path][1]
+                if problem is not None:
+                    log.warning("table of %r partition %d: %s %s; offsets %d..%d read from "
+                                "the log", stream, partition, path, problem, f.start, f.end - 1)
+            meta, problem = self._checked[path]
+            if problem is None:
+                out.append((f, path, meta))
+        return out
+
+    def first(self, stream: str, partition: int, log_first: int) -> int:
+        """The first offset from which the table and the log together hold the partition
+        without a gap: ``log_first`` (the log's oldest offset), or the start of the run of
+        usable table files below it that reaches it (an archived table keeps what retention
+        removed from the log: ``streams.table.archive``)."""
+        first = log_first
+        for f, _, _ in reversed(self.usable(stream, partition, 0, log_first)):
+            if f.end < first:
+                break  # a gap: what is older cannot be read in one piece with the log
+            first = f.start
+        return first
+
+    def _manifest(self, stream: str, partition: int, directory: str) -> mf.Manifest | None:
+        key = (stream, partition)
+        if key not in self._manifests:
+            try:
+                self._manifests[key] = mf.load(self.storage, directory)
+            except (mf.ManifestError, OSError) as exc:
+                log.warning("table of %r partition %d: %s; reading it from the log", stream,
+                            partition, exc)
+                self._manifests[key] = None
+        return self._manifests[key]
 
 
 def _check(storage: Storage, path: str, f: mf.TableFile) -> tuple[object, str | None]:

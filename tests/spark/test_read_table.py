@@ -3,6 +3,7 @@
 # and a damaged or missing Parquet file or manifest is reported and read from the log.
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -11,12 +12,14 @@ import shutil
 
 import pytest
 
+from riverlog.config import TableConfig
 from riverlog.spark import read_table
 from riverlog.spark.schema import spark_schema
 from riverlog.tables import manifest as mf
 from riverlog.tables.storage import Storage
 
-from .conftest import reader, send, varied, wait_table
+from ._server import ThreadServer
+from .conftest import partition_of, reader, send, varied, wait_table
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +155,53 @@ def test_streaming_query_catches_up_from_the_table(spark, table_server, tmp_path
     want = rows(reader(spark, table_server.servers, "catch-up",
                        endingOffsets=json.dumps({"catch-up": {"0": 1021}})).load())
     assert len(got) == 1021 and got == want
+
+
+def test_archived_offsets_beyond_retention_are_read_from_the_table(spark, tmp_path):
+    """streams.table.archive: retention deletes the log's first segments, the table keeps
+    them; read_table from earliest starts at the table's first offset and returns every
+    record once, offsets contiguous from the table into the log, values as published; so
+    does the source with tableDir."""
+    s = ThreadServer(str(tmp_path), tables=TableConfig(lag_ms=300, archive=True,
+                                                       enabled=True)).start()
+    try:
+        with s.client() as c:
+            c.create_stream("archived", {"stream-max-segment-size-bytes": "8192",
+                                         "max-length-bytes": "60000"})
+        # rounds of 5 chunks (~34 KB, a segment each): retention deletes only segments of
+        # earlier rounds, which the table has by then
+        for start in range(0, 3000, 250):
+            send(s, "archived", varied(start, 250))
+            m = wait_table(s, "archived")
+        assert all(a.end == b.start for a, b in zip(m.files, m.files[1:])), m.files
+        # retention now, not at the server's next housekeeping in the middle of the reads
+        p = partition_of(s, "archived")
+
+        async def retain():
+            p.log.enforce_retention()
+        asyncio.run_coroutine_threadsafe(retain(), s.loop).result(30)
+        log_first = p.first_offset
+        assert log_first > 500 and m.first == 0
+        published = [b"raw%d" % i if i % 11 == 0 else b"v%d" % i for i in range(3000)]
+
+        got = rows(read_table(spark, "archived", s.app.config.table_dir, servers=s.servers,
+                              columns=["offset", "value"]))
+        assert [r.offset for r in got] == list(range(3000))
+        assert [r.value for r in got] == published
+        # the part the log still has: the source's rows, byte for byte
+        tail, want = both(spark, s, "archived",
+                          startingOffsets=json.dumps({"archived": {"0": log_first}}))
+        assert tail == want
+        assert [(r.offset, r.value) for r in tail] == [(r.offset, r.value)
+                                                       for r in got[log_first:]]
+        # an explicit start inside the archive, and the source's tableDir option
+        cut = rows(read_table(spark, "archived", s.app.config.table_dir, servers=s.servers,
+                              startingOffsets=json.dumps({"archived": {"0": 100}}),
+                              endingOffsets=json.dumps({"archived": {"0": log_first + 10}})))
+        assert [r.offset for r in cut] == list(range(100, log_first + 10))
+        source = rows(reader(spark, s.servers, "archived",
+                             tableDir=s.app.config.table_dir).load())
+        assert [r.offset for r in source] == list(range(3000))
+        assert [r.value for r in source] == published
+    finally:
+        s.stop()
