@@ -3,10 +3,10 @@
 # they hold it (Spark's own Parquet reader: column pruning, no Python per row) and from the
 # riverlog source for the rest (offsets the table has not got yet, or whose file is damaged),
 # as one DataFrame with the source's schema; offsets the log no longer has but an archived
-# table still holds (``streams.table.archive``) count as available, from the table; ``table_files`` lists a table's checked files
-# for other readers (DuckDB, pandas, Polars); ``table_batches`` serves the riverlog source's
-# ``tableDir`` option (a streaming query from earliest catches up from the table, then goes
-# on from the log).
+# table still holds (``streams.table.archive``) count as available, from the table;
+# ``table_files`` lists a table's checked files for other readers (DuckDB, pandas, Polars);
+# ``table_batches`` serves the riverlog source's ``tableDir`` option (a streaming query from
+# earliest catches up from the table, then goes on from the log).
 # Rules: the rows are exactly those ``spark.read.format("riverlog")`` returns for the same
 # offsets (the table holds what riverlog.spark.arrow builds from the same chunks); every
 # listed file is checked before use (size, footer, row count, offset statistics within its
@@ -178,10 +178,15 @@ class TableFiles:
     def first(self, stream: str, partition: int, log_first: int) -> int:
         """The first offset from which the table and the log together hold the partition
         without a gap: ``log_first`` (the log's oldest offset), or the start of the run of
-        usable table files below it that reaches it (an archived table keeps what retention
-        removed from the log: ``streams.table.archive``)."""
+        listed files below it that reaches it (an archived table keeps what retention
+        removed from the log: ``streams.table.archive``). Only the manifest is read (a
+        streaming query asks at every trigger): a file of the run that fails its checks
+        when it is read leaves offsets neither the table nor the log has, which the
+        source reports as data loss."""
+        m = self._manifest(stream, partition,
+                           mf.partition_dir(self.storage.root, stream, partition))
         first = log_first
-        for f, _, _ in reversed(self.usable(stream, partition, 0, log_first)):
+        for f in reversed(m.overlapping(0, log_first) if m is not None else ()):
             if f.end < first:
                 break  # a gap: what is older cannot be read in one piece with the log
             first = f.start

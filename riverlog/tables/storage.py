@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import urllib.parse
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
@@ -26,6 +27,19 @@ SPARK_SCHEMES = {"s3": "s3a"}
 """URI schemes Spark's Hadoop connectors name differently (hadoop-aws serves ``s3a://``)."""
 
 
+def spark_uri(location: str, relative: str) -> str:
+    """The URI Spark's Hadoop filesystems give the file ``relative`` to the folder named
+    by the URI ``location``: its scheme (``s3`` as ``s3a``), authority (without
+    ``user:secret@`` credentials) and path, without its query (pyarrow's options; Spark
+    takes its own from its Hadoop configuration). E.g. ``s3://k:s@bucket/t?region=x``
+    and ``a/0/f.parquet`` give ``s3a://bucket/t/a/0/f.parquet``."""
+    parts = urllib.parse.urlsplit(location)
+    user, _, host = parts.netloc.rpartition("@")
+    netloc = host if ":" in user else parts.netloc
+    scheme = SPARK_SCHEMES.get(parts.scheme.lower(), parts.scheme.lower())
+    return f"{scheme}://{netloc}{parts.path.rstrip('/')}/{relative}"
+
+
 class Storage:
     """The table folder ``location`` (a path, made absolute, or a URI). Raises ValueError
     (pyarrow.ArrowInvalid) for a URI pyarrow cannot open and OSError for an unreachable
@@ -35,22 +49,17 @@ class Storage:
         from pyarrow import fs
 
         self.location = location
-        self.scheme = location.split("://", 1)[0].lower() if "://" in location else None
-        if self.scheme is None:
+        if "://" not in location:
             location = os.path.abspath(location)
         self.fs, self.root = fs.FileSystem.from_uri(location)
         self.local = self.fs.type_name == "local"
 
-    def join(self, *parts: str) -> str:
-        return posixpath.join(self.root, *parts)
-
     def spark_path(self, path: str) -> str:
-        """``path`` as Spark's Parquet reader names it: the path itself on the local
-        filesystem, else the location's scheme (``s3`` as ``s3a``) with the host and path
-        (its credentials and options are Spark's Hadoop configuration's business)."""
+        """``path`` (inside this folder) as Spark's Parquet reader names it: the path itself
+        on the local filesystem, else spark_uri of it."""
         if self.local:
             return path
-        return f"{SPARK_SCHEMES.get(self.scheme, self.scheme)}://{path}"
+        return spark_uri(self.location, posixpath.relpath(path, self.root))
 
     # -- reading ------------------------------------------------------------------------
     def read_bytes(self, path: str) -> bytes | None:

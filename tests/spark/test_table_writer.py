@@ -22,7 +22,7 @@ from riverlog.spark.options import Connection  # noqa: E402
 from riverlog.spark.reader import RangePartition, read_partition  # noqa: E402
 from riverlog.tables import manifest as mf  # noqa: E402
 from riverlog.tables.read import table_files  # noqa: E402
-from riverlog.tables.storage import TMP_SUFFIX, Storage  # noqa: E402
+from riverlog.tables.storage import TMP_SUFFIX, Storage, spark_uri  # noqa: E402
 
 from ._server import ThreadServer  # noqa: E402
 from .conftest import partition_of, send, varied, wait_table  # noqa: E402
@@ -107,6 +107,20 @@ def test_a_table_folder_on_any_pyarrow_filesystem(tmp_path, request, where):
         assert delivered() == before
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("location, uri", [
+    ("s3://key:secret@bucket/tables?region=eu-west-1", "s3a://bucket/tables/s/0/f.parquet"),
+    ("gs://bucket/a/tables/", "gs://bucket/a/tables/s/0/f.parquet"),
+    ("hdfs://namenode:8020/tables", "hdfs://namenode:8020/tables/s/0/f.parquet"),
+    ("abfs://box@account.dfs.core.windows.net/t",
+     "abfs://box@account.dfs.core.windows.net/t/s/0/f.parquet"),
+])
+def test_spark_reads_table_files_by_their_hadoop_uri(location, uri):
+    """read_table hands Spark each file as its Hadoop filesystems name it: the scheme
+    (S3 as s3a), the authority (a bucket, a namenode, a container; no credentials) and the
+    path, without pyarrow's options."""
+    assert spark_uri(location, "s/0/f.parquet") == uri
 
 
 def test_a_table_folder_pyarrow_cannot_open_is_reported_and_publishers_go_on(tmp_path):
