@@ -203,5 +203,18 @@ def test_archived_offsets_beyond_retention_are_read_from_the_table(spark, tmp_pa
                              tableDir=s.app.config.table_dir).load())
         assert [r.offset for r in source] == list(range(3000))
         assert [r.value for r in source] == published
+        # a damaged archived file (in a copy): neither the table nor the log has its
+        # offsets, which is data loss, reported; skipped with failOnDataLoss=false
+        copy = str(tmp_path / "copy")
+        shutil.copytree(mf.stream_dir(s.app.config.table_dir, "archived"),
+                        mf.stream_dir(copy, "archived"))
+        bad = m.files[1]
+        os.unlink(os.path.join(mf.partition_dir(copy, "archived", 0), bad.name))
+        with pytest.raises(Exception, match="no longer available"):
+            read_table(spark, "archived", copy, servers=s.servers).collect()
+        kept = rows(read_table(spark, "archived", copy, servers=s.servers,
+                               failOnDataLoss="false"))
+        assert [r.offset for r in kept] == [o for o in range(3000)
+                                            if not bad.start <= o < bad.end]
     finally:
         s.stop()
