@@ -147,13 +147,13 @@ def _partial(spark, schema, pieces):
 
 class TableFiles:
     """The files of the tables under ``table_dir`` (a path or URI) for one read: each
-    partition's manifest is loaded, and each listed file checked (riverlog.tables.read's
-    rules), once; a missing or damaged file or manifest is reported once and left out."""
+    partition's manifest is loaded once; listed files are checked (riverlog.tables.read's
+    rules) when asked for; a missing or damaged file or manifest is reported and left
+    out."""
 
     def __init__(self, table_dir: str) -> None:
         self.storage = Storage(table_dir)
         self._manifests: dict[tuple[str, int], mf.Manifest | None] = {}
-        self._checked: dict[str, tuple[object, str | None]] = {}
 
     def usable(self, stream: str, partition: int, start: int,
                end: int) -> list[tuple[mf.TableFile, str, object]]:
@@ -164,15 +164,12 @@ class TableFiles:
         out = []
         for f in m.overlapping(start, end) if m is not None else ():
             path = posixpath.join(directory, f.name)
-            if path not in self._checked:
-                self._checked[path] = _check(self.storage, path, f)
-                problem = self._checked[path][1]
-                if problem is not None:
-                    log.warning("table of %r partition %d: %s %s; offsets %d..%d read from "
-                                "the log", stream, partition, path, problem, f.start, f.end - 1)
-            meta, problem = self._checked[path]
+            meta, problem = _check(self.storage, path, f)
             if problem is None:
                 out.append((f, path, meta))
+            else:
+                log.warning("table of %r partition %d: %s %s; offsets %d..%d read from the "
+                            "log", stream, partition, path, problem, f.start, f.end - 1)
         return out
 
     def first(self, stream: str, partition: int, log_first: int) -> int:

@@ -10,8 +10,9 @@
 # small files (at most MAX_SMALL_FILES, then rewritten as one); a sealed segment becomes one
 # file, rewritten when compaction changes the segment file. The table folder may be on any
 # filesystem pyarrow supports (riverlog.tables.storage); the segments are local files.
-# Without ``archive`` files below the log's first offset are retired. The process runs at a lower CPU priority than the
-# server and exits when stdin closes (the server stopped or died).
+# Without ``archive`` files below the log's first offset are retired. The process runs at a
+# lower CPU priority than the server and exits when stdin closes (the server stopped or
+# died).
 from __future__ import annotations
 
 import dataclasses
