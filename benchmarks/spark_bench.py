@@ -103,11 +103,13 @@ def load(servers: str, stream: str, n: int, value_size: int,
 def wait_table(table_dir: str, stream: str, n: int, timeout: float = 600) -> float:
     """Seconds until the table of ``stream`` holds its first ``n`` records."""
     from riverlog.tables import manifest
+    from riverlog.tables.storage import Storage
 
     started = time.perf_counter()
-    directory = manifest.partition_dir(table_dir, stream, 0)
+    storage = Storage(table_dir)
+    directory = manifest.partition_dir(storage.root, stream, 0)
     while True:
-        m = manifest.load(directory)
+        m = manifest.load(storage, directory)
         if m is not None and (m.end or 0) >= n:
             return time.perf_counter() - started
         if time.perf_counter() - started > timeout:
@@ -230,6 +232,7 @@ def main() -> None:
 
         import riverlog.spark
         from riverlog.tables import manifest
+        from riverlog.tables.storage import Storage
 
         spark = (SparkSession.builder.master(args.master).appName("riverlog spark bench")
                  .config("spark.ui.enabled", "false")
@@ -316,8 +319,8 @@ def main() -> None:
             summary[q][name]["cpu_s"] = {k: round(v, 2) for k, v in used.items()}
         log_bytes = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(
             os.path.join(work, "data", "streams")) for f in files if f.endswith(".segment"))
-        table_bytes = sum(f.size for f in manifest.load(
-            manifest.partition_dir(table_dir, stream, 0)).files)  # retired files left out
+        m = manifest.load(Storage(table_dir), manifest.partition_dir(table_dir, stream, 0))
+        table_bytes = sum(f.size for f in m.files)  # retired files left out
         if args.servers is None:
             print(f"\ndisk: log {log_bytes:,} B, table {table_bytes:,} B "
                   f"({table_bytes / log_bytes:.2f} Parquet bytes per log byte)")

@@ -120,8 +120,9 @@ def main() -> None:
 @click.option("--tables", is_flag=True, default=False,
               help="Mirror every stream to Parquet for Spark (streams.table.enabled; "
                    "docs/spark.md \"Streams as tables\").")
-@click.option("--table-dir", default=None, type=click.Path(file_okay=False),
-              help="Where the Parquet tables of streams are written.  [default: DATA/tables]")
+@click.option("--table-dir", default=None, metavar="DIR|URI",
+              help="Where the Parquet tables of streams are written: a folder or a URI "
+                   "pyarrow opens (file://, s3://, gs://, hdfs://).  [default: DATA/tables]")
 def serve(config_file: str | None, **flags) -> None:
     """Run the server until SIGINT or SIGTERM.
 

@@ -154,9 +154,7 @@ class StateCollector(Collector):
                                     "table writer failed (the server log says why).",
                                     labels=labels)
         tables = app.tables
-        for stream in list(app.broker.streams.values()):
-            if stream.name.startswith("__") or not tables.enabled(stream):
-                continue
+        for stream in tables.streams():
             for p in stream.partitions:
                 key = [stream.name, str(p.index)]
                 status = tables.status.get((stream.name, p.index))

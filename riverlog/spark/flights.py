@@ -10,7 +10,10 @@
 # Events are published in the order things happen (a flight when it leaves the gate, a
 # cancelled one at its scheduled time), so event time runs up to 21h41m late (the longest
 # delay of 2013); the 1-day watermark keeps every event and an end-of-data marker pushes the
-# watermark past the last window so append mode emits it.
+# watermark past the last window so append mode emits it. When the input stream has a
+# Parquet table (docs/spark.md "Streams as tables") and the job is told where tables live,
+# the query reads the history the table holds from its files and only the rest from the
+# server (the source's tableDir option); without one it reads everything from the server.
 # Run: `riverlog demo flights`, or `spark-submit --master local[*] riverlog/spark/flights.py
 # --servers HOST:5552 --out DIR` (docs/spark.md has the cluster line).
 from __future__ import annotations
@@ -148,23 +151,30 @@ def windows(events):
 
 @dataclass
 class Result:
-    """What a run did: micro-batches, input rows read, window rows written, seconds."""
+    """What a run did: micro-batches, input rows read, window rows written, seconds, and
+    the Parquet files of the input stream's table the history was read from (0: none, all
+    from the server)."""
 
     batches: int
     input_rows: int
     windows: int
     seconds: float
+    table_files: int = 0
 
 
 def run(spark, servers: str, out: str, *, in_stream: str = IN_STREAM,
         out_stream: str = OUT_STREAM, max_offsets_per_trigger: int = 100_000,
-        expected_events: int | None = None, progress: bool = True) -> Result:
+        expected_events: int | None = None, progress: bool = True,
+        table_dir: str | None = None) -> Result:
     """Run the streaming job to the end of what the stream holds (Trigger.AvailableNow):
     Parquet under ``out/windows`` (one folder per micro-batch, rewritten if the batch is
-    replayed) and JSON records in ``out_stream``; checkpoint in ``out/checkpoint``."""
+    replayed) and JSON records in ``out_stream``; checkpoint in ``out/checkpoint``.
+    ``table_dir``: the server's table folder (``--table-dir``, a path or URI the executors
+    read): when ``in_stream`` has a table there, the history comes from its files."""
     from pyspark.sql import functions as F
 
     from riverlog.spark import register
+    from riverlog.tables.read import table_files
 
     register(spark)
     out = os.path.abspath(out)
@@ -174,9 +184,13 @@ def run(spark, servers: str, out: str, *, in_stream: str = IN_STREAM,
     with _connection(servers).connect("riverlog-demo-flights") as client:
         client.create_stream(out_stream, exist_ok=True)
 
-    events = (spark.readStream.format("riverlog").option("servers", servers)
+    source = (spark.readStream.format("riverlog").option("servers", servers)
               .option("stream", in_stream).option("startingOffsets", "earliest")
-              .option("maxOffsetsPerTrigger", str(max_offsets_per_trigger)).load())
+              .option("maxOffsetsPerTrigger", str(max_offsets_per_trigger)))
+    files = table_files(table_dir, in_stream) if table_dir is not None else []
+    if files:
+        source = source.option("tableDir", table_dir)
+    events = source.load()
 
     def write_batch(df, batch_id: int) -> None:
         df = df.persist()
@@ -215,7 +229,7 @@ def run(spark, servers: str, out: str, *, in_stream: str = IN_STREAM,
     batches, rows = len(seen), sum(seen.values())
     bar.close()
     written = spark.read.parquet(parquet).count() if os.path.isdir(parquet) else 0
-    return Result(batches, rows, written, time.monotonic() - started)
+    return Result(batches, rows, written, time.monotonic() - started, len(files))
 
 
 def worst_windows(spark, out: str, n: int = 10, min_flights: int = 5):
@@ -293,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shuffle-partitions", type=int, default=4)
     ap.add_argument("--in-stream", default=IN_STREAM)
     ap.add_argument("--out-stream", default=OUT_STREAM)
+    ap.add_argument("--table-dir", default=None,
+                    help="the server's table folder (--table-dir; a path or URI): read the "
+                         "input stream's history from its table when it has one")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     progress = not args.no_progress
@@ -306,7 +323,12 @@ def main(argv: list[str] | None = None) -> int:
     spark.sparkContext.setLogLevel("WARN")
     result = run(spark, args.servers, args.out, in_stream=args.in_stream,
                  out_stream=args.out_stream, max_offsets_per_trigger=args.max_offsets_per_trigger,
-                 expected_events=total, progress=progress)
+                 expected_events=total, progress=progress, table_dir=args.table_dir)
+    if args.table_dir is not None:
+        print(f"history read from {result.table_files} Parquet files of the table"
+              if result.table_files else
+              f"{args.in_stream!r} has no table in {args.table_dir}: read from the server",
+              file=sys.stderr)
     print(f"{result.batches} micro-batches, {result.input_rows:,} events read, "
           f"{result.windows:,} windows in {os.path.join(args.out, 'windows')} and stream "
           f"{args.out_stream!r}, {result.seconds:.1f} s")

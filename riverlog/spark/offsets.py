@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from ..client import Client
 from ..errors import RiverlogError
 from .options import EARLIEST, LATEST
 
 Offsets = dict[str, dict[str, int]]
+Held = Callable[[str, int, int], int]
 
 
 class DataLossError(RiverlogError):
@@ -53,15 +55,19 @@ def partitions_of(client: Client, stream: str) -> list[int]:
     return [0]
 
 
-def available(client: Client, streams: tuple[str, ...]) -> tuple[Offsets, Offsets]:
+def available(client: Client, streams: tuple[str, ...],
+              held: Held | None = None) -> tuple[Offsets, Offsets]:
     """``(first, end)``: per partition, the oldest offset kept and the offset after the
-    newest committed record."""
+    newest committed record. ``held(stream, partition, log first)``: the oldest offset
+    kept counting the stream's table (riverlog.tables.read.TableFiles.first)."""
     first: Offsets = {}
     end: Offsets = {}
     for stream in streams:
         first[stream], end[stream] = {}, {}
         for p in partitions_of(client, stream):
             lo, hi = client.offset_range(address(stream, p))
+            if held is not None:
+                lo = held(stream, p, lo)
             first[stream][str(p)], end[stream][str(p)] = lo, hi
     return first, end
 

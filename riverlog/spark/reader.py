@@ -108,6 +108,15 @@ def read_partition(part: RangePartition) -> Iterator:
         client.close()
 
 
+def table_held(opts: ReadOptions) -> plan.Held | None:
+    """With ``tableDir``: the offsets the stream's table holds that the log no longer has
+    count as available (offsets.available's ``held``); else None."""
+    if opts.table_dir is None:
+        return None
+    from ..tables.read import TableFiles
+    return TableFiles(opts.table_dir).first
+
+
 def _lost(part: RangePartition, start: int, head: int) -> None:
     if part.fail_on_data_loss:
         raise plan.DataLossError(
@@ -118,13 +127,16 @@ def _lost(part: RangePartition, start: int, head: int) -> None:
                 part.partition, start, head - 1)
 
 
-def planned_ranges(opts: ReadOptions) -> list[plan.Range]:
+def planned_ranges(opts: ReadOptions, held: plan.Held | None = None) -> list[plan.Range]:
     """The ranges a batch read with ``opts`` covers, one per partition (possibly empty):
     ``startingOffsets`` (default earliest) / ``startingTimestamp`` to ``endingOffsets``
-    (default latest), resolved now against the server. Raises DataLossError (see
+    (default latest), resolved now against the server, and the stream's table with
+    ``held`` (see offsets.available) or ``tableDir``. Raises DataLossError (see
     check_loss), ValueError for an ``endingOffsets`` past the last committed offset."""
+    if held is None:
+        held = table_held(opts)
     with opts.connection.connect("riverlog-spark-plan") as client:
-        first, end = plan.available(client, opts.streams)
+        first, end = plan.available(client, opts.streams, held)
         start = plan.resolve(client, opts.starting, "earliest", first, end,
                              opts.starting_timestamp)
         stop = plan.resolve(client, opts.ending, "latest", first, end)

@@ -54,19 +54,25 @@ def projection(schema) -> tuple[str, ...]:
     ``.schema("value binary, offset long")``, in the user's order. Raises ValueError for a
     column riverlog does not have or a type that differs from SCHEMA_DDL's."""
     full = {f.name: f.dataType for f in spark_schema().fields}
-    names = []
-    for field in schema.fields:
-        name = field.name.lower()
-        if name not in full:
-            raise ValueError(f"riverlog source: no column {field.name!r}; the columns are "
-                             f"{SCHEMA_DDL}")
+    names = column_names([field.name for field in schema.fields])
+    for name, field in zip(names, schema.fields):
         if field.dataType != full[name]:
             raise ValueError(f"riverlog source: column {name} is "
                              f"{full[name].simpleString()}, not {field.dataType.simpleString()}")
-        names.append(name)
+    return names
+
+
+def column_names(names, who: str = "riverlog source") -> tuple[str, ...]:
+    """``names`` (an iterable of str), lower-cased: each a column of SCHEMA_DDL, none
+    twice, at least one. Raises ValueError starting with ``who`` otherwise."""
+    names = tuple(name.lower() for name in names)
+    columns = spark_schema().names
+    for name in names:
+        if name not in columns:
+            raise ValueError(f"{who}: no column {name!r}; the columns are {SCHEMA_DDL}")
     if not names or len(set(names)) != len(names):
-        raise ValueError("riverlog source: a schema names each column once, at least one")
-    return tuple(names)
+        raise ValueError(f"{who}: name each column once, at least one (got {list(names)})")
+    return names
 
 
 def projected_schema(columns: tuple[str, ...]):

@@ -16,7 +16,7 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
 
 from . import offsets as plan
 from .options import ReadOptions
-from .reader import RangePartition, read_partition, to_partitions
+from .reader import RangePartition, read_partition, table_held, to_partitions
 
 log = logging.getLogger("riverlog.spark")
 
@@ -42,7 +42,7 @@ class RiverlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if self._client is None:
                 self._client = self.opts.connection.connect("riverlog-spark-stream")
             try:
-                return plan.available(self._client, self.opts.streams)
+                return plan.available(self._client, self.opts.streams, table_held(self.opts))
             except ClientError:
                 self._close()
                 if attempt == 2:

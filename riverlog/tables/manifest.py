@@ -1,9 +1,10 @@
 # The manifest of one partition's table: which Parquet files hold which offsets. Owns the
 # table folder layout (TABLE_DIR/<stream folder>/<partition>/), the manifest file format
 # (manifest.json) and how files are published and retired.
-# Rules: a Parquet file is visible only once it is listed here; files are written under a
-# ``.tmp`` name, fsynced and renamed (one atomic rename each), then the manifest is replaced
-# the same way, so a crash at any point leaves the last manifest and complete files only.
+# Rules: a Parquet file is visible only once it is listed here; each file, then the
+# manifest, appears whole in one step (riverlog.tables.storage: a rename where the
+# filesystem has one, one upload on object stores), so a crash at any point leaves the last
+# manifest and complete files only.
 # Listed files hold ascending, non-overlapping ranges ``[start, end)`` of record offsets (a
 # range may hold fewer rows than offsets after compaction; a gap between two files is
 # offsets retention removed from the log before the table got them). A file a newer one
@@ -13,15 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
+import posixpath
 from typing import Iterable
 
 from ..errors import RiverlogError
+from .storage import Storage
 
 MANIFEST = "manifest.json"
 VERSION = 1
 PARQUET_SUFFIX = ".parquet"
-TMP_SUFFIX = ".tmp"
 RETIRE_GRACE_MS = 10 * 60 * 1000
 
 
@@ -29,16 +30,16 @@ class ManifestError(RiverlogError):
     """A manifest that cannot be read or breaks its rules (the message says which)."""
 
 
-def partition_dir(table_dir: str, stream: str, partition: int) -> str:
-    """The folder of ``partition`` of ``stream``'s table under ``table_dir`` (the stream's
-    folder name is the one the broker uses under DATA/streams)."""
-    return os.path.join(stream_dir(table_dir, stream), str(partition))
+def partition_dir(root: str, stream: str, partition: int) -> str:
+    """The folder of ``partition`` of ``stream``'s table under ``root`` (a Storage's root;
+    the stream's folder name is the one the broker uses under DATA/streams)."""
+    return posixpath.join(stream_dir(root, stream), str(partition))
 
 
-def stream_dir(table_dir: str, stream: str) -> str:
-    """The folder of ``stream``'s table under ``table_dir``."""
+def stream_dir(root: str, stream: str) -> str:
+    """The folder of ``stream``'s table under ``root``."""
     from ..broker.broker import folder_name  # the broker's import is not for Spark workers
-    return os.path.join(table_dir, folder_name(stream))
+    return posixpath.join(root, folder_name(stream))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +146,7 @@ class Manifest:
                     _int(f["size"]), _int(f["segment"]), bool(f["sealed"]),
                     None if source is None else (_int(source[0]), _int(source[1]))))
             for f in files:
-                if (os.path.basename(f.name) != f.name or not f.name.endswith(PARQUET_SUFFIX)
+                if (posixpath.basename(f.name) != f.name or not f.name.endswith(PARQUET_SUFFIX)
                         or f.rows > f.end - f.start):
                     raise ValueError(f"bad file entry {f.name!r}")
             _check_ordered(files)
@@ -156,39 +157,24 @@ class Manifest:
                 ManifestError) as exc:
             raise ManifestError(f"damaged manifest: {exc}") from None
 
-    def save(self, directory: str) -> None:
-        """Replace ``directory``/manifest.json atomically (write, fsync, rename, fsync the
-        folder)."""
-        path = os.path.join(directory, MANIFEST)
-        tmp = path + TMP_SUFFIX
-        with open(tmp, "w") as f:
-            json.dump(self.to_json(), f, separators=(",", ":"))
-            f.flush()
-            os.fsync(f.fileno())
-        publish_file(tmp, path)
+    def save(self, storage: Storage, directory: str) -> None:
+        """Replace ``directory``/manifest.json on ``storage`` in one step."""
+        data = json.dumps(self.to_json(), separators=(",", ":")).encode()
+        storage.put(posixpath.join(directory, MANIFEST), lambda out: out.write(data))
 
 
-def load(directory: str) -> Manifest | None:
-    """The manifest in ``directory``; None when there is none. Raises ManifestError when it
-    is damaged (not JSON, missing fields, ranges that overlap)."""
-    try:
-        with open(os.path.join(directory, MANIFEST), "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
+def load(storage: Storage, directory: str) -> Manifest | None:
+    """The manifest in ``directory`` on ``storage``; None when there is none. Raises
+    ManifestError when it is damaged (not JSON, missing fields, ranges that overlap),
+    OSError when it cannot be read."""
+    raw = storage.read_bytes(posixpath.join(directory, MANIFEST))
+    if raw is None:
         return None
     try:
         data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ManifestError(f"damaged manifest {directory}/{MANIFEST}: {exc}") from None
     return Manifest.from_json(data)
-
-
-def publish_file(tmp: str, final: str) -> None:
-    """Rename the complete, fsynced file ``tmp`` to ``final`` and fsync the folder, so the
-    rename survives a crash."""
-    from ..log.segment import fsync_dir  # the log's import is not for Spark workers
-    os.replace(tmp, final)
-    fsync_dir(os.path.dirname(final) or ".")
 
 
 def _int(value: object) -> int:

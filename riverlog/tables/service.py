@@ -62,10 +62,11 @@ class TableService:
         worker = self._worker
         return worker.pid if worker is not None and worker.returncode is None else None
 
-    def enabled(self, stream: Stream) -> bool:
-        """Whether ``stream`` has a table: its ``table`` setting, else the server's."""
-        own = stream.config.table
-        return self.config.enabled if own is None else own
+    def streams(self) -> list[Stream]:
+        """The streams with a table now: each one's ``table`` setting, else the server's
+        (never the server's own ``__`` streams)."""
+        return [s for s in list(self.broker.streams.values()) if not s.name.startswith("__")
+                and (self.config.enabled if s.config.table is None else s.config.table)]
 
     def lag(self, stream: Stream, partition: int) -> tuple[int, float]:
         """``(messages, seconds)`` the table of ``partition`` is behind: committed records it
@@ -142,9 +143,7 @@ class TableService:
 
     def _request(self) -> dict:
         partitions = []
-        for stream in list(self.broker.streams.values()):
-            if stream.name.startswith("__") or not self.enabled(stream):
-                continue
+        for stream in self.streams():
             for p in stream.partitions:
                 segments = p.log.segments
                 partitions.append({

@@ -8,16 +8,18 @@
 # riverlog.spark.arrow, so a table row is exactly what the Spark source returns; files are
 # published by riverlog.tables.manifest's rules. Recent chunks of the active segment become
 # small files (at most MAX_SMALL_FILES, then rewritten as one); a sealed segment becomes one
-# file, rewritten when compaction changes the segment file. Without ``archive`` files below
-# the log's first offset are retired. The process runs at a lower CPU priority than the
-# server and exits when stdin closes (the server stopped or died).
+# file, rewritten when compaction changes the segment file. The table folder may be on any
+# filesystem pyarrow supports (riverlog.tables.storage); the segments are local files.
+# Without ``archive`` files below the log's first offset are retired. The process runs at a
+# lower CPU priority than the server and exits when stdin closes (the server stopped or
+# died).
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
 import os
-import shutil
+import posixpath
 import sys
 import time
 from typing import Iterator
@@ -25,6 +27,7 @@ from typing import Iterator
 from ..log.chunk import CHUNK_USER, HEADER_SIZE, ChunkFormatError, check_chunk, parse_header
 from ..log.segment import SEGMENT_SUFFIX, ChunkSlice, segment_name
 from . import manifest as mf
+from .storage import Storage
 
 log = logging.getLogger("riverlog.tables")
 
@@ -71,18 +74,28 @@ class Status:
 
 
 class TableWriter:
-    """Brings tables under ``table_dir`` up to date, one ``update`` per partition state;
-    new files with the Parquet codec ``compression`` (riverlog.config.TABLE_CODECS)."""
+    """Brings tables under ``table_dir`` (a path or URI: riverlog.tables.storage) up to
+    date, one ``update`` per partition state; new files with the Parquet codec
+    ``compression`` (riverlog.config.TABLE_CODECS)."""
 
     def __init__(self, table_dir: str, archive: bool = False,
                  compression: str = "zstd") -> None:
         self.table_dir = table_dir
+        self._storage: Storage | None = None
         self.archive = archive
         self.compression = compression
         self._visited: set[tuple[str, int, int]] = set()
         self._resume: dict[str, tuple[int, int]] = {}  # segment path -> (offset, file position)
         self._errors: dict[tuple[str, int], str] = {}  # the last error logged per partition
         self._schema = None
+
+    @property
+    def storage(self) -> Storage:
+        """The table folder, opened on first use (so a bad URI or an unreachable store is
+        an error of each pass, not of the process). Raises ValueError, OSError."""
+        if self._storage is None:
+            self._storage = Storage(self.table_dir)
+        return self._storage
 
     @property
     def schema(self):
@@ -95,20 +108,26 @@ class TableWriter:
         """One pass over ``state``'s partition. Errors (a full disk, a damaged segment) are
         returned in the status and logged when they differ from the last pass's; what was
         published before them stays."""
-        directory = mf.partition_dir(self.table_dir, state.stream, state.partition)
         m = None
         try:
-            os.makedirs(directory, exist_ok=True)
+            directory = mf.partition_dir(self.storage.root, state.stream, state.partition)
             m = self._open(directory, state)
             self._advance(directory, m, state)
             error = None
-        except (OSError, ChunkFormatError, mf.ManifestError) as exc:
-            error = str(exc)
+        except (OSError, ValueError, ChunkFormatError, mf.ManifestError) as exc:
+            error = str(exc)  # ValueError: pyarrow's ArrowInvalid (a URI it cannot open)
         self._report(state.stream, state.partition, error)
         if m is None:
             return Status(state.stream, state.partition, None, None, 0, 0, error)
         return Status(state.stream, state.partition, m.first, m.end, len(m.files),
                       sum(f.size for f in m.files), error)
+
+    def drop(self, stream: str) -> None:
+        """Remove ``stream``'s table (the stream was deleted); an error is logged."""
+        try:
+            self.storage.delete_dir(mf.stream_dir(self.storage.root, stream))
+        except (OSError, ValueError) as exc:
+            log.error("table of %r: cannot remove it: %s", stream, exc)
 
     def _report(self, stream: str, partition: int, error: str | None) -> None:
         """Log a partition's error once, not every pass, and when it is gone."""
@@ -127,7 +146,7 @@ class TableWriter:
         name, or one past the log's end (the log was cut), is dropped with its files and the
         table is written again. On the first visit, leftovers of a crash are removed."""
         try:
-            m = mf.load(directory)
+            m = mf.load(self.storage, directory)
         except mf.ManifestError as exc:
             log.error("table of %r partition %d: %s; writing it again from the log",
                       state.stream, state.partition, exc)
@@ -138,15 +157,15 @@ class TableWriter:
                         state.stream, state.partition)
             m = None
         if m is None:
-            shutil.rmtree(directory)
-            os.makedirs(directory)
+            self.storage.delete_dir(directory)
+            self.storage.make_dir(directory)
             m = mf.Manifest(state.stream, state.partition, state.created_ns)
         key = (state.stream, state.partition, state.created_ns)
         if key not in self._visited:
-            for name in m.orphans(os.listdir(directory)):
+            for name in m.orphans(self.storage.names(directory)):
                 log.info("table of %r partition %d: removing leftover %s", state.stream,
                          state.partition, name)
-                os.unlink(os.path.join(directory, name))
+                self.storage.delete(posixpath.join(directory, name))
             self._visited.add(key)
         return m
 
@@ -168,7 +187,7 @@ class TableWriter:
             if len(old) == 1 and old[0].sealed and old[0].source == (st.st_ino, st.st_size):
                 continue
             m.publish(self._write(directory, m, state, base, base, nxt, sealed=True), old, now)
-            m.save(directory)  # a segment is much work: keep it even if a later one fails
+            m.save(self.storage, directory)  # much work: kept even if a later segment fails
         start = m.end if m.end is not None and m.end >= state.first else max(state.first,
                                                                                 active)
         end = min(active_next, committed_end)
@@ -183,16 +202,12 @@ class TableWriter:
             changed = True
         expired = m.expired(now)
         if changed or expired:
-            m.save(directory)
+            m.save(self.storage, directory)
         self._delete(directory, expired)
 
-    @staticmethod
-    def _delete(directory: str, names: list[str]) -> None:
+    def _delete(self, directory: str, names: list[str]) -> None:
         for name in names:
-            try:
-                os.unlink(os.path.join(directory, name))
-            except FileNotFoundError:
-                pass
+            self.storage.delete(posixpath.join(directory, name))
 
     @staticmethod
     def _segment_path(state: PartitionState, base: int) -> str:
@@ -202,46 +217,38 @@ class TableWriter:
     def _write(self, directory: str, m: mf.Manifest, state: PartitionState, base: int,
                start: int, end: int, *, sealed: bool) -> mf.TableFile:
         """Write the records ``[start, end)`` of segment ``base`` as a new Parquet file
-        (not yet listed). Raises OSError (a full disk: the temporary file is removed),
-        ChunkFormatError (a chunk fails its checks)."""
+        (not yet listed). Raises OSError (a full disk, an unreachable store: what was
+        written is removed), ChunkFormatError (a chunk fails its checks)."""
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         from ..spark.arrow import chunks_to_batch
 
         name = mf.file_name(start, end, m.generation + 1)
-        final = os.path.join(directory, name)
-        tmp = final + mf.TMP_SUFFIX
         path = self._segment_path(state, base)
         fd = os.open(path, os.O_RDONLY)
-        rows = 0
-        try:
-            source = os.fstat(fd)
-            writer = pq.ParquetWriter(tmp, self.schema, compression=self.compression,
+
+        def write(out) -> tuple[int, int]:
+            rows, group = 0, []
+            writer = pq.ParquetWriter(out, self.schema, compression=self.compression,
                                       write_statistics=STATISTICS)
             try:
-                group: list = []
                 for chunks in self._runs(fd, path, start, end, source.st_size):
-                    batch = chunks_to_batch(chunks, state.stream, state.partition, start, end,
-                                            self.schema)
-                    group.append(batch)
+                    group.append(chunks_to_batch(chunks, state.stream, state.partition, start,
+                                                 end, self.schema))
                     if sum(b.num_rows for b in group) >= ROW_GROUP_ROWS:
                         rows += _flush(writer, group, pa)
                 rows += _flush(writer, group, pa)
             finally:
                 writer.close()
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
-            mf.publish_file(tmp, final)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+            return rows, out.tell()
+
+        try:
+            source = os.fstat(fd)
+            rows, size = self.storage.put(posixpath.join(directory, name), write)
         finally:
             os.close(fd)
-        return mf.TableFile(name, start, end, rows, os.path.getsize(final), base, sealed,
+        return mf.TableFile(name, start, end, rows, size, base, sealed,
                             (source.st_ino, source.st_size) if sealed else None)
 
     def _runs(self, fd: int, path: str, start: int, end: int,
@@ -307,7 +314,7 @@ def serve(stdin, stdout) -> None:
         key = (request["table_dir"], bool(request["archive"]), request["compression"])
         writer = writers.get(key) or writers.setdefault(key, TableWriter(*key))
         for stream in request.get("drop", ()):
-            shutil.rmtree(mf.stream_dir(writer.table_dir, stream), ignore_errors=True)
+            writer.drop(stream)
         statuses = [writer.update(PartitionState(**dict(p, segments=[tuple(s) for s in
                                                                      p["segments"]])))
                     for p in request["partitions"]]

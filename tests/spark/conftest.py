@@ -14,6 +14,7 @@ import pytest
 
 from riverlog.record import Record, encode_record
 from riverlog.tables import manifest as mf
+from riverlog.tables.storage import Storage
 
 from ._server import ThreadServer
 
@@ -35,6 +36,30 @@ def table_server(tmp_path_factory):
     server = ThreadServer(str(tmp_path_factory.mktemp("riverlog-tables")),
                           tables=TableConfig(lag_ms=300)).start()
     yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_tables():
+    """``s3_tables(name)`` -> the URI of a table folder in a bucket of an S3 endpoint that
+    moto serves in this process (a free port), with its credentials and endpoint in the
+    URI's options, as pyarrow.fs.FileSystem.from_uri takes them."""
+    pytest.importorskip("moto")
+    from moto.server import ThreadedMotoServer
+    from pyarrow import fs
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"{host}:{port}"
+    fs.S3FileSystem(access_key="test", secret_key="test", region="us-east-1", scheme="http",
+                    endpoint_override=endpoint,
+                    allow_bucket_creation=True).create_dir("riverlog-tables")
+
+    def uri(name: str) -> str:
+        return (f"s3://test:test@riverlog-tables/{name}?region=us-east-1&scheme=http"
+                f"&endpoint_override={endpoint}")
+    yield uri
     server.stop()
 
 
@@ -138,11 +163,12 @@ def wait_table(server: ThreadServer, stream: str, *, sealed: bool = True) -> mf.
     """The manifest once the table holds every committed offset (and, with ``sealed``, one
     sealed file per sealed segment of the log)."""
     p = partition_of(server, stream)
-    directory = mf.partition_dir(server.app.config.table_dir, stream, 0)
+    storage = Storage(server.app.config.table_dir)
+    directory = mf.partition_dir(storage.root, stream, 0)
     deadline = time.monotonic() + 60
     while True:
         try:
-            m = mf.load(directory)
+            m = mf.load(storage, directory)
         except mf.ManifestError:  # damaged on purpose: the server has not rebuilt it yet
             m = None
         segments = {s.base_offset for s in p.log.segments[:-1]}

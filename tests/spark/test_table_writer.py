@@ -22,6 +22,7 @@ from riverlog.spark.options import Connection  # noqa: E402
 from riverlog.spark.reader import RangePartition, read_partition  # noqa: E402
 from riverlog.tables import manifest as mf  # noqa: E402
 from riverlog.tables.read import table_files  # noqa: E402
+from riverlog.tables.storage import TMP_SUFFIX, Storage, spark_uri  # noqa: E402
 
 from ._server import ThreadServer  # noqa: E402
 from .conftest import partition_of, send, varied, wait_table  # noqa: E402
@@ -30,8 +31,10 @@ SMALL_SEGMENTS = {"x-riverlog-table": "true", "stream-max-segment-size-bytes": "
 
 
 def table_rows(server: ThreadServer, stream: str, m: mf.Manifest) -> pa.Table:
-    directory = mf.partition_dir(server.app.config.table_dir, stream, 0)
-    return pa.concat_tables([pq.read_table(os.path.join(directory, f.name)) for f in m.files])
+    storage = Storage(server.app.config.table_dir)
+    directory = mf.partition_dir(storage.root, stream, 0)
+    return pa.concat_tables([pq.read_table(f"{directory}/{f.name}", filesystem=storage.fs)
+                             for f in m.files])
 
 
 def source_rows(server: ThreadServer, stream: str, start: int, end: int) -> pa.Table:
@@ -65,6 +68,78 @@ def test_table_holds_exactly_what_the_source_reads(table_server):
     m = wait_table(table_server, "mirrored", sealed=False)
     assert table_rows(table_server, "mirrored", m).equals(
         source_rows(table_server, "mirrored", 0, m.end))
+
+
+@pytest.mark.parametrize("where", ["file", "s3"])
+def test_a_table_folder_on_any_pyarrow_filesystem(tmp_path, request, where):
+    """``streams.table.dir`` as a URI: a local folder as ``file:///...`` and a bucket of an
+    S3 endpoint (moto, in this process). The writer publishes there (no temporary file
+    left, every file listed), and the source's tableDir option reads the rows back from
+    there (pyarrow.fs on the executor) without asking the server for them."""
+    from riverlog.metrics import REGISTRY
+
+    location = ((tmp_path / "tables").as_uri() if where == "file"
+                else request.getfixturevalue("s3_tables")(f"{tmp_path.name}/tables"))
+    s = ThreadServer(str(tmp_path / "data"), tables=TableConfig(
+        lag_ms=300, enabled=True, directory=location)).start()
+    try:
+        with s.client() as c:
+            c.create_stream("far", {"stream-max-segment-size-bytes": "8192"})
+        send(s, "far", varied(0, 600))
+        m = wait_table(s, "far")
+        assert len(m.files) >= 2 and m.first == 0
+        want = source_rows(s, "far", 0, 600)
+        assert table_rows(s, "far", m).equals(want)
+        storage = Storage(location)
+        directory = mf.partition_dir(storage.root, "far", 0)
+        assert sorted(storage.names(directory)) == sorted(
+            [mf.MANIFEST] + [f.name for f in m.files] + [name for name, _ in m.retired])
+        if where == "file":
+            assert os.path.isfile(os.path.join(tmp_path, "tables", "far", "0", mf.MANIFEST))
+
+        def delivered():
+            return REGISTRY.get_sample_value("riverlog_delivered_messages_total", {
+                "stream": "far", "door": "rabbitmq_stream"}) or 0
+        before = delivered()
+        part = RangePartition("far", 0, 0, 600, Connection((("127.0.0.1", s.port),)),
+                              table_dir=location)
+        assert pa.Table.from_batches(list(read_partition(part))).equals(want)
+        assert delivered() == before
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("location, uri", [
+    ("s3://key:secret@bucket/tables?region=eu-west-1", "s3a://bucket/tables/s/0/f.parquet"),
+    ("gs://bucket/a/tables/", "gs://bucket/a/tables/s/0/f.parquet"),
+    ("hdfs://namenode:8020/tables", "hdfs://namenode:8020/tables/s/0/f.parquet"),
+    ("abfs://box@account.dfs.core.windows.net/t",
+     "abfs://box@account.dfs.core.windows.net/t/s/0/f.parquet"),
+])
+def test_spark_reads_table_files_by_their_hadoop_uri(location, uri):
+    """read_table hands Spark each file as its Hadoop filesystems name it: the scheme
+    (S3 as s3a), the authority (a bucket, a namenode, a container; no credentials) and the
+    path, without pyarrow's options."""
+    assert spark_uri(location, "s/0/f.parquet") == uri
+
+
+def test_a_table_folder_pyarrow_cannot_open_is_reported_and_publishers_go_on(tmp_path):
+    s = ThreadServer(str(tmp_path / "data"), tables=TableConfig(
+        lag_ms=300, enabled=True, directory="nosuch://bucket/tables")).start()
+    try:
+        with s.client() as c:
+            c.create_stream("nowhere")
+        send(s, "nowhere", varied(0, 100))
+        deadline = time.monotonic() + 60
+        while (status := s.app.tables.status.get(("nowhere", 0))) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert "nosuch" in status.error and status.end is None
+        send(s, "nowhere", varied(100, 100))  # publishers go on
+        assert partition_of(s, "nowhere").committed_offset == 199
+        assert s.app.tables.worker_pid is not None  # the writer did not die over it
+    finally:
+        s.stop()
 
 
 def test_duckdb_reads_the_table(table_server):
@@ -194,7 +269,7 @@ def test_start_removes_leftovers_and_rebuilds_a_damaged_manifest(tmp_path):
         s.stop()
     directory = mf.partition_dir(s.app.config.table_dir, "crashy", 0)
     # what a crash mid-write leaves: a partial temporary file, a renamed but unlisted file
-    with open(os.path.join(directory, mf.file_name(600, 700, 99) + mf.TMP_SUFFIX), "wb") as f:
+    with open(os.path.join(directory, mf.file_name(600, 700, 99) + TMP_SUFFIX), "wb") as f:
         f.write(b"PAR1 half a file")
     unlisted = os.path.join(directory, mf.file_name(600, 700, 98))
     with open(unlisted, "wb") as f:
