@@ -351,12 +351,16 @@ class NatsBridge:
             self._task(sub.unsubscribe())
 
     def resume(self, stream: Stream, partition: Partition) -> None:
-        if stream.config.subject and id(partition) not in self._subs:
+        if id(partition) not in self._subs:
             self._task(self._subscribe(stream, partition))
 
     async def _subscribe(self, stream: Stream, partition: Partition) -> None:
-        if self.nc is None or id(partition) in self._subs or stream.name in RESERVED_STREAMS:
-            return  # the reserved streams are written by the server itself, never from NATS
+        """Subscribe ``partition`` when its stream is attached (``_index``: a stream NATS
+        refused at start stays unsubscribed, resumed or not) and not reserved (written by
+        the server itself, never from NATS)."""
+        if self.nc is None or id(partition) in self._subs or stream.name in RESERVED_STREAMS \
+                or self._attached.get(stream.name) is not stream:
+            return
         subject = partition_subject(stream.config.subject or "", partition.index)
         sub = await self.nc.subscribe(subject, queue=stream.config.group or "",
                                       cb=self._handler(stream, partition),

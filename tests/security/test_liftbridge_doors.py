@@ -140,6 +140,35 @@ async def test_stream_subjects_are_checked_and_a_stored_bad_one_stays_detached(t
         await client.nc.close()
 
 
+async def test_resuming_a_paused_stream_left_detached_keeps_it_detached(tmp_path, caplog):
+    """A paused stream whose stored subject NATS refuses: a publish over gRPC resumes it and
+    it is stored, but the NATS door never subscribes it (that would make nats-server drop
+    riverlog's connection)."""
+    async with running(tmp_path, SecurityConfig()) as app:
+        app.broker.create("stored", StreamConfig(subject="t." + "x" * 5000))
+        app.liftbridge.pause("stored", [], False)
+    caplog.set_level(logging.INFO, "riverlog.nats")
+    caplog.clear()
+    async with running(tmp_path, SecurityConfig()) as app:  # the same data folder
+        assert "stream 'stored' is not attached to NATS" in caplog.text
+        link = app.nats.nc
+        channel, stub = stub_of(app)
+        async with channel:
+            await stub.CreateStream(pb.CreateStreamRequest(name="good", subject="good"),
+                                    timeout=10)
+            await stub.Publish(pb.PublishRequest(stream="stored", value=b"resumes"),
+                               timeout=10)
+        assert not app.broker.streams["stored"].partitions[0].paused
+        await app.nats.sync()
+        client = await Client().connect(app.nats.url, None)
+        await client.publish("good", b"still served")
+        await wait_stored(app, "good", 1)
+        await wait_stored(app, "stored", 1)
+        assert app.nats.nc is link and link.is_connected
+        assert "closed riverlog's connection" not in caplog.text
+        await client.nc.close()
+
+
 async def test_a_stream_never_widens_its_users_nats_rights(tmp_path, users):
     """bob may do anything on bob.*; he may not attach a stream to another subject, and a
     stream an admin attaches to `secret` gives him no NATS right on `secret`."""
