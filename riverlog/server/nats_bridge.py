@@ -7,8 +7,10 @@
 # is logged and left detached; a payload that is a valid Publish envelope is stored with its
 # key, value and headers and acked per its ack policy, anything else (including a broken
 # envelope) is stored as a plain message (value = the payload, no key, no ack); an envelope
-# naming an ack inbox riverlog does not send to (``ack_inbox_error``) is not stored, counted
-# and logged; paused partitions are not subscribed; read-only partitions drop what arrives.
+# naming an ack inbox riverlog does not send to (``ack_inbox_error``; with authorization on the
+# embedded server names the publishing user, and acks go only to that user's own inboxes) is
+# not stored, counted and logged; paused partitions and streams left detached are not
+# subscribed; read-only partitions drop what arrives.
 # When the server closes the connection for good (nats-py reconnects by itself only after a
 # lost socket, not after an -ERR), a new one is made and every partition subscribed again.
 # The messages a partition gets in one event-loop turn are stored together, in order: runs of
@@ -36,7 +38,8 @@ from ..protocol.liftbridge.envelope import (ACK_HEADER, MAGIC, AckTemplate, deco
 from ..protocol.nats_subject import has_wildcard, matches, queue_problem, subject_problem
 from ..record import Record, encode_records
 from ..security.guard import Guard
-from ..security.nats_auth import INBOXES, NatsAuth, connect_options
+from ..security.nats_auth import (INBOX_PREFIX, SENDER_HEADER, NatsAuth, connect_options,
+                                  own_inboxes, sender_of)
 from .embedded_nats import EmbeddedNats
 from .liftbridge import (ALL, LEADER, NONE, Liftbridge, LiftbridgeError, RunSink,
                          partition_subject)
@@ -84,8 +87,11 @@ class NatsBridge:
         self._attached: dict[str, Stream] = {}
         self._literal: dict[str, int] = {}
         self._wildcard: dict[str, int] = {}
-        self._inbox_errors: dict[str, LiftbridgeError | None] = {}  # ack_inbox_error's answers
+        # ack_inbox_error's answers, by (inbox, sender)
+        self._inbox_errors: dict[tuple[str, str | None], LiftbridgeError | None] = {}
         self._inboxes_only = guard is not None and guard.config.authz
+        self._senders = False  # NATS names the user who published each message (NatsAuth)
+        self._sender_names: dict[str, str] = {}  # SENDER_HEADER value -> user
         self._next_refusal_log = 0.0
         self._pending: set[asyncio.Task] = set()
         self._out: list[tuple[bytes, bytes]] = []  # (subject UTF-8, payload)
@@ -106,6 +112,7 @@ class NatsBridge:
             auth = NatsAuth(guard, self.config.host)
             if auth.needed and not self.config.embedded_config:
                 self.auth = auth
+                self._senders = auth.names_senders
                 for stream in self._attached.values():
                     auth.add(stream)
                 settings = auth.settings()
@@ -290,29 +297,53 @@ class NatsBridge:
             else:
                 index.pop(subject, None)
 
-    def ack_inbox_error(self, inbox: str) -> LiftbridgeError | None:
+    def ack_inbox_error(self, inbox: str, sender: str | None = None) -> LiftbridgeError | None:
         """Why riverlog sends no ack to ``inbox`` (None: it does): INVALID_ARGUMENT when it is
         no literal NATS subject of at most MAX_SUBJECT_BYTES (riverlog.protocol.nats_subject);
         PERMISSION_DENIED when a stream listens on it (an ack would be stored there) or, with
-        authorization on, when it is outside INBOXES, the inboxes NATS users may subscribe to.
+        authorization on, when it is not the publisher's: ``sender``, the NATS user who
+        published the envelope (known when the embedded server names it: ``_sender``), gets
+        acks only on its own inboxes (nats_auth.own_inboxes). None: riverlog's own publish
+        (PublishToSubject) or a gRPC caller (the gRPC door checks its caller's own inboxes),
+        or, when NATS does not name senders, anyone: then anywhere under INBOX_PREFIX.
         Answers are kept until the streams' subjects change."""
+        key = (inbox, sender)
         errors = self._inbox_errors
-        if inbox in errors:
-            return errors[inbox]
+        if key in errors:
+            return errors[key]
         error = None
         problem = subject_problem(inbox)
+        if sender is not None:
+            allowed = own_inboxes(sender)
+        else:
+            allowed = "" if self._senders else INBOX_PREFIX
         if problem is not None:
             error = LiftbridgeError("INVALID_ARGUMENT", f"ack inbox {_shown(inbox)} {problem}")
-        elif self._inboxes_only and not any(matches(p, inbox) for p in INBOXES):
+        elif self._inboxes_only and (allowed is None or not inbox.startswith(allowed)):
+            owner = "" if sender is None else f" of user {sender!r}"
             error = LiftbridgeError("PERMISSION_DENIED", f"ack inbox {_shown(inbox)} is not an "
-                                                         f"inbox ({', '.join(INBOXES)})")
+                                    f"inbox{owner} ({allowed or 'it has none'}>)")
         elif inbox in self._literal or any(matches(p, inbox) for p in self._wildcard):
             error = LiftbridgeError("PERMISSION_DENIED",
                                     f"ack inbox {_shown(inbox)} is a stream's subject")
         if len(errors) >= 4096:
             errors.clear()
-        errors[inbox] = error
+        errors[key] = error
         return error
+
+    def _sender(self, headers: dict | None) -> str | None:
+        """The NATS user who published a message, from the header the embedded server sets
+        (nats_auth.sender_of, each header value parsed once); None: riverlog's own publish."""
+        header = headers.get(SENDER_HEADER) if headers else None
+        if header is None:
+            return None
+        names = self._sender_names
+        name = names.get(header)
+        if name is None:
+            if len(names) >= 4096:
+                names.clear()
+            name = names[header] = sender_of(header)
+        return name
 
     def _refuse(self, subject: str, error: LiftbridgeError) -> None:
         """A NATS message is not stored: counted, and logged at most once a second."""
@@ -405,7 +436,9 @@ class NatsBridge:
         nbytes = 0
         last_sr = plain = None  # (subject, reply) -> the headers of a message that has none
         last_inbox = inbox_b = None  # the last ack inbox, UTF-8 (one bytes object per inbox)
-        inbox_ok = ""  # the last ack inbox ack_inbox_error allowed
+        inbox_ok = ""  # the last ack inbox ack_inbox_error allowed, and for whom
+        sender = sender_ok = None
+        senders = self._senders
         for msg in msgs:
             data = msg.data
             subject = msg.subject
@@ -413,12 +446,15 @@ class NatsBridge:
             envelope = decode_publish(data) if data[:4] == MAGIC else None
             if envelope is not None:
                 inbox = envelope.ackInbox
-                if inbox and inbox != inbox_ok:
-                    error = self.ack_inbox_error(inbox)
-                    if error is not None:
-                        self._refuse(subject, error)
-                        continue
-                    inbox_ok = inbox
+                if inbox:
+                    if senders:
+                        sender = self._sender(msg.headers)
+                    if inbox != inbox_ok or sender != sender_ok:
+                        error = self.ack_inbox_error(inbox, sender)
+                        if error is not None:
+                            self._refuse(subject, error)
+                            continue
+                        inbox_ok, sender_ok = inbox, sender
             if len(data) > limit or (envelope is not None and concurrency
                                      and envelope.offset != -1):
                 if records:

@@ -20,7 +20,7 @@ from riverlog.config import SecurityConfig
 from riverlog.ops import scrape, stats_tables
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge.api_pb2_grpc import APIStub
-from riverlog.protocol.liftbridge.envelope import decode_ack, encode_publish
+from riverlog.protocol.liftbridge.envelope import decode_ack, decode_publish, encode_publish
 from riverlog.security.authz import Authorizer
 from riverlog.server.embedded_nats import EmbeddedNats
 
@@ -215,8 +215,8 @@ async def test_acks_go_only_to_inboxes_never_to_stream_subjects(tmp_path, users)
             # a stream's subject, and a subject alice may not subscribe to, as ack inboxes
             for inbox in ("secret", "orders.eu", "alice.notify"):
                 await client.publish("orders.eu", enveloped(b"no", inbox))
-            sub = await client.nc.subscribe("_INBOX.alice")
-            await client.publish("orders.eu", enveloped(b"yes", "_INBOX.alice"))
+            sub = await client.nc.subscribe("_INBOX.alice.acks")
+            await client.publish("orders.eu", enveloped(b"yes", "_INBOX.alice.acks"))
             assert (await next_ack(sub)).offset == 0
             for inbox in ("secret", "orders.eu", "alice.notify"):
                 assert await status_of(stub.Publish(pb.PublishRequest(
@@ -226,12 +226,67 @@ async def test_acks_go_only_to_inboxes_never_to_stream_subjects(tmp_path, users)
                     subject="orders.eu", value=b"no", ackInbox=inbox, ackPolicy=LEADER),
                     metadata=alice, timeout=10)) == DENIED, inbox
             resp = await stub.Publish(pb.PublishRequest(
-                stream="orders.eu", value=b"yes", ackInbox="_INBOX.alice", ackPolicy=LEADER),
+                stream="orders.eu", value=b"yes", ackInbox="_INBOX.alice.acks", ackPolicy=LEADER),
                 metadata=alice, timeout=10)
             assert resp.ack.offset == 1 and (await next_ack(sub)).offset == 1
             assert stored(app, "orders.eu") == 2 and stored(app, "secret") == 0
             assert client.errors == []
             await client.nc.close()
+
+
+async def test_a_forged_ack_never_reaches_another_users_inbox(tmp_path, users):
+    """bob names alice's ack inbox in an envelope he publishes on his own stream, over NATS
+    (even with a made-up sender header) and over gRPC: riverlog knows he published it and
+    refuses it, as it refuses reading her inboxes. alice's own acks arrive, plain publishes
+    are stored, and NATS subscribers of a stream's subject see every message once, riverlog's
+    own publishes (PublishToSubject) included."""
+    async with running(tmp_path, security(users)) as app:
+        channel, stub = stub_of(app)
+        ops = basic("ops")
+        async with channel:
+            for name in ("orders.eu", "bob.own"):
+                await stub.CreateStream(pb.CreateStreamRequest(name=name, subject=name),
+                                        metadata=ops, timeout=10)
+            alice = await Client().connect(app.nats.url, "alice", inbox_prefix="_INBOX.alice")
+            bob = await Client().connect(app.nats.url, "bob")
+            acks = await alice.nc.subscribe(alice.nc.new_inbox())
+            seen = await bob.nc.subscribe("orders.eu")  # bob reads orders.*
+            await bob.nc.subscribe("_INBOX.alice.>")
+            await bob.nc.subscribe("_INBOX.>")
+            await bob.nc.flush()
+            assert all("permissions violation for subscription" in e.lower()
+                       for e in await bob.errors_reach(2))
+            forged = encode_publish(pb.Message(value=b"forged", ackInbox=acks.subject,
+                                               correlationId="alice-1", ackPolicy=LEADER))
+            await bob.publish("bob.own", forged)
+            await bob.nc.publish("bob.own", forged, headers={
+                "Nats-Request-Info": '{"acc":"USERS","user":"alice"}'})
+            assert await status_of(stub.Publish(pb.PublishRequest(
+                stream="bob.own", value=b"forged", ackInbox=acks.subject,
+                correlationId="alice-1", ackPolicy=LEADER), metadata=basic("bob"),
+                timeout=10)) == DENIED
+            own = await bob.nc.subscribe("_INBOX.bob.acks")
+            await bob.publish("bob.own", enveloped(b"bob's", "_INBOX.bob.acks"))
+            assert (await next_ack(own)).offset == 0  # bob's own inbox: acked
+
+            await alice.publish("orders.eu", b"plain")
+            await alice.publish("orders.eu", encode_publish(pb.Message(
+                value=b"enveloped", ackInbox=acks.subject, correlationId="alice-1",
+                ackPolicy=LEADER)))
+            ack = await next_ack(acks)  # the first ack alice gets is her own
+            assert (ack.stream, ack.offset, ack.correlationId) == ("orders.eu", 1, "alice-1")
+            await stub.PublishToSubject(pb.PublishToSubjectRequest(
+                subject="orders.eu", value=b"from riverlog"), metadata=ops, timeout=10)
+            await alice.publish("orders.eu", b"last")
+            await wait_stored(app, "orders.eu", 4)
+            assert stored(app, "bob.own") == 1
+            got = [(await seen.next_msg(timeout=5)).data for _ in range(4)]
+            assert got[0] == b"plain" and got[3] == b"last"
+            assert [decode_publish(data).value for data in got[1:3]] == [b"enveloped",
+                                                                         b"from riverlog"]
+            assert acks.pending_msgs == 0 and alice.errors == [] and len(bob.errors) == 2
+            for client in (alice, bob):
+                await client.nc.close()
 
 
 @pytest.mark.parametrize("transport", ["h2", "grpcio"])
