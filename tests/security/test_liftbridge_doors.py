@@ -289,6 +289,22 @@ async def test_a_forged_ack_never_reaches_another_users_inbox(tmp_path, users):
                 await client.nc.close()
 
 
+async def test_publish_to_subject_without_an_ack_inbox_is_acked_with_authorization(tmp_path,
+                                                                                    users):
+    """PublishToSubject names riverlog's own ack inbox when the caller gives none; with
+    authorization on the NATS door refused it (it is no user's inbox), so nothing was stored
+    and the call ran into its deadline."""
+    async with running(tmp_path, security(users)) as app:
+        channel, stub = stub_of(app)
+        async with channel:
+            await stub.CreateStream(pb.CreateStreamRequest(name="orders.eu", subject="orders.eu"),
+                                    metadata=basic("ops"), timeout=10)
+            resp = await stub.PublishToSubject(pb.PublishToSubjectRequest(
+                subject="orders.eu", value=b"acked", ackPolicy=LEADER), metadata=basic("alice"),
+                timeout=10)
+        assert resp.ack.offset == 0 and stored(app, "orders.eu") == 1
+
+
 @pytest.mark.parametrize("transport", ["h2", "grpcio"])
 async def test_remote_clients_must_log_in_on_every_door(tmp_path, users, remote_host, caplog,
                                                         transport):
