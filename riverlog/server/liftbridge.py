@@ -58,6 +58,17 @@ def partition_subject(subject: str, index: int) -> str:
     return subject if index == 0 else f"{subject}.{index}"
 
 
+def nats_problem(subject: str, group: str) -> str | None:
+    """Why NATS cannot take a stream's ``subject`` (wildcards allowed) or queue ``group``
+    ("" is none), in Liftbridge's words and why ("Subject is invalid: it has an empty
+    token"); None when it can (riverlog.protocol.nats_subject)."""
+    problem = subject_problem(subject, wildcards=True)
+    if problem is not None:
+        return f"Subject is invalid: it {problem}"
+    problem = queue_problem(group)
+    return None if problem is None else f"Group is invalid: it {problem}"
+
+
 def new_id() -> str:
     """A random id like NATS's NUID (22 characters, base 62)."""
     alphabet = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -291,12 +302,9 @@ class Liftbridge:
         name, bad settings) or ALREADY_EXISTS."""
         if not name:
             raise LiftbridgeError("INVALID_ARGUMENT", "Name cannot be empty")
-        problem = subject_problem(subject, wildcards=True)
-        if problem is not None:  # Liftbridge's message, and why
-            raise LiftbridgeError("INVALID_ARGUMENT", f"Subject is invalid: it {problem}")
-        problem = queue_problem(config.group or "")
+        problem = nats_problem(subject, config.group or "")
         if problem is not None:
-            raise LiftbridgeError("INVALID_ARGUMENT", f"Group is invalid: it {problem}")
+            raise LiftbridgeError("INVALID_ARGUMENT", problem)
         if name in RESERVED_STREAMS:
             raise LiftbridgeError("INVALID_ARGUMENT", "Stream is reserved")
         try:

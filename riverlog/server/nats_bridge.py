@@ -35,14 +35,14 @@ from ..metrics import NATS, NATS_RECONNECTS, counters, error as count_error
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge.envelope import (ACK_HEADER, MAGIC, AckTemplate, decode_ack,
                                             decode_publish, encode_ack)
-from ..protocol.nats_subject import has_wildcard, matches, queue_problem, subject_problem
+from ..protocol.nats_subject import has_wildcard, matches, subject_problem
 from ..record import Record, encode_records
 from ..security.guard import Guard
 from ..security.nats_auth import (INBOX_PREFIX, SENDER_HEADER, NatsAuth, connect_options,
                                   own_inboxes, sender_of)
 from .embedded_nats import EmbeddedNats
 from .liftbridge import (ALL, LEADER, NONE, Liftbridge, LiftbridgeError, RunSink,
-                         partition_subject)
+                         nats_problem, partition_subject)
 
 log = logging.getLogger("riverlog.nats")
 
@@ -55,15 +55,6 @@ REFUSAL_LOG_INTERVAL_S = 1.0  # refused NATS messages: one log line at most this
 def _shown(text: str) -> str:
     """``text`` for a log line or an error message: its first 64 characters."""
     return repr(text if len(text) <= 64 else text[:64] + "...")
-
-
-def nats_problem(stream: Stream) -> str | None:
-    """Why NATS cannot take the subject or queue group of ``stream`` (None: it can)."""
-    problem = subject_problem(stream.config.subject or "", wildcards=True)
-    if problem is not None:
-        return f"its subject {_shown(stream.config.subject or '')} {problem}"
-    problem = queue_problem(stream.config.group or "")
-    return None if problem is None else f"its queue group {problem}"
 
 
 class NatsBridge:
@@ -275,11 +266,11 @@ class NatsBridge:
         take (stored before riverlog checked them) is logged, counted and left out: False."""
         if not stream.config.subject:
             return False
-        problem = nats_problem(stream)
+        problem = nats_problem(stream.config.subject, stream.config.group or "")
         if problem is not None:
-            log.error("stream %r is not attached to NATS: %s (Liftbridge clients can still use "
-                      "it over gRPC; delete it and create it again with a valid subject)",
-                      stream.name, problem)
+            log.error("stream %r is not attached to NATS: %s (subject %s; Liftbridge clients "
+                      "can still use it over gRPC; delete it and create it again with a valid "
+                      "subject)", stream.name, problem, _shown(stream.config.subject))
             count_error(NATS, "INVALID_SUBJECT")
             return False
         self._attached[stream.name] = stream
