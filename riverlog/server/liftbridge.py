@@ -18,13 +18,14 @@ import secrets
 import time
 from typing import Callable, Iterable
 
-from ..broker import RESERVED_STREAMS, Broker, Partition, Stream, StreamConfig
+from ..broker import RESERVED_STREAMS, Broker, Partition, Stream, StreamConfig, check_writable
 from ..broker.appender import Appenders
 from ..broker.broker import ACTIVITY_STREAM
 from ..broker.cursors import Cursors
 from ..broker.groups import ConsumerGroups
 from ..config import GrpcConfig, NatsConfig
-from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
+from ..errors import (InvalidArgumentError, ReservedStreamError, StreamExistsError,
+                      StreamNotFoundError)
 from ..metrics import DOORS, TurnLatency, counters, error as count_error
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.nats_subject import queue_problem, subject_problem
@@ -305,12 +306,12 @@ class Liftbridge:
         problem = nats_problem(subject, config.group or "")
         if problem is not None:
             raise LiftbridgeError("INVALID_ARGUMENT", problem)
-        if name in RESERVED_STREAMS:
-            raise LiftbridgeError("INVALID_ARGUMENT", "Stream is reserved")
         try:
             stream = self.broker.create(name, config)
         except StreamExistsError:
             raise LiftbridgeError("ALREADY_EXISTS", "stream already exists") from None
+        except ReservedStreamError:  # the broker's rule (check_writable), Liftbridge's words
+            raise LiftbridgeError("INVALID_ARGUMENT", "Stream is reserved") from None
         except InvalidArgumentError as exc:
             raise LiftbridgeError("INVALID_ARGUMENT", str(exc)) from None
         if self.bridge is not None:
@@ -322,10 +323,10 @@ class Liftbridge:
 
     def delete_stream(self, name: str) -> None:
         """DeleteStream. Raises LiftbridgeError INVALID_ARGUMENT (reserved) or NOT_FOUND."""
-        if name in RESERVED_STREAMS:
-            raise LiftbridgeError("INVALID_ARGUMENT", "Stream is reserved")
         try:
             self.broker.delete(name)  # listeners: _stream_deleted, the doors
+        except ReservedStreamError:
+            raise LiftbridgeError("INVALID_ARGUMENT", "Stream is reserved") from None
         except StreamNotFoundError:
             raise LiftbridgeError("NOT_FOUND", "stream does not exist") from None
         self.activity(pb.ActivityStreamEvent(
@@ -432,8 +433,10 @@ class Liftbridge:
         every start."""
         if not name:
             raise LiftbridgeError("BAD_REQUEST", "no stream provided")
-        if name in RESERVED_STREAMS:
-            raise LiftbridgeError("BAD_REQUEST", "Stream is reserved")
+        try:
+            check_writable(name)
+        except ReservedStreamError:
+            raise LiftbridgeError("BAD_REQUEST", "Stream is reserved") from None
         stream = self.broker.streams.get(name)
         if stream is None:
             raise LiftbridgeError("NOT_FOUND", f"no such stream: {name}")

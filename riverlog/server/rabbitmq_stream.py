@@ -18,10 +18,10 @@ from typing import Callable
 
 from .. import __version__
 from ..broker import (RESERVED_STREAMS, Broker, Notification, Partition, SingleActiveConsumers,
-                      Stream, StreamConfig, SuperStreams)
+                      Stream, StreamConfig, SuperStreams, check_writable)
 from ..config import MIN_SEGMENT_MAX_BYTES, RabbitStreamConfig, SecurityConfig
 from ..errors import (CorruptChunkError, InvalidArgumentError, LogClosedError, LogError,
-                      OffsetOutOfRangeError, StreamExistsError)
+                      OffsetOutOfRangeError, ReservedStreamError, StreamExistsError)
 from ..log import bloom
 from ..log.bloom import ChunkFilter, filter_from_properties
 from ..log.chunk import CHUNK_USER, ChunkFormatError, check_entry
@@ -616,21 +616,23 @@ class RabbitStreamConnection(asyncio.Protocol):
         stream with several partitions is ``<stream>-<i>`` (broker/superstreams.py)."""
         return self.server.super_streams.resolve(name)
 
-    def _may(self, stream: str, action: str) -> bool:
+    def _may(self, stream: str, action: str,
+             found: tuple[Stream, Partition] | None) -> bool:
         """Authorization (riverlog.security.authz): False answers ACCESS_REFUSED (0x10), as
         RabbitMQ does for Create, Delete, DeclarePublisher, Subscribe and QueryOffset when the
-        user lacks the configure, write or read permission. A partition ``<stream>-<i>`` is
-        checked as its stream."""
-        found = self._resolve(stream)
+        user lacks the configure, write or read permission. ``found``: ``_resolve(stream)``
+        (each command resolves its stream once); a partition ``<stream>-<i>`` is checked as
+        its stream."""
         return self.guard.allowed(self.user, found[0].name if found else stream, action)
 
     def on_create(self, frame: f.Create) -> None:
-        if not self._may(frame.stream, CREATE):
+        found = self._resolve(frame.stream)
+        if not self._may(frame.stream, CREATE, found):
             self.send(f.CreateResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED))
             return
         if frame.stream in RESERVED_STREAMS:  # as RabbitMQ answers its reserved amq.* names
             code = ResponseCode.PRECONDITION_FAILED
-        elif self._resolve(frame.stream) is not None:  # the partitions of a stream too
+        elif found is not None:  # the partitions of a stream too
             code = ResponseCode.STREAM_ALREADY_EXISTS
         else:
             code = self._create(frame.stream, frame.arguments,
@@ -654,10 +656,10 @@ class RabbitStreamConnection(asyncio.Protocol):
     def on_delete(self, frame: f.Delete) -> None:
         """A stream with several partitions is no stream here (0x02; DeleteSuperStream
         deletes it); one of its partitions cannot go alone (0x11)."""
-        if not self._may(frame.stream, DELETE):
+        found = self._resolve(frame.stream)
+        if not self._may(frame.stream, DELETE, found):
             self.send(f.DeleteResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED))
             return
-        found = self._resolve(frame.stream)
         if frame.stream in RESERVED_STREAMS:  # as RabbitMQ answers its reserved amq.* names
             code = ResponseCode.PRECONDITION_FAILED
         elif found is None:
@@ -683,11 +685,11 @@ class RabbitStreamConnection(asyncio.Protocol):
                                      tuple(streams)))
 
     def on_stream_stats(self, frame: f.StreamStats) -> None:
-        if not self._may(frame.stream, CONSUME):
+        found = self._resolve(frame.stream)
+        if not self._may(frame.stream, CONSUME, found):
             self.send(f.StreamStatsResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED,
                                             {}))
             return
-        found = self._resolve(frame.stream)
         if found is None:
             self.send(f.StreamStatsResponse(frame.correlation_id,
                                             ResponseCode.STREAM_DOES_NOT_EXIST, {}))
@@ -729,7 +731,9 @@ class RabbitStreamConnection(asyncio.Protocol):
         the response code: OK, STREAM_DOES_NOT_EXIST, ACCESS_REFUSED or PRECONDITION_FAILED
         (the id, or the reference on that stream, is taken; a reserved stream, as RabbitMQ
         answers Create for its reserved amq.* names)."""
-        if name in RESERVED_STREAMS:
+        try:
+            check_writable(name)
+        except ReservedStreamError:
             return ResponseCode.PRECONDITION_FAILED
         found = self._resolve(name)
         if found is None:
@@ -738,7 +742,7 @@ class RabbitStreamConnection(asyncio.Protocol):
         taken = publisher_id in self.publishers or (reference and any(
             p.reference == reference and p.partition is partition
             for p in self.publishers.values()))
-        if not self._may(name, PUBLISH):
+        if not self._may(name, PUBLISH, found):
             return ResponseCode.ACCESS_REFUSED
         if taken:
             return ResponseCode.PRECONDITION_FAILED
@@ -906,11 +910,11 @@ class RabbitStreamConnection(asyncio.Protocol):
             self._resume_reading()
 
     def on_query_publisher_sequence(self, frame: f.QueryPublisherSequence) -> None:
-        if not self._may(frame.stream, PUBLISH):
+        found = self._resolve(frame.stream)
+        if not self._may(frame.stream, PUBLISH, found):
             self.send(f.QueryPublisherSequenceResponse(
                 frame.correlation_id, ResponseCode.ACCESS_REFUSED, 0))
             return
-        found = self._resolve(frame.stream)
         if found is None:
             self.send(f.QueryPublisherSequenceResponse(
                 frame.correlation_id, ResponseCode.STREAM_DOES_NOT_EXIST, 0))
@@ -930,10 +934,10 @@ class RabbitStreamConnection(asyncio.Protocol):
             self.send(f.SubscribeResponse(frame.correlation_id,
                                           ResponseCode.SUBSCRIPTION_ID_ALREADY_EXISTS))
             return
-        if not self._may(frame.stream, CONSUME):
+        found = self._resolve(frame.stream)
+        if not self._may(frame.stream, CONSUME, found):
             self.send(f.SubscribeResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED))
             return
-        found = self._resolve(frame.stream)
         if found is None:
             self.send(f.SubscribeResponse(frame.correlation_id,
                                           ResponseCode.STREAM_DOES_NOT_EXIST))
@@ -964,7 +968,7 @@ class RabbitStreamConnection(asyncio.Protocol):
         properties do not move the answer (a filtered subscription skips chunks itself)."""
         code, offset = OK, 0
         found = self._resolve(frame.stream)
-        if not self._may(frame.stream, CONSUME):
+        if not self._may(frame.stream, CONSUME, found):
             code = ResponseCode.ACCESS_REFUSED
         elif found is None:
             code = ResponseCode.STREAM_DOES_NOT_EXIST
@@ -999,15 +1003,15 @@ class RabbitStreamConnection(asyncio.Protocol):
 
     def on_store_offset(self, frame: f.StoreOffset) -> None:
         found = self._resolve(frame.stream)
-        if found is not None and frame.reference and self._may(frame.stream, CONSUME):
+        if found is not None and frame.reference and self._may(frame.stream, CONSUME, found):
             found[1].offsets.store(frame.reference, frame.offset)
 
     def on_query_offset(self, frame: f.QueryOffset) -> None:
-        if not self._may(frame.stream, CONSUME):
+        found = self._resolve(frame.stream)
+        if not self._may(frame.stream, CONSUME, found):
             self.send(f.QueryOffsetResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED,
                                             0))
             return
-        found = self._resolve(frame.stream)
         if found is None:
             self.send(f.QueryOffsetResponse(frame.correlation_id,
                                             ResponseCode.STREAM_DOES_NOT_EXIST, 0))
@@ -1065,7 +1069,8 @@ class RabbitStreamConnection(asyncio.Protocol):
     def on_create_super_stream(self, frame: f.CreateSuperStream) -> None:
         """Partitions are ordinary streams made with the Create arguments; 0x05 when the
         super stream or a partition exists, 0x11 for a bad list (reference doc)."""
-        if not all(self._may(name, CREATE) for name in (frame.name, *frame.partitions)):
+        if not all(self._may(name, CREATE, self._resolve(name))
+                   for name in (frame.name, *frame.partitions)):
             code = ResponseCode.ACCESS_REFUSED
         else:
             code = self._create(frame.name, frame.arguments, lambda config: (
@@ -1078,7 +1083,8 @@ class RabbitStreamConnection(asyncio.Protocol):
         found = super_streams.find(frame.name)
         if found is None:
             code = ResponseCode.STREAM_DOES_NOT_EXIST
-        elif not all(self._may(name, DELETE) for name in (frame.name, *found.partitions)):
+        elif not all(self._may(name, DELETE, self._resolve(name))
+                     for name in (frame.name, *found.partitions)):
             code = ResponseCode.ACCESS_REFUSED
         else:
             super_streams.delete(frame.name)
