@@ -265,6 +265,10 @@ async def test_a_forged_ack_never_reaches_another_users_inbox(tmp_path, users):
                 stream="bob.own", value=b"forged", ackInbox=acks.subject,
                 correlationId="alice-1", ackPolicy=LEADER), metadata=basic("bob"),
                 timeout=10)) == DENIED
+            assert await status_of(stub.PublishToSubject(pb.PublishToSubjectRequest(
+                subject="bob.own", value=b"forged", ackInbox=acks.subject,
+                correlationId="alice-1", ackPolicy=LEADER), metadata=basic("bob"),
+                timeout=10)) == DENIED
             own = await bob.nc.subscribe("_INBOX.bob.acks")
             await bob.publish("bob.own", enveloped(b"bob's", "_INBOX.bob.acks"))
             assert (await next_ack(own)).offset == 0  # bob's own inbox: acked
