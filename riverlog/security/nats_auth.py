@@ -100,7 +100,7 @@ class NatsAuth:
         self.users = [(name, users.hash_of(name)) for name in users if users.hash_of(name)
                       and (name not in users.loopback_only or self.on_loopback)]
         # with authorization on: user -> the prefix of its own inboxes (users without any left out)
-        self.inboxes: dict[str, str] = {}
+        self._inboxes: dict[str, str] = {}
         if self.authz:
             for name, _ in self.users:
                 prefix = own_inboxes(name)
@@ -108,7 +108,7 @@ class NatsAuth:
                     log.warning("NATS user %r has no ack inbox: its name is no single NATS "
                                 "subject token, so no `_INBOX.<user>.>` can be its own", name)
                 else:
-                    self.inboxes[name] = prefix
+                    self._inboxes[name] = prefix
         # stream name -> (its partition subjects, users who may publish, users who may consume)
         self._grants: dict[str, tuple[list[str], list[str], list[str]]] = {}
         self.bridge_user: str | None = None
@@ -156,9 +156,10 @@ class NatsAuth:
         return list(self._grants.values())
 
     def settings(self, grants: list | None = None) -> dict:
-        """nats-server settings (``tls``, ``authorization``) for the streams added (or a
-        ``snapshot`` of them), as a map in the shape of its configuration file. Only
-        assembles lists: no policy check, so it may run in a worker thread."""
+        """nats-server settings (``tls``; ``authorization``, or with authorization on the
+        ``accounts`` USERS and RIVERLOG) for the streams added (or a ``snapshot`` of them), as
+        a map in the shape of its configuration file. Only assembles lists: no policy check,
+        so it may run in a worker thread."""
         config: dict = {}
         tls = self.guard.config.tls
         if tls is not None:
@@ -171,7 +172,7 @@ class NatsAuth:
             grants = self.snapshot()
         publish: dict[str, list[str]] = {name: [] for name, _ in self.users}
         consume: dict[str, list[str]] = {name: [] for name, _ in self.users}
-        for name, inboxes in self.inboxes.items():
+        for name, inboxes in self._inboxes.items():
             consume[name].append(inboxes + ">")
         queues = []
         for subjects, publishers, consumers in grants:
