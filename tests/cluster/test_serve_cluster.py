@@ -16,18 +16,20 @@ import pytest
 from compat._servers import HOST, free_port
 from riverlog.broker import StreamConfig
 from riverlog.config import (ClusterConfig, GrpcConfig, NatsConfig, RabbitStreamConfig,
-                             ServerConfig)
+                             SecurityConfig, ServerConfig)
 from riverlog.cluster.state import StaleLeaderEpoch
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge import api_pb2_grpc
 from riverlog.protocol.liftbridge.envelope import decode_ack, encode_publish
+from riverlog.security.users import hash_password
 from riverlog.server.app import App
 
 IDS = ("a", "b", "c")
 WAIT_S = 60
 
 
-def configs(tmp_path, password: str = "pw") -> list[ServerConfig]:
+def configs(tmp_path, password: str = "pw",
+            security: SecurityConfig | None = None) -> list[ServerConfig]:
     raft = {i: f"{HOST}:{free_port()}" for i in IDS}
     routes = {i: f"{HOST}:{free_port()}" for i in IDS}
     return [ServerConfig(
@@ -37,7 +39,8 @@ def configs(tmp_path, password: str = "pw") -> list[ServerConfig]:
         grpc=GrpcConfig(port=0),
         cluster=ClusterConfig(server_id=i, raft_address=raft[i], bootstrap_peers=IDS,
                               raft_peers=tuple((j, a) for j, a in raft.items() if j != i),
-                              raft_password=password)) for i in IDS]
+                              raft_password=password),
+        security=security or SecurityConfig()) for i in IDS]
 
 
 async def until(what: str, check):
@@ -256,3 +259,70 @@ async def test_replication_events_change_the_metadata_everywhere(cluster):
         for x in cluster))
     with pytest.raises(StaleLeaderEpoch):
         await first.cluster.report_leader("events", 0, placed.leader, placed.leader_epoch)
+
+
+async def test_with_authorization_acks_reach_only_the_publishers_inboxes_across_routes(
+        tmp_path):
+    """Authorization on in a cluster: each embedded nats-server puts users in account USERS
+    and its bridge in RIVERLOG, joined by routes. alice publishes on a follower's nats-server;
+    the leader's NATS door learns she sent it (nats-server's Nats-Request-Info, added on the
+    follower's server and carried over the route), stores it once and acks her own inbox;
+    an envelope naming bob's inbox or riverlog's own ack inboxes is refused; the namespace
+    stays out of her reach in USERS too."""
+    passwords = {"alice": "alice-pw", "ops": "ops-pw"}
+    security = SecurityConfig(
+        users=tuple((name, hash_password(pw, rounds=4)) for name, pw in passwords.items()),
+        authz=True, authz_rules=(("p", "alice", "orders", "publish"),
+                                 ("p", "alice", "orders", "consume"), ("p", "ops", "*", "*")))
+    apps = [App(c) for c in configs(tmp_path, security=security)]
+    await asyncio.gather(*(a.start() for a in apps))
+    errors: list[str] = []
+
+    async def on_error(exc):
+        errors.append(str(exc).lower())
+    nc = None
+    try:
+        await until("every server registered everywhere", lambda: all(
+            a.broker.placement.servers() == IDS for a in apps))
+        channel, stub = stub_of(apps[0])
+        async with channel:
+            await stub.CreateStream(pb.CreateStreamRequest(
+                name="orders", subject="orders", replicationFactor=3), timeout=30,
+                metadata=(("authorization", "Basic b3BzOm9wcy1wdw=="),))  # ops:ops-pw
+        leader = await until("a leader", lambda: next((a for a in apps if "orders" in
+                             a.broker.streams and a.broker.placement.leads("orders", 0)), None))
+        follower = next(a for a in apps if a is not leader)
+        nc = await nats.connect(follower.nats.url, user="alice", password="alice-pw",
+                                inbox_prefix="_INBOX.alice", error_cb=on_error)
+        acks = await nc.subscribe(nc.new_inbox())
+        await nc.flush()
+        namespace = leader.liftbridge.namespace
+
+        def envelope(inbox: str, correlation: str) -> bytes:
+            return encode_publish(pb.Message(value=correlation.encode(), ackInbox=inbox,
+                                             correlationId=correlation,
+                                             ackPolicy=pb.AckPolicy.LEADER))
+        for _ in range(600):  # the route and the leader's interest take a moment to form
+            await nc.publish("orders", envelope(acks.subject, "mine"))
+            try:
+                ack = decode_ack((await acks.next_msg(timeout=0.1)).data)
+                break
+            except nats.errors.TimeoutError:
+                continue
+        # in order over one connection and route: the refused ones are never stored
+        for inbox in ("_INBOX.bob.acks", f"{namespace}.ack.x"):  # not hers
+            await nc.publish("orders", envelope(inbox, "forged"))
+        await nc.publish("orders", envelope(acks.subject, "last"))
+        while ack.correlationId == "mine":
+            previous, ack = ack, decode_ack((await acks.next_msg(timeout=10)).data)
+        assert (ack.stream, ack.correlationId, ack.offset) == ("orders", "last",
+                                                               previous.offset + 1)
+        assert leader.broker.streams["orders"].partitions[0].next_offset == ack.offset + 1
+        await nc.subscribe(f"{namespace}.>")
+        await nc.flush()
+        await until("the refusal", lambda: errors)
+        assert len(errors) == 1 and "permissions violation for subscription" in errors[0]
+    finally:
+        if nc is not None:
+            await nc.close()
+        await asyncio.gather(*(a.stop() for a in apps), return_exceptions=True)
