@@ -261,6 +261,19 @@ class ClusterNode:
         if self.metadata is not None:
             await asyncio.to_thread(self.metadata.close)
 
+    async def reconnected(self, nc) -> None:
+        """The NATS link replaced a connection the server closed (NatsLink reconnect
+        listener): replication starts over on ``nc`` and every held partition is assigned
+        again (followers re-check their tail against the leader)."""
+        replication = self.replication
+        if replication is None:
+            return
+        await replication.stop()
+        replication.nc = nc
+        await replication.start()
+        self._assigned = set()
+        self._assign(self.placement.state)
+
     # -- the reconcile loop -------------------------------------------------------------
     def apply(self, state: ClusterState) -> None:
         """Make this server follow ``state`` (called on the loop after every applied

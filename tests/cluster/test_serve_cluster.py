@@ -50,6 +50,12 @@ async def until(what: str, check):
     raise AssertionError(f"still not: {what}")
 
 
+def replica_bytes(app: App, stream: str) -> bytes:
+    """The bytes of every segment of partition 0 of ``stream`` on ``app``, in order."""
+    log = app.broker.streams[stream].partitions[0].log
+    return b"".join(open(seg.path, "rb").read() for seg in log.segments)
+
+
 @pytest.fixture
 async def cluster(tmp_path):
     apps = [App(c) for c in configs(tmp_path)]
@@ -112,7 +118,11 @@ async def test_a_stream_made_through_any_server_is_on_every_replica(cluster):
             stream="orders", value=b"two", ackPolicy=pb.AckPolicy.LEADER), timeout=10)).ack
         assert (ack.stream, ack.offset) == ("orders", 1)
         assert leader.broker.streams["orders"].partitions[0].next_offset == 2
-        assert all(f.broker.streams["orders"].partitions[0].next_offset == 0 for f in followers)
+        # the followers fetch the leader's chunks: same offsets, same bytes
+        await until("both followers hold what the leader holds", lambda: all(
+            f.broker.streams["orders"].partitions[0].committed_offset == 1 for f in followers))
+        assert all(replica_bytes(f, "orders") == replica_bytes(leader, "orders")
+                   for f in followers)
 
         # only the leader listens on the subject: a plain NATS publish is stored once
         nc = await nats.connect(followers[1].nats.url)
@@ -146,18 +156,22 @@ async def test_a_stream_made_through_any_server_is_on_every_replica(cluster):
         assert [(r.correlationId, r.ack.offset, r.HasField("asyncError")) for r in answers] == [
             ("c0", 3, False), ("c2", 5, False)]
         assert leader.broker.streams["orders"].partitions[0].next_offset == 6
-        assert all(f.broker.streams["orders"].partitions[0].next_offset == 0 for f in followers)
+        await until("the followers hold offsets 0-5", lambda: all(
+            f.broker.streams["orders"].partitions[0].committed_offset == 5 for f in followers))
 
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await anext(follower_stub.Subscribe(pb.SubscribeRequest(stream="orders"),
                                                 timeout=10).__aiter__())
         assert (refused.value.code(), refused.value.details()) == (
             grpc.StatusCode.FAILED_PRECONDITION, "Server not partition leader")
-        # readISRReplica: the follower serves its own replica (empty: no data replication
-        # yet), first with Liftbridge's empty handshake message
-        call = follower_stub.Subscribe(pb.SubscribeRequest(stream="orders", readISRReplica=True),
-                                       timeout=10)
-        assert await anext(call.__aiter__()) == pb.Message()
+        # readISRReplica: the follower serves its own replica, first with Liftbridge's empty
+        # handshake message, then the records it replicated
+        call = follower_stub.Subscribe(pb.SubscribeRequest(
+            stream="orders", readISRReplica=True,
+            startPosition=pb.StartPosition.EARLIEST), timeout=10)
+        received = call.__aiter__()
+        assert await anext(received) == pb.Message()
+        assert [(await anext(received)).value for _ in range(3)] == [b"one", b"two", b"three"]
         call.cancel()
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await follower_stub.FetchPartitionMetadata(pb.FetchPartitionMetadataRequest(
@@ -205,9 +219,9 @@ async def test_a_new_leader_takes_the_nats_subject_over(cluster):
         inbox = "_INBOX.moves"
         sub = await nc.subscribe(inbox)
 
-        async def publish(value: bytes) -> int:
+        async def publish(value: bytes) -> int:  # ALL: every in-sync replica holds it
             await nc.publish("moves", encode_publish(pb.Message(
-                value=value, ackInbox=inbox, ackPolicy=pb.AckPolicy.LEADER)))
+                value=value, ackInbox=inbox, ackPolicy=pb.AckPolicy.ALL)))
             return decode_ack((await sub.next_msg(timeout=10)).data).offset
 
         old = a.broker.placement.of("moves", 0).leader
@@ -220,9 +234,11 @@ async def test_a_new_leader_takes_the_nats_subject_over(cluster):
         new_app, old_app = cluster[IDS.index(new)], cluster[IDS.index(old)]
         await new_app.nats.sync()  # its SUB, and the old leader's UNSUB, are in effect
         await old_app.nats.sync()
-        assert await publish(b"after") == 0  # the new leader's own log: no replication yet
-        assert old_app.broker.streams["moves"].partitions[0].next_offset == 1
-        assert new_app.broker.streams["moves"].partitions[0].next_offset == 1
+        assert await publish(b"after") == 1  # stored once, by the new leader, after "before"
+        assert new_app.broker.streams["moves"].partitions[0].next_offset == 2
+        await until("the old leader follows the new one", lambda: old_app.broker.streams[
+            "moves"].partitions[0].committed_offset == 1)
+        assert replica_bytes(old_app, "moves") == replica_bytes(new_app, "moves")
     finally:
         await nc.close()
         await channel.close()
