@@ -272,3 +272,41 @@ async def test_replication_events_change_the_metadata_everywhere(cluster):
         for x in cluster))
     with pytest.raises(StaleLeaderEpoch):
         await first.cluster.report_leader("events", 0, placed.leader, placed.leader_epoch)
+
+
+async def test_spark_connections_go_where_the_stream_lives(cluster):
+    """The Spark source's connections (Connection.connect_for, through the RabbitMQ Stream
+    door's Metadata): a writer starting at a server without a replica moves to the leader, a
+    reader to a server holding one, and what the writer stores the reader reads back."""
+    from riverlog.client import OffsetType
+    from riverlog.record import Record, decode_record, encode_record
+    from riverlog.spark.options import Connection
+    a = cluster[0]
+    await a.broker.placement.create_stream("sparked", StreamConfig(subject="sparked",
+                                                                   replication_factor=2))
+    await until("sparked applied everywhere", lambda: all(
+        x.broker.placement.of("sparked", 0) is not None for x in cluster))
+    placed = a.broker.placement.of("sparked", 0)
+    (outsider,) = [x for x in cluster if x.config.cluster.server_id not in placed.replicas]
+    leader = cluster[IDS.index(placed.leader)]
+    start_at = Connection(servers=((HOST, outsider.rabbitmq_stream.port),))
+
+    def write_and_read() -> tuple[tuple[str, int], tuple[str, int], list[bytes]]:
+        with start_at.connect_for("sparked", write=True) as writer:
+            publisher = writer.publisher("sparked", "spark-test")
+            publisher.publish([encode_record(Record(b"v%d" % i)) for i in range(10)])
+            publisher.flush()
+            wrote_at = writer.server_address
+        with start_at.connect_for("sparked", write=False) as reader:
+            sub = reader.subscribe("sparked", OffsetType.FIRST, credit=10)
+            values = []
+            while len(values) < 10:
+                for chunk in sub.next_chunks(10, 10):
+                    values.extend(decode_record(r).value for _, r in chunk.records())
+            return wrote_at, reader.server_address, values
+
+    wrote_at, read_at, values = await asyncio.to_thread(write_and_read)
+    assert wrote_at == leader.rabbitmq_stream.advertised_for(False)
+    assert read_at in [cluster[IDS.index(r)].rabbitmq_stream.advertised_for(False)
+                       for r in placed.replicas]
+    assert values == [b"v%d" % i for i in range(10)]
