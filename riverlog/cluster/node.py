@@ -76,7 +76,9 @@ class ClusterPlacement(Placement):
         if found is None or not 0 <= index < len(found.partitions):
             return None
         part = found.partitions[index]
-        return PartitionPlacement(part.leader, part.replicas, part.isr, part.leader_epoch)
+        min_isr = found.config.get("min_isr") or self.min_isr
+        return PartitionPlacement(part.leader, part.replicas, part.isr, part.leader_epoch,
+                                  int(min_isr))
 
     def door(self, server_id: str, door: str) -> tuple[str, int] | None:
         server = self.state.servers.get(server_id)

@@ -190,7 +190,6 @@ class App:
         from ..config import GrpcConfig, NatsConfig
         cluster = self.config.cluster
         settings = ReplicationSettings(
-            min_insync_replicas=cluster.min_insync_replicas,
             replication_max_bytes=(self.config.grpc or GrpcConfig()).replication_max_bytes,
             **dict(cluster.replica_timings_ms))
         self.cluster.leader_timeout_s = settings.replica_max_leader_timeout_ms / 1000

@@ -310,3 +310,40 @@ async def test_spark_connections_go_where_the_stream_lives(cluster):
     assert read_at in [cluster[IDS.index(r)].rabbitmq_stream.advertised_for(False)
                        for r in placed.replicas]
     assert values == [b"v%d" % i for i in range(10)]
+
+
+async def test_below_min_isr_nothing_commits_and_all_acks_are_refused(cluster):
+    """minIsr as Liftbridge's: once the ISR is smaller, the leader's high watermark stops
+    (a LEADER-acked record is stored but not committed) and a publish asking ALL is refused
+    at once; a follower back in the ISR commits the held records."""
+    a = cluster[0]
+    await a.broker.placement.create_stream("guarded", StreamConfig(
+        subject="guarded", replication_factor=2, min_isr=2))
+    await until("guarded applied everywhere", lambda: all(
+        x.broker.placement.of("guarded", 0) is not None for x in cluster))
+    placed = a.broker.placement.of("guarded", 0)
+    leader = cluster[IDS.index(placed.leader)]
+    (follower_id,) = [r for r in placed.replicas if r != placed.leader]
+    follower = cluster[IDS.index(follower_id)]
+    channel, stub = stub_of(leader)
+    try:
+        ack = (await stub.Publish(pb.PublishRequest(
+            stream="guarded", value=b"both", ackPolicy=pb.AckPolicy.ALL), timeout=10)).ack
+        assert ack.offset == 0
+        await follower.stop()  # Raft keeps its majority: the leader asks it out of the ISR
+        await until("the ISR shrinks to the leader", lambda: leader.broker.placement.of(
+            "guarded", 0).isr == (placed.leader,))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Publish(pb.PublishRequest(
+                stream="guarded", value=b"all", ackPolicy=pb.AckPolicy.ALL), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.INTERNAL
+        assert "ISR 1 < minIsr 2" in refused.value.details()
+        ack = (await stub.Publish(pb.PublishRequest(
+            stream="guarded", value=b"leader", ackPolicy=pb.AckPolicy.LEADER),
+            timeout=10)).ack
+        assert ack.offset == 1  # written (the "all" publish was not)
+        partition = leader.broker.streams["guarded"].partitions[0]
+        await asyncio.sleep(1)  # replication would have committed it by now, were it allowed
+        assert (partition.next_offset, partition.committed_offset) == (2, 0)
+    finally:
+        await channel.close()
