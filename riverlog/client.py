@@ -420,6 +420,31 @@ class AsyncClient:
             out[s.name] = (s.response_code, b.host if b else None, b.port if b else None)
         return out
 
+    async def placement(self, name: str) -> tuple[tuple[str, int] | None,
+                                                  list[tuple[str, int]]]:
+        """Where stream ``name`` lives, from Metadata: ((leader host, port) or None while it
+        has no leader, [(host, port) of each replica that is not the leader]). Raises
+        ClientError (the stream does not exist, or is not available)."""
+        r = await self._request(lambda c: f.Metadata(c, (name,)))
+        brokers = {b.reference: (b.host, b.port) for b in r.brokers}
+        for s in r.streams:
+            if s.name == name:
+                if s.response_code != _OK:
+                    raise ClientError(f"no placement for stream {name!r}", s.response_code)
+                return (brokers.get(s.leader_reference),
+                        [brokers[ref] for ref in s.replica_references if ref in brokers])
+        raise ClientError(f"Metadata did not answer for stream {name!r}")
+
+    @property
+    def server_address(self) -> tuple[str, int] | None:
+        """(host, port) the server advertises for this connection (its Open answer), as
+        Metadata names it; None when the server does not say."""
+        props = self.server_properties
+        try:
+            return props["advertised_host"], int(props["advertised_port"])
+        except (KeyError, ValueError):
+            return None
+
     async def stream_exists(self, name: str) -> bool:
         return (await self.metadata(name))[name][0] == _OK
 
@@ -776,6 +801,13 @@ class Client:
 
     def metadata(self, *streams: str) -> dict:
         return self._run(self._async.metadata(*streams))
+
+    def placement(self, name: str) -> tuple[tuple[str, int] | None, list[tuple[str, int]]]:
+        return self._run(self._async.placement(name))
+
+    @property
+    def server_address(self) -> tuple[str, int] | None:
+        return self._async.server_address
 
     def stream_exists(self, name: str) -> bool:
         return self._run(self._async.stream_exists(name))

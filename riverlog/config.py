@@ -314,6 +314,9 @@ class ClusterConfig:
     raft_password: str = ""
     min_insync_replicas: int = 1
     """``clustering.min.insync.replicas``: the minimum ISR of streams created without one."""
+    replica_timings_ms: tuple[tuple[str, int], ...] = ()
+    """The ``clustering.replica.*`` keys given, as (ReplicationSettings field, ms); the rest
+    take riverlog's defaults (riverlog.cluster.replication.ReplicationSettings)."""
 
     def __post_init__(self) -> None:
         if self.min_insync_replicas < 1:

@@ -54,9 +54,7 @@ IGNORED_KEYS = {
     "metadata.cache.max.age", "logging.recovery", "logging.raft", "logging.nats",
     "batch.max.time", "streams.compact.max.goroutines", "clustering.raft.snapshot.retain",
     "clustering.raft.snapshot.threshold", "clustering.raft.cache.size",
-    "clustering.raft.max.quorum.size", "clustering.replica.max.lag.time",
-    "clustering.replica.max.leader.timeout", "clustering.replica.max.idle.wait",
-    "clustering.replica.fetch.timeout", "cursors.stream.replication.factor",
+    "clustering.raft.max.quorum.size", "cursors.stream.replication.factor",
     "cursors.stream.auto.pause.time", "telemetry.enabled", "telemetry.interval.seconds",
 }
 # Security (docs/security.md): Liftbridge's TLS, authorization and NATS credential keys, and
@@ -75,6 +73,15 @@ CLUSTER_KEYS = {
     "clustering.raft.bootstrap.seed", "clustering.raft.bootstrap.peers",
     "riverlog.raft.address", "riverlog.raft.peers", "riverlog.raft.password",
     "riverlog.nats.cluster.port", "riverlog.nats.routes",
+    "clustering.replica.max.lag.time", "clustering.replica.max.leader.timeout",
+    "clustering.replica.max.idle.wait", "clustering.replica.fetch.timeout",
+}
+# The clustering.replica.* keys and the ReplicationSettings fields they set (durations).
+REPLICA_TIMINGS = {
+    "clustering.replica.max.lag.time": "replica_max_lag_time_ms",
+    "clustering.replica.max.leader.timeout": "replica_max_leader_timeout_ms",
+    "clustering.replica.max.idle.wait": "replica_max_idle_wait_ms",
+    "clustering.replica.fetch.timeout": "replica_fetch_timeout_ms",
 }
 NO_EFFECT_KEYS = IGNORED_KEYS | CLUSTER_KEYS
 KNOWN_KEYS = USED_KEYS | IGNORED_KEYS | SECURITY_KEYS | CLUSTER_KEYS
@@ -286,7 +293,10 @@ def _cluster(v: dict[str, Any]) -> ClusterConfig | None:
             raft_peers=_raft_peers(v.get("riverlog.raft.peers") or {}),
             raft_password=str(v.get("riverlog.raft.password") or ""),
             min_insync_replicas=_int("clustering.min.insync.replicas",
-                                     v.get("clustering.min.insync.replicas") or 1))
+                                     v.get("clustering.min.insync.replicas") or 1),
+            replica_timings_ms=tuple((field, _ms(key, v[key]))
+                                     for key, field in REPLICA_TIMINGS.items()
+                                     if v.get(key) is not None))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

@@ -21,13 +21,20 @@ FIRST_LEADER_EPOCH = 1
 class PartitionPlacement:
     """One partition's placement: ``leader`` (server id; None while no in-sync replica can
     lead, the partition is unavailable), ``replicas`` (server ids, preference order), ``isr``
-    (in-sync replicas, the leader included) and ``leader_epoch`` (1 for the first leader, + 1
-    on every leader change)."""
+    (in-sync replicas, the leader included), ``leader_epoch`` (1 for the first leader, + 1
+    on every leader change) and ``min_isr`` (the stream's minimum ISR: below it the high
+    watermark stops and writes with ALL acks are refused, as Liftbridge's minIsr)."""
 
     leader: str | None
     replicas: tuple[str, ...]
     isr: tuple[str, ...]
     leader_epoch: int = FIRST_LEADER_EPOCH
+    min_isr: int = 1
+
+    @property
+    def under_min_isr(self) -> bool:
+        """Fewer in-sync replicas than ``min_isr``: nothing more is committed."""
+        return len(self.isr) < self.min_isr
 
 
 LeaderListener = Callable[[str, int], None]

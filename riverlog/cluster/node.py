@@ -76,7 +76,9 @@ class ClusterPlacement(Placement):
         if found is None or not 0 <= index < len(found.partitions):
             return None
         part = found.partitions[index]
-        return PartitionPlacement(part.leader, part.replicas, part.isr, part.leader_epoch)
+        min_isr = found.config.get("min_isr") or self.min_isr
+        return PartitionPlacement(part.leader, part.replicas, part.isr, part.leader_epoch,
+                                  int(min_isr))
 
     def door(self, server_id: str, door: str) -> tuple[str, int] | None:
         server = self.state.servers.get(server_id)
@@ -260,6 +262,19 @@ class ClusterNode:
             await self.replication.stop()
         if self.metadata is not None:
             await asyncio.to_thread(self.metadata.close)
+
+    async def reconnected(self, nc) -> None:
+        """The NATS link replaced a connection the server closed (NatsLink reconnect
+        listener): replication starts over on ``nc`` and every held partition is assigned
+        again (followers re-check their tail against the leader)."""
+        replication = self.replication
+        if replication is None:
+            return
+        await replication.stop()
+        replication.nc = nc
+        await replication.start()
+        self._assigned = set()
+        self._assign(self.placement.state)
 
     # -- the reconcile loop -------------------------------------------------------------
     def apply(self, state: ClusterState) -> None:

@@ -61,8 +61,8 @@ class ReplicationSettings:
     ``replica_max_lag_time_ms`` (3 s) leaves the ISR (ALL acks wait at most that long for a
     dead follower), an idle follower checks in every ``replica_max_idle_wait_ms`` (0.5 s:
     less than both, so an idle follower is never taken for a dead one or a dead leader),
-    a fetch waits ``replica_fetch_timeout_ms`` (1 s) for its answer. ``min_insync_replicas``
-    is what ALL-ack writes need (the doors read it); ``replication_max_bytes`` caps a
+    a fetch waits ``replica_fetch_timeout_ms`` (1 s) for its answer (the minimum ISR is
+    the stream's: PartitionPlacement.min_isr); ``replication_max_bytes`` caps a
     fetch answer (at least one whole chunk is sent; also capped by the NATS max payload).
     ``high_watermark_checkpoint_ms``: how often changed high watermarks are saved
     (riverlog's own). Raises ValueError for values out of range.
@@ -72,7 +72,6 @@ class ReplicationSettings:
     replica_max_leader_timeout_ms: int = 1500
     replica_max_idle_wait_ms: int = 500
     replica_fetch_timeout_ms: int = 1000
-    min_insync_replicas: int = 1
     replication_max_bytes: int = 1024 * 1024
     high_watermark_checkpoint_ms: int = 1000
 
@@ -212,7 +211,7 @@ class Replication:
         out = {"role": "none", "leader": replica.placement.leader,
                "leader_epoch": replica.placement.leader_epoch, "isr": list(replica.placement.isr),
                "high_watermark": log_.committed_offset, "log_end": log_.next_offset,
-               "under_min_isr": len(replica.placement.isr) < self.settings.min_insync_replicas}
+               "under_min_isr": replica.placement.under_min_isr}
         if replica.role is not None:
             out.update(replica.role.stats())
         return out

@@ -231,8 +231,10 @@ class Leader:
     # -- high watermark and notifications -----------------------------------------------
     def _advance(self) -> None:
         """Commit up to the lowest log end across the ISR (the leader's own: what its
-        durability policy counts as written); an ISR member not heard from yet holds it."""
-        if not self.active:
+        durability policy counts as written); an ISR member not heard from yet holds it, and
+        an ISR smaller than the stream's minimum ISR commits nothing (Liftbridge's minIsr:
+        "ISR size below minimum"), so a record is never committed on fewer replicas."""
+        if not self.active or self.placement.under_min_isr:
             return
         log_ = self.partition.log
         low = log_.durable_next_offset

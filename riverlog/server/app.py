@@ -80,6 +80,8 @@ class App:
             await self.rabbitmq_stream.start()
             if self.cluster is not None:
                 await self.nats_link.start()
+                self.cluster.replication = self._replication()
+                self.nats_link.add_reconnect_listener(self.cluster.reconnected)
                 await self.cluster.start(self.doors(), self.nats_link)
             if self.config.metrics is not None:
                 from .metrics_http import MetricsServer
@@ -180,6 +182,20 @@ class App:
             from .grpc_api import GrpcApi
             self.grpc = GrpcApi(self.liftbridge, self.config.grpc, self.guard)
             await self.grpc.start()
+
+    def _replication(self):
+        """The partition replication engine of this cluster member, on the shared NATS
+        connection, reporting ISR and leader changes to the cluster metadata (ClusterNode)."""
+        from ..cluster.replication import Replication, ReplicationSettings
+        from ..config import GrpcConfig, NatsConfig
+        cluster = self.config.cluster
+        settings = ReplicationSettings(
+            replication_max_bytes=(self.config.grpc or GrpcConfig()).replication_max_bytes,
+            **dict(cluster.replica_timings_ms))
+        self.cluster.leader_timeout_s = settings.replica_max_leader_timeout_ms / 1000
+        namespace = (self.config.nats or NatsConfig()).namespace
+        return Replication(cluster.server_id, namespace, self.nats_link.nc, settings,
+                           self.cluster)
 
     def _nats_link(self):
         """The shared NATS link; a cluster member's embedded nats-server is named after the

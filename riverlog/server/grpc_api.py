@@ -53,6 +53,7 @@ _PUBLISH_STATUS = {
     "READONLY": grpc.StatusCode.FAILED_PRECONDITION,
     _ASYNC.READONLY: grpc.StatusCode.FAILED_PRECONDITION,
     _ASYNC.ENCRYPTION_FAILED: grpc.StatusCode.INTERNAL,
+    "INTERNAL": grpc.StatusCode.INTERNAL,  # e.g. AckPolicy ALL below the stream's minIsr
 }
 
 

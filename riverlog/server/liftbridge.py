@@ -496,6 +496,11 @@ class Liftbridge:
         if stream.config.optimistic_concurrency and ack_policy == NONE:
             raise LiftbridgeError("BAD_REQUEST",
                                   "stream with concurrency control must have AckPolicy set")
+        if ack_policy == ALL:
+            placed = self.broker.placement.of(name, index)
+            if placed is not None and placed.under_min_isr:
+                raise LiftbridgeError("INTERNAL", f"not enough in-sync replicas for AckPolicy "
+                                      f"ALL: ISR {len(placed.isr)} < minIsr {placed.min_isr}")
         return stream, partition
 
     def ingest(self, stream: Stream, partition: Partition, *, value: bytes, key: bytes | None,

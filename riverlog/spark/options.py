@@ -35,15 +35,41 @@ class Connection:
     def connect(self, name: str = "riverlog-spark") -> Client:
         """A connected blocking client (the first server that answers). Raises ClientError
         naming every server tried."""
+        return self._first(self.servers, name)
+
+    def _first(self, addresses, name: str) -> Client:
         from ..client import ClientError
         errors = []
-        for host, port in self.servers:
+        for host, port in addresses:
             try:
                 return Client(host, port, self.user, self.password, connection_name=name,
                               timeout=self.timeout, tls=self.tls, mechanism=self.mechanism)
             except ClientError as exc:
                 errors.append(str(exc))
         raise ClientError("; ".join(errors))
+
+    def connect_for(self, stream: str, *, write: bool, name: str = "riverlog-spark") -> Client:
+        """A connected client on a server that holds ``stream`` (the RabbitMQ Stream name):
+        its leader for ``write``, else its leader or any replica (replicas serve committed
+        records only, so readers get the same offsets from any of them). In a cluster the
+        first server that answers says where the stream lives (Metadata) and the client
+        moves there when it is not that server; a single server is always the one. Raises
+        ClientError (no server answers, the stream has no leader to write to)."""
+        from ..client import ClientError
+        client = self.connect(name)
+        try:
+            leader, replicas = client.placement(stream)
+        except ClientError:  # a missing stream: the caller's own request says so
+            return client
+        here = client.server_address
+        wanted = [leader] if write else [a for a in (leader, *replicas) if a is not None]
+        if here is None or here in wanted:
+            return client
+        client.close()
+        if not wanted:
+            raise ClientError(f"stream {stream!r} has no leader to write to (a failover is "
+                              f"under way, or no in-sync replica is left)")
+        return self._first(wanted, name)
 
 
 @dataclass(frozen=True)

@@ -66,9 +66,10 @@ def read_partition(part: RangePartition) -> Iterator:
                                          end, schema, part.batch_rows)
         if start >= end:
             return
-    client = part.connection.connect("riverlog-spark-read")
+    address = plan.address(part.stream, part.partition)
+    client = part.connection.connect_for(address, write=False, name="riverlog-spark-read")
     try:
-        sub = client.subscribe(plan.address(part.stream, part.partition), OffsetType.OFFSET,
+        sub = client.subscribe(address, OffsetType.OFFSET,
                                start, credit=_CREDIT)
         pending: list = []
         rows = size = 0

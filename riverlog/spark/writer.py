@@ -129,7 +129,7 @@ def publish_task(opts: WriteOptions, reference: str, batches: Iterator, base_id:
     batches = itertools.chain([head], batches)
     target = plan.address(opts.stream, 0)
     written = skipped = 0
-    with opts.connection.connect("riverlog-spark-write") as client:
+    with opts.connection.connect_for(target, write=True, name="riverlog-spark-write") as client:
         stored = client.query_publisher_sequence(reference, target)
         publisher = client.publisher(target, reference)
         row = 0

@@ -53,6 +53,12 @@ async def until(what: str, check):
     raise AssertionError(f"still not: {what}")
 
 
+def replica_bytes(app: App, stream: str) -> bytes:
+    """The bytes of every segment of partition 0 of ``stream`` on ``app``, in order."""
+    log = app.broker.streams[stream].partitions[0].log
+    return b"".join(open(seg.path, "rb").read() for seg in log.segments)
+
+
 @pytest.fixture
 async def cluster(tmp_path):
     apps = [App(c) for c in configs(tmp_path)]
@@ -115,7 +121,11 @@ async def test_a_stream_made_through_any_server_is_on_every_replica(cluster):
             stream="orders", value=b"two", ackPolicy=pb.AckPolicy.LEADER), timeout=10)).ack
         assert (ack.stream, ack.offset) == ("orders", 1)
         assert leader.broker.streams["orders"].partitions[0].next_offset == 2
-        assert all(f.broker.streams["orders"].partitions[0].next_offset == 0 for f in followers)
+        # the followers fetch the leader's chunks: same offsets, same bytes
+        await until("both followers hold what the leader holds", lambda: all(
+            f.broker.streams["orders"].partitions[0].committed_offset == 1 for f in followers))
+        assert all(replica_bytes(f, "orders") == replica_bytes(leader, "orders")
+                   for f in followers)
 
         # only the leader listens on the subject: a plain NATS publish is stored once
         nc = await nats.connect(followers[1].nats.url)
@@ -149,18 +159,22 @@ async def test_a_stream_made_through_any_server_is_on_every_replica(cluster):
         assert [(r.correlationId, r.ack.offset, r.HasField("asyncError")) for r in answers] == [
             ("c0", 3, False), ("c2", 5, False)]
         assert leader.broker.streams["orders"].partitions[0].next_offset == 6
-        assert all(f.broker.streams["orders"].partitions[0].next_offset == 0 for f in followers)
+        await until("the followers hold offsets 0-5", lambda: all(
+            f.broker.streams["orders"].partitions[0].committed_offset == 5 for f in followers))
 
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await anext(follower_stub.Subscribe(pb.SubscribeRequest(stream="orders"),
                                                 timeout=10).__aiter__())
         assert (refused.value.code(), refused.value.details()) == (
             grpc.StatusCode.FAILED_PRECONDITION, "Server not partition leader")
-        # readISRReplica: the follower serves its own replica (empty: no data replication
-        # yet), first with Liftbridge's empty handshake message
-        call = follower_stub.Subscribe(pb.SubscribeRequest(stream="orders", readISRReplica=True),
-                                       timeout=10)
-        assert await anext(call.__aiter__()) == pb.Message()
+        # readISRReplica: the follower serves its own replica, first with Liftbridge's empty
+        # handshake message, then the records it replicated
+        call = follower_stub.Subscribe(pb.SubscribeRequest(
+            stream="orders", readISRReplica=True,
+            startPosition=pb.StartPosition.EARLIEST), timeout=10)
+        received = call.__aiter__()
+        assert await anext(received) == pb.Message()
+        assert [(await anext(received)).value for _ in range(3)] == [b"one", b"two", b"three"]
         call.cancel()
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await follower_stub.FetchPartitionMetadata(pb.FetchPartitionMetadataRequest(
@@ -208,9 +222,9 @@ async def test_a_new_leader_takes_the_nats_subject_over(cluster):
         inbox = "_INBOX.moves"
         sub = await nc.subscribe(inbox)
 
-        async def publish(value: bytes) -> int:
+        async def publish(value: bytes) -> int:  # ALL: every in-sync replica holds it
             await nc.publish("moves", encode_publish(pb.Message(
-                value=value, ackInbox=inbox, ackPolicy=pb.AckPolicy.LEADER)))
+                value=value, ackInbox=inbox, ackPolicy=pb.AckPolicy.ALL)))
             return decode_ack((await sub.next_msg(timeout=10)).data).offset
 
         old = a.broker.placement.of("moves", 0).leader
@@ -223,9 +237,11 @@ async def test_a_new_leader_takes_the_nats_subject_over(cluster):
         new_app, old_app = cluster[IDS.index(new)], cluster[IDS.index(old)]
         await new_app.nats.sync()  # its SUB, and the old leader's UNSUB, are in effect
         await old_app.nats.sync()
-        assert await publish(b"after") == 0  # the new leader's own log: no replication yet
-        assert old_app.broker.streams["moves"].partitions[0].next_offset == 1
-        assert new_app.broker.streams["moves"].partitions[0].next_offset == 1
+        assert await publish(b"after") == 1  # stored once, by the new leader, after "before"
+        assert new_app.broker.streams["moves"].partitions[0].next_offset == 2
+        await until("the old leader follows the new one", lambda: old_app.broker.streams[
+            "moves"].partitions[0].committed_offset == 1)
+        assert replica_bytes(old_app, "moves") == replica_bytes(new_app, "moves")
     finally:
         await nc.close()
         await channel.close()
@@ -261,14 +277,89 @@ async def test_replication_events_change_the_metadata_everywhere(cluster):
         await first.cluster.report_leader("events", 0, placed.leader, placed.leader_epoch)
 
 
+async def test_spark_connections_go_where_the_stream_lives(cluster):
+    """The Spark source's connections (Connection.connect_for, through the RabbitMQ Stream
+    door's Metadata): a writer starting at a server without a replica moves to the leader, a
+    reader to a server holding one, and what the writer stores the reader reads back."""
+    from riverlog.client import OffsetType
+    from riverlog.record import Record, decode_record, encode_record
+    from riverlog.spark.options import Connection
+    a = cluster[0]
+    await a.broker.placement.create_stream("sparked", StreamConfig(subject="sparked",
+                                                                   replication_factor=2))
+    await until("sparked applied everywhere", lambda: all(
+        x.broker.placement.of("sparked", 0) is not None for x in cluster))
+    placed = a.broker.placement.of("sparked", 0)
+    (outsider,) = [x for x in cluster if x.config.cluster.server_id not in placed.replicas]
+    leader = cluster[IDS.index(placed.leader)]
+    start_at = Connection(servers=((HOST, outsider.rabbitmq_stream.port),))
+
+    def write_and_read() -> tuple[tuple[str, int], tuple[str, int], list[bytes]]:
+        with start_at.connect_for("sparked", write=True) as writer:
+            publisher = writer.publisher("sparked", "spark-test")
+            publisher.publish([encode_record(Record(b"v%d" % i)) for i in range(10)])
+            publisher.flush()
+            wrote_at = writer.server_address
+        with start_at.connect_for("sparked", write=False) as reader:
+            sub = reader.subscribe("sparked", OffsetType.FIRST, credit=10)
+            values = []
+            while len(values) < 10:
+                for chunk in sub.next_chunks(10, 10):
+                    values.extend(decode_record(r).value for _, r in chunk.records())
+            return wrote_at, reader.server_address, values
+
+    wrote_at, read_at, values = await asyncio.to_thread(write_and_read)
+    assert wrote_at == leader.rabbitmq_stream.advertised_for(False)
+    assert read_at in [cluster[IDS.index(r)].rabbitmq_stream.advertised_for(False)
+                       for r in placed.replicas]
+    assert values == [b"v%d" % i for i in range(10)]
+
+
+async def test_below_min_isr_nothing_commits_and_all_acks_are_refused(cluster):
+    """minIsr as Liftbridge's: once the ISR is smaller, the leader's high watermark stops
+    (a LEADER-acked record is stored but not committed) and a publish asking ALL is refused
+    at once; a follower back in the ISR commits the held records."""
+    a = cluster[0]
+    await a.broker.placement.create_stream("guarded", StreamConfig(
+        subject="guarded", replication_factor=2, min_isr=2))
+    await until("guarded applied everywhere", lambda: all(
+        x.broker.placement.of("guarded", 0) is not None for x in cluster))
+    placed = a.broker.placement.of("guarded", 0)
+    leader = cluster[IDS.index(placed.leader)]
+    (follower_id,) = [r for r in placed.replicas if r != placed.leader]
+    follower = cluster[IDS.index(follower_id)]
+    channel, stub = stub_of(leader)
+    try:
+        ack = (await stub.Publish(pb.PublishRequest(
+            stream="guarded", value=b"both", ackPolicy=pb.AckPolicy.ALL), timeout=10)).ack
+        assert ack.offset == 0
+        await follower.stop()  # Raft keeps its majority: the leader asks it out of the ISR
+        await until("the ISR shrinks to the leader", lambda: leader.broker.placement.of(
+            "guarded", 0).isr == (placed.leader,))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stub.Publish(pb.PublishRequest(
+                stream="guarded", value=b"all", ackPolicy=pb.AckPolicy.ALL), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.INTERNAL
+        assert "ISR 1 < minIsr 2" in refused.value.details()
+        ack = (await stub.Publish(pb.PublishRequest(
+            stream="guarded", value=b"leader", ackPolicy=pb.AckPolicy.LEADER),
+            timeout=10)).ack
+        assert ack.offset == 1  # written (the "all" publish was not)
+        partition = leader.broker.streams["guarded"].partitions[0]
+        await asyncio.sleep(1)  # replication would have committed it by now, were it allowed
+        assert (partition.next_offset, partition.committed_offset) == (2, 0)
+    finally:
+        await channel.close()
+
+
 async def test_with_authorization_acks_reach_only_the_publishers_inboxes_across_routes(
         tmp_path):
     """Authorization on in a cluster: each embedded nats-server puts users in account USERS
     and its bridge in RIVERLOG, joined by routes. alice publishes on a follower's nats-server;
     the leader's NATS door learns she sent it (nats-server's Nats-Request-Info, added on the
     follower's server and carried over the route), stores it once and acks her own inbox;
-    an envelope naming bob's inbox or riverlog's own ack inboxes is refused; the namespace
-    stays out of her reach in USERS too."""
+    an envelope naming bob's inbox or riverlog's own ack inboxes is refused; the followers
+    replicate it; the namespace stays out of her reach in USERS too."""
     passwords = {"alice": "alice-pw", "ops": "ops-pw"}
     security = SecurityConfig(
         users=tuple((name, hash_password(pw, rounds=4)) for name, pw in passwords.items()),
@@ -318,6 +409,10 @@ async def test_with_authorization_acks_reach_only_the_publishers_inboxes_across_
         assert (ack.stream, ack.correlationId, ack.offset) == ("orders", "last",
                                                                previous.offset + 1)
         assert leader.broker.streams["orders"].partitions[0].next_offset == ack.offset + 1
+        # replication runs between the bridges, in RIVERLOG, under the namespace
+        await until("the followers hold what the leader holds", lambda: all(
+            a.broker.streams["orders"].partitions[0].committed_offset == ack.offset
+            for a in apps))
         await nc.subscribe(f"{namespace}.>")
         await nc.flush()
         await until("the refusal", lambda: errors)
