@@ -3,8 +3,9 @@
 # flags and prints; this module talks to the server.
 # Rules: everything the RabbitMQ Stream protocol can express goes through riverlog.client
 # (the blocking Client); listing streams, which that protocol cannot do, asks the Liftbridge
-# gRPC API (FetchMetadata) with the same user, password and TLS settings; `stats` scrapes the server's Prometheus endpoint and never reads
-# the data folder (a running server owns it). Every failure raises OpsError with one line
+# gRPC API (FetchMetadata) with the same user, password and TLS settings; `stats`, and
+# describe's table and replication rows, scrape the server's Prometheus endpoint and never
+# read the data folder (a running server owns it). Every failure raises OpsError with one line
 # that names the server and the cause, never a traceback.
 from __future__ import annotations
 
@@ -343,8 +344,9 @@ def stats_tables(samples) -> list[tuple[str, list[str], list[list[str]]]]:
     """The tables ``riverlog stats`` prints, as ``(title, header, rows)``: streams
     (partitions, disk, messages kept, messages and bytes in and out over every door since
     the server started), doors (connections,
-    subscriptions, confirms, mean confirm latency, errors), consumers (lag), errors, and the
-    NATS door's link to its NATS server (connected, reconnects; no row without NATS)."""
+    subscriptions, confirms, mean confirm latency, errors), consumers (lag), errors, the
+    NATS door's link to its NATS server (connected, reconnects; no row without NATS), and
+    on a cluster member ``cluster_tables``."""
     disk = _by(samples, "riverlog_stream_disk_bytes", "stream")
     first = _by(samples, "riverlog_partition_first_offset", "stream", "partition")
     kept: dict[tuple[str, ...], float] = {}

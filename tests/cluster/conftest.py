@@ -1,5 +1,6 @@
 # Fixtures of tests/cluster: `cluster`, three started Apps of one cluster (_apps.py), stopped
-# after the test.
+# after the test. Modules testing a part of the cluster on its own (Raft members as processes,
+# replication engines) define a `cluster` fixture of their own, which pytest prefers there.
 from __future__ import annotations
 
 import pytest
