@@ -53,17 +53,21 @@ NATS_RECONNECTS = Counter(
     "back after losing it (nats-py's own reconnects, and new connections riverlog makes when "
     "the server closed the old one for good).", registry=REGISTRY)
 
+CLUSTER_REGISTRY = CollectorRegistry(auto_describe=True)
+"""The counters of a cluster member (served only by one: a single server's /metrics stays as
+it was)."""
+
 LEADER_ELECTIONS = Counter(
     "riverlog_leader_elections", "Leader changes (a new leader, or none, under a new "
     "leader_epoch) this cluster member applied to partitions it holds a replica of, since it "
     "started (a member catching up on the Raft log counts the changes it replays).",
-    registry=REGISTRY)
+    registry=CLUSTER_REGISTRY)
 ISR_SHRINKS = Counter(
     "riverlog_isr_shrinks", "Replicas that left the ISR of a partition held here, as applied "
-    "by this cluster member.", registry=REGISTRY)
+    "by this cluster member.", registry=CLUSTER_REGISTRY)
 ISR_EXPANDS = Counter(
     "riverlog_isr_expands", "Replicas that rejoined the ISR of a partition held here, as "
-    "applied by this cluster member.", registry=REGISTRY)
+    "applied by this cluster member.", registry=CLUSTER_REGISTRY)
 
 CONFIRM_RABBITMQ = CONFIRM_LATENCY.labels(RABBITMQ_STREAM)
 

@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..config import MetricsConfig
-from ..metrics import GRPC, RABBITMQ_STREAM, REGISTRY, forget_stream
+from ..metrics import CLUSTER_REGISTRY, GRPC, RABBITMQ_STREAM, REGISTRY, forget_stream
 
 if TYPE_CHECKING:
     from .app import App
@@ -266,6 +266,8 @@ class MetricsServer:
     def start(self) -> None:
         registry = CollectorRegistry()
         registry.register(REGISTRY)
+        if self.app.cluster is not None:
+            registry.register(CLUSTER_REGISTRY)
         registry.register(StateCollector(self.app, asyncio.get_running_loop()))
         host, port = self.config.host, self.config.port
         try:
