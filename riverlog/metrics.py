@@ -1,7 +1,9 @@
-# Metrics of riverlog: the one prometheus_client registry that the front doors count into,
-# and the helpers they count with. Owns metric names, labels and buckets; the values that
-# mirror server state (connections, subscriptions, disk usage, consumer lag) are read when
-# Prometheus scrapes, by riverlog.server.metrics_http, so no door updates a gauge.
+# Metrics of riverlog: the prometheus_client registry that the front doors count into, the
+# one a cluster member's metadata changes count into (elections, ISR shrinks and expands,
+# served only in a cluster), and the helpers they count with. Owns metric names, labels and
+# buckets; the values that mirror server state (connections, subscriptions, disk usage,
+# consumer lag, replication) are read when Prometheus scrapes, by
+# riverlog.server.metrics_http, so no door updates a gauge.
 # Rules: doors count per frame or chunk, never per message where a frame holds many; the
 # labelled children a door needs are looked up once per (stream, door) and kept here, so a
 # hot path pays one dict lookup and two lock-protected adds; names follow Prometheus'
