@@ -157,10 +157,9 @@ class StateCollector(Collector):
                     continue
                 key = [stream.name, str(p.index)]
                 isr, replicas = stats["isr"], stats["replicas"]
-                min_isr = stream.config.min_isr or replication.settings.min_insync_replicas
                 for name, value in (("replicas", len(replicas)), ("isr", len(isr)),
                                     ("under_replicated", int(len(isr) < len(replicas))),
-                                    ("under_min_isr", int(len(isr) < min_isr)),
+                                    ("under_min_isr", int(stats["under_min_isr"])),
                                     ("leader_epoch", stats["leader_epoch"]),
                                     ("high_watermark", stats["high_watermark"])):
                     gauges[name].add_metric(key, value)
