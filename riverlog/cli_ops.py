@@ -132,7 +132,9 @@ def stream_delete_cmd(target: Target, name: str, missing_ok: bool) -> None:
 @_target_options
 def stream_describe_cmd(target: Target, name: str, consumers: tuple[str, ...]) -> None:
     """Show stream NAME: leader, offsets, chunk ids, stored consumer offsets, and its Parquet
-    table (the offsets it holds and its lag, from the server's metrics: --metrics-url)."""
+    table (the offsets it holds and its lag, from the server's metrics: --metrics-url); on a
+    cluster member also its replicas, ISR, leader epoch, high watermark and, from the
+    leader's metrics, each follower's lag."""
     rows = stream_describe(target, name, consumers)
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
@@ -181,7 +183,8 @@ def tail_cmd(target: Target, stream: str, start: str, follow: bool, max_messages
 @_target_options
 def stats_cmd(target: Target) -> None:
     """Print a running server's metrics as tables (scraped from its Prometheus endpoint,
-    --metrics-url): streams, doors, consumer lag, errors, the NATS link."""
+    --metrics-url): streams, doors, consumer lag, errors, the NATS link; on a cluster
+    member also Raft, partitions (leader, ISR, high watermark) and followers (lag)."""
     samples = scrape(target.metrics, target.timeout)
     for title, header, rows in stats_tables(samples):
         click.echo(f"{title}:")

@@ -1,7 +1,9 @@
-# Metrics of riverlog: the one prometheus_client registry that the front doors count into,
-# and the helpers they count with. Owns metric names, labels and buckets; the values that
-# mirror server state (connections, subscriptions, disk usage, consumer lag) are read when
-# Prometheus scrapes, by riverlog.server.metrics_http, so no door updates a gauge.
+# Metrics of riverlog: the prometheus_client registry that the front doors count into, the
+# one a cluster member's metadata changes count into (elections, ISR shrinks and expands,
+# served only in a cluster), and the helpers they count with. Owns metric names, labels and
+# buckets; the values that mirror server state (connections, subscriptions, disk usage,
+# consumer lag, replication) are read when Prometheus scrapes, by
+# riverlog.server.metrics_http, so no door updates a gauge.
 # Rules: doors count per frame or chunk, never per message where a frame holds many; the
 # labelled children a door needs are looked up once per (stream, door) and kept here, so a
 # hot path pays one dict lookup and two lock-protected adds; names follow Prometheus'
@@ -52,6 +54,22 @@ NATS_RECONNECTS = Counter(
     "riverlog_nats_reconnects", "Times the NATS door got its connection to the NATS server "
     "back after losing it (nats-py's own reconnects, and new connections riverlog makes when "
     "the server closed the old one for good).", registry=REGISTRY)
+
+CLUSTER_REGISTRY = CollectorRegistry(auto_describe=True)
+"""The counters of a cluster member (served only by one: a single server's /metrics stays as
+it was)."""
+
+LEADER_ELECTIONS = Counter(
+    "riverlog_leader_elections", "Leader changes (a new leader, or none, under a new "
+    "leader_epoch) this cluster member applied to partitions it holds a replica of, since it "
+    "started (a member catching up on the Raft log counts the changes it replays).",
+    registry=CLUSTER_REGISTRY)
+ISR_SHRINKS = Counter(
+    "riverlog_isr_shrinks", "Replicas that left the ISR of a partition held here, as applied "
+    "by this cluster member.", registry=CLUSTER_REGISTRY)
+ISR_EXPANDS = Counter(
+    "riverlog_isr_expands", "Replicas that rejoined the ISR of a partition held here, as "
+    "applied by this cluster member.", registry=CLUSTER_REGISTRY)
 
 CONFIRM_RABBITMQ = CONFIRM_LATENCY.labels(RABBITMQ_STREAM)
 

@@ -3,8 +3,9 @@
 # flags and prints; this module talks to the server.
 # Rules: everything the RabbitMQ Stream protocol can express goes through riverlog.client
 # (the blocking Client); listing streams, which that protocol cannot do, asks the Liftbridge
-# gRPC API (FetchMetadata) with the same user, password and TLS settings; `stats` scrapes the server's Prometheus endpoint and never reads
-# the data folder (a running server owns it). Every failure raises OpsError with one line
+# gRPC API (FetchMetadata) with the same user, password and TLS settings; `stats`, and
+# describe's table and replication rows, scrape the server's Prometheus endpoint and never
+# read the data folder (a running server owns it). Every failure raises OpsError with one line
 # that names the server and the cause, never a traceback.
 from __future__ import annotations
 
@@ -125,9 +126,10 @@ def stream_delete(target: Target, name: str, missing_ok: bool = False) -> bool:
 def stream_describe(target: Target, name: str,
                     consumers: Iterable[str] = ()) -> list[tuple[str, str]]:
     """``[(field, value)]`` about stream ``name``: its leader, first and end offsets, chunk
-    ids (RabbitMQ StreamStats), the offset stored by each of ``consumers`` with its lag, and
-    its Parquet table (``table_rows``). Raises OpsError (the stream does not exist, the
-    server cannot be reached)."""
+    ids (RabbitMQ StreamStats), the offset stored by each of ``consumers`` with its lag, on a
+    cluster member its replication (``cluster_rows``), and its Parquet table
+    (``table_rows``); the last two from the server's metrics. Raises OpsError (the stream
+    does not exist, the server cannot be reached)."""
     with target.connect() as client:
         _, host, port = _call("metadata", client.metadata, name)[name]
         if host is None:
@@ -142,17 +144,58 @@ def stream_describe(target: Target, name: str,
             stored = _call(f"offset of {consumer!r}", client.query_offset, consumer, name)
             rows.append((f"consumer {consumer}", "no stored offset" if stored is None else
                          f"offset {stored}, lag {max(end - 1 - stored, 0)}"))
-    return rows + table_rows(target, name)
-
-
-def table_rows(target: Target, name: str) -> list[tuple[str, str]]:
-    """``[("table", what)]`` about stream ``name``'s Parquet table, from the server's
-    metrics (riverlog_table_*): "off", or the offsets it holds, its files and bytes, and its
-    lag; one row per partition. "unknown (...)" when the metrics cannot be read."""
     try:
         samples = scrape(target.metrics, target.timeout)
     except OpsError as exc:
-        return [("table", f"unknown ({exc})")]
+        return rows + [("table", f"unknown ({exc})")]
+    return rows + cluster_rows(samples, name) + table_rows(samples, name)
+
+
+def cluster_rows(samples, name: str) -> list[tuple[str, str]]:
+    """``[(field, value)]`` about the replication of stream ``name``'s partitions held by a
+    cluster member, from its scraped metrics (riverlog_partition_*, riverlog_follower_*):
+    leader server, replicas, ISR (under-replicated, under min ISR), leader epoch, high
+    watermark, and where that server leads, each follower's lag. None on a single server."""
+    def of(metric: str, *keys: str) -> dict[tuple[str, ...], float]:
+        return {k[1:]: v for k, v in _by(samples, metric, "stream", "partition",
+                                         *keys).items() if k[0] == name}
+    parts = sorted(of("riverlog_partition_replicas"), key=lambda k: int(k[0]))
+    leaders = of("riverlog_partition_leader_info", "leader")
+    in_sync = of("riverlog_partition_replica_in_sync", "replica")
+    flags = {f: of(f"riverlog_partition_{f}") for f in ("under_replicated", "under_min_isr",
+                                                        "leader_epoch", "high_watermark")}
+    lag_m = of("riverlog_follower_lag_messages", "replica")
+    lag_b = of("riverlog_follower_lag_bytes", "replica")
+    seen = of("riverlog_follower_last_seen_seconds", "replica")
+    rows = []
+    for (p,) in parts:
+        suffix = "" if len(parts) == 1 else f" partition {p}"
+        leader = next((ld for (q, ld) in leaders if q == p), "") or "none"
+        replicas = sorted(r for (q, r) in in_sync if q == p)
+        isr = [r for r in replicas if in_sync[(p, r)]]
+        state = [text for flag, text in (("under_replicated", "under-replicated"),
+                                         ("under_min_isr", "under min ISR")) if flags[flag][(p,)]]
+        rows += [(f"leader server{suffix}", leader),
+                 (f"replicas{suffix}", ", ".join(replicas)),
+                 (f"isr{suffix}", ", ".join(isr) + (f" ({', '.join(state)})" if state else "")),
+                 (f"leader epoch{suffix}", _int(flags["leader_epoch"][(p,)])),
+                 (f"high watermark{suffix}", str(int(flags["high_watermark"][(p,)])))]
+        followers = sorted(r for (q, r) in seen if q == p)
+        if not followers:
+            rows.append((f"follower lag{suffix}", f"shown by the leader's metrics ({leader})"))
+        for r in followers:
+            sync = "in sync" if in_sync.get((p, r)) else "out of sync"
+            lag = ("no fetch yet" if (p, r) not in lag_m else
+                   f"lag {_int(lag_m[(p, r)])} messages ({_size(lag_b[(p, r)])})")
+            rows.append((f"follower {r}{suffix}",
+                         f"{sync}, {lag}, last fetch {seen[(p, r)]:.1f}s ago"))
+    return rows
+
+
+def table_rows(samples, name: str) -> list[tuple[str, str]]:
+    """``[("table", what)]`` about stream ``name``'s Parquet table, from the server's
+    scraped metrics (riverlog_table_*): "off", or the offsets it holds, its files and bytes,
+    and its lag; one row per partition."""
     metrics = {metric: {p: v for (s, p), v in _by(samples, f"riverlog_table_{metric}",
                                                   "stream", "partition").items() if s == name}
                for metric in ("first_offset", "end_offset", "bytes", "files", "lag_messages",
@@ -301,8 +344,9 @@ def stats_tables(samples) -> list[tuple[str, list[str], list[list[str]]]]:
     """The tables ``riverlog stats`` prints, as ``(title, header, rows)``: streams
     (partitions, disk, messages kept, messages and bytes in and out over every door since
     the server started), doors (connections,
-    subscriptions, confirms, mean confirm latency, errors), consumers (lag), errors, and the
-    NATS door's link to its NATS server (connected, reconnects; no row without NATS)."""
+    subscriptions, confirms, mean confirm latency, errors), consumers (lag), errors, the
+    NATS door's link to its NATS server (connected, reconnects; no row without NATS), and
+    on a cluster member ``cluster_tables``."""
     disk = _by(samples, "riverlog_stream_disk_bytes", "stream")
     first = _by(samples, "riverlog_partition_first_offset", "stream", "partition")
     kept: dict[tuple[str, ...], float] = {}
@@ -346,6 +390,48 @@ def stats_tables(samples) -> list[tuple[str, list[str], list[list[str]]]]:
         ("consumers", ["stream", "partition", "consumer", "source", "lag"], lag_rows),
         ("errors", ["door", "code", "count"], err_rows),
         ("nats", ["connected", "reconnects"], nats_rows),
+    ] + cluster_tables(samples)
+
+
+def cluster_tables(samples) -> list[tuple[str, list[str], list[list[str]]]]:
+    """The tables ``riverlog stats`` adds on a cluster member (none on a single server):
+    its Raft member (leader or not, term, commit index, leader elections and ISR shrinks and
+    expands applied), each partition held here (leader, leader epoch, replicas, ISR, high
+    watermark) and, where this server leads, each follower (in sync, lag)."""
+    if "riverlog_raft_leader" not in samples:
+        return []
+    one = {name: _by(samples, f"riverlog_{name}").get((), 0)
+           for name in ("raft_leader", "raft_term", "raft_commit_index",
+                        "leader_elections_total", "isr_shrinks_total", "isr_expands_total")}
+    raft = [["yes" if one["raft_leader"] else "no"] + [
+        _int(one[n]) for n in ("raft_term", "raft_commit_index", "leader_elections_total",
+                               "isr_shrinks_total", "isr_expands_total")]]
+    keys = ("stream", "partition")
+    leaders = _by(samples, "riverlog_partition_leader_info", *keys, "leader")
+    members = _by(samples, "riverlog_partition_replica_in_sync", *keys, "replica")
+    epoch = _by(samples, "riverlog_partition_leader_epoch", *keys)
+    hwm = _by(samples, "riverlog_partition_high_watermark", *keys)
+    under = _by(samples, "riverlog_partition_under_replicated", *keys)
+    partitions = []
+    for key in sorted(epoch, key=lambda k: (k[0], int(k[1]))):
+        replicas = sorted(r for (*k, r) in members if tuple(k) == key)
+        isr = [r for r in replicas if members[(*key, r)]]
+        leader = next((ld for (*k, ld) in leaders if tuple(k) == key), "") or "none"
+        partitions.append([*key, leader, _int(epoch[key]), ",".join(replicas), ",".join(isr),
+                           str(int(hwm.get(key, -1))), "yes" if under.get(key) else "no"])
+    lag_m = _by(samples, "riverlog_follower_lag_messages", *keys, "replica")
+    lag_b = _by(samples, "riverlog_follower_lag_bytes", *keys, "replica")
+    seen = _by(samples, "riverlog_follower_last_seen_seconds", *keys, "replica")
+    followers = [[*k, "yes" if members.get(k) else "no",
+                  _int(lag_m[k]) if k in lag_m else "-", _size(lag_b[k]) if k in lag_b else "-",
+                  f"{v:.1f}"] for k, v in sorted(seen.items())]
+    return [
+        ("raft", ["leader", "term", "commit index", "elections", "isr shrinks", "isr expands"],
+         raft),
+        ("partitions", ["stream", "partition", "leader", "epoch", "replicas", "isr",
+                        "high watermark", "under-replicated"], partitions),
+        ("followers", ["stream", "partition", "replica", "in sync", "lag", "lag bytes",
+                       "last fetch s"], followers),
     ]
 
 

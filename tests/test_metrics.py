@@ -26,6 +26,10 @@ from riverlog.server.app import App
 
 pytestmark = pytest.mark.timeout(60)
 GUEST = {"username": "guest", "password": "guest"}
+CLUSTER_ONLY = ("riverlog_raft_", "riverlog_follower_", "riverlog_leader_elections",
+                "riverlog_isr_", "riverlog_partition_isr", "riverlog_partition_replica",
+                "riverlog_partition_under_", "riverlog_partition_leader",
+                "riverlog_partition_high_watermark")
 
 
 @pytest.fixture
@@ -132,6 +136,8 @@ async def test_rabbitmq_stream_door_counts_publish_consume_and_state(app):
                   if n.endswith(".segment"))
     assert on_disk > published
     assert value(during, "riverlog_stream_disk_bytes", stream=stream) == on_disk
+    # a single server shows none of a cluster member's series (docs/clustering.md)
+    assert not [n for n, _ in during if n.startswith(CLUSTER_ONLY)]
     assert value(after, "riverlog_connections", door="rabbitmq_stream") == 0
     assert value(after, "riverlog_subscriptions", door="rabbitmq_stream") == 0
 

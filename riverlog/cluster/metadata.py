@@ -161,6 +161,14 @@ class RaftMetadata:
     def is_leader(self) -> bool:
         return self._raft._isLeader()
 
+    def status(self) -> dict[str, int]:
+        """This member's Raft progress: ``term``, ``commit_index`` (of the Raft log) and
+        ``last_applied`` (the index applied to ``state``). Cheap and non-blocking (reads
+        pysyncobj's counters, the same getStatus reports), callable from any thread."""
+        raft = self._raft
+        return {"term": raft.raftCurrentTerm, "commit_index": raft.raftCommitIndex,
+                "last_applied": raft.raftLastApplied}
+
     async def submit(self, name: str, /, timeout: float = 30.0, **arguments: Any) -> object:
         """Apply the transition ``name`` (state.TRANSITIONS) with ``arguments`` through Raft
         and return its result once this member has applied it. Waits without blocking the

@@ -10,7 +10,8 @@
 # runs on the event loop after every applied change, never blocks it, and one local failure
 # (a stream folder that cannot be made) is logged without stopping the rest; the placement is
 # read synchronously from the latest applied state; leader changes are told to the doors
-# (Placement.leader_changed) after the local streams follow the new state.
+# (Placement.leader_changed) after the local streams follow the new state, and counted in
+# /metrics (riverlog.metrics: elections, ISR shrinks and expands of partitions held here).
 from __future__ import annotations
 
 import asyncio
@@ -19,6 +20,7 @@ import logging
 import time
 from typing import Awaitable, Callable, Mapping
 
+from .. import metrics
 from ..broker import RESERVED_STREAMS, Broker, StreamConfig
 from ..broker.placement import PartitionPlacement, Placement
 from ..config import ClusterConfig
@@ -50,6 +52,15 @@ def stream_config(stored: Mapping[str, object], replicated: bool) -> StreamConfi
     known = {f.name for f in dataclasses.fields(StreamConfig)} - set(_LOCAL_ONLY)
     return StreamConfig(**{k: v for k, v in stored.items() if k in known},
                         replicated=replicated)
+
+
+def _count_changes(isr_before: tuple[str, ...], isr: tuple[str, ...], elected: bool) -> None:
+    """Count one applied change of a partition held here in /metrics: a leader election,
+    replicas leaving and joining the ISR."""
+    if elected:
+        metrics.LEADER_ELECTIONS.inc()
+    metrics.ISR_SHRINKS.inc(len(set(isr_before) - set(isr)))
+    metrics.ISR_EXPANDS.inc(len(set(isr) - set(isr_before)))
 
 
 class ClusterPlacement(Placement):
@@ -308,9 +319,12 @@ class ClusterNode:
             for part in stream.partitions:
                 prior = before.partitions[part.index] if before is not None and \
                     part.index < len(before.partitions) else None
-                if prior is None or (prior.leader, prior.leader_epoch) != (part.leader,
-                                                                          part.leader_epoch):
+                elected = prior is None or (prior.leader, prior.leader_epoch) != (
+                    part.leader, part.leader_epoch)
+                if elected:
                     self.placement.leader_changed(name, part.index)
+                if prior is not None and me in part.replicas:
+                    _count_changes(prior.isr, part.isr, elected)
 
     def _assign(self, state: ClusterState) -> None:
         """Replication.assign for every partition held here, unassign for those no more."""

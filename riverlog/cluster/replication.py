@@ -201,7 +201,8 @@ class Replication:
 
     def stats(self, stream: str, index: int) -> dict:
         """What describe and /metrics show: ``role`` ("leader", "follower" or "none"),
-        ``leader``, ``leader_epoch``, ``isr``, ``high_watermark``, ``log_end`` (next offset),
+        ``leader``, ``leader_epoch``, ``replicas``, ``isr``, ``high_watermark``, ``log_end``
+        (next offset),
         and by role: a leader's ``followers`` (replica -> ``log_end`` (None until its first
         fetch), ``lag_messages``, ``lag_bytes``, ``in_sync``, ``in_sync_since`` (Unix ms,
         None when out of sync), ``last_seen_ms`` (ms ago)), a follower's ``refused_chunks``
@@ -209,7 +210,8 @@ class Replication:
         replica = self._replicas[(stream, index)]
         log_ = replica.partition.log
         out = {"role": "none", "leader": replica.placement.leader,
-               "leader_epoch": replica.placement.leader_epoch, "isr": list(replica.placement.isr),
+               "leader_epoch": replica.placement.leader_epoch,
+               "replicas": list(replica.placement.replicas), "isr": list(replica.placement.isr),
                "high_watermark": log_.committed_offset, "log_end": log_.next_offset,
                "under_min_isr": replica.placement.under_min_isr}
         if replica.role is not None:

@@ -1,7 +1,8 @@
 # The Prometheus endpoint of a running server: prometheus_client's HTTP server (a daemon
 # thread) serving GET /metrics with the doors' counters (riverlog.metrics.REGISTRY) and the
 # gauges read from server state at scrape time: connections and subscriptions per door,
-# disk usage and offsets per stream, consumer lag.
+# disk usage and offsets per stream, consumer lag, and on a cluster member its Raft state and
+# each held partition's replication (ISR, high watermark, leader epoch, follower lag).
 # Rules: server state is read on the event loop (the scrape thread hands the work over and
 # waits at most SCRAPE_TIMEOUT_S), never from the scrape thread; nothing here runs on a hot
 # path; off unless configured (ServerConfig.metrics, the command line turns it on).
@@ -19,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..config import MetricsConfig
-from ..metrics import GRPC, RABBITMQ_STREAM, REGISTRY, forget_stream
+from ..metrics import CLUSTER_REGISTRY, GRPC, RABBITMQ_STREAM, REGISTRY, forget_stream
 
 if TYPE_CHECKING:
     from .app import App
@@ -27,6 +28,29 @@ if TYPE_CHECKING:
 log = logging.getLogger("riverlog.metrics")
 
 SCRAPE_TIMEOUT_S = 5.0
+
+
+_RAFT_HELP = {
+    "term": "The Raft term this server's metadata member is in.",
+    "commit_index": "Index of the newest Raft log entry this member knows is committed.",
+    "last_applied": "Index of the newest Raft log entry applied to this member's metadata.",
+}
+_PARTITION_HELP = {  # riverlog_partition_<name>, per partition held here in a cluster
+    "replicas": "Replicas of the partition (its replication factor).",
+    "isr": "In-sync replicas (ISR) of the partition, the leader included.",
+    "under_replicated": "1 when the ISR is smaller than the replicas.",
+    "under_min_isr": "1 when the ISR is smaller than the stream's min ISR (writes acked "
+                     "by ALL fail).",
+    "leader_epoch": "The partition's leader epoch (1 for its first leader).",
+    "high_watermark": "Offset of the newest committed record, held by every ISR member "
+                      "(Liftbridge's high watermark; -1: none).",
+}
+_FOLLOWER_HELP = {  # riverlog_follower_<name>, on the leader, per follower
+    "lag_messages": "Messages the leader holds beyond a follower's log end (from its "
+                    "latest fetch; none before its first).",
+    "lag_bytes": "Bytes of the leader's log beyond a follower's log end.",
+    "last_seen_seconds": "Seconds since a follower last fetched from this leader.",
+}
 
 
 class StateCollector(Collector):
@@ -90,13 +114,65 @@ class StateCollector(Collector):
             nc = app.nats.nc
             nats_up.add_metric([], 1 if nc is not None and nc.is_connected else 0)
         families = [info, connections, subscriptions, nats_up, sub_lag]
-        metadata = app.cluster.metadata if app.cluster is not None else None
+        if app.cluster is not None:
+            families += self._cluster_families()
+        return families + self._stream_families()
+
+    def _cluster_families(self) -> list[Metric]:
+        """A cluster member's Raft state, and the replication state of each partition it
+        holds a replica of (Replication.stats; follower lag only where this server leads)."""
+        cluster = self.app.cluster
+        families: list[Metric] = []
+        metadata = cluster.metadata
         if metadata is not None:
             raft = GaugeMetricFamily("riverlog_raft_leader", "1 when this server's Raft "
                                      "member leads the cluster metadata.")
             raft.add_metric([], 1 if metadata.is_leader else 0)
             families.append(raft)
-        return families + self._stream_families()
+            for key, value in metadata.status().items():
+                family = GaugeMetricFamily(f"riverlog_raft_{key}", _RAFT_HELP[key])
+                family.add_metric([], value)
+                families.append(family)
+        replication = cluster.replication
+        if replication is None:
+            return families
+        labels = ["stream", "partition"]
+        gauges = {name: GaugeMetricFamily(f"riverlog_partition_{name}", text, labels=labels)
+                  for name, text in _PARTITION_HELP.items()}
+        leader = GaugeMetricFamily(
+            "riverlog_partition_leader_info", "1, labelled with the partition's leader "
+            "(empty: none) as the metadata this server applied says.",
+            labels=labels + ["leader"])
+        in_sync = GaugeMetricFamily(
+            "riverlog_partition_replica_in_sync", "Each replica of a partition: 1 in the "
+            "ISR, 0 out of it.", labels=labels + ["replica"])
+        followers = {name: GaugeMetricFamily(f"riverlog_follower_{name}", text,
+                                             labels=labels + ["replica"])
+                     for name, text in _FOLLOWER_HELP.items()}
+        for stream in list(self.app.broker.streams.values()):
+            for p in stream.partitions:
+                try:
+                    stats = replication.stats(stream.name, p.index)
+                except KeyError:  # not replicated (an internal stream), or not assigned yet
+                    continue
+                key = [stream.name, str(p.index)]
+                isr, replicas = stats["isr"], stats["replicas"]
+                for name, value in (("replicas", len(replicas)), ("isr", len(isr)),
+                                    ("under_replicated", int(len(isr) < len(replicas))),
+                                    ("under_min_isr", int(stats["under_min_isr"])),
+                                    ("leader_epoch", stats["leader_epoch"]),
+                                    ("high_watermark", stats["high_watermark"])):
+                    gauges[name].add_metric(key, value)
+                leader.add_metric(key + [stats["leader"] or ""], 1)
+                for replica in replicas:
+                    in_sync.add_metric(key + [replica], int(replica in isr))
+                for replica, f in stats.get("followers", {}).items():
+                    if f["log_end"] is not None:  # it has fetched since this leader took over
+                        followers["lag_messages"].add_metric(key + [replica], f["lag_messages"])
+                        followers["lag_bytes"].add_metric(key + [replica], f["lag_bytes"])
+                    followers["last_seen_seconds"].add_metric(key + [replica],
+                                                              f["last_seen_ms"] / 1000)
+        return families + list(gauges.values()) + [leader, in_sync] + list(followers.values())
 
     def _stream_families(self) -> list[Metric]:
         app = self.app
@@ -189,6 +265,8 @@ class MetricsServer:
     def start(self) -> None:
         registry = CollectorRegistry()
         registry.register(REGISTRY)
+        if self.app.cluster is not None:
+            registry.register(CLUSTER_REGISTRY)
         registry.register(StateCollector(self.app, asyncio.get_running_loop()))
         host, port = self.config.host, self.config.port
         try:

@@ -13,67 +13,14 @@ import grpc
 import nats
 import pytest
 
-from compat._servers import HOST, free_port
+from _apps import IDS, replica_bytes, started, stopped, stub_of, until
+from compat._servers import HOST
 from riverlog.broker import StreamConfig
-from riverlog.config import (ClusterConfig, GrpcConfig, NatsConfig, RabbitStreamConfig,
-                             SecurityConfig, ServerConfig)
+from riverlog.config import SecurityConfig
 from riverlog.cluster.state import StaleLeaderEpoch
 from riverlog.protocol.liftbridge import api_pb2 as pb
-from riverlog.protocol.liftbridge import api_pb2_grpc
 from riverlog.protocol.liftbridge.envelope import decode_ack, encode_publish
 from riverlog.security.users import hash_password
-from riverlog.server.app import App
-
-IDS = ("a", "b", "c")
-WAIT_S = 60
-
-
-def configs(tmp_path, password: str = "pw",
-            security: SecurityConfig | None = None) -> list[ServerConfig]:
-    raft = {i: f"{HOST}:{free_port()}" for i in IDS}
-    routes = {i: f"{HOST}:{free_port()}" for i in IDS}
-    return [ServerConfig(
-        data_dir=str(tmp_path / i), rabbitmq_stream=RabbitStreamConfig(port=0, tls_port=0),
-        nats=NatsConfig(port=0, cluster_port=int(routes[i].rsplit(":", 1)[1]),
-                        routes=tuple(r for j, r in routes.items() if j != i)),
-        grpc=GrpcConfig(port=0),
-        cluster=ClusterConfig(server_id=i, raft_address=raft[i], bootstrap_peers=IDS,
-                              raft_peers=tuple((j, a) for j, a in raft.items() if j != i),
-                              raft_password=password),
-        security=security or SecurityConfig()) for i in IDS]
-
-
-async def until(what: str, check):
-    """Poll ``check`` (on the loop) until it returns something true; return that."""
-    for _ in range(WAIT_S * 20):
-        result = check()
-        if result:
-            return result
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"still not: {what}")
-
-
-def replica_bytes(app: App, stream: str) -> bytes:
-    """The bytes of every segment of partition 0 of ``stream`` on ``app``, in order."""
-    log = app.broker.streams[stream].partitions[0].log
-    return b"".join(open(seg.path, "rb").read() for seg in log.segments)
-
-
-@pytest.fixture
-async def cluster(tmp_path):
-    apps = [App(c) for c in configs(tmp_path)]
-    await asyncio.gather(*(a.start() for a in apps))
-    try:
-        await until("every server registered everywhere", lambda: all(
-            a.broker.placement.servers() == IDS for a in apps))
-        yield apps
-    finally:
-        await asyncio.gather(*(a.stop() for a in apps), return_exceptions=True)
-
-
-def stub_of(app: App):
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc.port}")
-    return channel, api_pb2_grpc.APIStub(channel)
 
 
 async def test_a_stream_made_through_any_server_is_on_every_replica(cluster):
@@ -365,16 +312,13 @@ async def test_with_authorization_acks_reach_only_the_publishers_inboxes_across_
         users=tuple((name, hash_password(pw, rounds=4)) for name, pw in passwords.items()),
         authz=True, authz_rules=(("p", "alice", "orders", "publish"),
                                  ("p", "alice", "orders", "consume"), ("p", "ops", "*", "*")))
-    apps = [App(c) for c in configs(tmp_path, security=security)]
-    await asyncio.gather(*(a.start() for a in apps))
+    apps = await started(tmp_path, security)
     errors: list[str] = []
 
     async def on_error(exc):
         errors.append(str(exc).lower())
     nc = None
     try:
-        await until("every server registered everywhere", lambda: all(
-            a.broker.placement.servers() == IDS for a in apps))
         channel, stub = stub_of(apps[0])
         async with channel:
             await stub.CreateStream(pb.CreateStreamRequest(
@@ -383,6 +327,8 @@ async def test_with_authorization_acks_reach_only_the_publishers_inboxes_across_
         leader = await until("a leader", lambda: next((a for a in apps if "orders" in
                              a.broker.streams and a.broker.placement.leads("orders", 0)), None))
         follower = next(a for a in apps if a is not leader)
+        await until("orders on the follower", lambda: "orders" in follower.broker.streams)
+        await follower.nats.sync()  # alice's rights on its nats-server are in effect
         nc = await nats.connect(follower.nats.url, user="alice", password="alice-pw",
                                 inbox_prefix="_INBOX.alice", error_cb=on_error)
         acks = await nc.subscribe(nc.new_inbox())
@@ -420,4 +366,4 @@ async def test_with_authorization_acks_reach_only_the_publishers_inboxes_across_
     finally:
         if nc is not None:
             await nc.close()
-        await asyncio.gather(*(a.stop() for a in apps), return_exceptions=True)
+        await stopped(apps)
