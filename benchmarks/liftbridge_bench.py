@@ -182,8 +182,16 @@ async def bench_publish_async(stub, n: int, payload: bytes) -> float:
     """One PublishAsync call from this process's grpc.aio ``stub`` (security_bench.py uses it:
     its channels carry TLS and call credentials, which the load generators do not)."""
     await stub.CreateStream(pb.CreateStreamRequest(name="grpc", subject="lb.grpc"))
-    requests = [pb.PublishRequest(stream="grpc", value=payload, correlationId=str(i))
-                for i in range(n)]
+    return await publish_async_rate(stub, "grpc", n, payload)
+
+
+async def publish_async_rate(stub, stream: str, n: int, payload: bytes,
+                             ack_policy: int = pb.AckPolicy.LEADER) -> float:
+    """Messages/s of one PublishAsync call on ``stub`` sending ``n`` messages of ``payload``
+    to partition 0 of the existing ``stream``, every PublishResponse received (cluster_bench.py
+    uses it with ALL acks)."""
+    requests = [pb.PublishRequest(stream=stream, value=payload, correlationId=str(i),
+                                  ackPolicy=ack_policy) for i in range(n)]
 
     async def gen():
         for request in requests:
