@@ -3,11 +3,13 @@
 # initial-cluster-size, a confirming Producer that finds the leader in Metadata, a Consumer
 # that rstream places on a replica), gufo-liftbridge (RF=3, ALL acks, subscribe), nats-py
 # (an enveloped publish with ALL acks and a plain one, each on any server's NATS, each stored
-# once), then a SIGKILL of a partition leader while a publisher runs: every acknowledged
-# message is on the new leader exactly once. Waits are generous polls, never timed assertions.
+# once), then a SIGKILL of a partition leader while two publishers seeded at a follower run
+# (gRPC Publish with ALL acks, rstream with confirms): every acknowledged message is on the new
+# leader exactly once. Waits are generous polls, never timed assertions.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 
@@ -17,6 +19,7 @@ from gufo.liftbridge.client import LiftbridgeClient
 from gufo.liftbridge.types import AckPolicy, StartPosition
 from rstream import (AMQPMessage, Consumer, ConsumerOffsetSpecification, OffsetType,
                      Producer, amqp_decoder)
+from rstream.exceptions import ServerError
 
 from _cluster import WAIT_S, cluster_up, read_table, until, with_stream
 from riverlog.protocol.liftbridge import api_pb2 as pb
@@ -71,6 +74,8 @@ async def test_rstream_gufo_and_nats_py_against_three_servers(cluster_up):
     async with Producer(*stream_of["s0"], **GUEST) as producer:
         for i in range(20):
             await producer.send_wait("events", AMQPMessage(body=b"e%d" % i))
+    # confirmed = committed (RabbitMQ confirms after a quorum): the leader's high watermark
+    assert (await partition(grpc_of[part.leader], "events")).highWatermark == 19
     received: list[bytes] = []
     got_all = asyncio.Event()
 
@@ -134,44 +139,62 @@ async def test_nothing_acknowledged_is_lost_when_the_leader_is_killed(cluster_up
     grpc_of = {s: row["Liftbridge gRPC"] for s, row in rows.items()}
     async with grpc.aio.insecure_channel(grpc_of["s0"]) as channel:
         await api_pb2_grpc.APIStub(channel).CreateStream(pb.CreateStreamRequest(
-            name="kill", subject="kill", replicationFactor=3, minIsr=pb.NullableInt32(value=2)), timeout=WAIT_S)
+            name="kill", subject="kill", replicationFactor=3,
+            minIsr=pb.NullableInt32(value=2)), timeout=WAIT_S)
     leader = (await partition(grpc_of["s0"], "kill")).leader
     publisher_id = next(s for s in rows if s != leader)  # a follower, forwarding to the leader
-    acked: list[bytes] = []
-    attempts = 0
+    acked: dict[str, list[bytes]] = {"grpc": [], "rstream": []}
     stop = asyncio.Event()
 
-    async def publish():
-        nonlocal attempts
+    async def publish_grpc():
         async with grpc.aio.insecure_channel(grpc_of[publisher_id]) as channel:
             stub = api_pb2_grpc.APIStub(channel)
-            while not stop.is_set():
-                attempts += 1
-                value = b"k%d" % attempts  # a retry is a new value: each is acked at most once
+            for attempt in itertools.count():
+                if stop.is_set():
+                    return
+                value = b"g%d" % attempt  # a retry is a new value: each is acked at most once
                 try:
                     await stub.Publish(pb.PublishRequest(
                         stream="kill", value=value, ackPolicy=pb.AckPolicy.ALL), timeout=10)
                 except grpc.aio.AioRpcError:
                     await asyncio.sleep(0.1)
                     continue
-                acked.append(value)
+                acked["grpc"].append(value)
 
-    task = asyncio.create_task(publish())
+    async def publish_rstream():
+        # rstream reads the leader in Metadata and, on a MetadataUpdate or a lost
+        # connection, recovers to the new one
+        async with Producer(*host_port(rows[publisher_id]["RabbitMQ Stream"]),
+                            **GUEST) as producer:
+            for attempt in itertools.count():
+                if stop.is_set():
+                    return
+                value = b"r%d" % attempt
+                try:
+                    await asyncio.wait_for(producer.send_wait("kill", value), 10)
+                except (asyncio.TimeoutError, OSError, ServerError):
+                    await asyncio.sleep(0.1)
+                    continue
+                acked["rstream"].append(value)
+
+    def counts(at_least: dict[str, int]):
+        return asyncio.sleep(0, all(len(acked[k]) >= n for k, n in at_least.items()))
+
+    tasks = [asyncio.create_task(publish_grpc()), asyncio.create_task(publish_rstream())]
     try:
-        await until("acks before the kill", lambda: asyncio.sleep(0, len(acked) >= 50))
+        await until("acks before the kill", lambda: counts({"grpc": 50, "rstream": 50}))
         os.kill(int(rows[leader]["pid"]), signal.SIGKILL)
-        before_kill = len(acked)
+        after = {k: len(v) + 50 for k, v in acked.items()}
 
         async def new_leader():
             part = await partition(grpc_of[publisher_id], "kill")
             return part.leader if part.leader not in ("", leader) else None
         elected = await until("a new leader", new_leader)
-        await until("acks after the kill",
-                    lambda: asyncio.sleep(0, len(acked) >= before_kill + 50))
+        await until("acks after the kill", lambda: counts(after))
     finally:
         stop.set()
-        await task
+        await asyncio.gather(*tasks)
     part = await partition(grpc_of[elected], "kill")
     stored = await values(grpc_of[elected], "kill", part.highWatermark + 1)
-    for value in acked:
+    for value in acked["grpc"] + acked["rstream"]:
         assert stored.count(value) == 1, value
