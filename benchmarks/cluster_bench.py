@@ -9,15 +9,16 @@ Measures, 100-byte messages (--size), --messages per case:
   ISR, as RabbitMQ confirms after a quorum); rstream publishes to the leader it reads in
   Metadata. Stream created with RabbitMQ's initial-cluster-size 3.
 - Liftbridge gRPC, PublishAsync with ALL acks (after commit) and with LEADER acks (after the
-  leader's append): one call from this process to the leader's gRPC door, every
-  PublishResponse received (liftbridge_bench.publish_async_rate).
+  leader's append): --clients grpcio load generator processes (liftbridge_bench.py's), one
+  PublishAsync call each to the leader's gRPC door, --grpc-messages in all, every
+  PublishResponse received and every message stored.
 - ALL-ack latency with idle followers: --pings unary Publish calls with ALL acks, one at a
   time, 5 ms apart (the followers wait for a PartitionNotification); p50/p99 in ms.
 
 Clients and servers share the machine's cores: compare the ratios, not the absolute numbers.
 
-Usage: .venv/bin/python benchmarks/cluster_bench.py [--messages 50000] [--size 100]
-       [--batch 100] [--pings 200]
+Usage: .venv/bin/python benchmarks/cluster_bench.py [--messages 500000] [--size 100]
+       [--batch 100] [--grpc-messages 100000] [--clients 2] [--pings 200]
 """
 from __future__ import annotations
 
@@ -72,9 +73,9 @@ async def confirms_rate(stream_port: int, stream: str, replicas: int, n: int, pa
         return n / (time.perf_counter() - start)
 
 
-async def leader_stub(grpc_address: str, stream: str, replicas: int):
-    """Create ``stream`` (``replicas`` replicas) through ``grpc_address``; (channel, stub) on
-    its partition leader's gRPC door, found in FetchMetadata."""
+async def leader_address(grpc_address: str, stream: str, replicas: int) -> str:
+    """Create ``stream`` (``replicas`` replicas) through ``grpc_address``; the address of its
+    partition leader's gRPC door, found in FetchMetadata."""
     async with grpc.aio.insecure_channel(grpc_address) as channel:
         stub = api_pb2_grpc.APIStub(channel)
         await stub.CreateStream(pb.CreateStreamRequest(
@@ -82,8 +83,7 @@ async def leader_stub(grpc_address: str, stream: str, replicas: int):
         meta = await stub.FetchMetadata(pb.FetchMetadataRequest(streams=[stream]), timeout=10)
     leader = meta.streamMetadata[0].partitions[0].leader
     (broker,) = [b for b in meta.brokers if b.id == leader]
-    channel = grpc.aio.insecure_channel(f"{broker.host}:{broker.port}")
-    return channel, api_pb2_grpc.APIStub(channel)
+    return f"{broker.host}:{broker.port}"
 
 
 async def all_ack_latency(stub, stream: str, pings: int) -> tuple[float, float]:
@@ -99,19 +99,23 @@ async def all_ack_latency(stub, stream: str, pings: int) -> tuple[float, float]:
     return cuts[49], cuts[98]
 
 
-async def measure(stream_port: int, grpc_address: str, replicas: int, args) -> dict:
-    """Every figure against one server (``replicas`` 1) or the cluster (``replicas`` 3)."""
-    payload = os.urandom(args.size)
+async def measure(stream_port: int, grpc_address: str, replicas: int, pid_of, args) -> dict:
+    """Every figure against one server (``replicas`` 1) or the cluster (``replicas`` 3);
+    ``pid_of(gRPC address)`` is the process id of the server listening there."""
     result = {"confirms": await confirms_rate(stream_port, "confirms", replicas,
-                                              args.messages, payload, args.batch)}
+                                              args.messages, os.urandom(args.size),
+                                              args.batch)}
+    load = argparse.Namespace(messages=args.grpc_messages, clients=args.clients, calls=1,
+                              size=args.size, load="python")
     for name, policy in (("ALL", pb.AckPolicy.ALL), ("LEADER", pb.AckPolicy.LEADER)):
-        channel, stub = await leader_stub(grpc_address, name.lower(), replicas)
-        async with channel:
-            result[name] = await liftbridge_bench.publish_async_rate(
-                stub, name.lower(), args.messages, payload, policy)
-    channel, stub = await leader_stub(grpc_address, "ping", replicas)
-    async with channel:
-        result["p50"], result["p99"] = await all_ack_latency(stub, "ping", args.pings)
+        leader = await leader_address(grpc_address, name.lower(), replicas)
+        result[name], _ = await asyncio.to_thread(
+            liftbridge_bench.bench_publish_async_load, load, leader, name.lower(),
+            pid_of(leader), policy, create=False)
+    leader = await leader_address(grpc_address, "ping", replicas)
+    async with grpc.aio.insecure_channel(leader) as channel:
+        result["p50"], result["p99"] = await all_ack_latency(
+            api_pb2_grpc.APIStub(channel), "ping", args.pings)
     return result
 
 
@@ -122,7 +126,8 @@ def single(args) -> dict:
         while not rsb.listening(grpc_port):
             assert time.monotonic() < deadline, "no gRPC door"
             time.sleep(0.05)
-        return asyncio.run(measure(server.port, f"{HOST}:{grpc_port}", 1, args))
+        return asyncio.run(measure(server.port, f"{HOST}:{grpc_port}", 1,
+                                   lambda _: server.proc.pid, args))
 
 
 def cluster(args) -> dict:
@@ -131,22 +136,29 @@ def cluster(args) -> dict:
         local.start()
         try:
             local.wait_registered()
+            pids = {f"{local.host}:{m.ports['grpc']}": p.pid
+                    for m, p in zip(local.members, local.procs)}
             ports = local.members[0].ports
-            return asyncio.run(measure(ports["stream"], f"{HOST}:{ports['grpc']}", 3, args))
+            return asyncio.run(measure(ports["stream"], f"{HOST}:{ports['grpc']}", 3,
+                                       pids.__getitem__, args))
         finally:
             local.stop()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=50_000)
+    parser.add_argument("--messages", type=int, default=500_000,
+                        help="messages per RabbitMQ door case")
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--grpc-messages", type=int, default=100_000,
+                        help="messages per gRPC case, in all")
+    parser.add_argument("--clients", type=int, default=2, help="gRPC load generators")
     parser.add_argument("--pings", type=int, default=200)
     args = parser.parse_args()
     one, three = single(args), cluster(args)
-    print(f"{args.messages} messages of {args.size} bytes; load average "
-          f"{os.getloadavg()[0]:.1f}")
+    print(f"{args.messages} (RabbitMQ door) / {args.grpc_messages} (gRPC) messages of "
+          f"{args.size} bytes; load average {os.getloadavg()[0]:.1f}")
     print("| figure | single server | RF=3 | ratio |")
     print("|---|---|---|---|")
     for key, label in (("confirms", "RabbitMQ door, confirms (msgs/s)"),
