@@ -18,7 +18,7 @@ Measures, 100-byte messages (--size), --messages per case:
 Clients and servers share the machine's cores: compare the ratios, not the absolute numbers.
 
 Usage: .venv/bin/python benchmarks/cluster_bench.py [--messages 500000] [--size 100]
-       [--batch 100] [--grpc-messages 100000] [--clients 2] [--pings 200]
+       [--batch 100] [--grpc-messages 30000] [--clients 2] [--pings 200]
 """
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ def main() -> None:
                         help="messages per RabbitMQ door case")
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--grpc-messages", type=int, default=100_000,
+    parser.add_argument("--grpc-messages", type=int, default=30_000,
                         help="messages per gRPC case, in all")
     parser.add_argument("--clients", type=int, default=2, help="gRPC load generators")
     parser.add_argument("--pings", type=int, default=200)
