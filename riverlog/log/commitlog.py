@@ -618,7 +618,8 @@ class CommitLog:
 
         The committed offset drops to ``offset - 1`` if it was higher. When ``offset`` falls
         inside a chunk, that chunk is rewritten with its leading records; raises ``LogError``
-        if that would split a sub-batch entry. Fsyncs before returning.
+        if that would split a sub-batch entry. Writes waiting for the commit of a removed
+        record fail (``UncommittedTruncatedError``). Fsyncs before returning.
         """
         if self._closed:
             raise LogClosedError(f"commit log {self.directory} is closed")
@@ -677,7 +678,8 @@ class CommitLog:
         holds the follower's next offset: retention removed it there). The log is then empty
         with ``first_offset == next_offset == offset``, nothing committed below it matters
         (``committed_offset`` = ``offset - 1``) and the leader-epoch checkpoint is empty (the
-        leader's chunks bring their epochs). Fsyncs before returning."""
+        leader's chunks bring their epochs); writes waiting for their commit fail
+        (``UncommittedTruncatedError``). Fsyncs before returning."""
         if self._closed:
             raise LogClosedError(f"commit log {self.directory} is closed")
         if self._compacting:
@@ -692,6 +694,7 @@ class CommitLog:
         self._synced_next = offset
         self.committed_offset = offset - 1
         self.epochs.replace([])
+        self._fail_removed_writes(0)  # every record is gone
 
     # -- lifecycle ----------------------------------------------------------------------
     def close(self) -> None:

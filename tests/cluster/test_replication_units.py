@@ -87,3 +87,18 @@ async def test_a_write_that_truncation_removes_is_never_acknowledged(tmp_path):
     assert [o for o, _ in mine.outcomes] == ["failed"] * 3, mine.outcomes
     assert all(isinstance(e, UncommittedTruncatedError) for _, e in mine.outcomes)
     await part.close()
+
+
+async def test_a_write_that_a_reset_removes_fails(tmp_path):
+    # a follower whose log ends before its leader's start (retention there) starts again
+    # from the leader's start: its own writes waiting for their commit are gone too
+    part = Partition("s", 0, str(tmp_path), LogConfig(), auto_commit=False)
+    appender = Appender(part)
+    mine = Acks()
+    appender.extend(records(b"deposed leader's"), mine)
+    await appender.drain(timeout=0)
+    part.log.reset(10)
+    await appender.drain()
+    assert [o for o, _ in mine.outcomes] == ["failed"] * 3, mine.outcomes
+    assert all(isinstance(e, UncommittedTruncatedError) for _, e in mine.outcomes)
+    await part.close()
