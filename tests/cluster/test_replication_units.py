@@ -1,17 +1,15 @@
 """The pieces of replication that need no server: subject tokens, settings checks, the
-high-watermark checkpoint file, what truncation does to writes waiting for their commit."""
-import asyncio
-
+high-watermark checkpoint file, what truncation and reset do to writes waiting for their
+commit."""
 import pytest
 
 from riverlog.broker.appender import Appender
 from riverlog.broker.partition import Partition
-
 from riverlog.cluster.replication import ReplicationSettings
 from riverlog.cluster.replication_subjects import notify_subject, partition_subject, subject_token
-from riverlog.log.high_watermark import CHECKPOINT_NAME, HighWatermarkCheckpoint
-from riverlog.errors import UncommittedTruncatedError
 from riverlog.config import LogConfig
+from riverlog.errors import UncommittedTruncatedError
+from riverlog.log.high_watermark import CHECKPOINT_NAME, HighWatermarkCheckpoint
 from riverlog.protocol.nats_subject import subject_problem
 from riverlog.record import Record, encode_record
 
@@ -70,34 +68,30 @@ def records(what: bytes) -> list[bytes]:
     return [encode_record(Record(value=b"%s %d" % (what, i))) for i in range(3)]
 
 
-async def test_a_write_that_truncation_removes_is_never_acknowledged(tmp_path):
+def truncated_and_overwritten(part: Partition) -> None:
     # a deposed leader appended records its followers never got; as a follower of the new
-    # leader it truncates them, and the new leader's records later commit at those offsets:
-    # the deposed leader's pending confirms / ALL acks fail, never given for records that
-    # are gone (benchmarks/cluster_bench.py found 38,205 ALL acks given for lost records)
-    part = Partition("s", 0, str(tmp_path), LogConfig(), auto_commit=False)
-    appender = Appender(part)
-    mine = Acks()
-    appender.extend(records(b"deposed leader's"), mine)
-    await appender.drain(timeout=0)
+    # leader it truncates them, and the new leader's records later commit at those offsets
+    # (benchmarks/cluster_bench.py found 38,205 ALL acks given for such lost records)
     part.truncate(0)
     part.write_records(records(b"new leader's"))
     part.log.commit(2)
-    await appender.drain()
-    assert [o for o, _ in mine.outcomes] == ["failed"] * 3, mine.outcomes
-    assert all(isinstance(e, UncommittedTruncatedError) for _, e in mine.outcomes)
-    await part.close()
 
 
-async def test_a_write_that_a_reset_removes_fails(tmp_path):
+def reset_to_the_leaders_start(part: Partition) -> None:
     # a follower whose log ends before its leader's start (retention there) starts again
-    # from the leader's start: its own writes waiting for their commit are gone too
+    # from the leader's start (the writes waited for ever before)
+    part.log.reset(10)
+
+
+@pytest.mark.parametrize("remove", [truncated_and_overwritten, reset_to_the_leaders_start])
+async def test_a_write_removed_before_its_commit_fails_and_is_never_acknowledged(tmp_path,
+                                                                                 remove):
     part = Partition("s", 0, str(tmp_path), LogConfig(), auto_commit=False)
     appender = Appender(part)
     mine = Acks()
     appender.extend(records(b"deposed leader's"), mine)
     await appender.drain(timeout=0)
-    part.log.reset(10)
+    remove(part)
     await appender.drain()
     assert [o for o, _ in mine.outcomes] == ["failed"] * 3, mine.outcomes
     assert all(isinstance(e, UncommittedTruncatedError) for _, e in mine.outcomes)
