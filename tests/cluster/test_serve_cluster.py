@@ -7,11 +7,14 @@
 # follower refuses Subscribe as Liftbridge does, a delete reaches every server. No mocks.
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import nats
 import pytest
 
 from _apps import IDS, replica_bytes, stub_of, until
+from compat._servers import HOST
 from riverlog.broker import StreamConfig
 from riverlog.cluster.state import StaleLeaderEpoch
 from riverlog.protocol.liftbridge import api_pb2 as pb
