@@ -145,12 +145,14 @@ async def bench_envelope(url: str, stub, n: int, payload: bytes, window: int) ->
     return n / elapsed
 
 
-def worker(addr: str, stream: str, n: int, size: int, calls: int) -> None:
+def worker(addr: str, stream: str, n: int, size: int, calls: int,
+           ack_policy: int = pb.AckPolicy.LEADER) -> None:
     """--worker: the grpcio (sync) load generator, speaking the node generator's protocol
     (prints "ready", waits for a line on stdin, prints "done <acked> <seconds>")."""
     value = b"x" * size
     per = n // calls
-    batches = [[pb.PublishRequest(stream=stream, value=value, correlationId=f"{c}-{i}")
+    batches = [[pb.PublishRequest(stream=stream, value=value, correlationId=f"{c}-{i}",
+                                  ackPolicy=ack_policy)
                 for i in range(per)] for c in range(calls)]
     channel = grpc.insecure_channel(addr)
     grpc.channel_ready_future(channel).result(timeout=30)
@@ -200,20 +202,28 @@ async def bench_publish_async(stub, n: int, payload: bytes) -> float:
     return n / elapsed
 
 
-def bench_publish_async_load(args, grpc_addr: str, stream: str, server_pid: int):
+def bench_publish_async_load(args, grpc_addr: str, stream: str, server_pid: int,
+                             ack_policy: int = pb.AckPolicy.LEADER, create: bool = True):
     """(msgs/s, server CPU us per message) of --clients load generator processes sending
-    --messages in all."""
+    --messages in all with ``ack_policy`` (the python generator only, for another than
+    LEADER) to ``stream`` (created here unless ``create`` is false: cluster_bench.py makes
+    its replicated streams and passes the leader's ``grpc_addr``)."""
     channel = grpc.insecure_channel(grpc_addr)
     stub = api_pb2_grpc.APIStub(channel)
-    stub.CreateStream(pb.CreateStreamRequest(name=stream, subject=f"lb.{stream}"), timeout=10)
+    if create:
+        stub.CreateStream(pb.CreateStreamRequest(name=stream, subject=f"lb.{stream}"),
+                          timeout=10)
     per = args.messages // args.clients
     if args.load == "node":
+        assert ack_policy == pb.AckPolicy.LEADER, "the node generator sends LEADER acks"
         cmd = ["node", os.path.join(NODE_LOAD, "publish_async.js")]
     else:
         cmd = [sys.executable, os.path.abspath(__file__), "--worker"]
     cmd += [grpc_addr, stream, str(per), str(args.size), str(args.calls)]
     if args.load == "node":
         cmd.append(PROTO)
+    else:
+        cmd.append(str(ack_policy))
     procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
              for _ in range(args.clients)]
     try:
@@ -291,12 +301,13 @@ def main() -> None:
                              "grpc_load/node_modules is there, else python)")
     parser.add_argument("--clients", type=int, default=2, help="load generator processes")
     parser.add_argument("--calls", type=int, default=1, help="PublishAsync calls per process")
-    parser.add_argument("--worker", nargs=5, metavar=("ADDR", "STREAM", "N", "SIZE", "CALLS"),
+    parser.add_argument("--worker", nargs=6,
+                        metavar=("ADDR", "STREAM", "N", "SIZE", "CALLS", "ACK_POLICY"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        addr, stream, n, size, calls = args.worker
-        worker(addr, stream, int(n), int(size), int(calls))
+        addr, stream, n, size, calls, ack_policy = args.worker
+        worker(addr, stream, int(n), int(size), int(calls), int(ack_policy))
         return
     if args.load is None:
         args.load = "node" if os.path.isdir(os.path.join(NODE_LOAD, "node_modules")) else "python"

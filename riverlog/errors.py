@@ -57,6 +57,12 @@ class ChunkRefusedError(LogError):
         self.reason = reason
 
 
+class UncommittedTruncatedError(LogError):
+    """Records waiting for their commit were removed by a truncation (a deposed leader drops
+    the divergent tail its followers never had): they are not stored, their confirm or ack
+    is never given; publish them again (to the partition's new leader)."""
+
+
 class OffsetOutOfRangeError(LogError):
     """The requested offset is not in the log (removed by retention, or not yet written)."""
 

@@ -121,12 +121,13 @@ class Partition:
         """Return once the high watermark reaches ``offset``: under ``Durability.ALWAYS``
         this joins (or starts) the group fsync that commits it; otherwise writes commit at
         once. Raises ``LogClosedError`` when the partition closes or is deleted first,
-        ``OSError`` when the fsync fails."""
+        ``UncommittedTruncatedError`` when a truncation removes the record first (a deposed
+        leader's tail), ``OSError`` when the fsync fails."""
         if self.is_committed(offset):
             return
         if self.log.needs_flush:
             await self.log.flush()
-        await self.log.wait_for(offset)
+        await self.log.wait_for(offset, written=True)
 
     def when_committed(self, offset: int, committed: Callable[[], None],
                        failed: Callable[[BaseException], None],
@@ -134,8 +135,8 @@ class Partition:
         """Call ``committed()`` once the high watermark reaches ``offset``: at once when it
         has, else from a task awaiting ``wait_committed``, kept in ``pending`` while it runs
         (so shutdown can wait for it). When the offset cannot be committed (the partition
-        closed or was deleted, the fsync failed) ``failed(error)`` is called instead, and
-        the error logged."""
+        closed or was deleted, a truncation removed it, the fsync failed) ``failed(error)`` is
+        called instead, and the error logged."""
         if self.is_committed(offset):
             committed()
             return

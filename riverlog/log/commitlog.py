@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from ..config import Durability, LogConfig
 from ..errors import (ChunkRefusedError, EpochCheckpointError, LogClosedError, LogError,
-                      OffsetOutOfRangeError)
+                      OffsetOutOfRangeError, UncommittedTruncatedError)
 from . import chunk as chunkfmt
 from .bloom import BloomCache
 from .compaction import CompactionResult, compact_segments, install_compacted
@@ -61,9 +61,10 @@ class CommitLog:
         self.auto_commit = auto_commit
         self._clock_ms = clock_ms
         self._closed = False
-        # readers waiting for an offset to commit: a heap of (offset, n, future), so a
-        # commit wakes only those it reaches (not every waiter, each commit)
-        self._waiters: list[tuple[int, int, asyncio.Future]] = []
+        # readers and writes waiting for an offset to commit: a heap of (offset, n, future,
+        # whether a truncation removing the offset fails it), so a commit wakes only those
+        # it reaches (not every waiter, each commit)
+        self._waiters: list[tuple[int, int, asyncio.Future, bool]] = []
         self._waiter_count = 0
         self._abandoned = 0  # cancelled waiters still in the heap
         self._sync_task: asyncio.Task | None = None
@@ -456,15 +457,18 @@ class CommitLog:
             if not future.done():
                 future.set_result(None)
 
-    async def wait_for(self, offset: int) -> None:
+    async def wait_for(self, offset: int, *, written: bool = False) -> None:
         """Return once ``offset`` is committed (readable). Raises ``LogClosedError`` if the
-        log closes first. No polling: the commit that reaches ``offset`` wakes the waiter."""
+        log closes first. No polling: the commit that reaches ``offset`` wakes the waiter.
+        ``written``: the waiter is a write waiting for its own record's commit (a confirm,
+        an ALL ack): ``truncate`` removing the record raises ``UncommittedTruncatedError``,
+        so a record written later at that offset is not taken for it."""
         while self.committed_offset < offset:
             if self._closed:
                 raise LogClosedError(f"commit log {self.directory} is closed")
             future = asyncio.get_running_loop().create_future()
             self._waiter_count += 1
-            heapq.heappush(self._waiters, (offset, self._waiter_count, future))
+            heapq.heappush(self._waiters, (offset, self._waiter_count, future, written))
             try:
                 await future
             except asyncio.CancelledError:
@@ -483,7 +487,7 @@ class CommitLog:
     def _wake_all(self) -> None:
         waiters, self._waiters = self._waiters, []
         self._abandoned = 0
-        for _, _, future in waiters:
+        for _, _, future, _ in waiters:
             if not future.done():
                 future.set_result(None)
 
@@ -614,7 +618,8 @@ class CommitLog:
 
         The committed offset drops to ``offset - 1`` if it was higher. When ``offset`` falls
         inside a chunk, that chunk is rewritten with its leading records; raises ``LogError``
-        if that would split a sub-batch entry. Fsyncs before returning.
+        if that would split a sub-batch entry. Writes waiting for the commit of a removed
+        record fail (``UncommittedTruncatedError``). Fsyncs before returning.
         """
         if self._closed:
             raise LogClosedError(f"commit log {self.directory} is closed")
@@ -651,13 +656,30 @@ class CommitLog:
         self._synced_next = min(self._synced_next, self.next_offset)
         self.committed_offset = min(self.committed_offset, self.next_offset - 1)
         self.epochs.truncate_from_end(self.next_offset)
+        self._fail_removed_writes(offset)
+
+    def _fail_removed_writes(self, offset: int) -> None:
+        """Fail the writes waiting for the commit of a record at ``offset`` or after (just
+        truncated): ``UncommittedTruncatedError``."""
+        removed = [w for w in self._waiters if w[3] and w[0] >= offset]
+        if not removed:
+            return
+        self._waiters = [w for w in self._waiters if not (w[3] and w[0] >= offset)]
+        heapq.heapify(self._waiters)
+        error = UncommittedTruncatedError(
+            f"commit log {self.directory}: records from offset {offset} on were truncated "
+            f"before their commit")
+        for _, _, future, _ in removed:
+            if not future.done():
+                future.set_exception(error)
 
     def reset(self, offset: int) -> None:
         """Remove every record and continue at ``offset`` (a follower whose leader no longer
         holds the follower's next offset: retention removed it there). The log is then empty
         with ``first_offset == next_offset == offset``, nothing committed below it matters
         (``committed_offset`` = ``offset - 1``) and the leader-epoch checkpoint is empty (the
-        leader's chunks bring their epochs). Fsyncs before returning."""
+        leader's chunks bring their epochs); writes waiting for their commit fail
+        (``UncommittedTruncatedError``). Fsyncs before returning."""
         if self._closed:
             raise LogClosedError(f"commit log {self.directory} is closed")
         if self._compacting:
@@ -672,6 +694,7 @@ class CommitLog:
         self._synced_next = offset
         self.committed_offset = offset - 1
         self.epochs.replace([])
+        self._fail_removed_writes(0)  # every record is gone
 
     # -- lifecycle ----------------------------------------------------------------------
     def close(self) -> None:

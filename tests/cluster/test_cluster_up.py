@@ -8,78 +8,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
-import time
-import urllib.request
 
 import grpc
-import pytest
 
+from _cluster import WAIT_S, cluster_up, metadata, raft_leader, read_table, until, with_stream
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge import api_pb2_grpc
 
-WAIT_S = 120
-
-
-def read_table(proc: subprocess.Popen) -> dict[str, dict[str, str]]:
-    """The table `cluster up` prints once every server is registered: server id -> column
-    -> value."""
-    lines = []
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        assert line, f"cluster up ended: {proc.wait()}"
-        if "servers up" in line:
-            break
-        lines.append(line.rstrip())
-    head = [h for h in lines[0].split("  ") if h]
-    rows = {}
-    for line in lines[1:]:
-        cells = line.split()
-        rows[cells[0]] = dict(zip([h.strip() for h in head], cells))
-    return rows
-
-
-def raft_leader(rows) -> str | None:
-    for server_id, row in rows.items():
-        try:
-            with urllib.request.urlopen(f"http://{row['metrics']}/metrics", timeout=5) as r:
-                if "riverlog_raft_leader 1.0" in r.read().decode():
-                    return server_id
-        except OSError:
-            continue
-    return None
-
-
-async def until(what: str, check):
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        result = await check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"still not: {what}"
-        await asyncio.sleep(0.2)
-
-
-async def metadata(address: str) -> pb.FetchMetadataResponse | None:
-    try:
-        async with grpc.aio.insecure_channel(address) as channel:
-            return await api_pb2_grpc.APIStub(channel).FetchMetadata(
-                pb.FetchMetadataRequest(), timeout=5)
-    except grpc.aio.AioRpcError:
-        return None
-
-
-@pytest.fixture
-def cluster_up(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "riverlog", "cluster", "up", "--servers",
-                             "3", "-d", str(tmp_path / "cluster")], stdout=subprocess.PIPE,
-                            text=True)
-    yield proc
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+__all__ = ["cluster_up"]  # the fixture, used by name
 
 
 async def test_cluster_up_serves_and_survives_the_raft_leaders_kill(cluster_up, tmp_path):
@@ -105,7 +41,7 @@ async def test_cluster_up_serves_and_survives_the_raft_leaders_kill(cluster_up, 
             stream="orders", partition=0, cursor_id="c"), WAIT_S) == 1
     leaders = set()
     for address in grpc_of.values():
-        meta = await until("orders everywhere", lambda a=address: _has(a, "orders"))
+        meta = await until("orders everywhere", lambda a=address: with_stream(a, "orders"))
         assert len(meta.brokers) == 3
         (part,) = [s for s in meta.streamMetadata if s.name == "orders"][0].partitions.values()
         leaders.add(part.leader)
@@ -133,18 +69,10 @@ async def test_cluster_up_serves_and_survives_the_raft_leaders_kill(cluster_up, 
     await until("a stream created without the old Raft leader", created)
     for server_id in left:
         meta = await until("after on the servers left",
-                           lambda a=grpc_of[server_id]: _has(a, "after"))
+                           lambda a=grpc_of[server_id]: with_stream(a, "after"))
         assert {s.name for s in meta.streamMetadata} >= {"orders", "after"}
 
     cluster_up.send_signal(signal.SIGTERM)
     assert cluster_up.wait(60) == 0
     for server_id in left:  # every server stopped with it
         assert await metadata(grpc_of[server_id]) is None
-
-
-async def _has(address: str, stream: str):
-    meta = await metadata(address)
-    if meta is None:
-        return None
-    names = {s.name for s in meta.streamMetadata if not s.error}
-    return meta if stream in names else None
