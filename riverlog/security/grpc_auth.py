@@ -10,7 +10,9 @@
 # status codes, grpc/doc/statuscodes.md). CreateStream also needs `publish` and `consume` on
 # the subject (the policy's patterns match subjects as they match stream names), and
 # PublishToSubject `publish` on the subject of every stream it reaches, so no stream gives a
-# user NATS subjects the policy does not. FetchMetadata and the consumer-group bookkeeping
+# user NATS subjects the policy does not; with authorization on, the ack inbox of Publish and
+# PublishToSubject must be one of the caller's own (nats_auth.own_inboxes), so no user sends
+# acks to another's inbox. FetchMetadata and the consumer-group bookkeeping
 # calls need a user but no stream permission. A request that does not parse is left to the
 # handler, which answers INVALID_ARGUMENT.
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.nats_subject import matches
 from .authz import ADMIN, CONSUME, CREATE, DELETE, PUBLISH
 from .guard import Guard
+from .nats_auth import own_inboxes
 from .users import is_loopback
 
 log = logging.getLogger("riverlog.security")
@@ -120,9 +123,10 @@ class GrpcAuth(grpc.aio.ServerInterceptor):
         subjects: tuple[tuple[str, str], ...] = ()  # (subject, action) it needs too
         if method == "PublishToSubject":
             try:
-                subject = pb.PublishToSubjectRequest.FromString(raw).subject
+                request = pb.PublishToSubjectRequest.FromString(raw)
             except DecodeError:
                 return
+            subject = request.subject
             streams = streams_on_subject(self.streams(), subject)
             if not streams:
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED,
@@ -149,6 +153,13 @@ class GrpcAuth(grpc.aio.ServerInterceptor):
             if not self.guard.allowed(user, subject, need):
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                     f"user {user!r} may not {need} subject {subject!r}")
+        if action == PUBLISH and user is not None and self.guard.config.authz:
+            inbox = getattr(request, "ackInbox", "")  # Publish, PublishToSubject
+            own = own_inboxes(user)
+            if inbox and (own is None or not inbox.startswith(own)):
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                    f"ack inbox {inbox[:64]!r} is not an inbox of user {user!r} "
+                                    f"({own or 'it has none'}>)")
 
     async def intercept_service(self, continuation, details):
         """The grpc.aio transport's hook: ``wrap`` of the method's handler."""

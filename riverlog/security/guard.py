@@ -27,6 +27,7 @@ class Guard:
         self.authorizer = Authorizer(config.authz, config.authz_rules, config.authz_model)
         self.allowed = self.authorizer.allowed
         self.require_auth = config.liftbridge_auth
+        self._checking: dict[bytes, asyncio.Future] = {}  # bcrypt runs under way, by Users.token
 
     def ssl_context(self) -> "ssl.SSLContext | None":
         """The server ssl context for a TLS listener, None when TLS is off."""
@@ -46,11 +47,22 @@ class Guard:
 
     async def login_async(self, user: str, password: str, peer_host: str | None) -> str | None:
         """``login`` for the event loop: a pair not checked before runs bcrypt (tens to
-        hundreds of ms) in the default executor, so other connections go on meanwhile."""
-        if self.users.remembered(user, password):
-            return self.login(user, password, peer_host)
-        return await asyncio.get_running_loop().run_in_executor(None, self.login, user,
-                                                                password, peer_host)
+        hundreds of ms) in the default executor, so other connections go on meanwhile; checks
+        of one pair made while its bcrypt runs (the h2 transport checks a call's headers and
+        its handler checks again; clients opening several connections at once) wait for
+        that run instead of starting another."""
+        users = self.users
+        if not users.remembered(user, password):
+            token = users.token(user, password)
+            check = self._checking.get(token)
+            if check is None:
+                check = asyncio.get_running_loop().run_in_executor(
+                    None, users.check_password, user, password)
+                self._checking[token] = check
+                check.add_done_callback(lambda _: self._checking.pop(token, None))
+            if not await asyncio.shield(check):  # a cancelled waiter leaves it to the others
+                return "password"
+        return self.login(user, password, peer_host)
 
     def remote_users(self, certificates: bool) -> list[str]:
         """The users who may log in from beyond loopback: those with a password that are not

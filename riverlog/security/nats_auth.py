@@ -6,38 +6,83 @@
 # password becomes a NATS user with the same bcrypt hash (nats-server checks bcrypt itself),
 # except loopback-only users when nats-server listens beyond loopback. With authorization on,
 # a user may publish on the subjects (`subject` for partition 0, `subject.N` for partition N:
-# plain and enveloped publishes alike) of the streams it may publish to, and subscribe to
-# INBOXES and to the subjects of the streams it may consume, nothing else; a stream counts
-# only when the user holds that right on its subject too (the policy's patterns match
-# subjects as they match stream names), so a stream never widens anyone's NATS rights. No
-# user may join a queue group on a stream's subject: those are the bridge's (nats-server's
-# `"subject queue"` deny entries, `>` matching every queue name). The namespace's subjects
-# (`<namespace>.>`: replication, notifications, server acks) are riverlog's own: every user is
-# denied publishing and subscribing them. In a cluster nats-server always has users (routes
-# join it to the others' nats-servers), and on loopback without authorization a client
-# without credentials is the restricted ANONYMOUS user (nats-server's `no_auth_user`), so
-# such clients keep working and still never reach the namespace. The bridge itself is one
-# more user, allowed everything, whose random password exists only in riverlog's memory.
+# plain and enveloped publishes alike) of the streams it may publish to, and subscribe to its
+# own inboxes (`_INBOX.<user>.>`, ``own_inboxes``) and to the subjects of the streams it may
+# consume, nothing else; a stream counts only when the user holds that right on its subject
+# too (the policy's patterns match subjects as they match stream names), so a stream never
+# widens anyone's NATS rights. No user may join a queue group on a stream's subject: those are
+# the bridge's (nats-server's `"subject queue"` deny entries, `>` matching every queue name).
+# The namespace's subjects (`<namespace>.>`: replication, notifications, server acks) are
+# riverlog's own: every user is denied publishing and subscribing them. In a cluster
+# nats-server always has users (routes join it to the others' nats-servers), and on loopback
+# without authorization a client without credentials is the restricted ANONYMOUS user
+# (nats-server's `no_auth_user`), so such clients keep working and still never reach the
+# namespace. The bridge itself is one more user, allowed everything, whose random password
+# exists only in riverlog's memory.
+# Sender identity (authorization on): the users live in account USERS and the bridge alone in
+# account RIVERLOG. USERS imports RIVERLOG's service `>` with `share: true`, so every message a
+# user publishes reaches USERS' own subscribers as usual and RIVERLOG (the bridge) with
+# nats-server's `Nats-Request-Info` header naming the user (nats-server sets it, replacing any
+# header of that name the client sent: client.go processServiceImport/setHeader), which
+# ``sender_of`` reads; USERS imports RIVERLOG's stream `>`, so acks and riverlog's own publishes
+# reach users. nats-server does not pass a message that came in through the service import
+# on to the stream export (client.go processMsgResults, pmrMsgImportedFromService): users'
+# messages are delivered once. The accounts are the same whatever streams exist, on every
+# server of a cluster (routes carry both accounts; the namespace, where the cluster's servers
+# talk, stays in RIVERLOG: every user's deny entries keep it out of the imports).
 # Permissions are kept per stream (``add``/``remove``: a few policy checks per user when a
 # stream comes or goes, never users x streams), and ``settings`` only assembles them, so it can
 # run off the event loop on a ``snapshot``.
-# Format: nats-server's configuration file (docs.nats.io "Configuration", "Authorization";
-# queue permissions: nats-server client.go canSubscribe/queueMatches).
+# Format: nats-server's configuration file (docs.nats.io "Configuration", "Authorization",
+# "Accounts"; queue permissions: nats-server client.go canSubscribe/queueMatches).
 from __future__ import annotations
 
+import json
+import logging
 import secrets
 import ssl
 
+from ..protocol.nats_subject import subject_problem
 from .authz import CONSUME, PUBLISH
 from .guard import Guard
 from .tls import client_context
 from .users import hash_password, listens_on_loopback
 
+log = logging.getLogger("riverlog.security")
+
 ANONYMOUS = "riverlog-anonymous"
 """The user of clients without credentials on a clustered loopback nats-server."""
-INBOXES = ("_INBOX.>",)
-"""The subjects every NATS user may subscribe to for acks and replies; with authorization on,
-riverlog sends acks only there."""
+INBOX_PREFIX = "_INBOX."
+"""With authorization on, riverlog sends acks only to subjects under this prefix: each user's
+own inboxes (``own_inboxes``) when it knows who asked, else any."""
+SENDER_HEADER = "Nats-Request-Info"
+"""The header nats-server puts on a message crossing a service import with `share: true`: a
+JSON object whose "user" is the publishing user (nats-server server/events.go ClientInfo)."""
+RESPONSE_THRESHOLD = "100ms"
+"""How long nats-server keeps the stand-in reply subject (`_R_...`) it makes for a message with
+a reply subject crossing the service import (2 minutes by default: 200,000 such publishes grew
+it by 165 MB). riverlog never replies, so it only bounds that memory."""
+USERS_ACCOUNT = "USERS"
+BRIDGE_ACCOUNT = "RIVERLOG"
+
+
+def own_inboxes(user: str) -> str | None:
+    """The prefix of ``user``'s own ack inboxes with authorization on (`_INBOX.<user>.`: it
+    may subscribe to `_INBOX.<user>.>`, as nats-py's ``inbox_prefix="_INBOX.<user>"`` makes
+    them); None when the name is no single NATS subject token (e.g. it has a `.`): such a user
+    has no inbox, so it never receives another's acks."""
+    if "." in user or subject_problem(user) is not None:
+        return None
+    return f"{INBOX_PREFIX}{user}."
+
+
+def sender_of(header: str) -> str:
+    """The user named by a SENDER_HEADER value; "" when it names none."""
+    try:
+        user = json.loads(header).get("user")
+    except (ValueError, AttributeError):
+        return ""
+    return user if isinstance(user, str) else ""
 
 
 def _subjects(stream) -> list[str]:
@@ -66,6 +111,16 @@ class NatsAuth:
         # (name, bcrypt hash) of the NATS users
         self.users = [(name, users.hash_of(name)) for name in users if users.hash_of(name)
                       and (name not in users.loopback_only or self.on_loopback)]
+        # with authorization on: user -> the prefix of its own inboxes (users without any left out)
+        self._inboxes: dict[str, str] = {}
+        if self.authz:
+            for name, _ in self.users:
+                prefix = own_inboxes(name)
+                if prefix is None:
+                    log.warning("NATS user %r has no ack inbox: its name is no single NATS "
+                                "subject token, so no `_INBOX.<user>.>` can be its own", name)
+                else:
+                    self._inboxes[name] = prefix
         # stream name -> (its partition subjects, users who may publish, users who may consume)
         self._grants: dict[str, tuple[list[str], list[str], list[str]]] = {}
         self.bridge_user: str | None = None
@@ -76,6 +131,12 @@ class NatsAuth:
             self.bridge_user = f"riverlog-bridge-{secrets.token_hex(4)}"
             self.bridge_password = secrets.token_urlsafe(24)
             self._bridge_hash = hash_password(self.bridge_password, rounds=4)
+
+    @property
+    def names_senders(self) -> bool:
+        """True when nats-server tells the bridge who published each message (authorization
+        on: the accounts of ``settings``, SENDER_HEADER)."""
+        return self.authz
 
     @property
     def needed(self) -> bool:
@@ -108,9 +169,10 @@ class NatsAuth:
         return list(self._grants.values())
 
     def settings(self, grants: list | None = None) -> dict:
-        """nats-server settings (``tls``, ``authorization``) for the streams added (or a
-        ``snapshot`` of them), as a map in the shape of its configuration file. Only
-        assembles lists: no policy check, so it may run in a worker thread."""
+        """nats-server settings (``tls``; ``authorization``, or with authorization on the
+        ``accounts`` USERS and RIVERLOG) for the streams added (or a ``snapshot`` of them), as
+        a map in the shape of its configuration file. Only assembles lists: no policy check,
+        so it may run in a worker thread."""
         config: dict = {}
         tls = self.guard.config.tls
         if tls is not None:
@@ -122,7 +184,9 @@ class NatsAuth:
         if grants is None:
             grants = self.snapshot()
         publish: dict[str, list[str]] = {name: [] for name, _ in self.users}
-        consume: dict[str, list[str]] = {name: list(INBOXES) for name, _ in self.users}
+        consume: dict[str, list[str]] = {name: [] for name, _ in self.users}
+        for name, inboxes in self._inboxes.items():
+            consume[name].append(inboxes + ">")
         queues = []
         for subjects, publishers, consumers in grants:
             queues += [f"{subject} >" for subject in subjects]
@@ -145,7 +209,15 @@ class NatsAuth:
             for kind, denied in (("publish", self.reserved), ("subscribe", self.reserved + queues)):
                 permissions[kind]["deny"] = permissions[kind].get("deny", []) + denied
             users.append({"user": name, "password": hashed, "permissions": permissions})
-        config["authorization"] = {"users": users}
+        if not self.authz:
+            config["authorization"] = {"users": users}
+            return config
+        imports = {"account": BRIDGE_ACCOUNT, "subject": ">"}
+        config["accounts"] = {
+            BRIDGE_ACCOUNT: {"users": users[:1], "exports": [
+                {"service": ">", "response_threshold": RESPONSE_THRESHOLD}, {"stream": ">"}]},
+            USERS_ACCOUNT: {"users": users[1:], "imports": [
+                {"service": imports, "share": True}, {"stream": imports}]}}
         return config
 
 

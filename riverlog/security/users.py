@@ -77,21 +77,23 @@ class Users:
         """The stored bcrypt hash ("" for a certificate-only user); ``KeyError`` if unknown."""
         return self._hashes[name].decode()
 
-    def _token(self, name: str, password: str) -> bytes:
+    def token(self, name: str, password: str) -> bytes:
+        """The pair ``name``/``password`` as this process remembers it: an HMAC-SHA256 under
+        a per-process key (with the stored hash, so a changed hash is a new pair)."""
         return hmac.new(self._key, b"\0".join((name.encode(), self._hashes.get(name, b""),
                                                 password.encode())), hashlib.sha256).digest()
 
     def remembered(self, name: str, password: str) -> bool:
         """True when this pair passed a check before (answering costs microseconds, while a
         first check runs bcrypt: tens to hundreds of ms, so doors run it off the event loop)."""
-        return self._token(name, password) in self._verified
+        return self.token(name, password) in self._verified
 
     def check_password(self, name: str, password: str) -> bool:
         """True when ``name`` exists with a hash that ``password`` matches. Thread-safe."""
         hashed = self._hashes.get(name)
         if not hashed:
             return False
-        token = self._token(name, password)
+        token = self.token(name, password)
         if token in self._verified:
             return True
         try:

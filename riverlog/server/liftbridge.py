@@ -18,14 +18,14 @@ import secrets
 import time
 from typing import Callable, Iterable
 
-from ..broker import RESERVED_STREAMS, Broker, Partition, Stream, StreamConfig
+from ..broker import RESERVED_STREAMS, Broker, Partition, Stream, StreamConfig, check_writable
 from ..broker.appender import Appenders
 from ..broker.broker import ACTIVITY_STREAM
 from ..broker.cursors import Cursors
 from ..broker.groups import ConsumerGroups
 from ..config import GrpcConfig, NatsConfig
-from ..errors import (ClusterUnavailableError, InvalidArgumentError, StreamExistsError,
-                      StreamNotFoundError)
+from ..errors import (ClusterUnavailableError, InvalidArgumentError, ReservedStreamError,
+                      StreamExistsError, StreamNotFoundError)
 from ..metrics import DOORS, TurnLatency, counters, error as count_error
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.nats_subject import queue_problem, subject_problem
@@ -57,6 +57,26 @@ class LiftbridgeError(Exception):
 def partition_subject(subject: str, index: int) -> str:
     """The NATS subject partition ``index`` listens on: ``subject``, ``subject.1``, ..."""
     return subject if index == 0 else f"{subject}.{index}"
+
+
+def nats_problem(subject: str, group: str) -> str | None:
+    """Why NATS cannot take a stream's ``subject`` (wildcards allowed) or queue ``group``
+    ("" is none), in Liftbridge's words and why ("Subject is invalid: it has an empty
+    token"); None when it can (riverlog.protocol.nats_subject)."""
+    problem = subject_problem(subject, wildcards=True)
+    if problem is not None:
+        return f"Subject is invalid: it {problem}"
+    problem = queue_problem(group)
+    return None if problem is None else f"Group is invalid: it {problem}"
+
+
+def writable(name: str, code: str) -> None:
+    """The broker's rule on reserved streams (check_writable) in Liftbridge's words: raises
+    LiftbridgeError ``code`` "Stream is reserved"."""
+    try:
+        check_writable(name)
+    except ReservedStreamError:
+        raise LiftbridgeError(code, "Stream is reserved") from None
 
 
 def new_id() -> str:
@@ -306,14 +326,10 @@ class Liftbridge:
         name)."""
         if not name:
             raise LiftbridgeError("INVALID_ARGUMENT", "Name cannot be empty")
-        problem = subject_problem(subject, wildcards=True)
-        if problem is not None:  # Liftbridge's message, and why
-            raise LiftbridgeError("INVALID_ARGUMENT", f"Subject is invalid: it {problem}")
-        problem = queue_problem(config.group or "")
+        problem = nats_problem(subject, config.group or "")
         if problem is not None:
-            raise LiftbridgeError("INVALID_ARGUMENT", f"Group is invalid: it {problem}")
-        if name in RESERVED_STREAMS:
-            raise LiftbridgeError("INVALID_ARGUMENT", "Stream is reserved")
+            raise LiftbridgeError("INVALID_ARGUMENT", problem)
+        writable(name, "INVALID_ARGUMENT")
 
     async def create_stream(self, name: str, subject: str, config: StreamConfig) -> None:
         """CreateStream: ``check_create``, then on this server (``add_stream``) or, in a
@@ -349,8 +365,7 @@ class Liftbridge:
         """DeleteStream, on this server or, in a cluster, through the metadata (every
         server deletes its replica). Raises LiftbridgeError INVALID_ARGUMENT (reserved),
         NOT_FOUND, INTERNAL (no metadata leader)."""
-        if name in RESERVED_STREAMS:
-            raise LiftbridgeError("INVALID_ARGUMENT", "Stream is reserved")
+        writable(name, "INVALID_ARGUMENT")  # also in a cluster: the metadata has no such name
         placement = self.broker.placement
         try:
             if placement.clustered:
@@ -469,8 +484,7 @@ class Liftbridge:
         every start."""
         if not name:
             raise LiftbridgeError("BAD_REQUEST", "no stream provided")
-        if name in RESERVED_STREAMS:
-            raise LiftbridgeError("BAD_REQUEST", "Stream is reserved")
+        writable(name, "BAD_REQUEST")
         stream = self.broker.streams.get(name)
         if stream is None:
             raise LiftbridgeError("NOT_FOUND", f"no such stream: {name}")

@@ -6,10 +6,12 @@
 # is logged and left detached; a payload that is a valid Publish envelope is stored with its
 # key, value and headers and acked per its ack policy, anything else (including a broken
 # envelope) is stored as a plain message (value = the payload, no key, no ack); an envelope
-# naming an ack inbox riverlog does not send to (``ack_inbox_error``) is not stored, counted
-# and logged; paused partitions are not subscribed; read-only partitions drop what arrives;
-# only a partition's leader (Broker.placement) subscribes it, and a new leader subscribes when
-# it takes over (on one server: every partition).
+# naming an ack inbox riverlog does not send to (``ack_inbox_error``; with authorization on the
+# embedded server names the publishing user, and acks go only to that user's own inboxes) is
+# not stored, counted and logged; paused partitions and streams left detached are not
+# subscribed; read-only partitions drop what arrives; only a partition's leader
+# (Broker.placement) subscribes it, and a new leader subscribes when it takes over (on one
+# server: every partition).
 # When the link replaces a connection the server closed, every partition is subscribed again.
 # The messages a partition gets in one event-loop turn are stored together, in order: runs of
 # them (same subject, same ack mode) encoded in one pass and appended at once, acks built from
@@ -32,12 +34,13 @@ from ..metrics import NATS, counters, error as count_error
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge.envelope import (ACK_HEADER, MAGIC, AckTemplate, decode_ack,
                                             decode_publish, encode_ack)
-from ..protocol.nats_subject import has_wildcard, matches, queue_problem, subject_problem
+from ..protocol.nats_subject import has_wildcard, matches, subject_problem
 from ..record import Record, encode_records
-from ..security.nats_auth import INBOXES, NatsAuth
+from ..security.nats_auth import (INBOX_PREFIX, SENDER_HEADER, NatsAuth, own_inboxes,
+                                  sender_of)
 from .embedded_nats import EmbeddedNats
 from .liftbridge import (ALL, LEADER, NONE, Liftbridge, LiftbridgeError, RunSink,
-                         partition_subject)
+                         nats_problem, partition_subject)
 from .nats_link import NatsLink
 
 log = logging.getLogger("riverlog.nats")
@@ -49,15 +52,6 @@ REFUSAL_LOG_INTERVAL_S = 1.0  # refused NATS messages: one log line at most this
 def _shown(text: str) -> str:
     """``text`` for a log line or an error message: its first 64 characters."""
     return repr(text if len(text) <= 64 else text[:64] + "...")
-
-
-def nats_problem(stream: Stream) -> str | None:
-    """Why NATS cannot take the subject or queue group of ``stream`` (None: it can)."""
-    problem = subject_problem(stream.config.subject or "", wildcards=True)
-    if problem is not None:
-        return f"its subject {_shown(stream.config.subject or '')} {problem}"
-    problem = queue_problem(stream.config.group or "")
-    return None if problem is None else f"its queue group {problem}"
 
 
 class NatsBridge:
@@ -75,8 +69,12 @@ class NatsBridge:
         self._attached: dict[str, Stream] = {}
         self._literal: dict[str, int] = {}
         self._wildcard: dict[str, int] = {}
-        self._inbox_errors: dict[str, LiftbridgeError | None] = {}  # ack_inbox_error's answers
+        # ack_inbox_error's answers, by (inbox, sender)
+        self._inbox_errors: dict[tuple[str, str | None], LiftbridgeError | None] = {}
         self._inboxes_only = link.guard.config.authz
+        # NATS names the user who published each message (NatsAuth.names_senders)
+        self._senders = link.auth is not None and link.auth.names_senders
+        self._sender_names: dict[str, str] = {}  # SENDER_HEADER value -> user
         self._own = f"{service.namespace}."  # riverlog's own subjects
         self._acks = f"{service.namespace}.ack."  # its own ack inboxes (no NATS user's)
         self._next_refusal_log = 0.0
@@ -191,11 +189,11 @@ class NatsBridge:
         take (stored before riverlog checked them) is logged, counted and left out: False."""
         if not stream.config.subject:
             return False
-        problem = nats_problem(stream)
+        problem = nats_problem(stream.config.subject, stream.config.group or "")
         if problem is not None:
-            log.error("stream %r is not attached to NATS: %s (Liftbridge clients can still use "
-                      "it over gRPC; delete it and create it again with a valid subject)",
-                      stream.name, problem)
+            log.error("stream %r is not attached to NATS: %s (subject %s; Liftbridge clients "
+                      "can still use it over gRPC; delete it and create it again with a valid "
+                      "subject)", stream.name, problem, _shown(stream.config.subject))
             count_error(NATS, "INVALID_SUBJECT")
             return False
         self._attached[stream.name] = stream
@@ -213,36 +211,61 @@ class NatsBridge:
             else:
                 index.pop(subject, None)
 
-    def ack_inbox_error(self, inbox: str) -> LiftbridgeError | None:
+    def ack_inbox_error(self, inbox: str, sender: str | None = None) -> LiftbridgeError | None:
         """Why riverlog sends no ack to ``inbox`` (None: it does): INVALID_ARGUMENT when it is
         no literal NATS subject of at most MAX_SUBJECT_BYTES (riverlog.protocol.nats_subject);
         PERMISSION_DENIED when a stream listens on it (an ack would be stored there), when it
-        is one of riverlog's own subjects (``<namespace>.>`` but ``<namespace>.ack.>``, the
-        inboxes riverlog itself waits on, which no NATS user may subscribe) or, with
-        authorization on, when it is outside INBOXES (the inboxes NATS users may subscribe
-        to) and riverlog's own.
+        is one of riverlog's own subjects (``<namespace>.>``; only riverlog itself, ``sender``
+        None, may name ``<namespace>.ack.>``, the inboxes riverlog waits on, which no NATS user
+        may subscribe) or, with authorization on, when it is not the publisher's: ``sender``,
+        the NATS user who published the envelope (known when the embedded server names it:
+        ``_sender``), gets acks only on its own inboxes (nats_auth.own_inboxes). None:
+        riverlog's own publish (PublishToSubject, a publish forwarded to a partition's leader)
+        or a gRPC caller (the gRPC door checks its caller's own inboxes), or, when NATS does
+        not name senders, anyone: then anywhere under INBOX_PREFIX or riverlog's own.
         Answers are kept until the streams' subjects change."""
+        key = (inbox, sender)
         errors = self._inbox_errors
-        if inbox in errors:
-            return errors[inbox]
+        if key in errors:
+            return errors[key]
         error = None
         problem = subject_problem(inbox)
+        if sender is not None:
+            allowed = own_inboxes(sender)
+        else:
+            allowed = "" if self._senders else INBOX_PREFIX
+        own_ack = sender is None and inbox.startswith(self._acks)  # riverlog's own ack inbox
         if problem is not None:
             error = LiftbridgeError("INVALID_ARGUMENT", f"ack inbox {_shown(inbox)} {problem}")
-        elif inbox.startswith(self._own) and not inbox.startswith(self._acks):
+        elif inbox.startswith(self._own) and not own_ack:
             error = LiftbridgeError("PERMISSION_DENIED", f"ack inbox {_shown(inbox)} is one of "
                                                          f"riverlog's own subjects")
-        elif self._inboxes_only and not inbox.startswith(self._acks) and \
-                not any(matches(p, inbox) for p in INBOXES):
+        elif self._inboxes_only and not own_ack and \
+                (allowed is None or not inbox.startswith(allowed)):
+            owner = "" if sender is None else f" of user {sender!r}"
             error = LiftbridgeError("PERMISSION_DENIED", f"ack inbox {_shown(inbox)} is not an "
-                                                         f"inbox ({', '.join(INBOXES)})")
+                                    f"inbox{owner} ({allowed or 'it has none'}>)")
         elif inbox in self._literal or any(matches(p, inbox) for p in self._wildcard):
             error = LiftbridgeError("PERMISSION_DENIED",
                                     f"ack inbox {_shown(inbox)} is a stream's subject")
         if len(errors) >= 4096:
             errors.clear()
-        errors[inbox] = error
+        errors[key] = error
         return error
+
+    def _sender(self, headers: dict | None) -> str | None:
+        """The NATS user who published a message, from the header the embedded server sets
+        (nats_auth.sender_of, each header value parsed once); None: riverlog's own publish."""
+        header = headers.get(SENDER_HEADER) if headers else None
+        if header is None:
+            return None
+        names = self._sender_names
+        name = names.get(header)
+        if name is None:
+            if len(names) >= 4096:
+                names.clear()
+            name = names[header] = sender_of(header)
+        return name
 
     def _refuse(self, subject: str, error: LiftbridgeError) -> None:
         """A NATS message is not stored: counted, and logged at most once a second."""
@@ -278,7 +301,7 @@ class NatsBridge:
             self._task(sub.unsubscribe())
 
     def resume(self, stream: Stream, partition: Partition) -> None:
-        if stream.config.subject and id(partition) not in self._subs:
+        if id(partition) not in self._subs:
             self._task(self._subscribe(stream, partition))
 
     def _leader_changed(self, name: str, index: int) -> None:
@@ -295,11 +318,15 @@ class NatsBridge:
             self.pause(stream, partition)
 
     async def _subscribe(self, stream: Stream, partition: Partition) -> None:
+        """Subscribe ``partition`` when its stream is attached (``_index``: a stream NATS
+        refused at start stays unsubscribed, resumed or not), not reserved (written by the
+        server itself, never from NATS) and this server leads it (only a partition's leader
+        ingests its subject)."""
         placement = self.service.broker.placement
         if self.nc is None or id(partition) in self._subs or stream.name in RESERVED_STREAMS \
+                or self._attached.get(stream.name) is not stream \
                 or not placement.leads(stream.name, partition.index):
-            return  # the reserved streams are written by the server itself, never from NATS;
-            # only a partition's leader ingests its subject
+            return
         subject = partition_subject(stream.config.subject or "", partition.index)
         sub = await self.nc.subscribe(subject, queue=stream.config.group or "",
                                       cb=self._handler(stream, partition),
@@ -345,7 +372,9 @@ class NatsBridge:
         nbytes = 0
         last_sr = plain = None  # (subject, reply) -> the headers of a message that has none
         last_inbox = inbox_b = None  # the last ack inbox, UTF-8 (one bytes object per inbox)
-        inbox_ok = ""  # the last ack inbox ack_inbox_error allowed
+        inbox_ok = ""  # the last ack inbox ack_inbox_error allowed, and for whom
+        sender = sender_ok = None
+        senders = self._senders
         for msg in msgs:
             data = msg.data
             subject = msg.subject
@@ -353,12 +382,15 @@ class NatsBridge:
             envelope = decode_publish(data) if data[:4] == MAGIC else None
             if envelope is not None:
                 inbox = envelope.ackInbox
-                if inbox and inbox != inbox_ok:
-                    error = self.ack_inbox_error(inbox)
-                    if error is not None:
-                        self._refuse(subject, error)
-                        continue
-                    inbox_ok = inbox
+                if inbox:
+                    if senders:
+                        sender = self._sender(msg.headers)
+                    if inbox != inbox_ok or sender != sender_ok:
+                        error = self.ack_inbox_error(inbox, sender)
+                        if error is not None:
+                            self._refuse(subject, error)
+                            continue
+                        inbox_ok, sender_ok = inbox, sender
             if len(data) > limit or (envelope is not None and concurrency
                                      and envelope.offset != -1):
                 if records:
@@ -449,8 +481,9 @@ class NatsBridge:
             self.queue_publish(ack.ackInbox.encode(), encode_ack(ack))
 
     def queue_publish(self, subject: bytes, data: bytes) -> None:
-        """Queue a NATS publish (``subject`` UTF-8 encoded); everything queued in one loop
-        turn is sent together."""
+        """Queue a NATS publish (``subject`` UTF-8 encoded, a subject NATS takes: an ack
+        inbox ``ack_inbox_error`` allowed, or the subject of a partition led elsewhere, checked
+        by CreateStream); everything queued in one loop turn is sent together."""
         self._out.append((subject, data))
         if self._out_task is None:
             self._out_task = asyncio.get_running_loop().create_task(self._flush_out())
@@ -473,10 +506,9 @@ class NatsBridge:
         Protocol") joined, handed to nats-py's outgoing buffer at once and flushed once
         (nats-py's publish does the same per message: checks, one PUB command, the buffer;
         its internals ``_send_command``/``_flush_pending`` are what publish calls, in nats-py
-        2.x; one write instead of a publish per ack saves ~1.4 µs of CPU per ack). A subject
-        that is no literal NATS subject of at most MAX_SUBJECT_BYTES (ack inboxes are checked
-        before, this keeps the connection safe whatever queued it) or a payload over the
-        server's max_payload is not sent, and logged."""
+        2.x; one write instead of a publish per ack saves ~1.4 µs of CPU per ack). Subjects
+        are sent as queued: every one was checked where it entered (``queue_publish``). A
+        payload over the server's max_payload is not sent, and logged."""
         out, self._out = self._out, []
         if nc.is_closed or nc.is_draining_pubs:
             log.error("%d NATS publishes not sent: the connection is closing", len(out))
@@ -484,15 +516,8 @@ class NatsBridge:
         max_payload = nc.max_payload
         lines = self._pub_lines
         parts = []
-        good = bad = None
         sent = nbytes = 0
         for subject, data in out:
-            if subject is not good:
-                if subject is bad or subject_problem(subject.decode(errors="replace")):
-                    bad = subject
-                    log.error("NATS publish to %s not sent: bad subject", _shown(repr(subject)))
-                    continue
-                good = subject
             size = len(data)
             if size > max_payload:
                 log.error("NATS publish to %r not sent: %d bytes exceed max_payload (%d)",

@@ -24,12 +24,13 @@ from typing import Awaitable, Callable, Collection
 
 from .. import __version__
 from ..broker import (RESERVED_STREAMS, Broker, Notification, Partition, SingleActiveConsumers,
-                      Stream, StreamConfig, SuperStreams)
+                      Stream, StreamConfig, SuperStreams, check_writable)
 from ..broker.placement import PartitionPlacement
 from ..broker.superstreams import split_member_name
 from ..config import MIN_SEGMENT_MAX_BYTES, RabbitStreamConfig, SecurityConfig
 from ..errors import (CorruptChunkError, InvalidArgumentError, LogClosedError, LogError,
-                      OffsetOutOfRangeError, StreamExistsError, StreamNotFoundError)
+                      OffsetOutOfRangeError, ReservedStreamError, StreamExistsError,
+                      StreamNotFoundError)
 from ..log import bloom
 from ..log.bloom import ChunkFilter, filter_from_properties
 from ..log.chunk import CHUNK_USER, ChunkFormatError, check_entry
@@ -674,14 +675,15 @@ class RabbitStreamConnection(asyncio.Protocol):
         stream with several partitions is ``<stream>-<i>`` (broker/superstreams.py)."""
         return self.server.super_streams.resolve(name)
 
-    def _place(self, name: str) -> tuple[str, int, PartitionPlacement | None] | None:
+    def _place(self, name: str, found: tuple[Stream, Partition] | None
+               ) -> tuple[str, int, PartitionPlacement | None] | None:
         """The broker stream, partition index and placement the name ``name`` stands for,
-        whether or not this server holds a replica: a local stream as ``_resolve`` finds it,
-        else, in a cluster, the partition the placement knows (``<stream>-<i>`` for
-        partition i of a stream with several; a real stream's name wins). None when
-        neither knows the name; the placement None when it does not know a local stream."""
+        whether or not this server holds a replica: a local stream as ``_resolve`` found it
+        (``found``: ``_resolve(name)``, each command resolves its stream once), else, in a
+        cluster, the partition the placement knows (``<stream>-<i>`` for partition i of a
+        stream with several; a real stream's name wins). None when neither knows the name;
+        the placement None when it does not know a local stream."""
         placement = self.broker.placement
-        found = self._resolve(name)
         if found is not None:
             stream, index = found[0].name, found[1].index
         elif not placement.clustered:
@@ -698,30 +700,32 @@ class RabbitStreamConnection(asyncio.Protocol):
         return stream, index, placement.of(stream, index)
 
     def _missing(self, name: str) -> int:
-        """The code for a name this server holds no replica of: STREAM_NOT_AVAILABLE when
-        the cluster has it on other servers (RabbitMQ's code for a stream it cannot reach
-        from here), STREAM_DOES_NOT_EXIST otherwise."""
-        return (ResponseCode.STREAM_DOES_NOT_EXIST if self._place(name) is None
+        """The code for a name this server holds no replica of (``_resolve`` found none):
+        STREAM_NOT_AVAILABLE when the cluster has it on other servers (RabbitMQ's code for a
+        stream it cannot reach from here), STREAM_DOES_NOT_EXIST otherwise."""
+        return (ResponseCode.STREAM_DOES_NOT_EXIST if self._place(name, None) is None
                 else ResponseCode.STREAM_NOT_AVAILABLE)
 
-    def _may(self, stream: str, action: str) -> bool:
+    def _may(self, stream: str, action: str,
+             found: tuple[Stream, Partition] | None) -> bool:
         """Authorization (riverlog.security.authz): False answers ACCESS_REFUSED (0x10), as
         RabbitMQ does for Create, Delete, DeclarePublisher, Subscribe and QueryOffset when the
-        user lacks the configure, write or read permission. A partition ``<stream>-<i>`` is
-        checked as its stream."""
-        found = self._resolve(stream)
+        user lacks the configure, write or read permission. ``found``: ``_resolve(stream)``
+        (each command resolves its stream once); a partition ``<stream>-<i>`` is checked as
+        its stream."""
         return self.guard.allowed(self.user, found[0].name if found else stream, action)
 
     def on_create(self, frame: f.Create) -> None:
         """In a cluster through ``Placement.create_stream`` (``x-initial-cluster-size``: the
         replication factor), answered once this server has applied it."""
-        if not self._may(frame.stream, CREATE):
+        found = self._resolve(frame.stream)
+        if not self._may(frame.stream, CREATE, found):
             self.send(f.CreateResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED))
             return
         respond = partial(f.CreateResponse, frame.correlation_id)
         if frame.stream in RESERVED_STREAMS:  # as RabbitMQ answers its reserved amq.* names
             self.send(respond(ResponseCode.PRECONDITION_FAILED))
-        elif self._place(frame.stream) is not None:  # the partitions of a stream too
+        elif self._place(frame.stream, found) is not None:  # the partitions of a stream too
             self.send(respond(ResponseCode.STREAM_ALREADY_EXISTS))
         elif self.broker.placement.clustered:
             self._await_cluster(self._create_in_cluster(
@@ -784,11 +788,12 @@ class RabbitStreamConnection(asyncio.Protocol):
         """A stream with several partitions is no stream here (0x02; DeleteSuperStream
         deletes it); one of its partitions cannot go alone (0x11). In a cluster through
         ``Placement.delete_stream``."""
-        if not self._may(frame.stream, DELETE):
+        found = self._resolve(frame.stream)
+        if not self._may(frame.stream, DELETE, found):
             self.send(f.DeleteResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED))
             return
         respond = partial(f.DeleteResponse, frame.correlation_id)
-        placed = self._place(frame.stream)
+        placed = self._place(frame.stream, found)
         if frame.stream in RESERVED_STREAMS:  # as RabbitMQ answers its reserved amq.* names
             code = ResponseCode.PRECONDITION_FAILED
         elif placed is None:
@@ -828,7 +833,7 @@ class RabbitStreamConnection(asyncio.Protocol):
         endpoint(placement.server_id)
         asked = []
         for name in frame.streams:
-            placed = self._place(name)
+            placed = self._place(name, self._resolve(name))
             where = placed[2] if placed else None
             if where is None:
                 asked.append((name, placed, None, ()))
@@ -853,11 +858,11 @@ class RabbitStreamConnection(asyncio.Protocol):
             f.Broker(i, host, port) for i, (host, port) in enumerate(brokers)), tuple(streams)))
 
     def on_stream_stats(self, frame: f.StreamStats) -> None:
-        if not self._may(frame.stream, CONSUME):
+        found = self._resolve(frame.stream)
+        if not self._may(frame.stream, CONSUME, found):
             self.send(f.StreamStatsResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED,
                                             {}))
             return
-        found = self._resolve(frame.stream)
         if found is None:
             self.send(f.StreamStatsResponse(frame.correlation_id,
                                             self._missing(frame.stream), {}))
@@ -902,7 +907,9 @@ class RabbitStreamConnection(asyncio.Protocol):
         answers Create for its reserved amq.* names) or STREAM_NOT_AVAILABLE when another
         server leads the partition (RabbitMQ's code when the leader cannot be reached:
         clients ask Metadata again and connect to the leader)."""
-        if name in RESERVED_STREAMS:
+        try:
+            check_writable(name)
+        except ReservedStreamError:
             return ResponseCode.PRECONDITION_FAILED
         found = self._resolve(name)
         if found is None:
@@ -911,7 +918,7 @@ class RabbitStreamConnection(asyncio.Protocol):
         taken = publisher_id in self.publishers or (reference and any(
             p.reference == reference and p.partition is partition
             for p in self.publishers.values()))
-        if not self._may(name, PUBLISH):
+        if not self._may(name, PUBLISH, found):
             return ResponseCode.ACCESS_REFUSED
         if taken:
             return ResponseCode.PRECONDITION_FAILED
@@ -1072,11 +1079,11 @@ class RabbitStreamConnection(asyncio.Protocol):
             self._resume_reading()
 
     def on_query_publisher_sequence(self, frame: f.QueryPublisherSequence) -> None:
-        if not self._may(frame.stream, PUBLISH):
+        found = self._resolve(frame.stream)
+        if not self._may(frame.stream, PUBLISH, found):
             self.send(f.QueryPublisherSequenceResponse(
                 frame.correlation_id, ResponseCode.ACCESS_REFUSED, 0))
             return
-        found = self._resolve(frame.stream)
         if found is None:
             self.send(f.QueryPublisherSequenceResponse(
                 frame.correlation_id, self._missing(frame.stream), 0))
@@ -1096,10 +1103,10 @@ class RabbitStreamConnection(asyncio.Protocol):
             self.send(f.SubscribeResponse(frame.correlation_id,
                                           ResponseCode.SUBSCRIPTION_ID_ALREADY_EXISTS))
             return
-        if not self._may(frame.stream, CONSUME):
+        found = self._resolve(frame.stream)
+        if not self._may(frame.stream, CONSUME, found):
             self.send(f.SubscribeResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED))
             return
-        found = self._resolve(frame.stream)
         if found is None:
             self.send(f.SubscribeResponse(frame.correlation_id,
                                           self._missing(frame.stream)))
@@ -1130,7 +1137,7 @@ class RabbitStreamConnection(asyncio.Protocol):
         properties do not move the answer (a filtered subscription skips chunks itself)."""
         code, offset = OK, 0
         found = self._resolve(frame.stream)
-        if not self._may(frame.stream, CONSUME):
+        if not self._may(frame.stream, CONSUME, found):
             code = ResponseCode.ACCESS_REFUSED
         elif found is None:
             code = self._missing(frame.stream)
@@ -1165,15 +1172,15 @@ class RabbitStreamConnection(asyncio.Protocol):
 
     def on_store_offset(self, frame: f.StoreOffset) -> None:
         found = self._resolve(frame.stream)
-        if found is not None and frame.reference and self._may(frame.stream, CONSUME):
+        if found is not None and frame.reference and self._may(frame.stream, CONSUME, found):
             found[1].offsets.store(frame.reference, frame.offset)
 
     def on_query_offset(self, frame: f.QueryOffset) -> None:
-        if not self._may(frame.stream, CONSUME):
+        found = self._resolve(frame.stream)
+        if not self._may(frame.stream, CONSUME, found):
             self.send(f.QueryOffsetResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED,
                                             0))
             return
-        found = self._resolve(frame.stream)
         if found is None:
             self.send(f.QueryOffsetResponse(frame.correlation_id,
                                             self._missing(frame.stream), 0))
@@ -1234,7 +1241,8 @@ class RabbitStreamConnection(asyncio.Protocol):
         exists, 0x11 for a bad list (reference doc)."""
         respond = partial(f.CreateSuperStreamResponse, frame.correlation_id)
         super_streams = self.server.super_streams
-        if not all(self._may(name, CREATE) for name in (frame.name, *frame.partitions)):
+        if not all(self._may(name, CREATE, self._resolve(name))
+                   for name in (frame.name, *frame.partitions)):
             self.send(respond(ResponseCode.ACCESS_REFUSED))
         elif self.broker.placement.clustered:
             self._await_cluster(self._create_in_cluster(
@@ -1250,7 +1258,8 @@ class RabbitStreamConnection(asyncio.Protocol):
         found = super_streams.find(frame.name)
         if found is None:
             code = ResponseCode.STREAM_DOES_NOT_EXIST
-        elif not all(self._may(name, DELETE) for name in (frame.name, *found.partitions)):
+        elif not all(self._may(name, DELETE, self._resolve(name))
+                     for name in (frame.name, *found.partitions)):
             code = ResponseCode.ACCESS_REFUSED
         elif self.broker.placement.clustered:
             self._await_cluster(_deleted(super_streams.delete_in_cluster(frame.name)),

@@ -10,7 +10,7 @@ import grpc
 
 from compat._servers import HOST, free_port
 from riverlog.config import (ClusterConfig, GrpcConfig, MetricsConfig, NatsConfig,
-                             RabbitStreamConfig, ServerConfig)
+                             RabbitStreamConfig, SecurityConfig, ServerConfig)
 from riverlog.protocol.liftbridge import api_pb2_grpc
 from riverlog.server.app import App
 
@@ -18,7 +18,8 @@ IDS = ("a", "b", "c")
 WAIT_S = 60
 
 
-def configs(tmp_path, password: str = "pw") -> list[ServerConfig]:
+def configs(tmp_path, password: str = "pw",
+            security: SecurityConfig | None = None) -> list[ServerConfig]:
     raft = {i: f"{HOST}:{free_port()}" for i in IDS}
     routes = {i: f"{HOST}:{free_port()}" for i in IDS}
     return [ServerConfig(
@@ -28,7 +29,8 @@ def configs(tmp_path, password: str = "pw") -> list[ServerConfig]:
         grpc=GrpcConfig(port=0), metrics=MetricsConfig(port=0),
         cluster=ClusterConfig(server_id=i, raft_address=raft[i], bootstrap_peers=IDS,
                               raft_peers=tuple((j, a) for j, a in raft.items() if j != i),
-                              raft_password=password)) for i in IDS]
+                              raft_password=password),
+        security=security or SecurityConfig()) for i in IDS]
 
 
 async def until(what: str, check):
@@ -41,10 +43,10 @@ async def until(what: str, check):
     raise AssertionError(f"still not: {what}")
 
 
-async def started(tmp_path) -> list[App]:
-    """Three started Apps of one cluster, once every server is registered everywhere (stop
-    them with ``stopped``)."""
-    apps = [App(c) for c in configs(tmp_path)]
+async def started(tmp_path, security: SecurityConfig | None = None) -> list[App]:
+    """Three started Apps of one cluster (``security``: every member's), once every server
+    is registered everywhere (stop them with ``stopped``)."""
+    apps = [App(c) for c in configs(tmp_path, security=security)]
     try:
         await asyncio.gather(*(a.start() for a in apps))
         await until("every server registered everywhere", lambda: all(

@@ -13,12 +13,14 @@ import grpc
 import nats
 import pytest
 
-from _apps import IDS, replica_bytes, stub_of, until
+from _apps import IDS, replica_bytes, started, stopped, stub_of, until
 from compat._servers import HOST
 from riverlog.broker import StreamConfig
+from riverlog.config import SecurityConfig
 from riverlog.cluster.state import StaleLeaderEpoch
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge.envelope import decode_ack, encode_publish
+from riverlog.security.users import hash_password
 
 
 async def test_a_stream_made_through_any_server_is_on_every_replica(cluster):
@@ -295,3 +297,73 @@ async def test_below_min_isr_nothing_commits_and_all_acks_are_refused(cluster):
         assert (partition.next_offset, partition.committed_offset) == (2, 0)
     finally:
         await channel.close()
+
+
+async def test_with_authorization_acks_reach_only_the_publishers_inboxes_across_routes(
+        tmp_path):
+    """Authorization on in a cluster: each embedded nats-server puts users in account USERS
+    and its bridge in RIVERLOG, joined by routes. alice publishes on a follower's nats-server;
+    the leader's NATS door learns she sent it (nats-server's Nats-Request-Info, added on the
+    follower's server and carried over the route), stores it once and acks her own inbox;
+    an envelope naming bob's inbox or riverlog's own ack inboxes is refused; the followers
+    replicate it; the namespace stays out of her reach in USERS too."""
+    passwords = {"alice": "alice-pw", "ops": "ops-pw"}
+    security = SecurityConfig(
+        users=tuple((name, hash_password(pw, rounds=4)) for name, pw in passwords.items()),
+        authz=True, authz_rules=(("p", "alice", "orders", "publish"),
+                                 ("p", "alice", "orders", "consume"), ("p", "ops", "*", "*")))
+    apps = await started(tmp_path, security)
+    errors: list[str] = []
+
+    async def on_error(exc):
+        errors.append(str(exc).lower())
+    nc = None
+    try:
+        channel, stub = stub_of(apps[0])
+        async with channel:
+            await stub.CreateStream(pb.CreateStreamRequest(
+                name="orders", subject="orders", replicationFactor=3), timeout=30,
+                metadata=(("authorization", "Basic b3BzOm9wcy1wdw=="),))  # ops:ops-pw
+        leader = await until("a leader", lambda: next((a for a in apps if "orders" in
+                             a.broker.streams and a.broker.placement.leads("orders", 0)), None))
+        follower = next(a for a in apps if a is not leader)
+        await until("orders on the follower", lambda: "orders" in follower.broker.streams)
+        await follower.nats.sync()  # alice's rights on its nats-server are in effect
+        nc = await nats.connect(follower.nats.url, user="alice", password="alice-pw",
+                                inbox_prefix="_INBOX.alice", error_cb=on_error)
+        acks = await nc.subscribe(nc.new_inbox())
+        await nc.flush()
+        namespace = leader.liftbridge.namespace
+
+        def envelope(inbox: str, correlation: str) -> bytes:
+            return encode_publish(pb.Message(value=correlation.encode(), ackInbox=inbox,
+                                             correlationId=correlation,
+                                             ackPolicy=pb.AckPolicy.LEADER))
+        for _ in range(600):  # the route and the leader's interest take a moment to form
+            await nc.publish("orders", envelope(acks.subject, "mine"))
+            try:
+                ack = decode_ack((await acks.next_msg(timeout=0.1)).data)
+                break
+            except nats.errors.TimeoutError:
+                continue
+        # in order over one connection and route: the refused ones are never stored
+        for inbox in ("_INBOX.bob.acks", f"{namespace}.ack.x"):  # not hers
+            await nc.publish("orders", envelope(inbox, "forged"))
+        await nc.publish("orders", envelope(acks.subject, "last"))
+        while ack.correlationId == "mine":
+            previous, ack = ack, decode_ack((await acks.next_msg(timeout=10)).data)
+        assert (ack.stream, ack.correlationId, ack.offset) == ("orders", "last",
+                                                               previous.offset + 1)
+        assert leader.broker.streams["orders"].partitions[0].next_offset == ack.offset + 1
+        # replication runs between the bridges, in RIVERLOG, under the namespace
+        await until("the followers hold what the leader holds", lambda: all(
+            a.broker.streams["orders"].partitions[0].committed_offset == ack.offset
+            for a in apps))
+        await nc.subscribe(f"{namespace}.>")
+        await nc.flush()
+        await until("the refusal", lambda: errors)
+        assert len(errors) == 1 and "permissions violation for subscription" in errors[0]
+    finally:
+        if nc is not None:
+            await nc.close()
+        await stopped(apps)

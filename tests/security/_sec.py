@@ -93,10 +93,12 @@ class Client:
         self.nc = None
 
     async def connect(self, url: str, user: str | None, password: str | None = None,
-                      tls: ssl.SSLContext | None = None) -> "Client":
+                      tls: ssl.SSLContext | None = None, **options) -> "Client":
+        """``options``: more nats.connect() arguments (e.g. ``inbox_prefix``)."""
         async def on_error(exc):
             self.errors.append(str(exc))
-        options = {"tls": tls} if tls is not None else {}
+        if tls is not None:
+            options["tls"] = tls
         if user is not None:
             options.update(user=user,
                            password=PASSWORDS.get(user, "") if password is None else password)

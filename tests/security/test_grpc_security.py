@@ -146,3 +146,30 @@ async def test_tls_without_authorization_needs_no_credentials(tmp_path, users, p
             ack = (await stub.Publish(pb.PublishRequest(
                 stream="open", value=b"v", ackPolicy=pb.AckPolicy.LEADER), timeout=10)).ack
             assert ack.offset == 0
+
+
+async def test_a_first_login_runs_bcrypt_once(tmp_path, users, monkeypatch):
+    """On the h2 transport a call's credentials are checked when its headers arrive and again
+    by the handler's wrapper: the two checks of a pair not seen before share one bcrypt run
+    (bcrypt.checkpw is counted, and still does the work)."""
+    import bcrypt
+    runs = []
+    checkpw = bcrypt.checkpw
+
+    def counted(password, hashed):
+        runs.append(password)
+        return checkpw(password, hashed)
+
+    monkeypatch.setattr(bcrypt, "checkpw", counted)
+    async with running(tmp_path, security(users)) as app:
+        async with channel(app) as ch:
+            stub = APIStub(ch)
+            await stub.FetchMetadata(pb.FetchMetadataRequest(), metadata=basic("alice"),
+                                     timeout=10)
+            assert len(runs) == 1
+            await stub.FetchMetadata(pb.FetchMetadataRequest(), metadata=basic("alice"),
+                                     timeout=10)  # remembered
+            assert await status_of(stub.FetchMetadata(
+                pb.FetchMetadataRequest(), metadata=basic("bob", "wrong"),
+                timeout=10)) == UNAUTHENTICATED
+        assert runs == [b"alice-pw", b"wrong"]

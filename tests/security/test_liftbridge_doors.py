@@ -20,7 +20,7 @@ from riverlog.config import SecurityConfig
 from riverlog.ops import scrape, stats_tables
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge.api_pb2_grpc import APIStub
-from riverlog.protocol.liftbridge.envelope import decode_ack, encode_publish
+from riverlog.protocol.liftbridge.envelope import decode_ack, decode_publish, encode_publish
 from riverlog.security.authz import Authorizer
 from riverlog.server.embedded_nats import EmbeddedNats
 
@@ -140,6 +140,35 @@ async def test_stream_subjects_are_checked_and_a_stored_bad_one_stays_detached(t
         await client.nc.close()
 
 
+async def test_resuming_a_paused_stream_left_detached_keeps_it_detached(tmp_path, caplog):
+    """A paused stream whose stored subject NATS refuses: a publish over gRPC resumes it and
+    it is stored, but the NATS door never subscribes it (that would make nats-server drop
+    riverlog's connection)."""
+    async with running(tmp_path, SecurityConfig()) as app:
+        app.broker.create("stored", StreamConfig(subject="t." + "x" * 5000))
+        app.liftbridge.pause("stored", [], False)
+    caplog.set_level(logging.INFO, "riverlog.nats")
+    caplog.clear()
+    async with running(tmp_path, SecurityConfig()) as app:  # the same data folder
+        assert "stream 'stored' is not attached to NATS" in caplog.text
+        link = app.nats.nc
+        channel, stub = stub_of(app)
+        async with channel:
+            await stub.CreateStream(pb.CreateStreamRequest(name="good", subject="good"),
+                                    timeout=10)
+            await stub.Publish(pb.PublishRequest(stream="stored", value=b"resumes"),
+                               timeout=10)
+        assert not app.broker.streams["stored"].partitions[0].paused
+        await app.nats.sync()
+        client = await Client().connect(app.nats.url, None)
+        await client.publish("good", b"still served")
+        await wait_stored(app, "good", 1)
+        await wait_stored(app, "stored", 1)
+        assert app.nats.nc is link and link.is_connected
+        assert "closed riverlog's connection" not in caplog.text
+        await client.nc.close()
+
+
 async def test_a_stream_never_widens_its_users_nats_rights(tmp_path, users):
     """bob may do anything on bob.*; he may not attach a stream to another subject, and a
     stream an admin attaches to `secret` gives him no NATS right on `secret`."""
@@ -186,8 +215,8 @@ async def test_acks_go_only_to_inboxes_never_to_stream_subjects(tmp_path, users)
             # a stream's subject, and a subject alice may not subscribe to, as ack inboxes
             for inbox in ("secret", "orders.eu", "alice.notify"):
                 await client.publish("orders.eu", enveloped(b"no", inbox))
-            sub = await client.nc.subscribe("_INBOX.alice")
-            await client.publish("orders.eu", enveloped(b"yes", "_INBOX.alice"))
+            sub = await client.nc.subscribe("_INBOX.alice.acks")
+            await client.publish("orders.eu", enveloped(b"yes", "_INBOX.alice.acks"))
             assert (await next_ack(sub)).offset == 0
             for inbox in ("secret", "orders.eu", "alice.notify"):
                 assert await status_of(stub.Publish(pb.PublishRequest(
@@ -197,12 +226,87 @@ async def test_acks_go_only_to_inboxes_never_to_stream_subjects(tmp_path, users)
                     subject="orders.eu", value=b"no", ackInbox=inbox, ackPolicy=LEADER),
                     metadata=alice, timeout=10)) == DENIED, inbox
             resp = await stub.Publish(pb.PublishRequest(
-                stream="orders.eu", value=b"yes", ackInbox="_INBOX.alice", ackPolicy=LEADER),
+                stream="orders.eu", value=b"yes", ackInbox="_INBOX.alice.acks", ackPolicy=LEADER),
                 metadata=alice, timeout=10)
             assert resp.ack.offset == 1 and (await next_ack(sub)).offset == 1
             assert stored(app, "orders.eu") == 2 and stored(app, "secret") == 0
             assert client.errors == []
             await client.nc.close()
+
+
+async def test_a_forged_ack_never_reaches_another_users_inbox(tmp_path, users):
+    """bob names alice's ack inbox in an envelope he publishes on his own stream, over NATS
+    (even with a made-up sender header) and over gRPC: riverlog knows he published it and
+    refuses it, as it refuses reading her inboxes. alice's own acks arrive, plain publishes
+    are stored, and NATS subscribers of a stream's subject see every message once, riverlog's
+    own publishes (PublishToSubject) included."""
+    async with running(tmp_path, security(users)) as app:
+        channel, stub = stub_of(app)
+        ops = basic("ops")
+        async with channel:
+            for name in ("orders.eu", "bob.own"):
+                await stub.CreateStream(pb.CreateStreamRequest(name=name, subject=name),
+                                        metadata=ops, timeout=10)
+            alice = await Client().connect(app.nats.url, "alice", inbox_prefix="_INBOX.alice")
+            bob = await Client().connect(app.nats.url, "bob")
+            acks = await alice.nc.subscribe(alice.nc.new_inbox())
+            seen = await bob.nc.subscribe("orders.eu")  # bob reads orders.*
+            await bob.nc.subscribe("_INBOX.alice.>")
+            await bob.nc.subscribe("_INBOX.>")
+            await bob.nc.flush()
+            assert all("permissions violation for subscription" in e.lower()
+                       for e in await bob.errors_reach(2))
+            forged = encode_publish(pb.Message(value=b"forged", ackInbox=acks.subject,
+                                               correlationId="alice-1", ackPolicy=LEADER))
+            await bob.publish("bob.own", forged)
+            await bob.nc.publish("bob.own", forged, headers={
+                "Nats-Request-Info": '{"acc":"USERS","user":"alice"}'})
+            assert await status_of(stub.Publish(pb.PublishRequest(
+                stream="bob.own", value=b"forged", ackInbox=acks.subject,
+                correlationId="alice-1", ackPolicy=LEADER), metadata=basic("bob"),
+                timeout=10)) == DENIED
+            assert await status_of(stub.PublishToSubject(pb.PublishToSubjectRequest(
+                subject="bob.own", value=b"forged", ackInbox=acks.subject,
+                correlationId="alice-1", ackPolicy=LEADER), metadata=basic("bob"),
+                timeout=10)) == DENIED
+            own = await bob.nc.subscribe("_INBOX.bob.acks")
+            await bob.publish("bob.own", enveloped(b"bob's", "_INBOX.bob.acks"))
+            assert (await next_ack(own)).offset == 0  # bob's own inbox: acked
+
+            await alice.publish("orders.eu", b"plain")
+            await alice.publish("orders.eu", encode_publish(pb.Message(
+                value=b"enveloped", ackInbox=acks.subject, correlationId="alice-1",
+                ackPolicy=LEADER)))
+            ack = await next_ack(acks)  # the first ack alice gets is her own
+            assert (ack.stream, ack.offset, ack.correlationId) == ("orders.eu", 1, "alice-1")
+            await stub.PublishToSubject(pb.PublishToSubjectRequest(
+                subject="orders.eu", value=b"from riverlog"), metadata=ops, timeout=10)
+            await alice.publish("orders.eu", b"last")
+            await wait_stored(app, "orders.eu", 4)
+            assert stored(app, "bob.own") == 1
+            got = [(await seen.next_msg(timeout=5)).data for _ in range(4)]
+            assert got[0] == b"plain" and got[3] == b"last"
+            assert [decode_publish(data).value for data in got[1:3]] == [b"enveloped",
+                                                                         b"from riverlog"]
+            assert acks.pending_msgs == 0 and alice.errors == [] and len(bob.errors) == 2
+            for client in (alice, bob):
+                await client.nc.close()
+
+
+async def test_publish_to_subject_without_an_ack_inbox_is_acked_with_authorization(tmp_path,
+                                                                                    users):
+    """PublishToSubject names riverlog's own ack inbox when the caller gives none; with
+    authorization on the NATS door refused it (it is no user's inbox), so nothing was stored
+    and the call ran into its deadline."""
+    async with running(tmp_path, security(users)) as app:
+        channel, stub = stub_of(app)
+        async with channel:
+            await stub.CreateStream(pb.CreateStreamRequest(name="orders.eu", subject="orders.eu"),
+                                    metadata=basic("ops"), timeout=10)
+            resp = await stub.PublishToSubject(pb.PublishToSubjectRequest(
+                subject="orders.eu", value=b"acked", ackPolicy=LEADER), metadata=basic("alice"),
+                timeout=10)
+        assert resp.ack.offset == 0 and stored(app, "orders.eu") == 1
 
 
 @pytest.mark.parametrize("transport", ["h2", "grpcio"])

@@ -45,7 +45,7 @@ async def test_nats_users_and_permissions_follow_the_policy(tmp_path, users, pki
 
         alice = await Client().connect(url, "alice", tls=tls)
         await alice.publish("orders.eu", b"plain")
-        inbox = "_INBOX.alice"
+        inbox = "_INBOX.alice.acks"  # her own inboxes: _INBOX.alice.>
         sub = await alice.nc.subscribe(inbox)
         await alice.publish("orders.eu", encode_publish(pb.Message(
             value=b"enveloped", ackInbox=inbox, ackPolicy=pb.AckPolicy.LEADER)))

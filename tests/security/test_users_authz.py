@@ -13,6 +13,7 @@ from riverlog.config import SecurityConfig
 from riverlog.config_file import ConfigError, build, load
 from riverlog.security.authz import Authorizer, read_policy_file
 from riverlog.security.guard import Guard
+from riverlog.security.nats_auth import own_inboxes
 from riverlog.security.users import GUEST_HASH, Users, hash_password
 
 RIVERLOG = [sys.executable, "-m", "riverlog"]
@@ -147,3 +148,11 @@ def test_riverlog_user_hash_command():
     out = subprocess.run(RIVERLOG + ["user", "hash", "--rounds", "3", "--password", "x"],
                          capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode != 0 and "Traceback" not in out.stderr
+
+
+def test_own_inboxes_are_one_token_under_inbox():
+    """A user's ack inboxes are `_INBOX.<user>.>`; a name that is not one subject token has
+    none (`alice`'s would otherwise cover `alice.smith`'s, and `*`/`>` everyone's)."""
+    assert own_inboxes("alice") == "_INBOX.alice."
+    for name in ("alice.smith", "*", ">", "a b", ""):
+        assert own_inboxes(name) is None, name
