@@ -32,6 +32,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 
 import grpc
 
@@ -66,6 +67,8 @@ class Harness:
         self.publishing = asyncio.Event()
         self.idle = asyncio.Event()
         self.failovers: list[float] = []
+        self.raft_failovers: list[float] = []
+        """Those of faults that hit the Raft leader too (an election comes first)."""
         self.problems: list[str] = []
         self.checked_faults = 0
 
@@ -89,6 +92,20 @@ class Harness:
             part = await self.partition(server)
             if part is not None and part.leader:
                 return part.leader
+        return None
+
+    def raft_leader(self) -> str | None:
+        """The server whose /metrics says it leads the metadata Raft."""
+        for member, proc in zip(self.cluster.members, self.cluster.procs):
+            if proc.poll() is not None:
+                continue
+            url = f"http://{self.cluster.host}:{member.ports['metrics']}/metrics"
+            try:
+                with urllib.request.urlopen(url, timeout=1) as r:
+                    if "riverlog_raft_leader 1.0" in r.read().decode():
+                        return member.id
+            except OSError:
+                continue
         return None
 
     async def until(self, what: str, check):
@@ -143,6 +160,7 @@ class Harness:
     # -- faults -----------------------------------------------------------------------
     async def fault(self, kind: str, stop_s: float) -> None:
         leader, _ = await self.steady()
+        raft = await asyncio.to_thread(self.raft_leader) == leader
         index = self.ids.index(leader)
         proc = self.cluster.procs[index]
         self.publishing.set()
@@ -157,6 +175,8 @@ class Harness:
         await self.until(f"an ack after the {kind} of {leader}", failed_over)
         self.failovers.append(min(acked for _, _, sent, acked in self.acked[-50:]
                                   if sent > t0) - t0)
+        if raft:
+            self.raft_failovers.append(self.failovers[-1])
         if kind == "kill":
             self.cluster.restart(index)
         else:
@@ -164,7 +184,8 @@ class Harness:
             proc.send_signal(signal.SIGCONT)
         await self.steady()
         await self.pause()
-        await self.check(f"{kind} #{len(self.failovers)} of {leader}")
+        await self.check(f"{kind} #{len(self.failovers)} of {leader}"
+                         + (" (Raft leader)" if raft else ""))
 
     # -- checks -----------------------------------------------------------------------
     async def read_replica(self, server: str, high_watermark: int) -> list[tuple[int, bytes]]:
@@ -201,7 +222,18 @@ class Harness:
         return bytes(out)
 
     async def check(self, after: str) -> None:
-        leader, part = await self.steady()
+        newest_acked = max((offset for _, offset, *_ in self.acked), default=-1)
+
+        async def committed():  # a new leader's high watermark moves on with its followers
+            leader, part = await self.steady()
+            return (leader, part) if part.highWatermark >= newest_acked else None
+        try:
+            leader, part = await self.until(f"the high watermark at offset {newest_acked}",
+                                            committed)
+        except Stuck:
+            leader, part = await self.steady()
+            self.problems.append(f"after {after}: the high watermark stays at "
+                                 f"{part.highWatermark}, below the acked offset {newest_acked}")
         high_watermark = part.highWatermark
 
         async def caught_up():
@@ -270,6 +302,10 @@ async def run(args, cluster: LocalCluster) -> int:
     if failovers:
         print(f"failover p50 {statistics.median(failovers):.2f} s, p99 "
               f"{percentile(failovers, 0.99):.2f} s, max {max(failovers):.2f} s")
+    if harness.raft_failovers:
+        print(f"of which {len(harness.raft_failovers)} hit the Raft leader too: p50 "
+              f"{statistics.median(harness.raft_failovers):.2f} s, max "
+              f"{max(harness.raft_failovers):.2f} s")
     lost = sum("lacks" in p for p in harness.problems)
     print(f"problems: {len(harness.problems)} (checks reporting loss: {lost})")
     for problem in harness.problems:
