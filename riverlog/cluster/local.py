@@ -140,7 +140,7 @@ def table(members: list[Member], host: str, pids: list[int]) -> str:
 
 
 class LocalCluster:
-    """N `riverlog serve` processes. ``start()``, ``wait_registered()``, ``watch()``,
+    """N `riverlog serve` processes. ``start()``, ``wait_registered()``, ``restart(i)``,
     ``stop()``; ``members`` and ``procs`` in the same order."""
 
     def __init__(self, directory: str, servers: int, host: str = "127.0.0.1") -> None:
@@ -152,13 +152,20 @@ class LocalCluster:
         self.procs: list[subprocess.Popen] = []
 
     def start(self) -> None:
-        for member in self.members:
-            command, env = serve_command(member, self.members, self.directory, self.host)
-            os.makedirs(os.path.join(self.directory, member.id), exist_ok=True)
-            with open(os.path.join(self.directory, member.id, "riverlog.log"), "ab") as out:
-                self.procs.append(subprocess.Popen(
-                    command, env={**os.environ, **env}, stdin=subprocess.DEVNULL, stdout=out,
-                    stderr=subprocess.STDOUT, start_new_session=True))
+        self.procs = [self._spawn(member) for member in self.members]
+
+    def restart(self, index: int) -> None:
+        """Start member ``index`` again (its process exited, e.g. killed to try a failover)
+        with the same ports and data."""
+        self.procs[index] = self._spawn(self.members[index])
+
+    def _spawn(self, member: Member) -> subprocess.Popen:
+        command, env = serve_command(member, self.members, self.directory, self.host)
+        os.makedirs(os.path.join(self.directory, member.id), exist_ok=True)
+        with open(os.path.join(self.directory, member.id, "riverlog.log"), "ab") as out:
+            return subprocess.Popen(
+                command, env={**os.environ, **env}, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True)
 
     def exited(self) -> list[tuple[str, int]]:
         """(server id, exit code) of the servers that exited."""

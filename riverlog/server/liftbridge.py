@@ -479,7 +479,7 @@ class Liftbridge:
         """Liftbridge's publish preconditions, as (code, message) of a PublishAsyncError:
         raises LiftbridgeError with code "BAD_REQUEST" (no stream name, a reserved stream,
         NONE ack policy on a stream with optimistic concurrency), "NOT_FOUND" (stream,
-        partition), "READONLY". Reserved streams are riverlog's rule: Liftbridge refuses
+        partition; in a cluster, a partition this server does not lead), "READONLY". Reserved streams are riverlog's rule: Liftbridge refuses
         only to create and delete them, but a client-written cursor record is read back at
         every start."""
         if not name:
@@ -490,6 +490,12 @@ class Liftbridge:
             raise LiftbridgeError("NOT_FOUND", f"no such stream: {name}")
         if not 0 <= index < len(stream.partitions):
             raise LiftbridgeError("NOT_FOUND", f"no such partition: {index}")
+        placement = self.broker.placement
+        if placement.clustered and not placement.leads(name, index):
+            # no leader known here (a restarting member before it caught up with Raft, a
+            # partition without an in-sync replica): a write here would be truncated later
+            raise LiftbridgeError("NOT_FOUND", f"no leader of partition {index} of stream "
+                                  f"{name} is known here")
         partition = stream.partitions[index]
         if partition.readonly:
             raise LiftbridgeError("READONLY", f"readonly partition: {index}")
@@ -497,7 +503,7 @@ class Liftbridge:
             raise LiftbridgeError("BAD_REQUEST",
                                   "stream with concurrency control must have AckPolicy set")
         if ack_policy == ALL:
-            placed = self.broker.placement.of(name, index)
+            placed = placement.of(name, index)
             if placed is not None and placed.under_min_isr:
                 raise LiftbridgeError("INTERNAL", f"not enough in-sync replicas for AckPolicy "
                                       f"ALL: ISR {len(placed.isr)} < minIsr {placed.min_isr}")

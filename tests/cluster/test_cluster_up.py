@@ -10,6 +10,7 @@ import os
 import signal
 
 import grpc
+import pytest
 
 from _cluster import WAIT_S, cluster_up, metadata, raft_leader, read_table, until, with_stream
 from riverlog.protocol.liftbridge import api_pb2 as pb
@@ -76,3 +77,57 @@ async def test_cluster_up_serves_and_survives_the_raft_leaders_kill(cluster_up, 
     assert cluster_up.wait(60) == 0
     for server_id in left:  # every server stopped with it
         assert await metadata(grpc_of[server_id]) is None
+
+
+async def test_a_restarted_leader_leads_nothing_before_it_caught_up_with_raft(tmp_path):
+    # A member starting again holds its streams' folders, and its Raft state (none yet, or
+    # its journal replayed) names it the leader of the partition it led before its SIGKILL.
+    # Until it has caught up with the Raft log it must take no write (the others elected
+    # another leader meanwhile): here the two others are stopped, so it cannot catch up; a
+    # LEADER publish it acked would be truncated once it follows the new leader.
+    from riverlog.cluster.local import LocalCluster
+    cluster = LocalCluster(str(tmp_path / "cluster"), 3)
+    cluster.start()
+    try:
+        await asyncio.to_thread(cluster.wait_registered)
+        grpc_of = {m.id: f"{cluster.host}:{m.ports['grpc']}" for m in cluster.members}
+        async with grpc.aio.insecure_channel(grpc_of["s0"]) as channel:
+            await api_pb2_grpc.APIStub(channel).CreateStream(pb.CreateStreamRequest(
+                name="orders", subject="orders", replicationFactor=3), timeout=30)
+
+        async def leader_seen_by(server_id: str) -> str | None:
+            meta = await with_stream(grpc_of[server_id], "orders")
+            return meta and [s for s in meta.streamMetadata
+                             if s.name == "orders"][0].partitions[0].leader
+        old = await until("a leader", lambda: leader_seen_by("s0"))
+        index = [m.id for m in cluster.members].index(old)
+        cluster.procs[index].kill()
+        cluster.procs[index].wait()
+        others = [m.id for m in cluster.members if m.id != old]
+
+        async def new_leader():
+            leader = await leader_seen_by(others[0])
+            return leader if leader not in ("", old) else None
+        await until("another leader", new_leader)
+        for i, proc in enumerate(cluster.procs):
+            if i != index:
+                proc.send_signal(signal.SIGSTOP)
+        cluster.restart(index)
+        await until("the restarted server serving", lambda: with_stream(grpc_of[old], "orders"))
+        async with grpc.aio.insecure_channel(grpc_of[old]) as channel:
+            with pytest.raises(grpc.aio.AioRpcError):
+                await api_pb2_grpc.APIStub(channel).Publish(pb.PublishRequest(
+                    stream="orders", value=b"stale", ackPolicy=pb.LEADER), timeout=5)
+        for i, proc in enumerate(cluster.procs):
+            if i != index:
+                proc.send_signal(signal.SIGCONT)
+
+        async def follows():  # caught up: it names the leader the others elected
+            leader = await leader_seen_by(old)
+            return leader if leader not in ("", old) else None
+        assert await until("the restarted server caught up", follows) in others
+    finally:
+        for proc in cluster.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+        cluster.stop()
