@@ -194,16 +194,20 @@ async def test_a_new_leader_takes_the_nats_subject_over(cluster):
         await channel.close()
 
 
+async def created(cluster, name: str, **config):
+    """Create stream ``name`` (StreamConfig ``config``) through the first member; return its
+    partition 0's placement once every member applied it."""
+    await cluster[0].broker.placement.create_stream(name, StreamConfig(**config))
+    await until(f"{name} applied everywhere", lambda: all(
+        x.broker.placement.of(name, 0) is not None for x in cluster))
+    return cluster[0].broker.placement.of(name, 0)
+
+
 async def test_replication_events_change_the_metadata_everywhere(cluster):
     """What replication asks (ClusterNode as ReplicationEvents): ISR shrink and expand under
     the leader epoch, and a leader reported by both followers (Liftbridge's quorum: more
     than (ISR - 1) / 2) is replaced; a stale report is refused."""
-    a = cluster[0]
-    await a.broker.placement.create_stream("events", StreamConfig(subject="events",
-                                                                   replication_factor=3))
-    await until("events applied everywhere", lambda: all(
-        x.broker.placement.of("events", 0) is not None for x in cluster))
-    placed = a.broker.placement.of("events", 0)
+    placed = await created(cluster, "events", subject="events", replication_factor=3)
     leader = cluster[IDS.index(placed.leader)]
     first, second = [x for x in cluster if x is not leader]
     follower = first.config.cluster.server_id
@@ -231,12 +235,7 @@ async def test_spark_connections_go_where_the_stream_lives(cluster):
     from riverlog.client import OffsetType
     from riverlog.record import Record, decode_record, encode_record
     from riverlog.spark.options import Connection
-    a = cluster[0]
-    await a.broker.placement.create_stream("sparked", StreamConfig(subject="sparked",
-                                                                   replication_factor=2))
-    await until("sparked applied everywhere", lambda: all(
-        x.broker.placement.of("sparked", 0) is not None for x in cluster))
-    placed = a.broker.placement.of("sparked", 0)
+    placed = await created(cluster, "sparked", subject="sparked", replication_factor=2)
     (outsider,) = [x for x in cluster if x.config.cluster.server_id not in placed.replicas]
     leader = cluster[IDS.index(placed.leader)]
     start_at = Connection(servers=((HOST, outsider.rabbitmq_stream.port),))
@@ -265,13 +264,9 @@ async def test_spark_connections_go_where_the_stream_lives(cluster):
 async def test_below_min_isr_nothing_commits_and_all_acks_are_refused(cluster):
     """minIsr as Liftbridge's: once the ISR is smaller, the leader's high watermark stops
     (a LEADER-acked record is stored but not committed) and a publish asking ALL is refused
-    at once; a follower back in the ISR commits the held records."""
-    a = cluster[0]
-    await a.broker.placement.create_stream("guarded", StreamConfig(
-        subject="guarded", replication_factor=2, min_isr=2))
-    await until("guarded applied everywhere", lambda: all(
-        x.broker.placement.of("guarded", 0) is not None for x in cluster))
-    placed = a.broker.placement.of("guarded", 0)
+    at once."""
+    placed = await created(cluster, "guarded", subject="guarded", replication_factor=2,
+                           min_isr=2)
     leader = cluster[IDS.index(placed.leader)]
     (follower_id,) = [r for r in placed.replicas if r != placed.leader]
     follower = cluster[IDS.index(follower_id)]
