@@ -491,7 +491,8 @@ class Liftbridge:
         if not 0 <= index < len(stream.partitions):
             raise LiftbridgeError("NOT_FOUND", f"no such partition: {index}")
         placement = self.broker.placement
-        if placement.clustered and not placement.leads(name, index):
+        placed = placement.of(name, index) if placement.clustered else None  # one lookup
+        if placement.clustered and (placed is None or placed.leader != placement.server_id):
             # no leader known here (a restarting member before it caught up with Raft, a
             # partition without an in-sync replica): a write here would be truncated later
             raise LiftbridgeError("NOT_FOUND", f"no leader of partition {index} of stream "
@@ -502,11 +503,9 @@ class Liftbridge:
         if stream.config.optimistic_concurrency and ack_policy == NONE:
             raise LiftbridgeError("BAD_REQUEST",
                                   "stream with concurrency control must have AckPolicy set")
-        if ack_policy == ALL:
-            placed = placement.of(name, index)
-            if placed is not None and placed.under_min_isr:
-                raise LiftbridgeError("INTERNAL", f"not enough in-sync replicas for AckPolicy "
-                                      f"ALL: ISR {len(placed.isr)} < minIsr {placed.min_isr}")
+        if ack_policy == ALL and placed is not None and placed.under_min_isr:
+            raise LiftbridgeError("INTERNAL", f"not enough in-sync replicas for AckPolicy "
+                                  f"ALL: ISR {len(placed.isr)} < minIsr {placed.min_isr}")
         return stream, partition
 
     def ingest(self, stream: Stream, partition: Partition, *, value: bytes, key: bytes | None,
