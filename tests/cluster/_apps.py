@@ -11,6 +11,7 @@ import grpc
 from compat._servers import HOST, free_port
 from riverlog.config import (ClusterConfig, GrpcConfig, MetricsConfig, NatsConfig,
                              RabbitStreamConfig, SecurityConfig, ServerConfig)
+from riverlog.cluster.metadata import RaftBindError
 from riverlog.protocol.liftbridge import api_pb2_grpc
 from riverlog.server.app import App
 
@@ -45,16 +46,25 @@ async def until(what: str, check):
 
 async def started(tmp_path, security: SecurityConfig | None = None) -> list[App]:
     """Three started Apps of one cluster (``security``: every member's), once every server
-    is registered everywhere (stop them with ``stopped``)."""
-    apps = [App(c) for c in configs(tmp_path, security=security)]
-    try:
-        await asyncio.gather(*(a.start() for a in apps))
-        await until("every server registered everywhere", lambda: all(
-            a.broker.placement.servers() == IDS for a in apps))
-    except BaseException:
-        await stopped(apps)
-        raise
-    return apps
+    is registered everywhere (stop them with ``stopped``). A Raft port picked free can be
+    taken before pysyncobj binds it (an outgoing connection's ephemeral port: CI saw it once),
+    so a RaftBindError starts the cluster again on new ports, in a new folder, twice at most."""
+    for attempt in range(3):
+        apps = [App(c) for c in configs(tmp_path / f"attempt{attempt}", security=security)]
+        try:
+            await asyncio.gather(*(a.start() for a in apps))
+            await until("every server registered everywhere", lambda: all(
+                a.broker.placement.servers() == IDS for a in apps))
+        except RaftBindError:
+            await stopped(apps)
+            if attempt == 2:
+                raise
+            continue
+        except BaseException:
+            await stopped(apps)
+            raise
+        return apps
+    raise AssertionError("unreachable")
 
 
 async def stopped(apps: list[App]) -> None:
