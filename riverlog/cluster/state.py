@@ -94,6 +94,9 @@ class Stream:
     subject: str
     partitions: tuple[Partition, ...]
     config: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    resume_all: bool = False
+    """Paused with Liftbridge's resumeAll: a publish to any partition resumes every paused
+    one (set by the latest pause, cleared by a resume)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -279,14 +282,26 @@ def expand_isr(state: ClusterState, stream: str, index: int, replica: str,
     return _with_partition(state, new), new
 
 
-def set_partition_flags(state: ClusterState, stream: str, index: int,
-                        paused: bool | None = None,
-                        read_only: bool | None = None) -> tuple[ClusterState, Partition]:
-    """Set the partition's paused / read-only flags (None leaves a flag as it is)."""
-    part = state.partition(stream, index)
-    new = dataclasses.replace(part, paused=part.paused if paused is None else paused,
-                              read_only=part.read_only if read_only is None else read_only)
-    return _with_partition(state, new), new
+def set_partition_flags(state: ClusterState, stream: str, partitions: tuple[int, ...] = (),
+                        paused: bool | None = None, read_only: bool | None = None,
+                        resume_all: bool | None = None) -> tuple[ClusterState, Stream]:
+    """Set the paused / read-only flags of ``partitions`` of ``stream`` (empty: all of them,
+    as Liftbridge's PauseStream and SetStreamReadonly), and the stream's ``resume_all``
+    (None leaves a flag as it is). Returns the changed stream. Raises NoSuchStream,
+    NoSuchPartition (nothing changes then)."""
+    found = state.streams.get(stream)
+    if found is None:
+        raise NoSuchStream(f"no stream {stream!r}")
+    chosen = set(partitions or range(len(found.partitions)))
+    for index in chosen:
+        state.partition(stream, index)  # NoSuchPartition
+    parts = tuple(dataclasses.replace(
+        p, paused=p.paused if paused is None else paused,
+        read_only=p.read_only if read_only is None else read_only)
+        if p.index in chosen else p for p in found.partitions)
+    new = dataclasses.replace(found, partitions=parts, resume_all=found.resume_all
+                              if resume_all is None else resume_all)
+    return dataclasses.replace(state, streams={**state.streams, stream: new}), new
 
 
 def join_group(state: ClusterState, group: str, consumer: str, streams: tuple[str, ...],

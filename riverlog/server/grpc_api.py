@@ -272,14 +272,14 @@ class GrpcApi:
 
     async def PauseStream(self, raw: bytes, context) -> pb.PauseStreamResponse:
         req = await _parse(pb.PauseStreamRequest, raw, context)
-        self.service.pause(req.name, list(req.partitions), req.resumeAll)
+        await self.service.pause(req.name, list(req.partitions), req.resumeAll)
         if self.service.bridge is not None:
             await self.service.bridge.sync()
         return pb.PauseStreamResponse()
 
     async def SetStreamReadonly(self, raw: bytes, context) -> pb.SetStreamReadonlyResponse:
         req = await _parse(pb.SetStreamReadonlyRequest, raw, context)
-        self.service.set_readonly(req.name, list(req.partitions), req.readonly)
+        await self.service.set_readonly(req.name, list(req.partitions), req.readonly)
         return pb.SetStreamReadonlyResponse()
 
     # -- metadata -----------------------------------------------------------------------
@@ -341,9 +341,11 @@ class GrpcApi:
                 meta = resp.streamMetadata.add(name=name, subject=subject)
                 for index in range(count):
                     placed = service.broker.placement.of(name, index)
+                    flags = service.broker.placement.flags(name, index)
                     meta.partitions[index].CopyFrom(pb.PartitionMetadata(
                         id=index, leader=placed.leader or "", replicas=placed.replicas,
-                        isr=placed.isr, highWatermark=-1, newestOffset=-1))
+                        isr=placed.isr, highWatermark=-1, newestOffset=-1,
+                        paused=flags.paused, readonly=flags.read_only))
                 continue
             if stream is None:
                 resp.streamMetadata.add(name=name, error=pb.StreamMetadata.Error.UNKNOWN_STREAM)
@@ -379,20 +381,25 @@ class GrpcApi:
         service = self.service
         bridge = service.bridge
         subject = elsewhere = service.led_elsewhere(req.stream, req.partition)
-        if elsewhere is None:
-            try:
+        try:
+            if elsewhere is None:
                 stream, partition = service.check_publish(req.stream, req.partition,
                                                           req.ackPolicy)
-            except LiftbridgeError as exc:
-                await context.abort(_PUBLISH_STATUS.get(exc.code, grpc.StatusCode.UNKNOWN),
-                                    exc.message)
-            subject = partition_subject(stream.config.subject or "", partition.index)
+                subject = partition_subject(stream.config.subject or "", partition.index)
+            else:
+                service.check_writable_elsewhere(req.stream, req.partition)
+        except LiftbridgeError as exc:
+            await context.abort(_PUBLISH_STATUS.get(exc.code, grpc.StatusCode.UNKNOWN),
+                                exc.message)
         nats_ack = None
         if bridge is not None and req.ackInbox:
             error = bridge.ack_inbox_error(req.ackInbox)
             if error is not None:
                 raise error
             nats_ack = bridge.send_ack
+        resuming = service.resume_for_publish(req.stream, req.partition)
+        if resuming is not None:  # Liftbridge's resumeStream, before the publish
+            await resuming
         if elsewhere is not None:
             # Liftbridge publishes every gRPC Publish to the partition's NATS subject, where
             # its leader takes it (api.go publish): riverlog does so for another leader's
@@ -404,7 +411,6 @@ class GrpcApi:
             if ack is None:
                 return pb.PublishResponse()
             return await self._acked(ack, context)
-        service.resume_for_publish(stream, partition)
         size = nats_size(req, subject)
         if size > service.config.replication_max_bytes:
             size = exact_nats_size(req, subject)

@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 
 import grpc
 
 from compat._servers import HOST, free_port
+from riverlog.broker import StreamConfig
 from riverlog.config import (ClusterConfig, GrpcConfig, MetricsConfig, NatsConfig,
                              RabbitStreamConfig, SecurityConfig, ServerConfig)
 from riverlog.cluster.metadata import RaftBindError
@@ -35,9 +37,12 @@ def configs(tmp_path, password: str = "pw",
 
 
 async def until(what: str, check):
-    """Poll ``check`` (on the loop) until it returns something true; return that."""
+    """Poll ``check`` (on the loop; a coroutine function is awaited) until it returns
+    something true; return that."""
     for _ in range(WAIT_S * 20):
         result = check()
+        if inspect.isawaitable(result):
+            result = await result
         if result:
             return result
         await asyncio.sleep(0.05)
@@ -69,6 +74,15 @@ async def started(tmp_path, security: SecurityConfig | None = None) -> list[App]
 
 async def stopped(apps: list[App]) -> None:
     await asyncio.gather(*(a.stop() for a in apps), return_exceptions=True)
+
+
+async def created(cluster: list[App], name: str, **config):
+    """Create stream ``name`` (StreamConfig ``config``) through the first member; return its
+    partition 0's placement once every member applied it."""
+    await cluster[0].broker.placement.create_stream(name, StreamConfig(**config))
+    await until(f"{name} applied everywhere", lambda: all(
+        x.broker.placement.of(name, 0) is not None for x in cluster))
+    return cluster[0].broker.placement.of(name, 0)
 
 
 def replica_bytes(app: App, stream: str) -> bytes:

@@ -13,9 +13,8 @@ import grpc
 import nats
 import pytest
 
-from _apps import IDS, replica_bytes, started, stopped, stub_of, until
+from _apps import IDS, created, replica_bytes, started, stopped, stub_of, until
 from compat._servers import HOST
-from riverlog.broker import StreamConfig
 from riverlog.config import SecurityConfig
 from riverlog.cluster.state import StaleLeaderEpoch
 from riverlog.protocol.liftbridge import api_pb2 as pb
@@ -192,15 +191,6 @@ async def test_a_new_leader_takes_the_nats_subject_over(cluster):
     finally:
         await nc.close()
         await channel.close()
-
-
-async def created(cluster, name: str, **config):
-    """Create stream ``name`` (StreamConfig ``config``) through the first member; return its
-    partition 0's placement once every member applied it."""
-    await cluster[0].broker.placement.create_stream(name, StreamConfig(**config))
-    await until(f"{name} applied everywhere", lambda: all(
-        x.broker.placement.of(name, 0) is not None for x in cluster))
-    return cluster[0].broker.placement.of(name, 0)
 
 
 async def test_replication_events_change_the_metadata_everywhere(cluster):

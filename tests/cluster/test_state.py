@@ -108,11 +108,19 @@ def test_isr_shrink_and_expand():
 
 
 def test_flags_and_groups():
-    st1, _ = s.create_stream(cluster("a"), "x", "x")
-    st2, p = s.set_partition_flags(st1, "x", 0, paused=True)
-    assert (p.paused, p.read_only) == (True, False)
-    _, p = s.set_partition_flags(st2, "x", 0, read_only=True)
-    assert (p.paused, p.read_only) == (True, True)
+    st1, _ = s.create_stream(cluster("a"), "x", "x", partitions=3)
+    st2, x = s.set_partition_flags(st1, "x", (1, 2), paused=True, resume_all=True)
+    assert [(p.paused, p.read_only) for p in x.partitions] == [
+        (False, False), (True, False), (True, False)]
+    assert x.resume_all and not st1.streams["x"].resume_all
+    _, x = s.set_partition_flags(st2, "x", read_only=True)  # no partitions: all of them
+    assert [(p.paused, p.read_only) for p in x.partitions] == [
+        (False, True), (True, True), (True, True)]
+    assert x.resume_all  # None: unchanged
+    with pytest.raises(s.NoSuchPartition):
+        s.set_partition_flags(st2, "x", (0, 3), paused=False)
+    with pytest.raises(s.NoSuchStream):
+        s.set_partition_flags(st2, "y", paused=False)
     with pytest.raises(s.NoSuchServer):
         s.join_group(st1, "g", "c1", ("x",), coordinator="nobody")
     with pytest.raises(s.NoSuchStream):
