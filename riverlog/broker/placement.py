@@ -1,9 +1,10 @@
 # Where each partition lives, as the doors see it: which server leads it, which hold replicas
 # and which are in sync, and where each server's doors listen; and what the servers agreed on
-# about it: Liftbridge's paused / read-only flags. Owns the questions every door asks before
-# serving a partition ("do I lead it?", "who does?", "is it paused?") and the way a door
-# changes the flags (``set_flags``: agreed first, then applied by every server holding the
-# partition, through the flag listeners). Rules: doors read placement
+# about it: Liftbridge's paused / read-only flags and consumer groups. Owns the questions
+# every door asks before serving a partition ("do I lead it?", "who does?", "is it paused?"),
+# the way a door changes the flags (``set_flags``: agreed first, then applied by every server
+# holding the partition, through the flag listeners) and where the doors' consumer groups
+# come from (``consumer_groups``). Rules: doors read placement
 # only through ``Broker.placement`` (never the Raft metadata or replication state directly);
 # reads are synchronous and answer from the latest applied metadata; the single-server
 # answer (``LocalPlacement``) is that this server leads every partition alone, so doors behave
@@ -16,6 +17,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Awaitable, Callable, Mapping, Sequence
 
 from ..errors import StreamNotFoundError
+from .groups import ConsumerGroups
 
 if TYPE_CHECKING:
     from .stream import Stream, StreamConfig
@@ -126,6 +128,23 @@ class Placement:
         unknown)."""
         raise NotImplementedError
 
+    def consumer_groups(self, data_dir: str, consumer_timeout_ms: int,
+                        coordinator_timeout_ms: int, partitions_of: Callable[[str], int],
+                        on_leave: Callable[[str, str, bool], None] | None = None):
+        """The Liftbridge consumer groups the doors use (made once, by the Liftbridge layer):
+        a broker.groups.ConsumerGroups on a single server (this server coordinates every
+        group; kept in ``data_dir``), agreed through the metadata in a cluster. Same
+        methods either way: ``await join(group, consumer, streams)`` -> (coordinator,
+        epoch), ``await leave(group, consumer)``, ``assignments(group, consumer, epoch)``
+        -> ({stream: [partition]}, epoch) (the consumer's heartbeat, on its coordinator),
+        ``await report_coordinator(group, consumer, coordinator, epoch)``,
+        ``coordinator_of(group)`` -> (coordinator, epoch) or None, ``is_member``, and
+        ``start()``, ``close()``, ``stream_deleted(name)``; their refusals are
+        broker.groups.GroupError. ``partitions_of(stream)``: its partition count (0: none);
+        ``on_leave(group, consumer, expired)`` after a consumer left through this server or
+        timed out on it."""
+        raise NotImplementedError
+
     def add_flag_listener(self, listener: FlagListener) -> Callable[[], None]:
         """Call ``listener`` after each agreed flag change of a partition held here;
         returns a function that removes it."""
@@ -173,6 +192,12 @@ class LocalPlacement(Placement):
 
     def servers(self) -> tuple[str, ...]:
         return (self.server_id,)
+
+    def consumer_groups(self, data_dir: str, consumer_timeout_ms: int,
+                        coordinator_timeout_ms: int, partitions_of: Callable[[str], int],
+                        on_leave: Callable[[str, str, bool], None] | None = None):
+        return ConsumerGroups(data_dir, self.server_id, consumer_timeout_ms,
+                              coordinator_timeout_ms, partitions_of, on_leave)
 
     def flags(self, stream: str, index: int) -> PartitionFlags | None:
         found = self._stream_of(stream)

@@ -27,7 +27,7 @@ from ..config import ClusterConfig
 from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge.envelope import EnvelopeError, MsgType, decode_internal, encode_message
-from .agreed import AgreedFlags
+from .agreed import Agreed
 from .metadata import RaftMetadata, RaftSettings, RaftUnavailable
 from .state import ClusterState, Door, MetadataError, NoSuchStream, Server, StreamExists
 
@@ -66,9 +66,9 @@ def _count_changes(isr_before: tuple[str, ...], isr: tuple[str, ...], elected: b
     metrics.ISR_EXPANDS.inc(len(set(isr) - set(isr_before)))
 
 
-class ClusterPlacement(AgreedFlags, Placement):
+class ClusterPlacement(Agreed, Placement):
     """Placement from the applied metadata (``state``, replaced by the reconcile loop);
-    creates and deletes streams and changes flags (AgreedFlags) through Raft
+    creates and deletes streams, changes flags and consumer groups (Agreed) through Raft
     (``metadata``, set once Raft runs). The
     internal streams (``__cursors``, ``__activity``) are outside the metadata: each server
     holds and leads its own, as a single server does."""
@@ -336,7 +336,7 @@ class ClusterNode:
                 except Exception:
                     log.exception("cannot delete the local replica of stream %r", name)
         self._assign(state)
-        self.placement.follow_flags(state)
+        self.placement.follow_agreed(state)
         for name, stream in state.streams.items():
             before = old.streams.get(name)
             for part in stream.partitions:

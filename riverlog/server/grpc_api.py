@@ -25,7 +25,7 @@ from ..broker import Partition, StreamConfig
 from ..broker.cursors import CursorsDisabledError
 from ..broker.groups import GroupError
 from ..config import GrpcConfig
-from ..errors import LogClosedError
+from ..errors import ClusterUnavailableError, LogClosedError
 from ..metrics import GRPC, CallTracker
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge.envelope import encode_publish
@@ -206,6 +206,8 @@ class GrpcApi:
                 await context.abort(grpc.StatusCode.INTERNAL, str(exc))
             except LogClosedError as exc:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, f"not available: {exc}")
+            except ClusterUnavailableError as exc:  # Liftbridge's answer without a Raft leader
+                await context.abort(grpc.StatusCode.INTERNAL, f"no known metadata leader ({exc})")
         handler.__name__ = method.__name__
         return handler
 
@@ -535,8 +537,8 @@ class GrpcApi:
         self._ids(req)
         if not req.streams:
             raise LiftbridgeError("INVALID_ARGUMENT", "No streams provided")
-        coordinator, epoch = self.service.join_group(req.groupId, req.consumerId,
-                                                     list(req.streams))
+        coordinator, epoch = await self.service.join_group(req.groupId, req.consumerId,
+                                                           list(req.streams))
         # Liftbridge sends Go time.Duration values here: nanoseconds.
         return pb.JoinConsumerGroupResponse(
             coordinator=coordinator, epoch=epoch,
@@ -546,7 +548,7 @@ class GrpcApi:
     async def LeaveConsumerGroup(self, raw: bytes, context) -> pb.LeaveConsumerGroupResponse:
         req = await _parse(pb.LeaveConsumerGroupRequest, raw, context)
         self._ids(req)
-        self.service.groups.leave(req.groupId, req.consumerId)
+        await self.service.groups.leave(req.groupId, req.consumerId)
         return pb.LeaveConsumerGroupResponse()
 
     async def FetchConsumerGroupAssignments(self, raw: bytes, context):
@@ -564,6 +566,6 @@ class GrpcApi:
         self._ids(req)
         if not req.coordinator:
             raise LiftbridgeError("INVALID_ARGUMENT", "No coordinator provided")
-        self.service.groups.report_coordinator(req.groupId, req.consumerId, req.coordinator,
-                                               req.epoch)
+        await self.service.groups.report_coordinator(req.groupId, req.consumerId,
+                                                     req.coordinator, req.epoch)
         return pb.ReportConsumerGroupCoordinatorResponse()

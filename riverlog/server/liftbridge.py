@@ -22,7 +22,6 @@ from ..broker import RESERVED_STREAMS, Broker, Partition, Stream, StreamConfig, 
 from ..broker.appender import Appenders
 from ..broker.broker import ACTIVITY_STREAM
 from ..broker.cursors import Cursors
-from ..broker.groups import ConsumerGroups
 from ..broker.placement import PartitionFlags
 from ..config import GrpcConfig, NatsConfig
 from ..errors import (ClusterUnavailableError, InvalidArgumentError, ReservedStreamError,
@@ -217,9 +216,9 @@ class Liftbridge:
         self.appenders = Appenders(config.batch_max_messages)
         self.cursors = Cursors(broker, self.appenders, config.cursors_partitions,
                                f"{self.namespace}.cursors")
-        self.groups = ConsumerGroups(broker.data_dir, self.server_id, config.consumer_timeout_ms,
-                                     config.coordinator_timeout_ms, self._partition_count,
-                                     self._group_left)
+        self.groups = broker.placement.consumer_groups(
+            broker.data_dir, config.consumer_timeout_ms, config.coordinator_timeout_ms,
+            self._partition_count, self._group_left)
         self.bridge = None  # the NatsBridge, when NATS is on (set by the App)
         self.host = config.host
         self.port = config.port
@@ -590,8 +589,11 @@ class Liftbridge:
             leaveConsumerGroupOp=pb.LeaveConsumerGroupOp(
                 groupId=group_id, consumerId=consumer_id, expired=expired)))
 
-    def join_group(self, group_id: str, consumer_id: str, streams: list[str]) -> tuple[str, int]:
-        coordinator, epoch = self.groups.join(group_id, consumer_id, streams)
+    async def join_group(self, group_id: str, consumer_id: str,
+                         streams: list[str]) -> tuple[str, int]:
+        """JoinConsumerGroup (Placement.consumer_groups' join), noted in the activity
+        stream. Raises GroupError, ClusterUnavailableError."""
+        coordinator, epoch = await self.groups.join(group_id, consumer_id, streams)
         self.activity(pb.ActivityStreamEvent(
             op=pb.ActivityStreamOp.JOIN_CONSUMER_GROUP,
             joinConsumerGroupOp=pb.JoinConsumerGroupOp(

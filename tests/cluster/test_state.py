@@ -121,19 +121,51 @@ def test_flags_and_groups():
         s.set_partition_flags(st2, "x", (0, 3), paused=False)
     with pytest.raises(s.NoSuchStream):
         s.set_partition_flags(st2, "y", paused=False)
-    with pytest.raises(s.NoSuchServer):
-        s.join_group(st1, "g", "c1", ("x",), coordinator="nobody")
-    with pytest.raises(s.NoSuchStream):
-        s.join_group(st1, "g", "c1", ("y",), coordinator="a")
-    st3, g = s.join_group(st1, "g", "c1", ("x",), coordinator="a")
-    st4, g = s.join_group(st3, "g", "c2", ("x",), coordinator="a")
-    assert (g.coordinator, g.epoch, sorted(g.members)) == ("a", 2, ["c1", "c2"])
-    st5, g = s.leave_group(st4, "g", "c1")
-    assert (g.epoch, list(g.members)) == (3, ["c2"])
-    st6, g = s.leave_group(st5, "g", "c2")
-    assert g is None and "g" not in st6.groups
-    with pytest.raises(s.MetadataError):
-        s.leave_group(st6, "g", "c2")
+
+
+def test_consumer_groups_as_liftbridge_keeps_them():
+    st0, _ = s.create_stream(cluster("a", "b", "c"), "x", "x", partitions=3)
+    st0, _ = s.create_stream(st0, "y", "y")
+    with pytest.raises(s.GroupRefused, match="stream does not exist"):
+        s.join_group(st0, "g", "c1", ("nope",))
+    st1, g = s.join_group(st0, "g", "c1", ("x",))
+    assert (g.coordinator, g.epoch, g.assignments) == ("a", 0, {"c1": {"x": (0, 1, 2)}})
+    with pytest.raises(s.GroupRefused, match="already a member"):
+        s.join_group(st1, "g", "c1", ("x",))
+    st2, g = s.join_group(st1, "g", "c2", ("x", "y"))  # balanced as broker.groups does
+    assert (g.epoch, g.assignments) == (1, {"c1": {"x": (0, 2)}, "c2": {"x": (1,), "y": (0,)}})
+    _, other = s.join_group(st2, "h", "c9", ("y",))
+    assert other.coordinator == "b"  # the server coordinating the fewest groups
+    st3, g = s.leave_group(st2, "g", "c1")
+    assert (g.epoch, g.assignments) == (2, {"c2": {"x": (0, 1, 2), "y": (0,)}})
+    st4, _ = s.delete_stream(st3, "x")
+    g = st4.groups["g"]
+    assert (g.epoch, g.members, g.assignments) == (3, {"c2": ("y",)}, {"c2": {"y": (0,)}})
+    with pytest.raises(s.GroupRefused, match="not a member"):
+        s.leave_group(st4, "g", "c1")
+    st5, g = s.leave_group(st4, "g", "c2")
+    assert g is None and "g" not in st5.groups
+    with pytest.raises(s.GroupNotFound):
+        s.leave_group(st5, "g", "c2")
+    st6, again = s.join_group(st5, "g", "c1", ("y",))
+    _, again = s.join_group(st6, "g", "c2", ("y",))
+    assert again.epoch == 4  # made again, the group never reuses an epoch
+
+
+def test_a_majority_of_members_reporting_the_coordinator_replaces_it():
+    st0, _ = s.create_stream(cluster("a", "b", "c"), "x", "x")
+    st0, g = s.join_group(st0, "g", "c1", ("x",))
+    for consumer in ("c2", "c3"):
+        st0, g = s.join_group(st0, "g", consumer, ("x",))
+    with pytest.raises(s.GroupRefused, match="Coordinator generation mismatch"):
+        s.report_group_coordinator(st0, "g", "c1", "a", 0, now=1.0, window=15.0)
+    st1, g = s.report_group_coordinator(st0, "g", "c1", "a", 2, now=1.0, window=15.0)
+    assert (g.coordinator, g.witnesses) == ("a", (("c1", 1.0),))  # one of three
+    st2, g = s.report_group_coordinator(st1, "g", "c2", "a", 2, now=30.0, window=15.0)
+    assert g.coordinator == "a"  # the first report is too old to count with it
+    st3, g = s.report_group_coordinator(st2, "g", "c3", "a", 2, now=31.0, window=15.0)
+    assert (g.coordinator, g.epoch, g.witnesses) == ("b", 3, ())
+    assert g.assignments == st0.groups["g"].assignments
 
 
 SERVERS = ("a", "b", "c", "d")
@@ -183,7 +215,7 @@ def test_any_command_sequence_keeps_partitions_consistent(sequence):
 
 def test_state_survives_pickle():  # pysyncobj snapshots and journals it as pickles
     st1, _ = s.create_stream(cluster("a", "b"), "x", "x", replication_factor=2)
-    st2, _ = s.join_group(st1, "g", "c", ("x",), coordinator="a")
+    st2, _ = s.join_group(st1, "g", "c", ("x",))
     assert pickle.loads(pickle.dumps(st2)) == st2
 
 
