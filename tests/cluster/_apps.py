@@ -21,15 +21,16 @@ IDS = ("a", "b", "c")
 WAIT_S = 60
 
 
-def configs(tmp_path, password: str = "pw",
-            security: SecurityConfig | None = None) -> list[ServerConfig]:
+def configs(tmp_path, password: str = "pw", security: SecurityConfig | None = None,
+            **grpc) -> list[ServerConfig]:
+    """Every member's ServerConfig; ``grpc``: GrpcConfig settings of every member."""
     raft = {i: f"{HOST}:{free_port()}" for i in IDS}
     routes = {i: f"{HOST}:{free_port()}" for i in IDS}
     return [ServerConfig(
         data_dir=str(tmp_path / i), rabbitmq_stream=RabbitStreamConfig(port=0, tls_port=0),
         nats=NatsConfig(port=0, cluster_port=int(routes[i].rsplit(":", 1)[1]),
                         routes=tuple(r for j, r in routes.items() if j != i)),
-        grpc=GrpcConfig(port=0), metrics=MetricsConfig(port=0),
+        grpc=GrpcConfig(port=0, **grpc), metrics=MetricsConfig(port=0),
         cluster=ClusterConfig(server_id=i, raft_address=raft[i], bootstrap_peers=IDS,
                               raft_peers=tuple((j, a) for j, a in raft.items() if j != i),
                               raft_password=password),
@@ -49,13 +50,14 @@ async def until(what: str, check):
     raise AssertionError(f"still not: {what}")
 
 
-async def started(tmp_path, security: SecurityConfig | None = None) -> list[App]:
-    """Three started Apps of one cluster (``security``: every member's), once every server
-    is registered everywhere (stop them with ``stopped``). A Raft port picked free can be
+async def started(tmp_path, security: SecurityConfig | None = None, **grpc) -> list[App]:
+    """Three started Apps of one cluster (``security``, ``grpc``: as ``configs``), once every
+    server is registered everywhere (stop them with ``stopped``). A Raft port picked free can be
     taken before pysyncobj binds it (an outgoing connection's ephemeral port: CI saw it once),
     so a RaftBindError starts the cluster again on new ports, in a new folder, twice at most."""
     for attempt in range(3):
-        apps = [App(c) for c in configs(tmp_path / f"attempt{attempt}", security=security)]
+        apps = [App(c) for c in configs(tmp_path / f"attempt{attempt}", security=security,
+                                        **grpc)]
         try:
             await asyncio.gather(*(a.start() for a in apps))
             await until("every server registered everywhere", lambda: all(

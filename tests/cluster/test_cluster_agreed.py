@@ -15,7 +15,7 @@ import grpc
 import pytest
 from rstream import AMQPMessage, Producer
 
-from _apps import IDS, created, stopped, stub_of, until
+from _apps import IDS, created, started, stopped, stub_of, until
 from compat._servers import HOST
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.rabbitmq_stream.constants import ResponseCode
@@ -65,12 +65,17 @@ async def test_a_pause_through_one_server_holds_everywhere_until_a_publish_resum
         async for _ in stubs[leader].Subscribe(pb.SubscribeRequest(stream="quiet"), timeout=10):
             pass
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    leader_app = cluster[IDS.index(leader)]
+    async with Producer(HOST, leader_app.rabbitmq_stream.port, **GUEST) as producer:
+        # the RabbitMQ Stream door ignores pause, as a single server's does (a confirm)
+        await producer.send_wait("quiet-0", AMQPMessage(body=b"rabbit"))
+    assert await everywhere(stubs, "quiet", (True, False), (True, False))
 
     # a publish through a server that does not lead the partition resumes it (and, paused
     # with resumeAll, partition 1 too) on every server, then reaches the leader
     ack = (await stubs[publisher].Publish(pb.PublishRequest(
         stream="quiet", value=b"wake", ackPolicy=pb.AckPolicy.ALL), timeout=30)).ack
-    assert ack.offset == 0
+    assert ack.offset == 1
     await until("resumed on every server", lambda: everywhere(
         stubs, "quiet", (False, False), (False, False)))
 
@@ -254,3 +259,43 @@ async def test_flags_and_groups_outlive_the_raft_leader(cluster, stubs):
             await channel.close()
     finally:
         await stopped([again])
+
+
+async def test_the_coordinator_removes_a_silent_member_through_raft(tmp_path):
+    """groups.consumer.timeout on the coordinator: a member that fetches its assignments
+    stays, a silent one is removed for every server (a new epoch), and the activity stream
+    of the coordinator says it expired."""
+    cluster = await started(tmp_path, consumer_timeout_ms=1500, activity_enabled=True)
+    channels = {app.config.cluster.server_id: stub_of(app) for app in cluster}
+    stubs = {server_id: stub for server_id, (_, stub) in channels.items()}
+    try:
+        await created(cluster, "beat", subject="beat", partitions=2, replication_factor=2)
+        for consumer, server_id in (("alive", "b"), ("silent", "c")):
+            join = await stubs[server_id].JoinConsumerGroup(pb.JoinConsumerGroupRequest(
+                groupId="tg", consumerId=consumer, streams=["beat"]), timeout=30)
+        coordinator = join.coordinator
+
+        async def only_alive_left():
+            found = await _one(group_everywhere(stubs, "tg"))
+            if found is None:
+                return False
+            got = await assigned(stubs[found[0]], "tg", "alive", found[1])  # its heartbeat
+            return got == {"beat": [0, 1]}
+        await until("the silent member removed everywhere", only_alive_left)
+        for app in cluster:
+            assert app.liftbridge.groups.is_member("tg", "alive")
+            assert not app.liftbridge.groups.is_member("tg", "silent")
+        meta = await stubs[coordinator].FetchMetadata(pb.FetchMetadataRequest(
+            groups=["tg"]), timeout=10)
+        assert meta.groupMetadata[0].epoch > join.epoch
+        async for message in stubs[coordinator].Subscribe(pb.SubscribeRequest(
+                stream="__activity", startPosition=pb.StartPosition.EARLIEST), timeout=30):
+            event = pb.ActivityStreamEvent.FromString(message.value)
+            if event.op == pb.ActivityStreamOp.LEAVE_CONSUMER_GROUP:
+                left = event.leaveConsumerGroupOp
+                assert (left.groupId, left.consumerId, left.expired) == ("tg", "silent", True)
+                break
+    finally:
+        for channel, _ in channels.values():
+            await channel.close()
+        await stopped(cluster)
