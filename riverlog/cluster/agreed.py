@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Awaitable, Callable, Mapping, Sequence
 
 from ..broker import RESERVED_STREAMS
@@ -41,7 +42,7 @@ class Agreed:
     listeners)."""
 
     state: ClusterState
-    local: Mapping[str, "Stream"] = {}
+    local: Mapping[str, "Stream"] = MappingProxyType({})
     """This server's streams (the Broker's), set by ClusterNode: the internal streams' flags
     are theirs, and the reconcile loop compares the agreed flags with them."""
     settled: Callable[[str], Awaitable[None]] | None = None
@@ -146,6 +147,7 @@ class ClusterGroups:
         self.coordinator_timeout_s = coordinator_timeout_ms / 1000
         self.on_leave = on_leave
         self._timers: dict[tuple[str, str], asyncio.TimerHandle] = {}
+        self._removals: set[asyncio.Task] = set()  # held until done (the loop keeps weak refs)
         self._running = False
 
     def _group(self, group_id: str) -> ConsumerGroup | None:
@@ -245,7 +247,9 @@ class ClusterGroups:
 
     def _expired(self, group_id: str, consumer_id: str) -> None:
         self._timers.pop((group_id, consumer_id), None)
-        asyncio.get_running_loop().create_task(self._remove(group_id, consumer_id))
+        task = asyncio.get_running_loop().create_task(self._remove(group_id, consumer_id))
+        self._removals.add(task)
+        task.add_done_callback(self._removals.discard)
 
     async def _remove(self, group_id: str, consumer_id: str) -> None:
         """A member silent for the consumer timeout leaves, through Raft; when Raft cannot

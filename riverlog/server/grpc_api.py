@@ -389,7 +389,7 @@ class GrpcApi:
                                                           req.ackPolicy)
                 subject = partition_subject(stream.config.subject or "", partition.index)
             else:
-                service.check_writable_elsewhere(req.stream, req.partition)
+                service.refuse_read_only(req.stream, req.partition)
         except LiftbridgeError as exc:
             await context.abort(_PUBLISH_STATUS.get(exc.code, grpc.StatusCode.UNKNOWN),
                                 exc.message)

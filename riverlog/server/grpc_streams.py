@@ -584,7 +584,7 @@ def _publish_batch(service: Liftbridge, session: _AsyncSession) -> None:
                 run = []
             run_key = None
             try:
-                service.check_writable_elsewhere(req.stream, req.partition)
+                service.refuse_read_only(req.stream, req.partition)
             except LiftbridgeError as exc:
                 session.send_error(req.correlationId, _ASYNC.READONLY, exc.message)
                 continue

@@ -518,9 +518,9 @@ class Liftbridge:
                                   f"ALL: ISR {len(placed.isr)} < minIsr {placed.min_isr}")
         return stream, partition
 
-    def check_writable_elsewhere(self, name: str, index: int) -> None:
-        """A publish this server sends on to another server's partition: refused when the
-        metadata says the partition is read-only, before it leaves (Liftbridge's
+    def refuse_read_only(self, name: str, index: int) -> None:
+        """A publish this server sends on to the partition's leader, another server: refused
+        when the placement says the partition is read-only, before it leaves (Liftbridge's
         ensurePublishPreconditions, on the server asked). Raises LiftbridgeError READONLY."""
         if (self.broker.placement.flags(name, index) or _RUNNING).read_only:
             raise LiftbridgeError("READONLY", f"readonly partition: {index}")

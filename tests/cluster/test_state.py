@@ -181,6 +181,14 @@ commands = st.one_of(
     st.tuples(st.just("change_leader"), st.fixed_dictionaries({
         "stream": st.sampled_from("xyz"), "index": st.integers(0, 2),
         "leader": st.none() | st.sampled_from(SERVERS)})),
+    st.tuples(st.just("set_partition_flags"), st.fixed_dictionaries({
+        "stream": st.sampled_from("xyz"), "partitions": st.lists(st.integers(0, 2)).map(tuple),
+        "paused": st.none() | st.booleans(), "read_only": st.none() | st.booleans()})),
+    st.tuples(st.just("join_group"), st.fixed_dictionaries({
+        "group": st.sampled_from("gh"), "consumer": st.sampled_from(("c1", "c2", "c3")),
+        "streams": st.lists(st.sampled_from("xyz"), min_size=1, max_size=3).map(tuple)})),
+    st.tuples(st.just("leave_group"), st.fixed_dictionaries({
+        "group": st.sampled_from("gh"), "consumer": st.sampled_from(("c1", "c2", "c3"))})),
 )
 
 
@@ -211,6 +219,16 @@ def test_any_command_sequence_keeps_partitions_consistent(sequence):
                     assert p.leader is None or p.leader in was.isr
                 if name == "change_leader":  # the old leader is out of sync until it rejoins
                     assert p.leader is None or was.leader not in p.isr or p.leader == was.leader
+        for group in state.groups.values():  # each partition read by the group goes to one
+            assert 0 <= group.epoch <= state.group_epoch and group.members
+            assert set(group.assignments) == set(group.members)
+            for stream in {x for streams in group.members.values() for x in streams}:
+                given = [p for c, a in group.assignments.items() for p in a.get(stream, ())
+                         if stream in group.members[c]]
+                assert sorted(given) == list(range(len(state.streams[stream].partitions)))
+            old_group = old.groups.get(group.id)
+            if old_group is not None and old_group != group:
+                assert group.epoch > old_group.epoch
 
 
 def test_state_survives_pickle():  # pysyncobj snapshots and journals it as pickles
