@@ -7,8 +7,9 @@
 # come from (``consumer_groups``). Rules: doors read placement
 # only through ``Broker.placement`` (never the Raft metadata or replication state directly);
 # reads are synchronous and answer from the latest applied metadata; the single-server
-# answer (``LocalPlacement``) is that this server leads every partition alone, so doors behave
-# exactly as before when no cluster is configured. The cluster runtime (riverlog/cluster/)
+# answer (``LocalPlacement``) is that this server leads every partition alone, its own
+# streams hold the flags (applied at once) and its broker.groups.ConsumerGroups the groups, so
+# doors behave exactly as before when no cluster is configured. The cluster runtime (riverlog/cluster/)
 # installs its own implementation when ``riverlog serve`` runs as a cluster member.
 from __future__ import annotations
 

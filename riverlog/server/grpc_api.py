@@ -6,9 +6,11 @@
 # exactly the gRPC status code Liftbridge uses, with its message; Publish waits for its ack
 # only when the call has a deadline and the ack policy is not NONE; a subject or ack inbox that
 # NATS or riverlog refuses (NatsBridge.ack_inbox_error) is refused before anything is stored.
-# In a cluster (Broker.placement): CreateStream/DeleteStream go through the metadata,
-# FetchMetadata lists every server and stream, and a Publish for a partition led elsewhere goes
-# to the leader through its NATS subject, as Liftbridge publishes every gRPC Publish.
+# In a cluster (Broker.placement): CreateStream/DeleteStream, PauseStream/SetStreamReadonly and
+# the consumer group calls go through the metadata, FetchMetadata lists every server and
+# stream, and a Publish for a partition led elsewhere goes to the leader through its NATS
+# subject, as Liftbridge publishes every gRPC Publish (refused here when read-only, resuming
+# the partition first when paused).
 # Wire facts: reference/liftbridge.md (service, field numbers, status codes); checks and
 # messages from liftbridge's server/api.go and metadata.go (liftbridge-io/liftbridge 50ac358).
 from __future__ import annotations
