@@ -391,7 +391,8 @@ class _AsyncSession:
     """State of one PublishAsync call: requests of this loop turn, responses waiting to be
     written, acks outstanding."""
 
-    __slots__ = ("batch", "out", "wake", "inflight", "reading", "error", "inbox", "acks")
+    __slots__ = ("batch", "out", "wake", "inflight", "reading", "error", "inbox", "acks",
+                 "gate")
 
     def __init__(self) -> None:
         self.batch: list[bytes] = []
@@ -402,6 +403,7 @@ class _AsyncSession:
         self.error: tuple[grpc.StatusCode, str] | None = None
         self.inbox = ""  # the ack inbox of publishes sent on to another leader
         self.acks: asyncio.Task | None = None  # subscribes it; its result: the subscription
+        self.gate: asyncio.Future | None = None  # forwards wait for it: ``acks`` and resumes
 
     def forward(self, service: Liftbridge, req: pb.PublishRequest, subject: str,
                 resuming: asyncio.Future | None = None) -> None:
@@ -426,8 +428,9 @@ class _AsyncSession:
                     self.deliver(ack)
             self.acks = asyncio.get_running_loop().create_task(
                 bridge.nc.subscribe(self.inbox, cb=on_ack))
+        gate = self.gate or self.acks
         if resuming is not None:
-            self.acks = asyncio.ensure_future(_after(resuming, self.acks))
+            gate = self.gate = asyncio.ensure_future(_after(resuming, gate))
         data = envelope.encode_publish(pb.Message(
             key=req.key, value=req.value, stream=req.stream, subject=subject,
             headers=dict(req.headers), ackInbox=self.inbox, correlationId=req.correlationId,
@@ -436,7 +439,7 @@ class _AsyncSession:
         if acked:
             self.inflight += 1
 
-        def send(subscribing: asyncio.Task) -> None:  # once the ack inbox listens
+        def send(subscribing: asyncio.Future) -> None:  # once the ack inbox listens
             if resuming is not None and not resuming.cancelled() and \
                     resuming.exception() is not None:
                 if acked:
@@ -451,7 +454,7 @@ class _AsyncSession:
                                 "cannot listen for the partition leader's ack")
                 return
             bridge.queue_publish(subject.encode(), data)
-        self.acks.add_done_callback(send)
+        gate.add_done_callback(send)
 
     def close(self) -> None:
         """Stop listening for forwarded acks."""

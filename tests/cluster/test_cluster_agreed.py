@@ -79,6 +79,20 @@ async def test_a_pause_through_one_server_holds_everywhere_until_a_publish_resum
     await until("resumed on every server", lambda: everywhere(
         stubs, "quiet", (False, False), (False, False)))
 
+    # PublishAsync through that server: its request waits for the resume, then is stored
+    await stubs[leader].PauseStream(pb.PauseStreamRequest(name="quiet", partitions=[0]),
+                                    timeout=30)
+    await until("partition 0 paused again everywhere", lambda: everywhere(
+        stubs, "quiet", (True, False), (False, False)))
+
+    async def one_request():
+        yield pb.PublishRequest(stream="quiet", value=b"again", correlationId="y",
+                                ackPolicy=pb.AckPolicy.ALL)
+    (answer,) = [r async for r in stubs[publisher].PublishAsync(one_request(), timeout=30)]
+    assert (answer.correlationId, answer.ack.offset) == ("y", 2)
+    await until("resumed again on every server", lambda: everywhere(
+        stubs, "quiet", (False, False), (False, False)))
+
 
 async def test_read_only_set_through_a_follower_refuses_publishes_on_every_door(
         cluster, stubs):
@@ -223,9 +237,10 @@ async def test_flags_and_groups_outlive_the_raft_leader(cluster, stubs):
     lost_id = lost.config.cluster.server_id
     await lost.stop()
     left = {s: stub for s, stub in stubs.items() if s != lost_id}
-    assert await everywhere(left, "kept", (True, False), (False, True))
-    group = await _one(group_everywhere(left, "kg"))
-    assert group is not None
+    await until("the flags on both servers left", lambda: everywhere(
+        left, "kept", (True, False), (False, True)))
+    group = await until("one group on both", lambda: _one(group_everywhere(left, "kg")))
+    assert group[1] == 1  # two joins: epochs 0 and 1
 
     # changes through the servers left, once they elected another Raft leader
     survivors = [app for app in cluster if app is not lost]
