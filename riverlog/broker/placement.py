@@ -216,17 +216,31 @@ class LocalPlacement(Placement):
                   resume_all: bool | None = None) -> Awaitable[None]:
         """Applied here and now (the listeners run before this returns)."""
         done = asyncio.get_running_loop().create_future()
-        found = self._stream_of(stream)
-        if found is None or any(not 0 <= i < len(found.partitions) for i in partitions):
-            done.set_exception(StreamNotFoundError(f"stream {stream!r} or one of its "
-                                                   f"partitions {list(partitions)} is gone"))
-            return done
-        if resume_all is not None:  # in memory only, as Liftbridge keeps it
-            found.resume_all = resume_all
-        for index in partitions:
-            now = self.flags(stream, index)
-            self.flags_changed(stream, index, PartitionFlags(
-                now.paused if paused is None else paused,
-                now.read_only if read_only is None else read_only))
-        done.set_result(None)
+        try:
+            set_local_flags(self, self._stream_of(stream), stream, partitions, paused,
+                            read_only, resume_all)
+        except StreamNotFoundError as exc:
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
         return done
+
+
+def set_local_flags(placement: Placement, found: "Stream | None", name: str,
+                    partitions: Sequence[int], paused: bool | None, read_only: bool | None,
+                    resume_all: bool | None) -> None:
+    """Set the flags of a stream this server alone decides on (any stream of a single
+    server, a cluster member's internal streams): its resumeAll (in memory only, as
+    Liftbridge keeps it), then each partition's flags through ``placement``'s listeners
+    (None: unchanged). ``found``: the local stream ``name``. Raises StreamNotFoundError
+    (no such stream or partition)."""
+    if found is None or any(not 0 <= i < len(found.partitions) for i in partitions):
+        raise StreamNotFoundError(f"stream {name!r} or one of its partitions "
+                                  f"{list(partitions)} is gone")
+    if resume_all is not None:
+        found.resume_all = resume_all
+    for index in partitions:
+        now = found.partitions[index]
+        placement.flags_changed(name, index, PartitionFlags(
+            now.paused if paused is None else paused,
+            now.readonly if read_only is None else read_only))

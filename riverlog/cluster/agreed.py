@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable, Mapping, Sequence
 from ..broker import RESERVED_STREAMS
 from ..broker.groups import (GROUP_NOT_FOUND, NOT_COORDINATOR, NOT_MEMBER, WRONG_EPOCH,
                              GroupError, consumer_left)
-from ..broker.placement import PartitionFlags
+from ..broker.placement import PartitionFlags, set_local_flags
 from ..errors import ClusterUnavailableError, StreamNotFoundError
 from .state import (ClusterState, ConsumerGroup, GroupNotFound, MetadataError, NoSuchPartition,
                     NoSuchStream)
@@ -90,7 +90,8 @@ class Agreed:
     async def _set_flags(self, stream: str, partitions: tuple[int, ...], paused: bool | None,
                          read_only: bool | None, resume_all: bool | None) -> None:
         if stream in RESERVED_STREAMS:  # this server's own stream, outside the metadata
-            self._set_local(stream, partitions, paused, read_only, resume_all)
+            set_local_flags(self, self.local.get(stream), stream, partitions, paused,
+                            read_only, resume_all)
             return
         if not partitions:
             return  # "all of them" is the caller's to spell out
@@ -101,20 +102,6 @@ class Agreed:
             raise StreamNotFoundError(str(exc)) from None
         if self.settled is not None:
             await self.settled(stream)
-
-    def _set_local(self, stream: str, partitions: tuple[int, ...], paused: bool | None,
-                   read_only: bool | None, resume_all: bool | None) -> None:
-        found = self.local.get(stream)
-        if found is None or any(not 0 <= i < len(found.partitions) for i in partitions):
-            raise StreamNotFoundError(f"stream {stream!r} or one of its partitions "
-                                      f"{list(partitions)} is gone")
-        if resume_all is not None:
-            found.resume_all = resume_all
-        for index in partitions:
-            now = found.partitions[index]
-            self.flags_changed(stream, index, PartitionFlags(
-                now.paused if paused is None else paused,
-                now.readonly if read_only is None else read_only))
 
     def follow_agreed(self, state: ClusterState) -> None:
         """The reconcile loop's step: every local replica of a partition of ``state`` takes

@@ -442,9 +442,9 @@ class Liftbridge:
         the stream was paused with resumeAll, as Liftbridge's resumeStream). Returns None
         when nothing is paused, else ``resume``'s future."""
         placement = self.broker.placement
-        count = self.partition_count(name) or 0
         if placement.resumes_all(name):
-            targets = [i for i in range(count) if (placement.flags(name, i) or _RUNNING).paused]
+            targets = [i for i in range(self.partition_count(name) or 0)
+                       if (placement.flags(name, i) or _RUNNING).paused]
         else:
             targets = [index] if (placement.flags(name, index) or _RUNNING).paused else []
         return self.resume(name, targets) if targets else None

@@ -93,6 +93,11 @@ async def test_a_pause_through_one_server_holds_everywhere_until_a_publish_resum
     await until("resumed again on every server", lambda: everywhere(
         stubs, "quiet", (False, False), (False, False)))
 
+    # an internal stream is each server's own (docs/clustering.md): paused where asked only
+    await stubs[asker].PauseStream(pb.PauseStreamRequest(name="__cursors"), timeout=30)
+    assert [app.broker.streams["__cursors"].partitions[0].paused for app in cluster] == [
+        server_id == asker for server_id in IDS]
+
 
 async def test_read_only_set_through_a_follower_refuses_publishes_on_every_door(
         cluster, stubs):
