@@ -408,3 +408,68 @@ async def test_partitions_of_one_stream_replicate_apart_under_a_name_of_any_char
             await eventually(lambda: node.partition(name, index).committed_offset == lasts[index],
                              what=f"{node.id} committing partition {index}")
             assert chunk_bytes(node.partition(name, index)) == want
+
+
+def _records(partition) -> list[tuple[int, bytes | None, bytes]]:
+    """Every committed record of ``partition`` as (offset, key, value)."""
+    from riverlog.record import decode_record
+    out, offset = [], partition.log.first_offset
+    while chunks := partition.log.read_chunks(offset, 1 << 24):
+        for chunk in chunks:
+            for at, raw in chunk.records():
+                record = decode_record(bytes(raw))
+                out.append((at, record.key, record.value))
+        offset = chunks[-1].header.next_offset
+    return out
+
+
+def _key(i: int) -> bytes:
+    """Record i's key: one of 5 shared keys, or its own for every 7th (kept by compaction)."""
+    return b"k%d" % (i % 5) if i % 7 else b"u%d" % i
+
+
+async def publish_keyed(node, start: int, n: int) -> int:
+    """Write records ``start`` .. ``start + n - 1`` (value ``v<i>``, key ``_key(i)``), 5 a
+    chunk, on ``node``; wait until the last is committed; returns its offset."""
+    from riverlog.record import Record, encode_record
+    part = node.partition()
+    last = -1
+    for i in range(start, start + n, 5):
+        last = part.write_records([encode_record(Record(value=b"v%d" % j, key=_key(j)))
+                                   for j in range(i, i + 5)])[-1]
+    await asyncio.wait_for(part.wait_committed(last), 30)
+    return last
+
+
+async def test_a_compacted_stream_replicates_the_leaders_compaction(nats_url, tmp_path):
+    """c stops; the leader writes and compacts (offsets with gaps); c comes back and fetches
+    across the gaps (the leader answers the next chunk that exists), b applies the leader's
+    compaction point: every replica then holds the same (offset, key, value) records as the
+    leader, the newest of each key among them."""
+    from riverlog.broker.broker import record_key
+    from riverlog.config import LogConfig
+    cluster = Cluster(nats_url, tmp_path, log_config=LogConfig(segment_max_bytes=4096,
+                                                               compact=True))
+    await cluster.start()
+    try:
+        cluster.create_stream()
+        a, b, c = (cluster.nodes[i] for i in "abc")
+        await publish_keyed(a, 0, 50)
+        await eventually(lambda: c.partition().committed_offset == 49, what="c following")
+        await c.stop()
+        cluster.change(meta.shrink_isr, "s", 0, "c")
+        last = await publish_keyed(a, 50, 300)
+        result = await a.partition().log.compact(record_key)
+        assert result.records_after < result.records_before  # gaps below c's next offset
+        last = await publish_keyed(a, 350, 20)  # after the compaction point
+        await c.start()
+        want = _records(a.partition())
+        assert len(want) < last + 1
+        await eventually(lambda: all(_records(n.partition()) == want for n in (b, c)),
+                         what="b and c holding the leader's records")
+        newest = {_key(i): b"v%d" % i for i in range(last + 1)}
+        assert {key: value for _, key, value in want} == newest  # the newest of each key kept
+        await eventually(lambda: "c" in cluster.placement().isr, what="c rejoining the ISR")
+        assert c.replication.stats("s", 0)["refused_chunks"] == 0
+    finally:
+        await cluster.close()
