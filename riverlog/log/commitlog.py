@@ -332,8 +332,11 @@ class CommitLog:
         epoch not older than the latest leader epoch of the log; one failure raises
         ``ChunkRefusedError`` and appends nothing, so the follower fetches again from
         ``next_offset`` (truncating first, after a leader change). Each epoch change is
-        recorded in ``epochs``, and ``epoch`` follows the newest. The high watermark
-        (``committed_offset``) is left alone: the leader's says what is committed
+        recorded in ``epochs``, and ``epoch`` follows the newest. An epoch whose first chunk
+        follows a gap is recorded from the gap's start: its leader's start lies somewhere in
+        the gap, and a start put too late would let a peer truncating by this log's epochs
+        keep a stale tail there (one put too early only cuts records this log lacks
+        anyway). The high watermark (``committed_offset``) is left alone: the leader's says what is committed
         (``commit``); hence ``LogError`` when the log was opened with ``auto_commit=True``.
         Durability: as ``write_entries`` (under ``Durability.ALWAYS`` call ``await flush()``).
         """
@@ -361,13 +364,13 @@ class CommitLog:
                 raise ChunkRefusedError(self.directory, self.next_offset,
                                         f"the chunk at byte {pos} (for offset {expected}): "
                                         f"{problem}")
-            headers.append((pos, h))
+            headers.append((pos, expected, h))
             pos, expected, epoch = pos + h.size, h.next_offset, h.epoch
         first = self.next_offset
         now = self._clock_ms()
-        for pos, h in headers:
+        for pos, gap_start, h in headers:
             if h.epoch != self.epochs.latest_epoch:
-                self.epochs.assign(h.epoch, h.first_offset)
+                self.epochs.assign(h.epoch, gap_start)
             chunk = view[pos:pos + h.size]  # written as is: no copy
             self._place(chunk, h.first_offset, h.num_records, h.timestamp_ms, h.epoch,
                         bytes(chunkfmt.bloom_of(h, chunk)), now)

@@ -441,35 +441,76 @@ async def publish_keyed(node, start: int, n: int) -> int:
     return last
 
 
-async def test_a_compacted_stream_replicates_the_leaders_compaction(nats_url, tmp_path):
+@pytest.fixture
+async def compacting(nats_url, tmp_path):
+    """The three servers of ``cluster``, their streams compacted, with 4 KiB segments; the
+    stream created, the first 50 records (0..49) on every replica."""
+    from riverlog.config import LogConfig
+    c = Cluster(nats_url, tmp_path, log_config=LogConfig(segment_max_bytes=4096, compact=True))
+    await c.start()
+    try:
+        c.create_stream()
+        await publish_keyed(c.nodes["a"], 0, 50)
+        await eventually(lambda: all(n.partition().committed_offset == 49
+                                     for n in c.nodes.values()), what="every replica at 49")
+        yield c
+    finally:
+        await c.close()
+
+
+async def test_a_compacted_stream_replicates_the_leaders_compaction(compacting):
     """c stops; the leader writes and compacts (offsets with gaps); c comes back and fetches
     across the gaps (the leader answers the next chunk that exists), b applies the leader's
     compaction point: every replica then holds the same (offset, key, value) records as the
     leader, the newest of each key among them."""
     from riverlog.broker.broker import record_key
-    from riverlog.config import LogConfig
-    cluster = Cluster(nats_url, tmp_path, log_config=LogConfig(segment_max_bytes=4096,
-                                                               compact=True))
-    await cluster.start()
-    try:
-        cluster.create_stream()
-        a, b, c = (cluster.nodes[i] for i in "abc")
-        await publish_keyed(a, 0, 50)
-        await eventually(lambda: c.partition().committed_offset == 49, what="c following")
-        await c.stop()
-        cluster.change(meta.shrink_isr, "s", 0, "c")
-        last = await publish_keyed(a, 50, 300)
-        result = await a.partition().log.compact(record_key)
-        assert result.records_after < result.records_before  # gaps below c's next offset
-        last = await publish_keyed(a, 350, 20)  # after the compaction point
-        await c.start()
-        want = _records(a.partition())
-        assert len(want) < last + 1
-        await eventually(lambda: all(_records(n.partition()) == want for n in (b, c)),
-                         what="b and c holding the leader's records")
-        newest = {_key(i): b"v%d" % i for i in range(last + 1)}
-        assert {key: value for _, key, value in want} == newest  # the newest of each key kept
-        await eventually(lambda: "c" in cluster.placement().isr, what="c rejoining the ISR")
-        assert c.replication.stats("s", 0)["refused_chunks"] == 0
-    finally:
-        await cluster.close()
+    cluster = compacting
+    a, b, c = (cluster.nodes[i] for i in "abc")
+    await c.stop()
+    cluster.change(meta.shrink_isr, "s", 0, "c")
+    last = await publish_keyed(a, 50, 300)
+    result = await a.partition().log.compact(record_key)
+    assert result.records_after < result.records_before  # gaps below c's next offset
+    last = await publish_keyed(a, 350, 20)  # after the compaction point
+    await c.start()
+    want = _records(a.partition())
+    assert len(want) < last + 1
+    await eventually(lambda: all(_records(n.partition()) == want for n in (b, c)),
+                     what="b and c holding the leader's records")
+    newest = {_key(i): b"v%d" % i for i in range(last + 1)}
+    assert {key: value for _, key, value in want} == newest  # the newest of each key kept
+    await eventually(lambda: "c" in cluster.placement().isr, what="c rejoining the ISR")
+    assert c.replication.stats("s", 0)["refused_chunks"] == 0
+
+
+async def test_truncation_across_a_gap_the_leaders_compaction_left(compacting):
+    """c fetches epoch 2 only after b compacted its start away (a gap from 50); c then leads
+    epoch 3, and a, whose uncommitted epoch-1 tail 50..69 nobody has, truncates by c's
+    answer. c's epoch 2 must start where its gap starts (50), not at its first chunk after
+    it: a would keep its stale records below that chunk."""
+    from riverlog.broker.broker import record_key
+    from riverlog.record import Record, encode_record
+    cluster = compacting
+    a, b, c = (cluster.nodes[i] for i in "abc")
+    await c.stop()
+    await b.stop()
+    await a.stop()  # cut off: its tail reaches nobody
+    a.partition().write_records([encode_record(Record(value=b"stale%d" % i, key=b"s%d" % i))
+                                 for i in range(50, 70)])  # keys no compaction removes
+    cluster.set_placement("b", ("b",), 2)
+    await b.start()
+    await publish_keyed(b, 50, 300)
+    result = await b.partition().log.compact(record_key)
+    assert result.point is not None and result.point.end > 50
+    await c.start()
+    cluster.change(meta.expand_isr, "s", 0, "c")
+    last = await publish_keyed(b, 350, 20)
+    await eventually(lambda: c.partition().committed_offset == last, what="c catching up")
+    assert c.partition().log.read_chunks(50, 1)[0].header.first_offset > 50  # the gap
+    cluster.change(meta.change_leader, "s", 0, leader="c")
+    assert cluster.placement().leader_epoch == 3
+    await a.start()  # c's follower: asks where epoch 1 ends on c, truncates there
+    await eventually(lambda: a.partition().committed_offset == last, what="a catching up")
+    await eventually(lambda: _records(a.partition()) == _records(c.partition()),
+                     what="a holding c's records")
+    assert not [v for _, _, v in _records(a.partition()) if v.startswith(b"stale")]
