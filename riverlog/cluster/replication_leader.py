@@ -19,8 +19,6 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-import nats.errors
-
 from ..errors import LogError
 from ..protocol.liftbridge import api_pb2
 from ..protocol.liftbridge.envelope import (EnvelopeError, MsgType, decode_internal,
@@ -50,6 +48,10 @@ COMPACTION_HEADER = "Riverlog-Compaction-Point"
 compacted: ``<end> <upto>`` (``CompactionPoint``): its log holds no record below ``end``
 whose key has a newer record at or below ``upto``. The follower applies the same point to
 its own log once it has committed ``upto``, so every replica holds the same records."""
+HEADERS_ROOM = 128
+"""Bytes kept free in a ReplicationResponse for its NATS headers ("NATS/1.0" and
+COMPACTION_HEADER with two 20-digit offsets take 82 at most): nats-server counts them in the max
+payload and closes a connection that goes over it."""
 EPOCH_HEADER = "Riverlog-Leader-Epoch"
 """NATS header of a LeaderEpochOffsetRequest: the leader epoch the follower follows (the
 request's own field is the epoch asked about), checked as a ReplicationRequest's epoch is.
@@ -92,8 +94,9 @@ class Leader:
         self._loop = asyncio.get_running_loop()
         settings = engine.settings
         self._max_lag = settings.replica_max_lag_time_ms / 1000
-        # an answer is one NATS message: 24 bytes of header, then the chunks
-        self._max_bytes = min(settings.replication_max_bytes, engine.nc.max_payload - 64)
+        # an answer is one NATS message: its NATS headers, 24 bytes of envelope, the chunks
+        self._max_bytes = min(settings.replication_max_bytes,
+                              engine.nc.max_payload - 64 - HEADERS_ROOM)
         log_ = partition.log
         log_.follows_compaction = False
         if self.epoch > log_.epochs.latest_epoch:
@@ -201,12 +204,13 @@ class Leader:
         headers = None if point is None else {COMPACTION_HEADER: f"{point.end} {point.upto}"}
         if not msg.reply:
             return
-        try:
-            await self.engine.nc.publish(msg.reply, answer, headers=headers)
-        except nats.errors.MaxPayloadError:  # one chunk above the NATS max payload
+        if len(answer) + (HEADERS_ROOM if headers else 0) > self.engine.nc.max_payload:
+            # one chunk above the NATS max payload (nats-server counts the headers in it)
             log.error("%r: the chunk at offset %d (%d bytes) exceeds the NATS max payload; "
                       "%s cannot replicate it", self.partition, req.offset, len(answer),
                       req.replicaID)
+            return
+        await self.engine.nc.publish(msg.reply, answer, headers=headers)
 
     async def _on_offset(self, msg) -> None:
         """Answer a LeaderEpochOffsetRequest {leaderEpoch}: LeaderEpochOffsetResponse

@@ -514,3 +514,43 @@ async def test_truncation_across_a_gap_the_leaders_compaction_left(compacting):
     await eventually(lambda: _records(a.partition()) == _records(c.partition()),
                      what="a holding c's records")
     assert not [v for _, _, v in _records(a.partition()) if v.startswith(b"stale")]
+
+
+async def test_an_answer_leaves_room_in_the_nats_max_payload_for_the_compaction_point(
+        nats_url, tmp_path):
+    """Two chunks that fill an answer to 64 bytes short of the NATS max payload are sent in
+    two answers once the leader has a compaction point: nats-server counts the
+    Riverlog-Compaction-Point header in the max payload and closes a connection that goes
+    over it (the leader's, with every partition it leads)."""
+    from riverlog.broker.broker import record_key
+    from riverlog.config import LogConfig
+    from riverlog.record import Record, encode_record
+    cluster = Cluster(nats_url, tmp_path, log_config=LogConfig(segment_max_bytes=2 << 20,
+                                                               compact=True))
+    await cluster.start()
+    try:
+        cluster.create_stream()
+        a, b, c = (cluster.nodes[i] for i in "abc")
+        part = a.partition()
+
+        def big(size: int) -> int:
+            (offset,) = part.write_records([encode_record(Record(value=b"x" * size, key=b"k"))])
+            return offset
+        for _ in range(4):  # three fill the first segment, the fourth starts the next
+            last = big(600_000)
+        await asyncio.wait_for(part.wait_committed(last), 30)
+        assert (await part.log.compact(record_key)).point is not None
+        await b.stop()
+        await c.stop()
+        first = big(400_000)
+        size = len(part.log.read_chunks(first, 1, committed_only=False)[0].raw)
+        wanted = a.nc.max_payload - 64 - size  # the second chunk's size
+        last = big(400_000 + wanted - size)
+        assert len(part.log.read_chunks(last, 1, committed_only=False)[0].raw) == wanted
+        await b.start()
+        await c.start()
+        await eventually(lambda: all(n.partition().log.next_offset == last + 1 for n in (b, c)),
+                         what="b and c holding both chunks")
+        assert not a.nc.is_closed
+    finally:
+        await cluster.close()
