@@ -242,8 +242,9 @@ class Follower:
     # -- helpers ------------------------------------------------------------------------
     async def _ask(self, subject: str, request: bytes,
                    headers: dict[str, str] | None = None) -> nats.aio.msg.Msg | None:
-        """The leader's answer (the NATS message), or None (no answer in time, no responder, or an error
-        answer: after a pause, and reporting the leader once it is silent for too long)."""
+        """The leader's answer (the NATS message), or None (no answer in time, no responder,
+        or an error answer: after a pause, and reporting the leader once it is silent for too
+        long)."""
         self._check_stopped()
         try:
             reply = await self.engine.nc.request(subject, request, timeout=self._fetch_timeout,

@@ -336,9 +336,9 @@ class CommitLog:
         follows a gap is recorded from the gap's start: its leader's start lies somewhere in
         the gap, and a start put too late would let a peer truncating by this log's epochs
         keep a stale tail there (one put too early only cuts records this log lacks
-        anyway). The high watermark (``committed_offset``) is left alone: the leader's says what is committed
-        (``commit``); hence ``LogError`` when the log was opened with ``auto_commit=True``.
-        Durability: as ``write_entries`` (under ``Durability.ALWAYS`` call ``await flush()``).
+        anyway). The high watermark (``committed_offset``) is left alone: the leader's says
+        what is committed (``commit``); hence ``LogError`` when the log was opened with
+        ``auto_commit=True``. Durability: as ``write_entries`` (under ``Durability.ALWAYS`` call ``await flush()``).
         """
         if self._closed:
             raise LogClosedError(f"commit log {self.directory} is closed")
