@@ -338,7 +338,8 @@ class CommitLog:
         keep a stale tail there (one put too early only cuts records this log lacks
         anyway). The high watermark (``committed_offset``) is left alone: the leader's says
         what is committed (``commit``); hence ``LogError`` when the log was opened with
-        ``auto_commit=True``. Durability: as ``write_entries`` (under ``Durability.ALWAYS`` call ``await flush()``).
+        ``auto_commit=True``. Durability: as ``write_entries`` (under ``Durability.ALWAYS``
+        call ``await flush()``).
         """
         if self._closed:
             raise LogClosedError(f"commit log {self.directory} is closed")
