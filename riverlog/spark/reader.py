@@ -77,24 +77,29 @@ def read_partition(part: RangePartition) -> Iterator:
         if start >= end:
             return
     failures = 0
+    check_loss = True
     while True:
         reached = [start]
         try:
-            yield from _read_from_server(part, schema, reached)
+            yield from _read_from_server(part, schema, reached, check_loss)
             return
         except ClientError as exc:
             if exc.code is not None or failures >= _RECONNECTS:
                 raise
-            failures = 0 if reached[0] > start else failures + 1
-            start = reached[0]
+            if reached[0] > start:  # read on from a chunk's end: what follows may be a gap
+                failures, start, check_loss = 0, reached[0], False
+            else:
+                failures += 1
             log.warning("%r/%d: %s; reading on from offset %d on another connection",
                         part.stream, part.partition, exc, start)
             time.sleep(_RECONNECT_PAUSE_S * failures)
 
 
-def _read_from_server(part: RangePartition, schema, reached: list[int]) -> Iterator:
+def _read_from_server(part: RangePartition, schema, reached: list[int],
+                      check_loss: bool) -> Iterator:
     """``read_partition``'s read over one connection, from ``reached[0]`` to the end of the
-    range; ``reached[0]`` follows the offset after the last record yielded."""
+    range; ``reached[0]`` follows the offset after the last record yielded. ``check_loss``:
+    a first chunk starting after ``reached[0]`` is data loss (``_lost``), else a gap."""
     from ..client import ClientError, OffsetType
     from .arrow import chunks_to_batch
 
@@ -105,7 +110,7 @@ def _read_from_server(part: RangePartition, schema, reached: list[int]) -> Itera
         sub = client.subscribe(address, OffsetType.OFFSET, start, credit=_CREDIT)
         pending: list = []
         rows = size = 0
-        first = True
+        first = check_loss
         while True:
             chunks = sub.next_chunks(_CREDIT, part.connection.timeout)
             if not chunks:
