@@ -554,3 +554,24 @@ async def test_an_answer_leaves_room_in_the_nats_max_payload_for_the_compaction_
         assert not a.nc.is_closed
     finally:
         await cluster.close()
+
+
+async def test_the_brokers_compaction_pass_compacts_only_the_leaders_log(compacting):
+    """The periodic compaction (Broker._compact, every streams.cleaner.interval) compacts the
+    leader's log and leaves the followers' to the leader's compaction point, which they
+    apply: compacting on their own, their closed segments (other boundaries, another
+    committed offset) would lose other records than the leader's."""
+    cluster = compacting
+    a, b = cluster.nodes["a"], cluster.nodes["b"]
+    last = await publish_keyed(a, 50, 200)
+    await eventually(lambda: b.partition().committed_offset == last, what="b following")
+    before = _records(b.partition())
+    await b.broker._compact(b.broker.get("s"))
+    assert b.partition().log.compaction_point is None and _records(b.partition()) == before
+    await a.broker._compact(a.broker.get("s"))
+    point = a.partition().log.compaction_point
+    assert point is not None and len(_records(a.partition())) < len(before)
+    await publish_keyed(a, 250, 5)  # the answers carry the point to b
+    await eventually(lambda: b.partition().log.compaction_point == point
+                     and _records(b.partition()) == _records(a.partition()),
+                     what="b applying the leader's compaction point")
