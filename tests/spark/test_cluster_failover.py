@@ -89,6 +89,7 @@ def test_a_task_reading_from_a_killed_leader_reads_on_from_a_replica(cluster_up)
     batch, the task reconnects where the stream lives and reads on from the offset after
     the last one it handed out (before: ClientError, the task and the query failed)."""
     pytest.importorskip("pyarrow")
+    pytest.importorskip("pyspark")
     from riverlog.spark.options import connection
     from riverlog.spark.reader import RangePartition, read_partition
     rows = read_table(cluster_up)
