@@ -624,7 +624,9 @@ class CommitLog:
         The active segment is rolled first when it holds records below ``point.end``;
         nothing is done (the result's point is None) until everything up to the end of the
         segments concerned is committed here. Raises ``LogError`` if a compaction is already
-        running."""
+        running, ``LogClosedError`` once the log is closed."""
+        if self._closed:
+            raise LogClosedError(f"commit log {self.directory} is closed")
         if self._compacting is not None:
             raise LogError("a compaction is already running")
         if point is not None and self.committed_offset >= point.upto:

@@ -467,6 +467,8 @@ def test_closed_log_refuses_work(tmp_path):
         log.append([b"x"])
     with pytest.raises(LogClosedError):
         log.read_chunks(0)
+    with pytest.raises(LogClosedError):
+        asyncio.run(log.compact(lambda record: record))
 
 
 def test_config_validation_names_the_key():
