@@ -158,8 +158,9 @@ def compact_segments(segments: Sequence[Segment], committed: int,
     each key among the committed ones; the result's point is (the end of those segments,
     ``committed``). With ``point`` (a follower applying its leader's), the closed segments
     holding records below ``point.end`` are rewritten by that point instead, provided every
-    one of them is committed (else nothing is done and the result's point is None: try again
-    once more is committed). Blocking: run it in a thread."""
+    one of them is committed and the active segment holds none (else nothing is done and the
+    result's point is None: try again once more is committed, or after a roll). Blocking:
+    run it in a thread."""
     result = CompactionResult()
     if point is None:
         closed = [s for s in segments[:-1] if len(s.index) and s.next_offset - 1 <= committed]
@@ -168,7 +169,9 @@ def compact_segments(segments: Sequence[Segment], committed: int,
         point = CompactionPoint(closed[-1].next_offset, committed)
     else:
         closed = [s for s in segments[:-1] if len(s.index) and s.base_offset < point.end]
-        if point.upto > committed or any(s.next_offset - 1 > committed for s in closed):
+        active = segments[-1]
+        if (point.upto > committed or any(s.next_offset - 1 > committed for s in closed)
+                or (len(active.index) and active.first_offset < point.end)):
             return result
     latest = _latest_offsets(segments, point.upto, key_of)
     for seg in closed:
