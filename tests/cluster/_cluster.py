@@ -87,3 +87,22 @@ async def with_stream(address: str, stream: str):
         return None
     names = {s.name for s in meta.streamMetadata if not s.error}
     return meta if stream in names else None
+
+
+async def values(address: str, stream: str, count: int) -> list[bytes]:
+    """The first ``count`` values of partition 0 of ``stream``, read from ``address``
+    (readISRReplica, so any replica serves them)."""
+    got: list[bytes] = []
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = api_pb2_grpc.APIStub(channel).Subscribe(pb.SubscribeRequest(
+            stream=stream, startPosition=pb.StartPosition.EARLIEST, readISRReplica=True))
+        first = True
+        async for message in call:
+            if first:  # the empty message that says the subscription started (Liftbridge's)
+                first = False
+                continue
+            got.append(message.value)
+            if len(got) == count:
+                call.cancel()
+                break
+    return got

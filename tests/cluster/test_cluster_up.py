@@ -6,13 +6,17 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
+import pickle
 import signal
 
 import grpc
 import pytest
 
-from _cluster import WAIT_S, cluster_up, metadata, raft_leader, read_table, until, with_stream
+from _cluster import (WAIT_S, cluster_up, metadata, raft_leader, read_table, until, values,
+                      with_stream)
+from riverlog.ops import scrape
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge import api_pb2_grpc
 
@@ -79,55 +83,140 @@ async def test_cluster_up_serves_and_survives_the_raft_leaders_kill(cluster_up, 
         assert await metadata(grpc_of[server_id]) is None
 
 
+class _Restart:
+    """A 3-server LocalCluster whose partition leader of "orders" (RF=3) was SIGKILLed and
+    replaced: ``cluster``, ``grpc_of`` (server id -> gRPC address), ``old`` (the killed
+    leader's id, ``index`` its place in ``cluster.procs``), ``others``."""
+
+    def __init__(self, directory: str) -> None:
+        from riverlog.cluster.local import LocalCluster
+        self.cluster = LocalCluster(directory, 3)
+        self.grpc_of = {m.id: f"{self.cluster.host}:{m.ports['grpc']}"
+                        for m in self.cluster.members}
+
+    async def leader_seen_by(self, server_id: str) -> str | None:
+        meta = await with_stream(self.grpc_of[server_id], "orders")
+        return meta and [s for s in meta.streamMetadata
+                         if s.name == "orders"][0].partitions[0].leader
+
+    async def other_leader_seen_by(self, server_id: str) -> str | None:
+        """The leader ``server_id`` names, once it is not the killed one (nor none)."""
+        leader = await self.leader_seen_by(server_id)
+        return leader if leader not in ("", self.old) else None
+
+    async def commit_index_saved(self) -> None:
+        """Wait until the leader's Raft commit index is on its disk (pysyncobj saves it once a
+        second): started again, it replays its journal up to there, where it leads "orders"."""
+        member = self.cluster.members[self.index]
+        url = f"http://{self.cluster.host}:{member.ports['metrics']}/metrics"
+        (_, commit), = (await asyncio.to_thread(scrape, url))["riverlog_raft_commit_index"]
+        path = os.path.join(self.cluster.directory, member.id, "raft", "journal.meta")
+
+        async def saved() -> bool:
+            try:
+                with open(path, "rb") as f:
+                    return pickle.load(f)["raftCommitIndex"] >= commit
+            except (OSError, EOFError, KeyError, pickle.UnpicklingError):
+                return False
+        await until("the commit index saved", saved)
+
+    async def __aenter__(self) -> "_Restart":
+        self.cluster.start()
+        try:
+            await asyncio.to_thread(self.cluster.wait_registered)
+            async with grpc.aio.insecure_channel(self.grpc_of["s0"]) as channel:
+                await api_pb2_grpc.APIStub(channel).CreateStream(pb.CreateStreamRequest(
+                    name="orders", subject="orders", replicationFactor=3), timeout=30)
+            self.old = await until("a leader", lambda: self.leader_seen_by("s0"))
+            self.index = [m.id for m in self.cluster.members].index(self.old)
+            await self.commit_index_saved()
+            self.cluster.procs[self.index].kill()
+            self.cluster.procs[self.index].wait()
+            self.others = [m.id for m in self.cluster.members if m.id != self.old]
+            await until("another leader", lambda: self.other_leader_seen_by(self.others[0]))
+        except BaseException:
+            self.cluster.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        for proc in self.cluster.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+        self.cluster.stop()
+
+
 async def test_a_restarted_leader_leads_nothing_before_it_caught_up_with_raft(tmp_path):
     # A member starting again holds its streams' folders, and its Raft state (none yet, or
     # its journal replayed) names it the leader of the partition it led before its SIGKILL.
     # Until it has caught up with the Raft log it must take no write (the others elected
     # another leader meanwhile): here the two others are stopped, so it cannot catch up; a
     # LEADER publish it acked would be truncated once it follows the new leader.
-    from riverlog.cluster.local import LocalCluster
-    cluster = LocalCluster(str(tmp_path / "cluster"), 3)
-    cluster.start()
-    try:
-        await asyncio.to_thread(cluster.wait_registered)
-        grpc_of = {m.id: f"{cluster.host}:{m.ports['grpc']}" for m in cluster.members}
-        async with grpc.aio.insecure_channel(grpc_of["s0"]) as channel:
-            await api_pb2_grpc.APIStub(channel).CreateStream(pb.CreateStreamRequest(
-                name="orders", subject="orders", replicationFactor=3), timeout=30)
-
-        async def leader_seen_by(server_id: str) -> str | None:
-            meta = await with_stream(grpc_of[server_id], "orders")
-            return meta and [s for s in meta.streamMetadata
-                             if s.name == "orders"][0].partitions[0].leader
-        old = await until("a leader", lambda: leader_seen_by("s0"))
-        index = [m.id for m in cluster.members].index(old)
-        cluster.procs[index].kill()
-        cluster.procs[index].wait()
-        others = [m.id for m in cluster.members if m.id != old]
-
-        async def new_leader():
-            leader = await leader_seen_by(others[0])
-            return leader if leader not in ("", old) else None
-        await until("another leader", new_leader)
-        for i, proc in enumerate(cluster.procs):
-            if i != index:
+    async with _Restart(str(tmp_path / "cluster")) as r:
+        for i, proc in enumerate(r.cluster.procs):
+            if i != r.index:
                 proc.send_signal(signal.SIGSTOP)
-        cluster.restart(index)
-        await until("the restarted server serving", lambda: with_stream(grpc_of[old], "orders"))
-        async with grpc.aio.insecure_channel(grpc_of[old]) as channel:
+        r.cluster.restart(r.index)
+        await until("the restarted server serving",
+                    lambda: with_stream(r.grpc_of[r.old], "orders"))
+        async with grpc.aio.insecure_channel(r.grpc_of[r.old]) as channel:
             with pytest.raises(grpc.aio.AioRpcError):
                 await api_pb2_grpc.APIStub(channel).Publish(pb.PublishRequest(
                     stream="orders", value=b"stale", ackPolicy=pb.LEADER), timeout=5)
-        for i, proc in enumerate(cluster.procs):
-            if i != index:
+        for i, proc in enumerate(r.cluster.procs):
+            if i != r.index:
                 proc.send_signal(signal.SIGCONT)
+        assert await until("the restarted server caught up",
+                           lambda: r.other_leader_seen_by(r.old)) in r.others
 
-        async def follows():  # caught up: it names the leader the others elected
-            leader = await leader_seen_by(old)
-            return leader if leader not in ("", old) else None
-        assert await until("the restarted server caught up", follows) in others
-    finally:
-        for proc in cluster.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-        cluster.stop()
+
+async def test_a_restarted_leader_acks_no_write_it_later_truncates(tmp_path):
+    # The killed leader starts again while the others run: its Raft member replays its
+    # journal, which names it the leader, before the Raft leader tells it what changed since.
+    # LEADER publishes sent to it from the moment its gRPC port answers are taken only by the
+    # current leader (forwarded through NATS once it caught up, refused before): every one
+    # it acked is on the final leader. Before the fix it acked some in a stale epoch and
+    # truncated them later.
+    async with _Restart(str(tmp_path / "cluster")) as r:
+        async with grpc.aio.insecure_channel(r.grpc_of[r.others[0]]) as channel:
+            stub = api_pb2_grpc.APIStub(channel)
+            for i in range(10):  # Raft entries the restarted member has not seen
+                await stub.CreateStream(pb.CreateStreamRequest(
+                    name=f"pad{i}", subject=f"pad{i}", replicationFactor=1), timeout=30)
+        r.cluster.restart(r.index)
+        await until("the restarted server's gRPC port", lambda: metadata(r.grpc_of[r.old]))
+        acked: list[bytes] = []
+        stop = asyncio.Event()
+
+        async def hammer() -> None:
+            async with grpc.aio.insecure_channel(r.grpc_of[r.old]) as channel:
+                stub = api_pb2_grpc.APIStub(channel)
+                for attempt in itertools.count():
+                    if stop.is_set():
+                        return
+                    value = b"h%d" % attempt
+                    try:
+                        await stub.Publish(pb.PublishRequest(
+                            stream="orders", value=value, ackPolicy=pb.LEADER), timeout=5)
+                    except grpc.aio.AioRpcError:
+                        await asyncio.sleep(0.01)
+                        continue
+                    acked.append(value)
+        task = asyncio.create_task(hammer())
+        try:
+            await until("the restarted server caught up",
+                        lambda: r.other_leader_seen_by(r.old))
+            enough = len(acked) + 20  # and acks through the current leader after that
+            await until("acks after the catch-up", lambda: asyncio.sleep(0, len(acked) >= enough))
+        finally:
+            stop.set()
+            await task
+        leader = await r.other_leader_seen_by(r.others[0])
+
+        async def all_committed():
+            meta = await with_stream(r.grpc_of[leader], "orders")
+            part = [s for s in meta.streamMetadata if s.name == "orders"][0].partitions[0]
+            return part.highWatermark == part.newestOffset and part
+        part = await until("every record committed", all_committed)
+        stored = await values(r.grpc_of[leader], "orders", part.highWatermark + 1)
+        assert [v for v in acked if v not in stored] == []
