@@ -194,6 +194,69 @@ async def test_a_new_leader_takes_the_nats_subject_over(cluster):
         await channel.close()
 
 
+async def test_a_running_subscribe_ends_when_its_server_stops_leading(cluster):
+    """A leader change ends the Subscribes its old leader serves with Unavailable "Server
+    not partition leader" (where Liftbridge clients resubscribe at the leader), a
+    readISRReplica one included (the old leader leaves the ISR); a readISRReplica Subscribe on
+    a follower still in the ISR goes on. gufo-liftbridge, subscribed through the old leader,
+    goes on at the new one with no gap and no duplicate."""
+    from gufo.liftbridge.client import LiftbridgeClient
+    from gufo.liftbridge.types import StartPosition
+    placed = await created(cluster, "moving", subject="moving", replication_factor=3)
+    old = cluster[IDS.index(placed.leader)]
+    stays, new = [x for x in cluster if x is not old]
+    channels = {app: stub_of(app) for app in cluster}
+
+    async def publish(value: bytes) -> None:  # ALL: every in-sync replica holds it
+        leader = next(a for a in cluster if a.broker.placement.leads("moving", 0))
+        await channels[leader][1].Publish(pb.PublishRequest(
+            stream="moving", value=value, ackPolicy=pb.AckPolicy.ALL), timeout=10)
+
+    async def subscribed(app, read_isr: bool):
+        call = channels[app][1].Subscribe(pb.SubscribeRequest(
+            stream="moving", startPosition=pb.StartPosition.EARLIEST,
+            readISRReplica=read_isr), timeout=20)
+        messages = call.__aiter__()
+        assert await anext(messages) == pb.Message()  # the handshake
+        assert (await anext(messages)).value == b"before"
+        return messages
+
+    got: list[bytes] = []
+
+    async def gufo() -> None:
+        async with LiftbridgeClient([f"127.0.0.1:{old.grpc.port}"]) as client:
+            async for message in client.subscribe("moving",
+                                                  start_position=StartPosition.EARLIEST):
+                got.append(message.value)
+    try:
+        await publish(b"before")
+        on_leader = await subscribed(old, False)
+        isr_on_leader = await subscribed(old, True)
+        isr_on_follower = await subscribed(stays, True)
+        reader = asyncio.create_task(gufo())
+        await until("gufo read the first record", lambda: got == [b"before"])
+        await old.broker.placement.submit("change_leader", stream="moving", index=0,
+                                          leader=new.config.cluster.server_id)
+        for ended in (on_leader, isr_on_leader):
+            with pytest.raises(grpc.aio.AioRpcError) as stopped:
+                await anext(ended)
+            assert (stopped.value.code(), stopped.value.details()) == (
+                grpc.StatusCode.UNAVAILABLE, "Server not partition leader")
+        await until("one new leader everywhere", lambda: all(
+            x.broker.placement.of("moving", 0).leader == new.config.cluster.server_id
+            for x in cluster))
+        for i in range(3):
+            await publish(b"after%d" % i)
+        assert [(await anext(isr_on_follower)).value for _ in range(3)] == [
+            b"after0", b"after1", b"after2"]
+        await until("gufo read on at the new leader", lambda: len(got) >= 4)
+        reader.cancel()
+        assert got == [b"before", b"after0", b"after1", b"after2"]
+    finally:
+        for channel, _ in channels.values():
+            await channel.close()
+
+
 async def created(cluster, name: str, **config):
     """Create stream ``name`` (StreamConfig ``config``) through the first member; return its
     partition 0's placement once every member applied it."""
