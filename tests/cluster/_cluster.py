@@ -69,15 +69,25 @@ async def metadata(address: str) -> pb.FetchMetadataResponse | None:
         return None
 
 
-@pytest.fixture
-def cluster_up(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "riverlog", "cluster", "up", "--servers",
-                             "3", "-d", str(tmp_path / "cluster")], stdout=subprocess.PIPE,
+def start_cluster_up(directory, *options: str) -> subprocess.Popen:
+    """`riverlog cluster up -d DIRECTORY OPTIONS...` (3 servers unless OPTIONS say), its
+    output readable as text; stop it with ``stop_cluster_up``."""
+    return subprocess.Popen([sys.executable, "-m", "riverlog", "cluster", "up", "--servers",
+                             "3", "-d", str(directory), *options], stdout=subprocess.PIPE,
                             text=True)
-    yield proc
+
+
+def stop_cluster_up(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+
+
+@pytest.fixture
+def cluster_up(tmp_path):
+    proc = start_cluster_up(tmp_path / "cluster")
+    yield proc
+    stop_cluster_up(proc)
 
 
 async def with_stream(address: str, stream: str):

@@ -14,8 +14,9 @@ import signal
 import grpc
 import pytest
 
-from _cluster import (WAIT_S, cluster_up, metadata, raft_leader, read_table, until, values,
-                      with_stream)
+from _cluster import (WAIT_S, cluster_up, metadata, raft_leader, read_table, start_cluster_up,
+                      stop_cluster_up, until, values, with_stream)
+from riverlog.cluster.local import Member, serve_command
 from riverlog.ops import scrape
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge import api_pb2_grpc
@@ -83,6 +84,48 @@ async def test_cluster_up_serves_and_survives_the_raft_leaders_kill(cluster_up, 
         assert await metadata(grpc_of[server_id]) is None
 
 
+def test_members_reach_each_other_at_the_advertised_host(tmp_path):
+    # bound to a wildcard, the servers are told of each other (Raft, NATS routes) and tell
+    # clients loopback, or the host given; the doors still listen on the wildcard
+    members = [Member(f"s{i}", {name: 7000 + 10 * i + n for n, name in enumerate(
+        ("stream", "grpc", "nats", "nats_cluster", "raft", "metrics"))}) for i in range(2)]
+    for host, advertise, expected in [("0.0.0.0", None, "127.0.0.1:7014"),
+                                      ("::", None, "[::1]:7014"),
+                                      ("0.0.0.0", "10.1.2.3", "10.1.2.3:7014"),
+                                      ("127.0.0.1", None, "127.0.0.1:7014")]:
+        command, env = serve_command(members[0], members, str(tmp_path), host, advertise)
+        assert command[command.index("--host") + 1] == host
+        told = expected.rsplit(":", 1)[0].strip("[]")
+        assert ("--advertised-host" in command) == (told != host)
+        if told != host:
+            assert command[command.index("--advertised-host") + 1] == told
+        assert command[command.index("--nats-routes") + 1] == expected.replace("7014", "7013")
+        assert env["LIFTBRIDGE_RIVERLOG_RAFT_ADDRESS"] == expected.replace("7014", "7004")
+        assert env["LIFTBRIDGE_RIVERLOG_RAFT_PEERS"] == "s1=" + expected
+
+
+async def test_cluster_up_on_a_wildcard_address_advertises_loopback(tmp_path):
+    # `cluster up --host 0.0.0.0`: the doors listen on every address, but the table, what
+    # FetchMetadata tells clients and the Raft members name 127.0.0.1, where the servers are
+    # reached (0.0.0.0 is no address to connect to)
+    proc = start_cluster_up(tmp_path / "cluster", "--servers", "2", "--host", "0.0.0.0")
+    try:
+        rows = read_table(proc)
+        addresses = [v for row in rows.values() for k, v in row.items()
+                     if k not in ("server", "pid")]
+        assert len(addresses) == 12 and all(a.startswith("127.0.0.1:") for a in addresses)
+        for server_id, row in rows.items():
+            meta = await until("FetchMetadata", lambda r=row: metadata(r["Liftbridge gRPC"]))
+            assert sorted((b.id, f"{b.host}:{b.port}") for b in meta.brokers) == sorted(
+                (s, r["Liftbridge gRPC"]) for s, r in rows.items())
+            with open(tmp_path / "cluster" / server_id / "riverlog.log") as f:
+                raft = [line for line in f if "Raft on" in line]
+            (peer,) = [r["Raft"] for s, r in rows.items() if s != server_id]
+            assert raft and raft[-1].rstrip().endswith(f"Raft on {row['Raft']}, peers {peer}")
+    finally:
+        stop_cluster_up(proc)
+
+
 class _Restart:
     """A 3-server LocalCluster whose partition leader of "orders" (RF=3) was SIGKILLed and
     replaced: ``cluster``, ``grpc_of`` (server id -> gRPC address), ``old`` (the killed
@@ -91,7 +134,7 @@ class _Restart:
     def __init__(self, directory: str) -> None:
         from riverlog.cluster.local import LocalCluster
         self.cluster = LocalCluster(directory, 3)
-        self.grpc_of = {m.id: f"{self.cluster.host}:{m.ports['grpc']}"
+        self.grpc_of = {m.id: f"{self.cluster.advertised}:{m.ports['grpc']}"
                         for m in self.cluster.members}
 
     async def leader_seen_by(self, server_id: str) -> str | None:
@@ -108,7 +151,7 @@ class _Restart:
         """Wait until the leader's Raft commit index is on its disk (pysyncobj saves it once a
         second): started again, it replays its journal up to there, where it leads "orders"."""
         member = self.cluster.members[self.index]
-        url = f"http://{self.cluster.host}:{member.ports['metrics']}/metrics"
+        url = f"http://{self.cluster.advertised}:{member.ports['metrics']}/metrics"
         (_, commit), = (await asyncio.to_thread(scrape, url))["riverlog_raft_commit_index"]
         path = os.path.join(self.cluster.directory, member.id, "raft", "journal.meta")
 
