@@ -2,7 +2,9 @@
 # gufo-liftbridge and riverlog's generated gRPC stub: the printed table says where each door
 # listens, a stream made through one server is on all three, the metadata survives a SIGKILL
 # of the Raft leader's process (the two left still create streams), and SIGTERM stops every
-# server. Waits are generous polls, never timed assertions.
+# server; bound to 0.0.0.0 the servers advertise 127.0.0.1; a killed partition leader started
+# again leads nothing and acks no write before it caught up with Raft. Waits are generous
+# polls, never timed assertions.
 from __future__ import annotations
 
 import asyncio

@@ -4,7 +4,8 @@
 # a stream created through any server exists on every replica with one leader, FetchMetadata
 # tells the same everywhere, only the leader ingests its subject, a publish reaching a follower
 # goes to the leader through NATS (as Liftbridge's api.go publishes every gRPC Publish), a
-# follower refuses Subscribe as Liftbridge does, a delete reaches every server. No mocks.
+# follower refuses Subscribe as Liftbridge does, a running Subscribe ends where its server
+# stops leading, a delete reaches every server. No mocks.
 from __future__ import annotations
 
 import asyncio
