@@ -5,10 +5,13 @@
 # tells the same everywhere, only the leader ingests its subject, a publish reaching a follower
 # goes to the leader through NATS (as Liftbridge's api.go publishes every gRPC Publish), a
 # follower refuses Subscribe as Liftbridge does, a running Subscribe ends where its server
-# stops leading, a delete reaches every server. No mocks.
+# stops leading, a delete reaches every server, a member rejoining without its Raft files
+# keeps its replicas. No mocks.
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 
 import grpc
 import nats
@@ -22,6 +25,7 @@ from riverlog.cluster.state import StaleLeaderEpoch
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge.envelope import decode_ack, encode_publish
 from riverlog.security.users import hash_password
+from riverlog.server.app import App
 
 
 async def test_a_stream_made_through_any_server_is_on_every_replica(cluster):
@@ -265,6 +269,24 @@ async def created(cluster, name: str, **config):
     await until(f"{name} applied everywhere", lambda: all(
         x.broker.placement.of(name, 0) is not None for x in cluster))
     return cluster[0].broker.placement.of(name, 0)
+
+
+async def test_a_member_without_its_raft_files_deletes_no_replica_while_catching_up(cluster):
+    """The documented way back from a damaged Raft file: remove DATA/raft and restart; the
+    member rejoins empty and replays the whole metadata. The states before a stream's
+    creation lack it, but a replica it holds is not deleted for that: it deletes nothing
+    before it caught up (before, pysyncobj's isReady turned true while older states were
+    still queued on the loop, and the replica was deleted and made again, empty)."""
+    await created(cluster, "kept", subject="kept", replication_factor=3)
+    member = cluster[2]
+    await member.stop()
+    shutil.rmtree(os.path.join(member.config.data_dir, "raft"))
+    again = cluster[2] = App(member.config)
+    deleted: list[str] = []
+    again.broker.deletion_listeners.append(lambda stream: deleted.append(stream.name))
+    await again.start()
+    await until("caught up", lambda: again.broker.placement.caught_up)
+    assert "kept" in again.broker.streams and deleted == []
 
 
 async def test_replication_events_change_the_metadata_everywhere(cluster):
