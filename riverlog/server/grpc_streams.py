@@ -16,8 +16,9 @@
 # In a cluster, Subscribe off the partition's leader is FailedPrecondition unless
 # readISRReplica; a running Subscribe whose server loses the partition's leadership ends with
 # Unavailable "Server not partition leader" (unless readISRReplica and this server is still in
-# the ISR), so the client resubscribes at the new leader; PublishAsync sends a request for a partition led elsewhere to its NATS
-# subject, where the leader takes it, and answers with the ack the leader sends back.
+# the ISR), so the client resubscribes at the new leader; PublishAsync sends a request for a
+# partition led elsewhere to its NATS subject, where the leader takes it, and answers with the
+# ack the leader sends back.
 from __future__ import annotations
 
 import asyncio

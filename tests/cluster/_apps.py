@@ -46,9 +46,10 @@ async def until(what: str, check):
 
 async def started(tmp_path, security: SecurityConfig | None = None) -> list[App]:
     """Three started Apps of one cluster (``security``: every member's), once every server
-    is registered everywhere and each caught up with Raft (stop them with ``stopped``). A Raft port picked free can be
-    taken before pysyncobj binds it (an outgoing connection's ephemeral port: CI saw it once),
-    so a RaftBindError starts the cluster again on new ports, in a new folder, twice at most."""
+    is registered everywhere and each caught up with Raft (stop them with ``stopped``). A
+    Raft port picked free can be taken before pysyncobj binds it (an outgoing connection's
+    ephemeral port: CI saw it once), so a RaftBindError starts the cluster again on new
+    ports, in a new folder, twice at most."""
     for attempt in range(3):
         apps = [App(c) for c in configs(tmp_path / f"attempt{attempt}", security=security)]
         try:
