@@ -107,6 +107,7 @@ class Leader:
         self._followers = {r: _Follower(now, r in placement.isr)
                            for r in placement.replicas if r != engine.server_id}
         self._wake_pending = False
+        self._newest_told = self.epoch  # the newest epoch a request told this leader of
         self._flusher: asyncio.Task | None = None
         log_.on_written = self._written
         log_.on_synced = self._advance
@@ -233,8 +234,12 @@ class Leader:
 
     async def _refuse_epoch(self, msg, epoch: int) -> None:
         if epoch > self.epoch:  # a newer leader answers it (see ERROR_HEADER)
-            log.info("%r: a request for leader epoch %d: this leader's %d is over",
-                     self.partition, epoch, self.epoch)
+            # followers ask several times a second until this server hears of the change:
+            # the news once per newer epoch, the repeats at DEBUG
+            level = logging.INFO if epoch > self._newest_told else logging.DEBUG
+            self._newest_told = max(self._newest_told, epoch)
+            log.log(level, "%r: a request for leader epoch %d: this leader's %d is over",
+                    self.partition, epoch, self.epoch)
             return
         await self._refuse(msg, "stale-epoch",
                            f"leader epoch {epoch}, this leader's is {self.epoch}")

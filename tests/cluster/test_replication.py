@@ -249,6 +249,45 @@ async def _bad_requests(cluster):
     assert a.partition().committed_offset == last
 
 
+async def test_requests_for_a_newer_epoch_are_logged_once_per_epoch(nats_url, tmp_path,
+                                                                     caplog):
+    """A deposed leader hears its followers ask the new epoch's leader, several times a
+    second: "this leader's epoch is over" is told at INFO once per newer epoch, at DEBUG
+    after that."""
+    import logging
+
+    import nats
+    from riverlog.cluster.replication_leader import EPOCH_HEADER
+    from riverlog.protocol.liftbridge import api_pb2
+    from riverlog.protocol.liftbridge.envelope import encode_message
+    caplog.set_level(logging.DEBUG, logger="riverlog.replication")
+    cluster = Cluster(nats_url, tmp_path, settings=SLOW)
+    await cluster.start()
+    client = await nats.connect(cluster.url)
+    try:
+        cluster.create_stream()
+        await publish(cluster.nodes["a"], 10)  # committed: the leader takes requests
+
+        def over() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if "is over" in r.getMessage()]
+        sent = 0
+        for epoch in (2, 2, 2, 3, 3, 2):
+            await client.publish(f"{NS}.s.0.replicate", encode_message(
+                api_pb2.ReplicationRequest(replicaID="b", offset=0, leaderEpoch=epoch)))
+            await client.publish(f"{NS}.s.0.offset", encode_message(
+                api_pb2.LeaderEpochOffsetRequest(leaderEpoch=1)),
+                headers={EPOCH_HEADER: str(epoch)})
+            sent += 2
+        await eventually(lambda: len(over()) == sent, what="every request handled")
+        assert [r.getMessage().split(": ", 1)[1] for r in over()
+                if r.levelno == logging.INFO] == [
+            "a request for leader epoch 2: this leader's 1 is over",
+            "a request for leader epoch 3: this leader's 1 is over"]
+    finally:
+        await client.close()
+        await cluster.close()
+
+
 async def test_a_chunk_with_a_bad_crc_is_refused_and_fetched_again(nats_url, tmp_path):
     """b follows a "leader" played by the test, which corrupts one byte of its first
     answer: b appends nothing of it, fetches again and gets the same bytes as the real log."""
