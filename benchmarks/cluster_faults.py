@@ -59,7 +59,7 @@ class Harness:
         self.cluster = cluster
         self.ids = [m.id for m in cluster.members]
         self.stubs = {m.id: APIStub(grpc.aio.insecure_channel(
-            f"{cluster.host}:{m.ports['grpc']}")) for m in cluster.members}
+            f"{cluster.advertised}:{m.ports['grpc']}")) for m in cluster.members}
         self.acked: list[tuple[int, int, float, float]] = []
         """(id, offset, sent at, acked at), monotonic seconds, in acknowledgement order."""
         self.next_id = 0
@@ -99,7 +99,7 @@ class Harness:
         for member, proc in zip(self.cluster.members, self.cluster.procs):
             if proc.poll() is not None:
                 continue
-            url = f"http://{self.cluster.host}:{member.ports['metrics']}/metrics"
+            url = f"http://{self.cluster.advertised}:{member.ports['metrics']}/metrics"
             try:
                 with urllib.request.urlopen(url, timeout=1) as r:
                     if "riverlog_raft_leader 1.0" in r.read().decode():

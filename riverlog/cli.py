@@ -234,8 +234,12 @@ def cluster_group() -> None:
                    "DIR/raft-password the generated Raft password (0600), DIR/cluster.json "
                    "the ports (reused next time while free).")
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address every door, Raft and the NATS routes listen on.")
-def cluster_up(servers: int, directory: str, host: str) -> None:
+              help="Address every door and the NATS routes listen on.")
+@click.option("--advertise", default=None,
+              help="Host the servers reach each other at (Raft listens there) and tell "
+                   "clients to connect to.  [default: --host; 127.0.0.1 for 0.0.0.0, ::1 "
+                   "for ::]")
+def cluster_up(servers: int, directory: str, host: str, advertise: str | None) -> None:
     """Start a cluster of SERVERS servers on free ports, wait until each is registered in
     the cluster metadata, print where each door of each server listens (and its process
     id), and run until Ctrl-C or SIGTERM, which stops them all. A server that exits (e.g.
@@ -249,14 +253,15 @@ def cluster_up(servers: int, directory: str, host: str) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
     try:
-        cluster = LocalCluster(directory, servers, host)
+        cluster = LocalCluster(directory, servers, host, advertise)
     except (OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     cluster.start()
     try:
         cluster.wait_registered(stopping=lambda: bool(stop))
         if not stop:
-            click.echo(table(cluster.members, host, [p.pid for p in cluster.procs]))
+            click.echo(table(cluster.members, cluster.advertised,
+                             [p.pid for p in cluster.procs]))
             click.echo(f"{servers} servers up (logs in {cluster.directory}/<server>/"
                        f"riverlog.log); press Ctrl-C to stop them")
             sys.stdout.flush()

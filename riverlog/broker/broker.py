@@ -230,6 +230,8 @@ class Broker:
             for partition in stream.partitions:
                 if self.streams.get(stream.name) is not stream:
                     return
+                if partition.log.follows_compaction:  # it applies its leader's compaction
+                    continue
                 result = await partition.log.compact(record_key)
                 if result.rewritten:
                     log.info("compacted %r: %d -> %d records", partition,

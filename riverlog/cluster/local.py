@@ -6,7 +6,11 @@
 # servers, waiting until every one is registered in the cluster metadata, and stopping them.
 # Rules: every port is free when picked (never a fixed default), the password never appears on
 # a command line (it goes through the environment), a server that exits while starting stops
-# the start, and the children are stopped with SIGTERM (SIGKILL after a grace period).
+# the start, and the children are stopped with SIGTERM (SIGKILL after a grace period). What the
+# servers are told of each other and tell clients (Raft members, NATS routes, advertised doors,
+# the printed table) is the advertised host, never a wildcard: bound to 0.0.0.0 or ::, the
+# servers advertise loopback unless told another host; Raft listens on the advertised host
+# only (its port is the cluster's own, keep it off other networks when there is no need).
 from __future__ import annotations
 
 import dataclasses
@@ -25,6 +29,19 @@ LAYOUT_FILE = "cluster.json"
 PORTS = ("stream", "grpc", "nats", "nats_cluster", "raft", "metrics")
 """The ports each server takes, by what listens there."""
 STOP_GRACE_S = 15.0
+LOOPBACK = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
+"""The host a wildcard bind address is reached at on this machine."""
+
+
+def advertised_host(host: str, advertise: str | None = None) -> str:
+    """Where the servers bound to ``host`` are reached: ``advertise`` when given, else
+    ``host``, or loopback for a wildcard (0.0.0.0, ::)."""
+    return advertise or LOOPBACK.get(host, host)
+
+
+def _address(host: str, port: int) -> str:
+    """``host:port``, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -37,7 +54,7 @@ class Member:
 
 def _free(host: str, port: int = 0) -> int:
     """``port`` when it can be listened on (0: a free one); 0 when it is taken."""
-    with socket.socket() as s:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         try:
             s.bind((host, port))
         except OSError:
@@ -93,10 +110,13 @@ def raft_password(directory: str) -> str:
     return password
 
 
-def serve_command(member: Member, members: list[Member], directory: str,
-                  host: str) -> tuple[list[str], dict[str, str]]:
+def serve_command(member: Member, members: list[Member], directory: str, host: str,
+                  advertised: str | None = None) -> tuple[list[str], dict[str, str]]:
     """The `riverlog serve` command line of ``member`` and the environment it adds (the Raft
-    settings, the password among them)."""
+    settings, the password among them). The doors listen on ``host``; the servers reach each
+    other, and tell clients to connect, at ``advertised`` (default: advertised_host(host)),
+    where Raft listens too."""
+    advertised = advertised or advertised_host(host)
     p = member.ports
     others = [m for m in members if m is not member]
     command = [sys.executable, "-m", "riverlog", "serve", "-d",
@@ -104,12 +124,14 @@ def serve_command(member: Member, members: list[Member], directory: str,
                "--stream-port", str(p["stream"]), "--port", str(p["grpc"]),
                "--nats-port", str(p["nats"]), "--nats-cluster-port", str(p["nats_cluster"]),
                "--metrics-port", str(p["metrics"])]
+    if advertised != host:
+        command += ["--advertised-host", advertised]
     if others:
-        command += ["--nats-routes", ",".join(f"{host}:{m.ports['nats_cluster']}"
+        command += ["--nats-routes", ",".join(_address(advertised, m.ports["nats_cluster"])
                                               for m in others)]
-    env = {"LIFTBRIDGE_RIVERLOG_RAFT_ADDRESS": f"{host}:{p['raft']}",
-           "LIFTBRIDGE_RIVERLOG_RAFT_PEERS": ",".join(f"{m.id}={host}:{m.ports['raft']}"
-                                                      for m in others),
+    env = {"LIFTBRIDGE_RIVERLOG_RAFT_ADDRESS": _address(advertised, p["raft"]),
+           "LIFTBRIDGE_RIVERLOG_RAFT_PEERS": ",".join(
+               f"{m.id}={_address(advertised, m.ports['raft'])}" for m in others),
            "LIFTBRIDGE_CLUSTERING_RAFT_BOOTSTRAP_PEERS": ",".join(m.id for m in members),
            "LIFTBRIDGE_RIVERLOG_RAFT_PASSWORD": raft_password(directory)}
     return command, env
@@ -122,7 +144,7 @@ def registered(host: str, member: Member) -> int:
     from ..protocol.liftbridge import api_pb2 as pb
     from ..protocol.liftbridge.api_pb2_grpc import APIStub
     try:
-        with grpc.insecure_channel(f"{host}:{member.ports['grpc']}") as channel:
+        with grpc.insecure_channel(_address(host, member.ports["grpc"])) as channel:
             return len(APIStub(channel).FetchMetadata(pb.FetchMetadataRequest(),
                                                       timeout=2).brokers)
     except grpc.RpcError:
@@ -130,10 +152,11 @@ def registered(host: str, member: Member) -> int:
 
 
 def table(members: list[Member], host: str, pids: list[int]) -> str:
-    """Where each door of each server listens and its process id, one line per server."""
+    """Where each door of each server is reached (at ``host``, the advertised one) and its
+    process id, one line per server."""
     head = ("server", "RabbitMQ Stream", "Liftbridge gRPC", "NATS", "NATS routes", "Raft",
             "metrics", "pid")
-    rows = [head] + [(m.id, *(f"{host}:{m.ports[n]}" for n in PORTS), str(pid))
+    rows = [head] + [(m.id, *(_address(host, m.ports[n]) for n in PORTS), str(pid))
                      for m, pid in zip(members, pids)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
@@ -141,13 +164,17 @@ def table(members: list[Member], host: str, pids: list[int]) -> str:
 
 class LocalCluster:
     """N `riverlog serve` processes. ``start()``, ``wait_registered()``, ``restart(i)``,
-    ``stop()``; ``members`` and ``procs`` in the same order."""
+    ``stop()``; ``members`` and ``procs`` in the same order. Their doors listen on ``host``
+    and are reached at ``advertised`` (advertised_host: ``advertise``, or loopback for a
+    wildcard ``host``)."""
 
-    def __init__(self, directory: str, servers: int, host: str = "127.0.0.1") -> None:
+    def __init__(self, directory: str, servers: int, host: str = "127.0.0.1",
+                 advertise: str | None = None) -> None:
         if servers < 1:
             raise ValueError("--servers must be at least 1")
         self.directory = os.path.abspath(directory)
         self.host = host
+        self.advertised = advertised_host(host, advertise)
         self.members = layout(self.directory, servers, host)
         self.procs: list[subprocess.Popen] = []
 
@@ -160,7 +187,8 @@ class LocalCluster:
         self.procs[index] = self._spawn(self.members[index])
 
     def _spawn(self, member: Member) -> subprocess.Popen:
-        command, env = serve_command(member, self.members, self.directory, self.host)
+        command, env = serve_command(member, self.members, self.directory, self.host,
+                                     self.advertised)
         os.makedirs(os.path.join(self.directory, member.id), exist_ok=True)
         with open(os.path.join(self.directory, member.id, "riverlog.log"), "ab") as out:
             return subprocess.Popen(
@@ -186,7 +214,8 @@ class LocalCluster:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"servers {', '.join(m.id for m in waiting)} not registered "
                                    f"within {timeout:.0f} s")
-            waiting = [m for m in waiting if registered(self.host, m) < len(self.members)]
+            waiting = [m for m in waiting
+                       if registered(self.advertised, m) < len(self.members)]
             if waiting:
                 time.sleep(0.2)
 

@@ -152,12 +152,6 @@ class RaftMetadata:
         return None if node is None else node.address
 
     @property
-    def ready(self) -> bool:
-        """Whether this member has caught up with the Raft log since it started (pysyncobj's
-        isReady): before, ``state`` may lack changes the cluster agreed on."""
-        return self._raft.isReady()
-
-    @property
     def is_leader(self) -> bool:
         return self._raft._isLeader()
 

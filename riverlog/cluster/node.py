@@ -6,7 +6,12 @@
 # Rules: the metadata is the truth: a stream with a replica here exists locally with the
 # settings the metadata carries (the same on every replica), a stream gone from the metadata is
 # deleted here, but only once this member has caught up with the Raft log (a member restarting
-# starts from an empty state and must not delete what it has not replayed yet); reconciling
+# starts from an empty state and must not delete what it has not replayed yet); until it has
+# caught up this server leads nothing (placement names no leader, replication plays no role,
+# doors take no write): its Raft member replays its journal first, whose leaderships may be
+# stale (another server was elected while this one was down), and a write taken as leader of
+# a stale epoch would be truncated later. Caught up means: its own registration (add_server),
+# submitted after start, was applied here, so everything committed before it was too; reconciling
 # runs on the event loop after every applied change, never blocks it, and one local failure
 # (a stream folder that cannot be made) is logged without stopping the rest; the placement is
 # read synchronously from the latest applied state; leader changes are told to the doors
@@ -69,9 +74,9 @@ def _count_changes(isr_before: tuple[str, ...], isr: tuple[str, ...], elected: b
 class ClusterPlacement(Agreed, Placement):
     """Placement from the applied metadata (``state``, replaced by the reconcile loop);
     creates and deletes streams, changes flags and consumer groups (Agreed) through Raft
-    (``metadata``, set once Raft runs). The
-    internal streams (``__cursors``, ``__activity``) are outside the metadata: each server
-    holds and leads its own, as a single server does."""
+    (``metadata``, set once Raft runs). The internal streams (``__cursors``,
+    ``__activity``) are outside the metadata: each server holds and leads its own, as a
+    single server does."""
 
     clustered = True
 
@@ -79,6 +84,9 @@ class ClusterPlacement(Agreed, Placement):
         super().__init__(server_id)
         self.min_isr = min_isr  # of streams created without one
         self.state = ClusterState()
+        self.caught_up = False
+        """Whether this server has applied everything the cluster had committed when it
+        started (ClusterNode sets it); before, every partition is told without a leader."""
         self.metadata: RaftMetadata | None = None
         self.created: Callable[[str], Awaitable[None]] | None = None
         """Awaited after a create_stream applied here (ClusterNode.wait_for_leaders)."""
@@ -92,8 +100,8 @@ class ClusterPlacement(Agreed, Placement):
             return None
         part = found.partitions[index]
         min_isr = found.config.get("min_isr") or self.min_isr
-        return PartitionPlacement(part.leader, part.replicas, part.isr, part.leader_epoch,
-                                  int(min_isr))
+        return PartitionPlacement(part.leader if self.caught_up else None, part.replicas,
+                                  part.isr, part.leader_epoch, int(min_isr))
 
     def door(self, server_id: str, door: str) -> tuple[str, int] | None:
         server = self.state.servers.get(server_id)
@@ -208,7 +216,11 @@ class ClusterNode:
                  self.settings.address, ", ".join(self.settings.peers) or "none")
 
     async def _register(self, server: Server) -> None:
-        """add_server until Raft applies it (no leader yet while the members start)."""
+        """add_server until Raft applies it (no leader yet while the members start). Its
+        application here proves this member caught up with the Raft log: the Raft leader
+        appended it after everything committed before this member started, and pysyncobj
+        applies in log order and calls back once this member applied it; the metadata
+        watcher's calls for those entries were queued on the loop before the callback's."""
         while True:
             try:
                 await self.placement.submit("add_server", server=server)
@@ -216,7 +228,10 @@ class ClusterNode:
                 log.debug("registering %s: %s; trying again", self.server_id, exc)
                 await asyncio.sleep(REGISTER_RETRY_S)
                 continue
-            log.info("server %s registered in the cluster metadata", self.server_id)
+            log.info("server %s registered in the cluster metadata, caught up with Raft",
+                     self.server_id)
+            self.placement.caught_up = True
+            self._follow(self.placement.state, ClusterState())  # every leadership is news
             return
 
     def _status_subject(self, server_id: str) -> str:
@@ -315,8 +330,14 @@ class ClusterNode:
         change): create the streams with a replica here, delete the ones gone, tell
         replication every partition held here, and the doors every leader change."""
         old, self.placement.state = self.placement.state, state
+        self._follow(state, old)
+
+    def _follow(self, state: ClusterState, old: ClusterState) -> None:
+        """``apply``'s work, ``old`` the state followed before. Before this member caught
+        up, only streams gone between ``old`` and ``state`` are deleted and no leader change
+        is told (the placement names no leader yet)."""
         me, broker = self.server_id, self.broker
-        ready = self.metadata is not None and self.metadata.ready
+        caught_up = self.placement.caught_up
         for name, stream in state.streams.items():
             if name in broker.streams or not any(me in p.replicas for p in stream.partitions):
                 continue
@@ -330,7 +351,7 @@ class ClusterNode:
                 continue
             stream = state.streams.get(name)
             held = stream is not None and any(me in p.replicas for p in stream.partitions)
-            if not held and (ready or name in old.streams):
+            if not held and (caught_up or name in old.streams):
                 try:
                     self.delete_local(name)
                 except Exception:
@@ -344,7 +365,7 @@ class ClusterNode:
                     part.index < len(before.partitions) else None
                 elected = prior is None or (prior.leader, prior.leader_epoch) != (
                     part.leader, part.leader_epoch)
-                if elected:
+                if elected and caught_up:
                     self.placement.leader_changed(name, part.index)
                 if prior is not None and me in part.replicas:
                     _count_changes(prior.isr, part.isr, elected)

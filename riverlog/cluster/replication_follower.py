@@ -12,6 +12,12 @@
 # own end of that epoch. Liftbridge falls back to truncating to the high watermark when the
 # leader does not answer (data loss if the leader then fails); here the follower keeps asking
 # while the leader is silent, and reports it.
+# Compacted partitions: the leader answers a fetch from an offset its compaction removed with the
+# next chunk that exists and the follower appends it leaving the same gap (Kafka and Liftbridge
+# do the same); a follower never compacts on its own (Kafka's and Liftbridge's replicas each
+# clean their own logs, which then hold different records): it applies its leader's compaction
+# point (COMPACTION_HEADER) once it has committed that far, so every replica holds the records
+# the leader holds, the newest of each key among them.
 # Sources: Liftbridge server/partition.go (replicationRequestLoop, truncateUncommitted,
 # handleReplicationResponse); Kafka KIP-101 / KIP-279 (leader-epoch truncation).
 from __future__ import annotations
@@ -22,13 +28,17 @@ from typing import TYPE_CHECKING
 
 import nats.errors
 
+from ..broker.broker import record_key
 from ..errors import ChunkRefusedError, LogClosedError
+from ..log import CompactionPoint
 from ..protocol.liftbridge import api_pb2
 from ..protocol.liftbridge.envelope import (EnvelopeError, MsgType, decode_internal,
                                             encode_message)
-from .replication_leader import EPOCH_HEADER, ERROR_HEADER
+from .replication_leader import COMPACTION_HEADER, EPOCH_HEADER, ERROR_HEADER
 
 if TYPE_CHECKING:
+    import nats.aio.msg
+
     from ..broker.partition import Partition
     from ..broker.placement import PartitionPlacement
     from .replication import Replication
@@ -62,6 +72,8 @@ class Follower:
         self._leader_timeout = settings.replica_max_leader_timeout_ms / 1000
         self._loop = asyncio.get_running_loop()
         self._leader_seen = self._reported = self._loop.time()
+        self._compaction: asyncio.Task | None = None
+        partition.log.follows_compaction = True
         self._task = self._loop.create_task(self._run())
 
     def stop(self) -> None:
@@ -107,7 +119,7 @@ class Follower:
             if reply is None:
                 continue
             try:
-                answer = decode_internal(reply, MsgType.LeaderEpochOffsetResponse)
+                answer = decode_internal(reply.data, MsgType.LeaderEpochOffsetResponse)
             except EnvelopeError as exc:
                 log.warning("%r: bad LeaderEpochOffsetResponse from %s: %s", self.partition,
                             self.leader, exc)
@@ -125,6 +137,7 @@ class Follower:
         end = answer.endOffset
         target = min(end, own if own >= 0 else log_.next_offset)
         if target < log_.next_offset:
+            await log_.compaction_finished()
             log.warning("%r: truncating the divergent tail %d..%d (epoch %d ends at %d on "
                         "leader %s)", self.partition, target, log_.next_offset - 1, found, end,
                         self.leader)
@@ -143,7 +156,7 @@ class Follower:
                     await self._catch_up_with_log_start()
                 continue
             try:
-                answer = decode_internal(reply, MsgType.ReplicationResponse)
+                answer = decode_internal(reply.data, MsgType.ReplicationResponse)
             except EnvelopeError as exc:
                 log.warning("%r: bad ReplicationResponse from %s: %s", self.partition,
                             self.leader, exc)
@@ -166,8 +179,43 @@ class Follower:
                 if log_.needs_flush:
                     await log_.flush()
             log_.commit(min(answer.high_watermark, log_.last_offset))
+            self._follow_compaction(reply.headers)
             if not answer.entries:
                 await self._idle()
+
+    def _follow_compaction(self, headers: dict[str, str] | None) -> None:
+        """Apply the leader's compaction point (COMPACTION_HEADER) in the background once
+        this log has committed its ``upto`` and does not cover it yet."""
+        value = (headers or {}).get(COMPACTION_HEADER)
+        log_ = self.partition.log
+        if value is None or (self._compaction is not None and not self._compaction.done()):
+            return
+        try:
+            point = CompactionPoint(*(int(n) for n in value.split()))
+        except (TypeError, ValueError):
+            log.warning("%r: bad %s from %s: %r", self.partition, COMPACTION_HEADER,
+                        self.leader, value)
+            return
+        if (log_.committed_offset < point.upto or log_.compacting
+                or (log_.compaction_point is not None and log_.compaction_point.covers(point))):
+            return
+        self._compaction = self._loop.create_task(self._compact(point))
+
+    async def _compact(self, point: CompactionPoint) -> None:
+        """Not cancelled with the follower: ``truncate`` and ``reset`` wait for it."""
+        log_ = self.partition.log
+        try:
+            result = await log_.compact(record_key, point)
+        except LogClosedError:
+            return
+        except Exception:  # a broken log: say so; the next answer tries again
+            log.exception("%r: applying leader %s's compaction point %s failed",
+                          self.partition, self.leader, point)
+            return
+        if result.point is not None:
+            log.info("%r: applied leader %s's compaction (records below %d, newest up to "
+                     "%d): %d -> %d records", self.partition, self.leader, point.end,
+                     point.upto, result.records_before, result.records_after)
 
     async def _catch_up_with_log_start(self) -> None:
         """The leader no longer holds this log's next offset: when its log now starts after
@@ -180,11 +228,12 @@ class Follower:
         if reply is None:
             return
         try:
-            start = decode_internal(reply, MsgType.LeaderEpochOffsetResponse).endOffset
+            start = decode_internal(reply.data, MsgType.LeaderEpochOffsetResponse).endOffset
         except EnvelopeError:
             return
         log_ = self.partition.log
         if log_.next_offset < start:
+            await log_.compaction_finished()
             log.warning("%r: leader %s starts at offset %d, after this log's end %d "
                         "(retention): starting again from there", self.partition, self.leader,
                         start, log_.next_offset)
@@ -192,9 +241,10 @@ class Follower:
 
     # -- helpers ------------------------------------------------------------------------
     async def _ask(self, subject: str, request: bytes,
-                   headers: dict[str, str] | None = None) -> bytes | None:
-        """The leader's answer, or None (no answer in time, no responder, or an error
-        answer: after a pause, and reporting the leader once it is silent for too long)."""
+                   headers: dict[str, str] | None = None) -> nats.aio.msg.Msg | None:
+        """The leader's answer (the NATS message), or None (no answer in time, no responder,
+        or an error answer: after a pause, and reporting the leader once it is silent for too
+        long)."""
         self._check_stopped()
         try:
             reply = await self.engine.nc.request(subject, request, timeout=self._fetch_timeout,
@@ -215,7 +265,7 @@ class Follower:
             await self._idle()
             return None
         self._leader_seen = self._loop.time()
-        return reply.data
+        return reply
 
     def _check_leader(self) -> None:
         now = self._loop.time()

@@ -19,8 +19,6 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-import nats.errors
-
 from ..errors import LogError
 from ..protocol.liftbridge import api_pb2
 from ..protocol.liftbridge.envelope import (EnvelopeError, MsgType, decode_internal,
@@ -45,6 +43,15 @@ dead leader. Not answered at all: a request for a *newer* leader epoch, and any 
 this server stopped leading (until its subscriptions are gone): the partition's new leader
 shares the subjects and NATS hands the requester the first answer, which must be that
 leader's, not a refusal from a stale one."""
+COMPACTION_HEADER = "Riverlog-Compaction-Point"
+"""NATS header of a ReplicationResponse from the leader of a compacted partition once it has
+compacted: ``<end> <upto>`` (``CompactionPoint``): its log holds no record below ``end``
+whose key has a newer record at or below ``upto``. The follower applies the same point to
+its own log once it has committed ``upto``, so every replica holds the same records."""
+HEADERS_ROOM = 128
+"""Bytes kept free in a ReplicationResponse for its NATS headers ("NATS/1.0" and
+COMPACTION_HEADER with two 20-digit offsets take 82 at most): nats-server counts them in the max
+payload and closes a connection that goes over it."""
 EPOCH_HEADER = "Riverlog-Leader-Epoch"
 """NATS header of a LeaderEpochOffsetRequest: the leader epoch the follower follows (the
 request's own field is the epoch asked about), checked as a ReplicationRequest's epoch is.
@@ -87,9 +94,11 @@ class Leader:
         self._loop = asyncio.get_running_loop()
         settings = engine.settings
         self._max_lag = settings.replica_max_lag_time_ms / 1000
-        # an answer is one NATS message: 24 bytes of header, then the chunks
-        self._max_bytes = min(settings.replication_max_bytes, engine.nc.max_payload - 64)
+        # an answer is one NATS message: its NATS headers, 24 bytes of envelope, the chunks
+        self._max_bytes = min(settings.replication_max_bytes,
+                              engine.nc.max_payload - 64 - HEADERS_ROOM)
         log_ = partition.log
+        log_.follows_compaction = False
         if self.epoch > log_.epochs.latest_epoch:
             log_.epochs.assign(self.epoch, log_.next_offset)
         log_.epoch = max(log_.epoch, self.epoch)
@@ -98,6 +107,7 @@ class Leader:
         self._followers = {r: _Follower(now, r in placement.isr)
                            for r in placement.replicas if r != engine.server_id}
         self._wake_pending = False
+        self._newest_told = self.epoch  # the newest epoch a request told this leader of
         self._flusher: asyncio.Task | None = None
         log_.on_written = self._written
         log_.on_synced = self._advance
@@ -144,8 +154,11 @@ class Leader:
     async def _on_replicate(self, msg) -> None:
         """Answer a ReplicationRequest {replicaID, offset (the follower's next offset),
         leaderEpoch}: ReplicationResponse (this epoch, the high watermark, the chunks from
-        ``offset`` on, up to replication_max_bytes; none when the follower is caught up),
-        or an error (ERROR_HEADER) that changes nothing."""
+        ``offset`` on, up to replication_max_bytes; none when the follower is caught up; from
+        an offset compaction removed, the next chunk that exists, as Kafka's and Liftbridge's
+        leaders answer), with COMPACTION_HEADER once this log compacted, or an error
+        (ERROR_HEADER) that changes nothing. ``offset`` must be within the log start
+        (``CommitLog.start_offset``, which compaction does not move) .. the log end."""
         if not self.active:
             return
         try:
@@ -160,9 +173,9 @@ class Leader:
                                       f"{req.replicaID!r} is not a follower of {self.partition!r}")
         if req.leaderEpoch != self.epoch:
             return await self._refuse_epoch(msg, req.leaderEpoch)
-        if not log_.first_offset <= req.offset <= end:
+        if not log_.start_offset <= req.offset <= end:
             return await self._refuse(msg, "offset-out-of-range", f"offset {req.offset} is "
-                                      f"outside {log_.first_offset}..{end}")
+                                      f"outside {log_.start_offset}..{end}")
         chunks = []
         if req.offset < end:
             try:
@@ -188,12 +201,17 @@ class Leader:
         f.idle, f.told_hw = not chunks, hw
         # the chunks are copied once, into the answer
         answer = b"".join([encode_replication_response(self.epoch, hw), *[c.raw for c in chunks]])
-        try:
-            await msg.respond(answer)
-        except nats.errors.MaxPayloadError:  # one chunk above the NATS max payload
+        point = log_.compaction_point
+        headers = None if point is None else {COMPACTION_HEADER: f"{point.end} {point.upto}"}
+        if not msg.reply:
+            return
+        if len(answer) + (HEADERS_ROOM if headers else 0) > self.engine.nc.max_payload:
+            # one chunk above the NATS max payload (nats-server counts the headers in it)
             log.error("%r: the chunk at offset %d (%d bytes) exceeds the NATS max payload; "
                       "%s cannot replicate it", self.partition, req.offset, len(answer),
                       req.replicaID)
+            return
+        await self.engine.nc.publish(msg.reply, answer, headers=headers)
 
     async def _on_offset(self, msg) -> None:
         """Answer a LeaderEpochOffsetRequest {leaderEpoch}: LeaderEpochOffsetResponse
@@ -216,8 +234,12 @@ class Leader:
 
     async def _refuse_epoch(self, msg, epoch: int) -> None:
         if epoch > self.epoch:  # a newer leader answers it (see ERROR_HEADER)
-            log.info("%r: a request for leader epoch %d: this leader's %d is over",
-                     self.partition, epoch, self.epoch)
+            # followers ask several times a second until this server hears of the change:
+            # the news once per newer epoch, the repeats at DEBUG
+            level = logging.INFO if epoch > self._newest_told else logging.DEBUG
+            self._newest_told = max(self._newest_told, epoch)
+            log.log(level, "%r: a request for leader epoch %d: this leader's %d is over",
+                    self.partition, epoch, self.epoch)
             return
         await self._refuse(msg, "stale-epoch",
                            f"leader epoch {epoch}, this leader's is {self.epoch}")

@@ -2,9 +2,9 @@
 # This file only re-exports the public names; see commitlog.py for the entry point.
 from .chunk import ChunkHeader, encode_entries, iter_records
 from .commitlog import CommitLog
-from .compaction import CompactionResult
+from .compaction import CompactionPoint, CompactionResult
 from .recovery import RecoveryReport
 from .segment import ChunkSlice
 
-__all__ = ["ChunkHeader", "ChunkSlice", "CommitLog", "CompactionResult", "RecoveryReport",
-           "encode_entries", "iter_records"]
+__all__ = ["ChunkHeader", "ChunkSlice", "CommitLog", "CompactionPoint", "CompactionResult",
+           "RecoveryReport", "encode_entries", "iter_records"]

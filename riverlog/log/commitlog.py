@@ -21,7 +21,8 @@ from ..errors import (ChunkRefusedError, EpochCheckpointError, LogClosedError, L
                       OffsetOutOfRangeError, UncommittedTruncatedError)
 from . import chunk as chunkfmt
 from .bloom import BloomCache
-from .compaction import CompactionResult, compact_segments, install_compacted
+from .compaction import (CompactionPoint, CompactionResult, compact_segments,
+                         install_compacted)
 from .epochs import CHECKPOINT_NAME, EpochEntry, LeaderEpochCache, entries_of_chunks
 from .recovery import RecoveryReport, recover_segment
 from .retention import segments_to_delete
@@ -70,7 +71,7 @@ class CommitLog:
         self._sync_task: asyncio.Task | None = None
         self._flush_timer: asyncio.TimerHandle | None = None
         self._last_sync_ms = clock_ms()
-        self._compacting = False
+        self._compacting: asyncio.Event | None = None  # set once the running compaction ends
         self._blooms = BloomCache()
         self.on_roll: Callable[[int], None] | None = None
         """Called with the new base offset just before a new segment is created."""
@@ -79,6 +80,11 @@ class CommitLog:
         replicated partition's leader wakes its idle followers."""
         self.on_synced: Callable[[], None] | None = None
         """Called after each fsync of new data (``durable_next_offset`` moved on)."""
+        self.compaction_point: CompactionPoint | None = None
+        """The point of the latest compaction of this log since it opened (None before)."""
+        self.follows_compaction = False
+        """True while replication follows a leader into this log: it then compacts only by
+        its leader's compaction point (``compact(key_of, point)``), never on its own."""
         os.makedirs(self.directory, exist_ok=True)
         self.report = RecoveryReport()
         self._segments: list[Segment] = []
@@ -164,6 +170,13 @@ class CommitLog:
             if len(seg.index):
                 return seg.first_offset
         return self._segments[-1].next_offset
+
+    @property
+    def start_offset(self) -> int:
+        """The log start: the base offset of the oldest segment (retention moves it,
+        compaction does not; ``first_offset`` is the first record kept, which compaction may
+        have removed from before). Reads from any offset at or above it are served."""
+        return self._segments[0].base_offset
 
     @property
     def next_offset(self) -> int:
@@ -301,6 +314,8 @@ class CommitLog:
                 self.config.segment_max_age_ms
                 and now_ms - seg.created_ms >= self.config.segment_max_age_ms)):
             seg = self._roll(now_ms)
+        if first != seg.next_offset and not seg.compacted:  # a gap (append_chunks)
+            seg.allow_gaps()
         seg.append(raw, first, num_records, ts, epoch)
         self._blooms.appended(seg, bloom)
         self._last_ts = max(self._last_ts, ts)
@@ -311,14 +326,20 @@ class CommitLog:
         hold the same chunks. Returns the offsets appended, ``range(first, next)``.
 
         Every chunk is checked before anything is written: its header and data CRC-32, its
-        first offset equal to the log's next offset (then to the previous chunk's end) and its
+        first offset not below the log's next offset (then the previous chunk's end; above it
+        when the leader's compaction removed the records between: the gap is kept, as Kafka's
+        and Liftbridge's followers keep it, and the segment is marked as holding gaps) and its
         epoch not older than the latest leader epoch of the log; one failure raises
         ``ChunkRefusedError`` and appends nothing, so the follower fetches again from
         ``next_offset`` (truncating first, after a leader change). Each epoch change is
-        recorded in ``epochs``, and ``epoch`` follows the newest. The high watermark
-        (``committed_offset``) is left alone: the leader's says what is committed
-        (``commit``); hence ``LogError`` when the log was opened with ``auto_commit=True``.
-        Durability: as ``write_entries`` (under ``Durability.ALWAYS`` call ``await flush()``).
+        recorded in ``epochs``, and ``epoch`` follows the newest. An epoch whose first chunk
+        follows a gap is recorded from the gap's start: its leader's start lies somewhere in
+        the gap, and a start put too late would let a peer truncating by this log's epochs
+        keep a stale tail there (one put too early only cuts records this log lacks
+        anyway). The high watermark (``committed_offset``) is left alone: the leader's says
+        what is committed (``commit``); hence ``LogError`` when the log was opened with
+        ``auto_commit=True``. Durability: as ``write_entries`` (under ``Durability.ALWAYS``
+        call ``await flush()``).
         """
         if self._closed:
             raise LogClosedError(f"commit log {self.directory} is closed")
@@ -336,7 +357,7 @@ class CommitLog:
             except chunkfmt.ChunkFormatError as exc:
                 problem = str(exc)
             else:
-                if h.first_offset != expected:
+                if h.first_offset < expected:
                     problem = f"chunk starts at offset {h.first_offset}"
                 elif h.epoch < epoch:
                     problem = f"chunk of leader epoch {h.epoch}, older than epoch {epoch}"
@@ -344,13 +365,13 @@ class CommitLog:
                 raise ChunkRefusedError(self.directory, self.next_offset,
                                         f"the chunk at byte {pos} (for offset {expected}): "
                                         f"{problem}")
-            headers.append((pos, h))
+            headers.append((pos, expected, h))
             pos, expected, epoch = pos + h.size, h.next_offset, h.epoch
         first = self.next_offset
         now = self._clock_ms()
-        for pos, h in headers:
+        for pos, gap_start, h in headers:
             if h.epoch != self.epochs.latest_epoch:
-                self.epochs.assign(h.epoch, h.first_offset)
+                self.epochs.assign(h.epoch, gap_start)
             chunk = view[pos:pos + h.size]  # written as is: no copy
             self._place(chunk, h.first_offset, h.num_records, h.timestamp_ms, h.epoch,
                         bytes(chunkfmt.bloom_of(h, chunk)), now)
@@ -500,7 +521,7 @@ class CommitLog:
         oldest first. A ``buffer`` large enough is read into instead of new bytes (see
         ``Segment.read_chunks``). Empty when ``offset`` is past the
         end (or the committed offset). An offset in a gap left by compaction starts at the
-        next chunk. Raises ``OffsetOutOfRangeError`` when ``offset < first_offset``
+        next chunk. Raises ``OffsetOutOfRangeError`` when ``offset < start_offset``
         (retention removed it) and ``CorruptChunkError`` when a chunk fails its checks."""
         found = self._locate(offset, committed_only)
         if found is None:
@@ -514,9 +535,9 @@ class CommitLog:
         ``offset`` (or the next one), None when there is none to read (see read_chunks)."""
         if self._closed:
             raise LogClosedError(f"commit log {self.directory} is closed")
-        if offset < self.first_offset:
+        if offset < self.start_offset:
             raise OffsetOutOfRangeError(
-                f"offset {offset} is before the first offset {self.first_offset}")
+                f"offset {offset} is before the log start offset {self.start_offset}")
         limit = self.committed_offset if committed_only else self.last_offset
         if offset > limit:
             return None
@@ -576,7 +597,7 @@ class CommitLog:
     def enforce_retention(self) -> int:
         """Delete the oldest whole segments over the retention limits; returns how many.
         Skipped while a compaction or an fsync is in flight."""
-        if self._compacting or self._sync_task is not None:
+        if self._compacting is not None or self._sync_task is not None:
             return 0
         n = segments_to_delete(self._segments, self.config, self._clock_ms())
         for seg in self._segments[:n]:
@@ -590,28 +611,56 @@ class CommitLog:
             self.epochs.truncate_from_start(self.first_offset)
         return n
 
-    async def compact(self, key_of: Callable[[bytes], bytes | None]) -> CompactionResult:
+    async def compact(self, key_of: Callable[[bytes], bytes | None],
+                      point: CompactionPoint | None = None) -> CompactionResult:
         """Keep only the newest record per key among committed records, in every segment but
         the active one (records without a key are kept; sub-batches are kept whole).
         ``key_of`` maps a record to its key (or None). The rewrite runs in a worker thread;
-        the swap happens here. Raises ``LogError`` if a compaction is already running."""
-        if self._compacting:
+        the swap happens here; ``compaction_point`` becomes the result's point.
+
+        With ``point`` (a follower applying its leader's compaction point): the records below
+        ``point.end`` whose key has a newer record at or below ``point.upto`` are removed,
+        whatever this log's segment boundaries, so this log then holds the leader's records.
+        The active segment is rolled first when it holds records below ``point.end``;
+        nothing is done (the result's point is None) until everything up to the end of the
+        segments concerned is committed here. Raises ``LogError`` if a compaction is already
+        running, ``LogClosedError`` once the log is closed."""
+        if self._closed:
+            raise LogClosedError(f"commit log {self.directory} is closed")
+        if self._compacting is not None:
             raise LogError("a compaction is already running")
-        self._compacting = True
+        if point is not None and self.committed_offset >= point.upto:
+            active = self._segments[-1]
+            if len(active.index) and active.base_offset < point.end:
+                self._roll(self._clock_ms())
+        self._compacting = asyncio.Event()
         try:
             for seg in self._segments:
                 seg.index.flush()
             snapshot = list(self._segments)
             result = await asyncio.get_running_loop().run_in_executor(
-                None, compact_segments, snapshot, self.committed_offset, key_of)
+                None, compact_segments, snapshot, self.committed_offset, key_of, point)
             if self._closed:
                 return result
             self._segments = install_compacted(self._segments, result)
             self._blooms.forget()
             self._bases = [s.base_offset for s in self._segments]
+            if result.point is not None:
+                self.compaction_point = result.point
             return result
         finally:
-            self._compacting = False
+            self._compacting.set()
+            self._compacting = None
+
+    @property
+    def compacting(self) -> bool:
+        """Whether a compaction is running (``truncate`` and ``reset`` refuse meanwhile)."""
+        return self._compacting is not None
+
+    async def compaction_finished(self) -> None:
+        """Return once no compaction runs (at once when none does)."""
+        while self._compacting is not None:
+            await self._compacting.wait()
 
     def truncate(self, offset: int) -> None:
         """Remove every record at ``offset`` and after (replication's follower truncation).
@@ -623,7 +672,7 @@ class CommitLog:
         """
         if self._closed:
             raise LogClosedError(f"commit log {self.directory} is closed")
-        if self._compacting:
+        if self._compacting is not None:
             raise LogError("cannot truncate while a compaction is running")
         if offset >= self.next_offset:
             return
@@ -682,7 +731,7 @@ class CommitLog:
         (``UncommittedTruncatedError``). Fsyncs before returning."""
         if self._closed:
             raise LogClosedError(f"commit log {self.directory} is closed")
-        if self._compacting:
+        if self._compacting is not None:
             raise LogError("cannot reset while a compaction is running")
         self._blooms.forget()
         for seg in self._segments:

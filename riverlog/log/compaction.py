@@ -5,13 +5,18 @@
 # kept (one that cannot be read too, its keys unknown); a kept run of consecutive offsets
 # becomes one chunk (so offsets may have gaps between chunks, never inside one); a chunk kept
 # whole is copied byte for byte.
+# A compaction is described by its point (end, upto): every record below ``end`` whose key has
+# a newer record at or below ``upto`` is removed. A leader's compaction takes its closed,
+# committed segments (end: where they end; upto: the committed offset); a follower applies its
+# leader's point to its own segments, wherever they begin and end, so both hold the same
+# records (a record at ``end`` or above is kept as it is).
 # Crash safety: the new file is fsynced, a ".compacted" marker is written, then the new
 # file replaces the old one by rename; recovery accepts either state.
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from . import chunk as chunkfmt
 from .index import ENTRY
@@ -21,12 +26,26 @@ from .segment import (COMPACTED_SUFFIX, INDEX_SUFFIX, SEGMENT_SUFFIX, Segment, f
 _READ_BYTES = 4 * 1024 * 1024
 
 
+class CompactionPoint(NamedTuple):
+    """What a compaction removed: every record below offset ``end`` whose key has a newer
+    record at or below offset ``upto`` (records without a key and sub-batches excepted)."""
+
+    end: int
+    upto: int
+
+    def covers(self, other: "CompactionPoint") -> bool:
+        """Whether applying ``other`` after this one would remove nothing more."""
+        return self.end >= other.end and self.upto >= other.upto
+
+
 @dataclass(slots=True)
 class CompactionResult:
-    """What a compaction did: segments rewritten (by base offset; ``emptied`` lists those
-    left with no record, kept as empty files so offsets stay contiguous across segments),
-    and the record and byte counts before and after over those segments."""
+    """What a compaction did: its ``point`` (None when it did nothing: no segment to
+    compact, or a follower's not ready yet), segments rewritten (by base offset; ``emptied``
+    lists those left with no record, kept as empty files so offsets stay contiguous across
+    segments), and the record and byte counts before and after over those segments."""
 
+    point: CompactionPoint | None = None
     rewritten: list[int] = field(default_factory=list)
     emptied: list[int] = field(default_factory=list)
     records_before: int = 0
@@ -63,7 +82,8 @@ def _latest_offsets(segments: Sequence[Segment], committed: int,
     return latest
 
 
-def _rewrite(seg: Segment, latest: dict[bytes, int], key_of, result: CompactionResult) -> None:
+def _rewrite(seg: Segment, latest: dict[bytes, int], key_of, end: int,
+             result: CompactionResult) -> None:
     stem = os.path.join(seg.directory, segment_name(seg.base_offset))
     out_path = stem + SEGMENT_SUFFIX + ".cleaned"
     index_out = stem + INDEX_SUFFIX + ".cleaned"
@@ -79,7 +99,8 @@ def _rewrite(seg: Segment, latest: dict[bytes, int], key_of, result: CompactionR
             expected = None
             for entry in chunkfmt.iter_entries(chunk.data):
                 keep = True
-                if entry.codec is None and h.chunk_type == chunkfmt.CHUNK_USER:
+                if (entry.codec is None and h.chunk_type == chunkfmt.CHUNK_USER
+                        and offset < end):
                     key = key_of(entry.payload)
                     keep = key is None or latest.get(key, offset) == offset
                 if keep:
@@ -130,17 +151,32 @@ def _rewrite(seg: Segment, latest: dict[bytes, int], key_of, result: CompactionR
 
 
 def compact_segments(segments: Sequence[Segment], committed: int,
-                     key_of: Callable[[bytes], bytes | None]) -> CompactionResult:
+                     key_of: Callable[[bytes], bytes | None],
+                     point: CompactionPoint | None = None) -> CompactionResult:
     """Rewrite (in place, crash-safely) every closed, fully committed segment of
-    ``segments`` (oldest first, the last one being active). Blocking: run it in a thread.
-    """
+    ``segments`` (oldest first, the last one being active), keeping the newest record of
+    each key among the committed ones; the result's point is (the end of those segments,
+    ``committed``). With ``point`` (a follower applying its leader's), the closed segments
+    holding records below ``point.end`` are rewritten by that point instead, provided every
+    one of them is committed and the active segment holds none (else nothing is done and the
+    result's point is None: try again once more is committed, or after a roll). Blocking:
+    run it in a thread."""
     result = CompactionResult()
-    closed = [s for s in segments[:-1] if len(s.index) and s.next_offset - 1 <= committed]
-    if not closed:
-        return result
-    latest = _latest_offsets(segments, committed, key_of)
+    if point is None:
+        closed = [s for s in segments[:-1] if len(s.index) and s.next_offset - 1 <= committed]
+        if not closed:
+            return result
+        point = CompactionPoint(closed[-1].next_offset, committed)
+    else:
+        closed = [s for s in segments[:-1] if len(s.index) and s.base_offset < point.end]
+        active = segments[-1]
+        if (point.upto > committed or any(s.next_offset - 1 > committed for s in closed)
+                or (len(active.index) and active.first_offset < point.end)):
+            return result
+    latest = _latest_offsets(segments, point.upto, key_of)
     for seg in closed:
-        _rewrite(seg, latest, key_of, result)
+        _rewrite(seg, latest, key_of, point.end, result)
+    result.point = point
     return result
 
 

@@ -160,6 +160,15 @@ class Segment:
         self.created_ms = self.first_timestamp_ms
 
     # -- writes -------------------------------------------------------------------------
+    def allow_gaps(self) -> None:
+        """Mark this segment as holding gaps between chunk offsets (a follower appending
+        its leader's compacted chunks): the ``.compacted`` marker (with the current next
+        offset) makes recovery accept them, as in a segment compaction rewrote."""
+        write_compacted_marker(self.path[:-len(SEGMENT_SUFFIX)] + COMPACTED_SUFFIX,
+                               self.next_offset)
+        fsync_dir(self.directory)
+        self.compacted_end = self.next_offset
+
     def append(self, raw: bytes, first_offset: int, num_records: int, timestamp_ms: int,
                epoch: int) -> None:
         """Write a whole encoded chunk at the end (one pwrite) and index it."""

@@ -143,7 +143,10 @@ class App:
             doors["grpc"] = self.liftbridge.advertised
         if self.nats_link is not None and self.nats_link.url:
             address = urlsplit(self.nats_link.url)
-            doors["nats"] = (address.hostname or "", address.port or 4222)
+            host = address.hostname or ""
+            if self.nats is not None and self.nats.embedded is not None:
+                host = self.config.grpc.advertised_host or host  # this server's own NATS
+            doors["nats"] = (host, address.port or 4222)
         return doors
 
     async def stop(self) -> None:

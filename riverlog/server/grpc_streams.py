@@ -14,8 +14,11 @@
 # and answered from template bytes (AckTemplate), counted once per run; what one-by-one
 # publishing would answer and store stays exactly the same (tests: test_lb_publish_batch.py).
 # In a cluster, Subscribe off the partition's leader is FailedPrecondition unless
-# readISRReplica, and PublishAsync sends a request for a partition led elsewhere to its NATS
-# subject, where the leader takes it, and answers with the ack the leader sends back.
+# readISRReplica; a running Subscribe whose server loses the partition's leadership ends with
+# Unavailable "Server not partition leader" (unless readISRReplica and this server is still in
+# the ISR), so the client resubscribes at the new leader; PublishAsync sends a request for a
+# partition led elsewhere to its NATS subject, where the leader takes it, and answers with the
+# ack the leader sends back.
 from __future__ import annotations
 
 import asyncio
@@ -46,6 +49,13 @@ SUBSCRIBER_READ_BYTES = 64 * 1024
 """What a Subscribe reads ahead (at least one chunk): a slow subscriber holds that much."""
 _SP = pb.StartPosition
 _STOP = pb.StopPosition
+DEPOSED = (grpc.StatusCode.UNAVAILABLE, "Server not partition leader")
+"""How a running Subscribe ends when its server stops leading the partition. Liftbridge
+(50ac358) has no such end: its deposed leader keeps serving from its now follower log, and a
+leader failover reaches a client as the leader's connection lost, Unavailable. That code is the
+one on which go-liftbridge's dispatchStream resubscribes to the partition's leader from the
+last offset + 1 (FailedPrecondition it reports as a paused partition); gufo-liftbridge
+resubscribes on it too. The message is Liftbridge's refusal of a Subscribe off the leader."""
 _ASYNC = pb.PublishAsyncError.Code
 
 
@@ -172,9 +182,19 @@ async def subscribe(service: Liftbridge, raw: bytes, context: grpc.aio.ServicerC
 
     stopped = asyncio.get_running_loop().create_future()
 
-    def stop_me() -> None:
+    def stop_me(status: tuple[grpc.StatusCode, str] | None = None) -> None:
+        """End the subscription: quietly (None), or with gRPC ``status``."""
         if not stopped.done():
-            stopped.set_result(None)
+            stopped.set_result(status)
+
+    placement = service.broker.placement
+
+    def leader_changed(name: str, index: int) -> None:
+        if (name, index) != (req.stream, req.partition) or placement.leads(name, index):
+            return
+        placed = placement.of(name, index)
+        if not (req.readISRReplica and placed is not None and placement.server_id in placed.isr):
+            stop_me(DEPOSED)
 
     if group:
         if previous is not None:
@@ -182,11 +202,16 @@ async def subscribe(service: Liftbridge, raw: bytes, context: grpc.aio.ServicerC
         service.group_subscribers.setdefault(id(partition), {})[group] = (consumer, epoch, stop_me)
     key = id(partition)
     service.subscribers[key] = service.subscribers.get(key, 0) + 1
+    unlisten = placement.add_leader_listener(leader_changed) if placement.clustered else None
     try:
         yield b""  # the empty Message: "subscription created"
         async for message in _messages(service, stream, partition, start, stop, stopped, context):
             yield message
+        if stopped.done() and stopped.result() is not None:
+            await context.abort(*stopped.result())
     finally:
+        if unlisten is not None:
+            unlisten()
         release_soon()  # what this subscription held goes back to the OS, not only to malloc
         service.subscribers[key] = service.subscribers.get(key, 1) - 1
         if service.subscribers[key] <= 0:

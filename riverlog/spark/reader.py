@@ -3,11 +3,13 @@
 # partition) and read_partition (one connection per task, chunks in, Arrow batches out).
 # Rules: partitions are small frozen dataclasses (they are pickled to executors); the driver
 # client is opened for planning and never pickled; executors import pyarrow/numpy only inside
-# read(); a range is read exactly, [start, end), whatever chunk boundaries say; a range whose
-# start is gone is an error under failOnDataLoss (else skipped to what is there).
+# read(); a range is read exactly, [start, end), whatever chunk boundaries say, and a lost
+# connection reads on where it stopped (on whichever replica serves the stream now); a range
+# whose start is gone is an error under failOnDataLoss (else skipped to what is there).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -20,6 +22,10 @@ log = logging.getLogger("riverlog.spark")
 
 _MAX_PENDING_BYTES = 64 * 1024 * 1024
 _CREDIT = 16
+_RECONNECTS = 5
+"""Tries in a row, without a record read between, to read on after a lost connection."""
+_RECONNECT_PAUSE_S = 0.5
+"""Pause before the n-th try in a row: n times this (a leader failover takes ~2 s)."""
 
 
 @dataclass(frozen=True)
@@ -50,13 +56,17 @@ def read_partition(part: RangePartition) -> Iterator:
     """Yield ``pyarrow.RecordBatch``es (riverlog.spark.schema) with every record of
     ``part``, in offset order: with ``table_dir``, those the stream's table holds from the
     start of the range on from its Parquet files (riverlog.tables.read.table_batches), the
-    rest from the server over one connection, opened here and closed at the end. Raises
-    DataLossError (failOnDataLoss) when the first records of the range are gone, ClientError
-    when the server stops answering."""
+    rest from the server over one connection, opened here and closed at the end. A lost
+    connection (a server stopped, a cluster's leader failing over) is opened again where
+    the stream lives (``Connection.connect_for``) and the range read on from the offset
+    after the last record handed out: offsets are the same on every replica, so nothing is
+    repeated or skipped. Raises DataLossError (failOnDataLoss) when the first records of
+    the range are gone, ClientError when the server refuses (a response code) or no server
+    serves the stream for ``_RECONNECTS`` tries in a row."""
     if part.end <= part.start:
         return
-    from ..client import OffsetType
-    from .arrow import arrow_schema, chunks_to_batch
+    from ..client import ClientError
+    from .arrow import arrow_schema
 
     schema = arrow_schema(part.columns)
     start, end = part.start, part.end
@@ -66,18 +76,44 @@ def read_partition(part: RangePartition) -> Iterator:
                                          end, schema, part.batch_rows)
         if start >= end:
             return
+    failures = 0
+    check_loss = True
+    while True:
+        reached = [start]
+        try:
+            yield from _read_from_server(part, schema, reached, check_loss)
+            return
+        except ClientError as exc:
+            if exc.code is not None or failures >= _RECONNECTS:
+                raise
+            if reached[0] > start:  # read on from a chunk's end: what follows may be a gap
+                failures, start, check_loss = 0, reached[0], False
+            else:
+                failures += 1
+            log.warning("%r/%d: %s; reading on from offset %d on another connection",
+                        part.stream, part.partition, exc, start)
+            time.sleep(_RECONNECT_PAUSE_S * failures)
+
+
+def _read_from_server(part: RangePartition, schema, reached: list[int],
+                      check_loss: bool) -> Iterator:
+    """``read_partition``'s read over one connection, from ``reached[0]`` to the end of the
+    range; ``reached[0]`` follows the offset after the last record yielded. ``check_loss``:
+    a first chunk starting after ``reached[0]`` is data loss (``_lost``), else a gap."""
+    from ..client import ClientError, OffsetType
+    from .arrow import chunks_to_batch
+
+    start, end = reached[0], part.end
     address = plan.address(part.stream, part.partition)
     client = part.connection.connect_for(address, write=False, name="riverlog-spark-read")
     try:
-        sub = client.subscribe(address, OffsetType.OFFSET,
-                               start, credit=_CREDIT)
+        sub = client.subscribe(address, OffsetType.OFFSET, start, credit=_CREDIT)
         pending: list = []
         rows = size = 0
-        first = True
+        first = check_loss
         while True:
             chunks = sub.next_chunks(_CREDIT, part.connection.timeout)
             if not chunks:
-                from ..client import ClientError
                 raise ClientError(f"{part.stream!r}/{part.partition}: no data for "
                                   f"{part.connection.timeout}s while reading {start}..{end}")
             if first:
@@ -85,7 +121,7 @@ def read_partition(part: RangePartition) -> Iterator:
                 head = chunks[0].first_offset
                 if head > start:
                     _lost(part, start, head)
-                    start = head
+                    start = reached[0] = head
             done = False
             for chunk in chunks:
                 h = chunk.header
@@ -99,7 +135,7 @@ def read_partition(part: RangePartition) -> Iterator:
                     break
             if pending and (done or rows >= part.batch_rows or size >= _MAX_PENDING_BYTES):
                 batch = chunks_to_batch(pending, part.stream, part.partition, start, end, schema)
-                start = pending[-1].next_offset
+                start = reached[0] = pending[-1].next_offset
                 pending, rows, size = [], 0, 0
                 if batch.num_rows:
                     yield batch

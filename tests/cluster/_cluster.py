@@ -69,15 +69,25 @@ async def metadata(address: str) -> pb.FetchMetadataResponse | None:
         return None
 
 
-@pytest.fixture
-def cluster_up(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "riverlog", "cluster", "up", "--servers",
-                             "3", "-d", str(tmp_path / "cluster")], stdout=subprocess.PIPE,
+def start_cluster_up(directory, *options: str) -> subprocess.Popen:
+    """`riverlog cluster up -d DIRECTORY OPTIONS...` (3 servers unless OPTIONS say), its
+    output readable as text; stop it with ``stop_cluster_up``."""
+    return subprocess.Popen([sys.executable, "-m", "riverlog", "cluster", "up", "--servers",
+                             "3", "-d", str(directory), *options], stdout=subprocess.PIPE,
                             text=True)
-    yield proc
+
+
+def stop_cluster_up(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+
+
+@pytest.fixture
+def cluster_up(tmp_path):
+    proc = start_cluster_up(tmp_path / "cluster")
+    yield proc
+    stop_cluster_up(proc)
 
 
 async def with_stream(address: str, stream: str):
@@ -87,3 +97,22 @@ async def with_stream(address: str, stream: str):
         return None
     names = {s.name for s in meta.streamMetadata if not s.error}
     return meta if stream in names else None
+
+
+async def values(address: str, stream: str, count: int) -> list[bytes]:
+    """The first ``count`` values of partition 0 of ``stream``, read from ``address``
+    (readISRReplica, so any replica serves them)."""
+    got: list[bytes] = []
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = api_pb2_grpc.APIStub(channel).Subscribe(pb.SubscribeRequest(
+            stream=stream, startPosition=pb.StartPosition.EARLIEST, readISRReplica=True))
+        first = True
+        async for message in call:
+            if first:  # the empty message that says the subscription started (Liftbridge's)
+                first = False
+                continue
+            got.append(message.value)
+            if len(got) == count:
+                call.cancel()
+                break
+    return got

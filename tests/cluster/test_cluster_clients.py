@@ -21,7 +21,7 @@ from rstream import (AMQPMessage, Consumer, ConsumerOffsetSpecification, OffsetT
                      Producer, amqp_decoder)
 from rstream.exceptions import ServerError
 
-from _cluster import WAIT_S, cluster_up, read_table, until, with_stream
+from _cluster import WAIT_S, cluster_up, read_table, until, values, with_stream
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge import api_pb2_grpc
 from riverlog.protocol.liftbridge.envelope import decode_ack, encode_publish
@@ -40,25 +40,6 @@ async def partition(address: str, stream: str) -> pb.PartitionMetadata:
     meta = await until(f"{stream} at {address}", lambda: with_stream(address, stream))
     (part,) = [s for s in meta.streamMetadata if s.name == stream][0].partitions.values()
     return part
-
-
-async def values(address: str, stream: str, count: int) -> list[bytes]:
-    """The first ``count`` values of partition 0 of ``stream``, read from ``address``
-    (readISRReplica, so any replica serves them)."""
-    got: list[bytes] = []
-    async with grpc.aio.insecure_channel(address) as channel:
-        call = api_pb2_grpc.APIStub(channel).Subscribe(pb.SubscribeRequest(
-            stream=stream, startPosition=pb.StartPosition.EARLIEST, readISRReplica=True))
-        first = True
-        async for message in call:
-            if first:  # the empty message that says the subscription started (Liftbridge's)
-                first = False
-                continue
-            got.append(message.value)
-            if len(got) == count:
-                call.cancel()
-                break
-    return got
 
 
 async def test_rstream_gufo_and_nats_py_against_three_servers(cluster_up):

@@ -2,17 +2,24 @@
 # gufo-liftbridge and riverlog's generated gRPC stub: the printed table says where each door
 # listens, a stream made through one server is on all three, the metadata survives a SIGKILL
 # of the Raft leader's process (the two left still create streams), and SIGTERM stops every
-# server. Waits are generous polls, never timed assertions.
+# server; bound to 0.0.0.0 the servers advertise 127.0.0.1; a killed partition leader started
+# again leads nothing and acks no write before it caught up with Raft. Waits are generous
+# polls, never timed assertions.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
+import pickle
 import signal
 
 import grpc
 import pytest
 
-from _cluster import WAIT_S, cluster_up, metadata, raft_leader, read_table, until, with_stream
+from _cluster import (WAIT_S, cluster_up, metadata, raft_leader, read_table, start_cluster_up,
+                      stop_cluster_up, until, values, with_stream)
+from riverlog.cluster.local import Member, serve_command
+from riverlog.ops import scrape
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge import api_pb2_grpc
 
@@ -79,55 +86,182 @@ async def test_cluster_up_serves_and_survives_the_raft_leaders_kill(cluster_up, 
         assert await metadata(grpc_of[server_id]) is None
 
 
+def test_members_reach_each_other_at_the_advertised_host(tmp_path):
+    # bound to a wildcard, the servers are told of each other (Raft, NATS routes) and tell
+    # clients loopback, or the host given; the doors still listen on the wildcard
+    members = [Member(f"s{i}", {name: 7000 + 10 * i + n for n, name in enumerate(
+        ("stream", "grpc", "nats", "nats_cluster", "raft", "metrics"))}) for i in range(2)]
+    for host, advertise, expected in [("0.0.0.0", None, "127.0.0.1:7014"),
+                                      ("::", None, "[::1]:7014"),
+                                      ("0.0.0.0", "10.1.2.3", "10.1.2.3:7014"),
+                                      ("127.0.0.1", None, "127.0.0.1:7014")]:
+        command, env = serve_command(members[0], members, str(tmp_path), host, advertise)
+        assert command[command.index("--host") + 1] == host
+        told = expected.rsplit(":", 1)[0].strip("[]")
+        assert ("--advertised-host" in command) == (told != host)
+        if told != host:
+            assert command[command.index("--advertised-host") + 1] == told
+        assert command[command.index("--nats-routes") + 1] == expected.replace("7014", "7013")
+        assert env["LIFTBRIDGE_RIVERLOG_RAFT_ADDRESS"] == expected.replace("7014", "7004")
+        assert env["LIFTBRIDGE_RIVERLOG_RAFT_PEERS"] == "s1=" + expected
+
+
+async def test_cluster_up_on_a_wildcard_address_advertises_loopback(tmp_path):
+    # `cluster up --host 0.0.0.0`: the doors listen on every address, but the table, what
+    # FetchMetadata tells clients and the Raft members name 127.0.0.1, where the servers are
+    # reached (0.0.0.0 is no address to connect to)
+    proc = start_cluster_up(tmp_path / "cluster", "--servers", "2", "--host", "0.0.0.0")
+    try:
+        rows = read_table(proc)
+        addresses = [v for row in rows.values() for k, v in row.items()
+                     if k not in ("server", "pid")]
+        assert len(addresses) == 12 and all(a.startswith("127.0.0.1:") for a in addresses)
+        for server_id, row in rows.items():
+            meta = await until("FetchMetadata", lambda r=row: metadata(r["Liftbridge gRPC"]))
+            assert sorted((b.id, f"{b.host}:{b.port}") for b in meta.brokers) == sorted(
+                (s, r["Liftbridge gRPC"]) for s, r in rows.items())
+            with open(tmp_path / "cluster" / server_id / "riverlog.log") as f:
+                raft = [line for line in f if "Raft on" in line]
+            (peer,) = [r["Raft"] for s, r in rows.items() if s != server_id]
+            assert raft and raft[-1].rstrip().endswith(f"Raft on {row['Raft']}, peers {peer}")
+    finally:
+        stop_cluster_up(proc)
+
+
+class _Restart:
+    """A 3-server LocalCluster whose partition leader of "orders" (RF=3) was SIGKILLed and
+    replaced: ``cluster``, ``grpc_of`` (server id -> gRPC address), ``old`` (the killed
+    leader's id, ``index`` its place in ``cluster.procs``), ``others``."""
+
+    def __init__(self, directory: str) -> None:
+        from riverlog.cluster.local import LocalCluster
+        self.cluster = LocalCluster(directory, 3)
+        self.grpc_of = {m.id: f"{self.cluster.advertised}:{m.ports['grpc']}"
+                        for m in self.cluster.members}
+
+    async def leader_seen_by(self, server_id: str) -> str | None:
+        meta = await with_stream(self.grpc_of[server_id], "orders")
+        return meta and [s for s in meta.streamMetadata
+                         if s.name == "orders"][0].partitions[0].leader
+
+    async def other_leader_seen_by(self, server_id: str) -> str | None:
+        """The leader ``server_id`` names, once it is not the killed one (nor none)."""
+        leader = await self.leader_seen_by(server_id)
+        return leader if leader not in ("", self.old) else None
+
+    async def commit_index_saved(self) -> None:
+        """Wait until the leader's Raft commit index is on its disk (pysyncobj saves it once a
+        second): started again, it replays its journal up to there, where it leads "orders"."""
+        member = self.cluster.members[self.index]
+        url = f"http://{self.cluster.advertised}:{member.ports['metrics']}/metrics"
+        (_, commit), = (await asyncio.to_thread(scrape, url))["riverlog_raft_commit_index"]
+        path = os.path.join(self.cluster.directory, member.id, "raft", "journal.meta")
+
+        async def saved() -> bool:
+            try:
+                with open(path, "rb") as f:
+                    return pickle.load(f)["raftCommitIndex"] >= commit
+            except (OSError, EOFError, KeyError, pickle.UnpicklingError):
+                return False
+        await until("the commit index saved", saved)
+
+    async def __aenter__(self) -> "_Restart":
+        self.cluster.start()
+        try:
+            await asyncio.to_thread(self.cluster.wait_registered)
+            async with grpc.aio.insecure_channel(self.grpc_of["s0"]) as channel:
+                await api_pb2_grpc.APIStub(channel).CreateStream(pb.CreateStreamRequest(
+                    name="orders", subject="orders", replicationFactor=3), timeout=30)
+            self.old = await until("a leader", lambda: self.leader_seen_by("s0"))
+            self.index = [m.id for m in self.cluster.members].index(self.old)
+            await self.commit_index_saved()
+            self.cluster.procs[self.index].kill()
+            self.cluster.procs[self.index].wait()
+            self.others = [m.id for m in self.cluster.members if m.id != self.old]
+            await until("another leader", lambda: self.other_leader_seen_by(self.others[0]))
+        except BaseException:
+            self.cluster.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        for proc in self.cluster.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+        self.cluster.stop()
+
+
 async def test_a_restarted_leader_leads_nothing_before_it_caught_up_with_raft(tmp_path):
     # A member starting again holds its streams' folders, and its Raft state (none yet, or
     # its journal replayed) names it the leader of the partition it led before its SIGKILL.
     # Until it has caught up with the Raft log it must take no write (the others elected
     # another leader meanwhile): here the two others are stopped, so it cannot catch up; a
     # LEADER publish it acked would be truncated once it follows the new leader.
-    from riverlog.cluster.local import LocalCluster
-    cluster = LocalCluster(str(tmp_path / "cluster"), 3)
-    cluster.start()
-    try:
-        await asyncio.to_thread(cluster.wait_registered)
-        grpc_of = {m.id: f"{cluster.host}:{m.ports['grpc']}" for m in cluster.members}
-        async with grpc.aio.insecure_channel(grpc_of["s0"]) as channel:
-            await api_pb2_grpc.APIStub(channel).CreateStream(pb.CreateStreamRequest(
-                name="orders", subject="orders", replicationFactor=3), timeout=30)
-
-        async def leader_seen_by(server_id: str) -> str | None:
-            meta = await with_stream(grpc_of[server_id], "orders")
-            return meta and [s for s in meta.streamMetadata
-                             if s.name == "orders"][0].partitions[0].leader
-        old = await until("a leader", lambda: leader_seen_by("s0"))
-        index = [m.id for m in cluster.members].index(old)
-        cluster.procs[index].kill()
-        cluster.procs[index].wait()
-        others = [m.id for m in cluster.members if m.id != old]
-
-        async def new_leader():
-            leader = await leader_seen_by(others[0])
-            return leader if leader not in ("", old) else None
-        await until("another leader", new_leader)
-        for i, proc in enumerate(cluster.procs):
-            if i != index:
+    async with _Restart(str(tmp_path / "cluster")) as r:
+        for i, proc in enumerate(r.cluster.procs):
+            if i != r.index:
                 proc.send_signal(signal.SIGSTOP)
-        cluster.restart(index)
-        await until("the restarted server serving", lambda: with_stream(grpc_of[old], "orders"))
-        async with grpc.aio.insecure_channel(grpc_of[old]) as channel:
+        r.cluster.restart(r.index)
+        await until("the restarted server serving",
+                    lambda: with_stream(r.grpc_of[r.old], "orders"))
+        async with grpc.aio.insecure_channel(r.grpc_of[r.old]) as channel:
             with pytest.raises(grpc.aio.AioRpcError):
                 await api_pb2_grpc.APIStub(channel).Publish(pb.PublishRequest(
                     stream="orders", value=b"stale", ackPolicy=pb.LEADER), timeout=5)
-        for i, proc in enumerate(cluster.procs):
-            if i != index:
+        for i, proc in enumerate(r.cluster.procs):
+            if i != r.index:
                 proc.send_signal(signal.SIGCONT)
+        assert await until("the restarted server caught up",
+                           lambda: r.other_leader_seen_by(r.old)) in r.others
 
-        async def follows():  # caught up: it names the leader the others elected
-            leader = await leader_seen_by(old)
-            return leader if leader not in ("", old) else None
-        assert await until("the restarted server caught up", follows) in others
-    finally:
-        for proc in cluster.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-        cluster.stop()
+
+async def test_a_restarted_leader_acks_no_write_it_later_truncates(tmp_path):
+    # The killed leader starts again while the others run: its Raft member replays its
+    # journal, which names it the leader, before the Raft leader tells it what changed since.
+    # LEADER publishes sent to it from the moment its gRPC port answers are taken only by the
+    # current leader (forwarded through NATS once it caught up, refused before): every one
+    # it acked is on the final leader. Before the fix it acked some in a stale epoch and
+    # truncated them later.
+    async with _Restart(str(tmp_path / "cluster")) as r:
+        async with grpc.aio.insecure_channel(r.grpc_of[r.others[0]]) as channel:
+            stub = api_pb2_grpc.APIStub(channel)
+            for i in range(10):  # Raft entries the restarted member has not seen
+                await stub.CreateStream(pb.CreateStreamRequest(
+                    name=f"pad{i}", subject=f"pad{i}", replicationFactor=1), timeout=30)
+        r.cluster.restart(r.index)
+        await until("the restarted server's gRPC port", lambda: metadata(r.grpc_of[r.old]))
+        acked: list[bytes] = []
+        stop = asyncio.Event()
+
+        async def hammer() -> None:
+            async with grpc.aio.insecure_channel(r.grpc_of[r.old]) as channel:
+                stub = api_pb2_grpc.APIStub(channel)
+                for attempt in itertools.count():
+                    if stop.is_set():
+                        return
+                    value = b"h%d" % attempt
+                    try:
+                        await stub.Publish(pb.PublishRequest(
+                            stream="orders", value=value, ackPolicy=pb.LEADER), timeout=5)
+                    except grpc.aio.AioRpcError:
+                        await asyncio.sleep(0.01)
+                        continue
+                    acked.append(value)
+        task = asyncio.create_task(hammer())
+        try:
+            await until("the restarted server caught up",
+                        lambda: r.other_leader_seen_by(r.old))
+            enough = len(acked) + 20  # and acks through the current leader after that
+            await until("acks after the catch-up", lambda: asyncio.sleep(0, len(acked) >= enough))
+        finally:
+            stop.set()
+            await task
+        leader = await r.other_leader_seen_by(r.others[0])
+
+        async def all_committed():
+            meta = await with_stream(r.grpc_of[leader], "orders")
+            part = [s for s in meta.streamMetadata if s.name == "orders"][0].partitions[0]
+            return part.highWatermark == part.newestOffset and part
+        part = await until("every record committed", all_committed)
+        stored = await values(r.grpc_of[leader], "orders", part.highWatermark + 1)
+        assert [v for v in acked if v not in stored] == []

@@ -249,6 +249,45 @@ async def _bad_requests(cluster):
     assert a.partition().committed_offset == last
 
 
+async def test_requests_for_a_newer_epoch_are_logged_once_per_epoch(nats_url, tmp_path,
+                                                                     caplog):
+    """A deposed leader hears its followers ask the new epoch's leader, several times a
+    second: "this leader's epoch is over" is told at INFO once per newer epoch, at DEBUG
+    after that."""
+    import logging
+
+    import nats
+    from riverlog.cluster.replication_leader import EPOCH_HEADER
+    from riverlog.protocol.liftbridge import api_pb2
+    from riverlog.protocol.liftbridge.envelope import encode_message
+    caplog.set_level(logging.DEBUG, logger="riverlog.replication")
+    cluster = Cluster(nats_url, tmp_path, settings=SLOW)
+    await cluster.start()
+    client = await nats.connect(cluster.url)
+    try:
+        cluster.create_stream()
+        await publish(cluster.nodes["a"], 10)  # committed: the leader takes requests
+
+        def over() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if "is over" in r.getMessage()]
+        sent = 0
+        for epoch in (2, 2, 2, 3, 3, 2):
+            await client.publish(f"{NS}.s.0.replicate", encode_message(
+                api_pb2.ReplicationRequest(replicaID="b", offset=0, leaderEpoch=epoch)))
+            await client.publish(f"{NS}.s.0.offset", encode_message(
+                api_pb2.LeaderEpochOffsetRequest(leaderEpoch=1)),
+                headers={EPOCH_HEADER: str(epoch)})
+            sent += 2
+        await eventually(lambda: len(over()) == sent, what="every request handled")
+        assert [r.getMessage().split(": ", 1)[1] for r in over()
+                if r.levelno == logging.INFO] == [
+            "a request for leader epoch 2: this leader's 1 is over",
+            "a request for leader epoch 3: this leader's 1 is over"]
+    finally:
+        await client.close()
+        await cluster.close()
+
+
 async def test_a_chunk_with_a_bad_crc_is_refused_and_fetched_again(nats_url, tmp_path):
     """b follows a "leader" played by the test, which corrupts one byte of its first
     answer: b appends nothing of it, fetches again and gets the same bytes as the real log."""
@@ -408,3 +447,170 @@ async def test_partitions_of_one_stream_replicate_apart_under_a_name_of_any_char
             await eventually(lambda: node.partition(name, index).committed_offset == lasts[index],
                              what=f"{node.id} committing partition {index}")
             assert chunk_bytes(node.partition(name, index)) == want
+
+
+def _records(partition) -> list[tuple[int, bytes | None, bytes]]:
+    """Every committed record of ``partition`` as (offset, key, value)."""
+    from riverlog.record import decode_record
+    out, offset = [], partition.log.first_offset
+    while chunks := partition.log.read_chunks(offset, 1 << 24):
+        for chunk in chunks:
+            for at, raw in chunk.records():
+                record = decode_record(bytes(raw))
+                out.append((at, record.key, record.value))
+        offset = chunks[-1].header.next_offset
+    return out
+
+
+def _key(i: int) -> bytes:
+    """Record i's key: one of 5 shared keys, or its own for every 7th (kept by compaction)."""
+    return b"k%d" % (i % 5) if i % 7 else b"u%d" % i
+
+
+async def publish_keyed(node, start: int, n: int) -> int:
+    """Write records ``start`` .. ``start + n - 1`` (value ``v<i>``, key ``_key(i)``), 5 a
+    chunk, on ``node``; wait until the last is committed; returns its offset."""
+    from riverlog.record import Record, encode_record
+    part = node.partition()
+    last = -1
+    for i in range(start, start + n, 5):
+        last = part.write_records([encode_record(Record(value=b"v%d" % j, key=_key(j)))
+                                   for j in range(i, i + 5)])[-1]
+    await asyncio.wait_for(part.wait_committed(last), 30)
+    return last
+
+
+@pytest.fixture
+async def compacting(nats_url, tmp_path):
+    """The three servers of ``cluster``, their streams compacted, with 4 KiB segments; the
+    stream created, the first 50 records (0..49) on every replica."""
+    from riverlog.config import LogConfig
+    c = Cluster(nats_url, tmp_path, log_config=LogConfig(segment_max_bytes=4096, compact=True))
+    await c.start()
+    try:
+        c.create_stream()
+        await publish_keyed(c.nodes["a"], 0, 50)
+        await eventually(lambda: all(n.partition().committed_offset == 49
+                                     for n in c.nodes.values()), what="every replica at 49")
+        yield c
+    finally:
+        await c.close()
+
+
+async def test_a_compacted_stream_replicates_the_leaders_compaction(compacting):
+    """c stops; the leader writes and compacts (offsets with gaps); c comes back and fetches
+    across the gaps (the leader answers the next chunk that exists), b applies the leader's
+    compaction point: every replica then holds the same (offset, key, value) records as the
+    leader, the newest of each key among them."""
+    from riverlog.broker.broker import record_key
+    cluster = compacting
+    a, b, c = (cluster.nodes[i] for i in "abc")
+    await c.stop()
+    cluster.change(meta.shrink_isr, "s", 0, "c")
+    last = await publish_keyed(a, 50, 300)
+    result = await a.partition().log.compact(record_key)
+    assert result.records_after < result.records_before  # gaps below c's next offset
+    last = await publish_keyed(a, 350, 20)  # after the compaction point
+    await c.start()
+    want = _records(a.partition())
+    assert len(want) < last + 1
+    await eventually(lambda: all(_records(n.partition()) == want for n in (b, c)),
+                     what="b and c holding the leader's records")
+    newest = {_key(i): b"v%d" % i for i in range(last + 1)}
+    assert {key: value for _, key, value in want} == newest  # the newest of each key kept
+    await eventually(lambda: "c" in cluster.placement().isr, what="c rejoining the ISR")
+    assert c.replication.stats("s", 0)["refused_chunks"] == 0
+
+
+async def test_truncation_across_a_gap_the_leaders_compaction_left(compacting):
+    """c fetches epoch 2 only after b compacted its start away (a gap from 50); c then leads
+    epoch 3, and a, whose uncommitted epoch-1 tail 50..69 nobody has, truncates by c's
+    answer. c's epoch 2 must start where its gap starts (50), not at its first chunk after
+    it: a would keep its stale records below that chunk."""
+    from riverlog.broker.broker import record_key
+    from riverlog.record import Record, encode_record
+    cluster = compacting
+    a, b, c = (cluster.nodes[i] for i in "abc")
+    await c.stop()
+    await b.stop()
+    await a.stop()  # cut off: its tail reaches nobody
+    a.partition().write_records([encode_record(Record(value=b"stale%d" % i, key=b"s%d" % i))
+                                 for i in range(50, 70)])  # keys no compaction removes
+    cluster.set_placement("b", ("b",), 2)
+    await b.start()
+    await publish_keyed(b, 50, 300)
+    result = await b.partition().log.compact(record_key)
+    assert result.point is not None and result.point.end > 50
+    await c.start()
+    cluster.change(meta.expand_isr, "s", 0, "c")
+    last = await publish_keyed(b, 350, 20)
+    await eventually(lambda: c.partition().committed_offset == last, what="c catching up")
+    assert c.partition().log.read_chunks(50, 1)[0].header.first_offset > 50  # the gap
+    cluster.change(meta.change_leader, "s", 0, leader="c")
+    assert cluster.placement().leader_epoch == 3
+    await a.start()  # c's follower: asks where epoch 1 ends on c, truncates there
+    await eventually(lambda: a.partition().committed_offset == last, what="a catching up")
+    await eventually(lambda: _records(a.partition()) == _records(c.partition()),
+                     what="a holding c's records")
+    assert not [v for _, _, v in _records(a.partition()) if v.startswith(b"stale")]
+
+
+async def test_an_answer_leaves_room_in_the_nats_max_payload_for_the_compaction_point(
+        nats_url, tmp_path):
+    """Two chunks that fill an answer to 64 bytes short of the NATS max payload are sent in
+    two answers once the leader has a compaction point: nats-server counts the
+    Riverlog-Compaction-Point header in the max payload and closes a connection that goes
+    over it (the leader's, with every partition it leads)."""
+    from riverlog.broker.broker import record_key
+    from riverlog.config import LogConfig
+    from riverlog.record import Record, encode_record
+    cluster = Cluster(nats_url, tmp_path, log_config=LogConfig(segment_max_bytes=2 << 20,
+                                                               compact=True))
+    await cluster.start()
+    try:
+        cluster.create_stream()
+        a, b, c = (cluster.nodes[i] for i in "abc")
+        part = a.partition()
+
+        def big(size: int) -> int:
+            (offset,) = part.write_records([encode_record(Record(value=b"x" * size, key=b"k"))])
+            return offset
+        for _ in range(4):  # three fill the first segment, the fourth starts the next
+            last = big(600_000)
+        await asyncio.wait_for(part.wait_committed(last), 30)
+        assert (await part.log.compact(record_key)).point is not None
+        await b.stop()
+        await c.stop()
+        first = big(400_000)
+        size = len(part.log.read_chunks(first, 1, committed_only=False)[0].raw)
+        wanted = a.nc.max_payload - 64 - size  # the second chunk's size
+        last = big(400_000 + wanted - size)
+        assert len(part.log.read_chunks(last, 1, committed_only=False)[0].raw) == wanted
+        await b.start()
+        await c.start()
+        await eventually(lambda: all(n.partition().log.next_offset == last + 1 for n in (b, c)),
+                         what="b and c holding both chunks")
+        assert not a.nc.is_closed
+    finally:
+        await cluster.close()
+
+
+async def test_the_brokers_compaction_pass_compacts_only_the_leaders_log(compacting):
+    """The periodic compaction (Broker._compact, every streams.cleaner.interval) compacts the
+    leader's log and leaves the followers' to the leader's compaction point, which they
+    apply: compacting on their own, their closed segments (other boundaries, another
+    committed offset) would lose other records than the leader's."""
+    cluster = compacting
+    a, b = cluster.nodes["a"], cluster.nodes["b"]
+    last = await publish_keyed(a, 50, 200)
+    await eventually(lambda: b.partition().committed_offset == last, what="b following")
+    before = _records(b.partition())
+    await b.broker._compact(b.broker.get("s"))
+    assert b.partition().log.compaction_point is None and _records(b.partition()) == before
+    await a.broker._compact(a.broker.get("s"))
+    point = a.partition().log.compaction_point
+    assert point is not None and len(_records(a.partition())) < len(before)
+    await publish_keyed(a, 250, 5)  # the answers carry the point to b
+    await eventually(lambda: b.partition().log.compaction_point == point
+                     and _records(b.partition()) == _records(a.partition()),
+                     what="b applying the leader's compaction point")

@@ -4,10 +4,14 @@
 # a stream created through any server exists on every replica with one leader, FetchMetadata
 # tells the same everywhere, only the leader ingests its subject, a publish reaching a follower
 # goes to the leader through NATS (as Liftbridge's api.go publishes every gRPC Publish), a
-# follower refuses Subscribe as Liftbridge does, a delete reaches every server. No mocks.
+# follower refuses Subscribe as Liftbridge does, a running Subscribe ends where its server
+# stops leading, a delete reaches every server, a member rejoining without its Raft files
+# keeps its replicas. No mocks.
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 
 import grpc
 import nats
@@ -20,6 +24,7 @@ from riverlog.cluster.state import StaleLeaderEpoch
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge.envelope import decode_ack, encode_publish
 from riverlog.security.users import hash_password
+from riverlog.server.app import App
 
 
 async def test_a_stream_made_through_any_server_is_on_every_replica(cluster):
@@ -191,6 +196,87 @@ async def test_a_new_leader_takes_the_nats_subject_over(cluster):
     finally:
         await nc.close()
         await channel.close()
+
+
+async def test_a_running_subscribe_ends_when_its_server_stops_leading(cluster):
+    """A leader change ends the Subscribes its old leader serves with Unavailable "Server
+    not partition leader" (where Liftbridge clients resubscribe at the leader), a
+    readISRReplica one included (the old leader leaves the ISR); a readISRReplica Subscribe on
+    a follower still in the ISR goes on. gufo-liftbridge, subscribed through the old leader,
+    goes on at the new one with no gap and no duplicate."""
+    from gufo.liftbridge.client import LiftbridgeClient
+    from gufo.liftbridge.types import StartPosition
+    placed = await created(cluster, "moving", subject="moving", replication_factor=3)
+    old = cluster[IDS.index(placed.leader)]
+    stays, new = [x for x in cluster if x is not old]
+    channels = {app: stub_of(app) for app in cluster}
+
+    async def publish(value: bytes) -> None:  # ALL: every in-sync replica holds it
+        leader = next(a for a in cluster if a.broker.placement.leads("moving", 0))
+        await channels[leader][1].Publish(pb.PublishRequest(
+            stream="moving", value=value, ackPolicy=pb.AckPolicy.ALL), timeout=10)
+
+    async def subscribed(app, read_isr: bool):
+        call = channels[app][1].Subscribe(pb.SubscribeRequest(
+            stream="moving", startPosition=pb.StartPosition.EARLIEST,
+            readISRReplica=read_isr), timeout=20)
+        messages = call.__aiter__()
+        assert await anext(messages) == pb.Message()  # the handshake
+        assert (await anext(messages)).value == b"before"
+        return messages
+
+    got: list[bytes] = []
+
+    async def gufo() -> None:
+        async with LiftbridgeClient([f"127.0.0.1:{old.grpc.port}"]) as client:
+            async for message in client.subscribe("moving",
+                                                  start_position=StartPosition.EARLIEST):
+                got.append(message.value)
+    try:
+        await publish(b"before")
+        on_leader = await subscribed(old, False)
+        isr_on_leader = await subscribed(old, True)
+        isr_on_follower = await subscribed(stays, True)
+        reader = asyncio.create_task(gufo())
+        await until("gufo read the first record", lambda: got == [b"before"])
+        await old.broker.placement.submit("change_leader", stream="moving", index=0,
+                                          leader=new.config.cluster.server_id)
+        for ended in (on_leader, isr_on_leader):
+            with pytest.raises(grpc.aio.AioRpcError) as stopped:
+                await anext(ended)
+            assert (stopped.value.code(), stopped.value.details()) == (
+                grpc.StatusCode.UNAVAILABLE, "Server not partition leader")
+        await until("one new leader everywhere", lambda: all(
+            x.broker.placement.of("moving", 0).leader == new.config.cluster.server_id
+            for x in cluster))
+        for i in range(3):
+            await publish(b"after%d" % i)
+        assert [(await anext(isr_on_follower)).value for _ in range(3)] == [
+            b"after0", b"after1", b"after2"]
+        await until("gufo read on at the new leader", lambda: len(got) >= 4)
+        reader.cancel()
+        assert got == [b"before", b"after0", b"after1", b"after2"]
+    finally:
+        for channel, _ in channels.values():
+            await channel.close()
+
+
+async def test_a_member_without_its_raft_files_deletes_no_replica_while_catching_up(cluster):
+    """The documented way back from a damaged Raft file: remove DATA/raft and restart; the
+    member rejoins empty and replays the whole metadata. The states before a stream's
+    creation lack it, but a replica it holds is not deleted for that: it deletes nothing
+    before it caught up (before, pysyncobj's isReady turned true while older states were
+    still queued on the loop, and the replica was deleted and made again, empty)."""
+    await created(cluster, "kept", subject="kept", replication_factor=3)
+    member = cluster[2]
+    await member.stop()
+    shutil.rmtree(os.path.join(member.config.data_dir, "raft"))
+    again = cluster[2] = App(member.config)
+    deleted: list[str] = []
+    again.broker.deletion_listeners.append(lambda stream: deleted.append(stream.name))
+    await again.start()
+    await until("caught up", lambda: again.broker.placement.caught_up)
+    assert "kept" in again.broker.streams and deleted == []
 
 
 async def test_replication_events_change_the_metadata_everywhere(cluster):

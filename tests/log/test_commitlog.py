@@ -404,6 +404,37 @@ def test_compaction_skips_uncommitted_segments(tmp_path):
     asyncio.run(main())
 
 
+def test_a_compaction_point_applied_to_other_segments_leaves_the_same_records(tmp_path):
+    """A follower's log (other segment boundaries) applying its leader's compaction point
+    ends with the leader's records; not before it committed the point's ``upto``, and
+    never while its active segment holds records below the point's ``end``."""
+    from riverlog.log.compaction import compact_segments
+
+    async def main():
+        leader = CommitLog(tmp_path / "leader", LogConfig(segment_max_bytes=4096))
+        follower = CommitLog(tmp_path / "follower", LogConfig(segment_max_bytes=5000),
+                             auto_commit=False)
+        for i in range(300):
+            rec = [_key_record(b"k%d" % (i % 7) if i % 5 else None, b"v%d" % i)]
+            leader.append(rec)
+            follower.append(rec)
+        point = (await leader.compact(_key_of)).point
+        assert point is not None and point.upto == 299
+        follower.commit(point.upto - 1)  # not committed that far yet
+        result = await follower.compact(_key_of, point)
+        assert result.point is None and result.rewritten == []
+        follower.commit(point.upto)
+        everything = records_from(follower, 0)
+        assert follower.segments[-1].first_offset < point.end  # its active segment holds some
+        assert compact_segments(follower.segments, 299, _key_of, point).point is None
+        result = await follower.compact(_key_of, point)  # rolls, then compacts
+        assert result.point == point == follower.compaction_point
+        assert records_from(follower, 0) == records_from(leader, 0) != everything
+        assert [s.base_offset for s in follower.segments] != \
+            [s.base_offset for s in leader.segments]
+    asyncio.run(main())
+
+
 def test_truncate_at_chunk_boundary_and_inside_a_chunk(tmp_path):
     log = CommitLog(tmp_path, LogConfig(segment_max_bytes=4096))
     for i in range(40):
@@ -467,6 +498,8 @@ def test_closed_log_refuses_work(tmp_path):
         log.append([b"x"])
     with pytest.raises(LogClosedError):
         log.read_chunks(0)
+    with pytest.raises(LogClosedError):
+        asyncio.run(log.compact(lambda record: record))
 
 
 def test_config_validation_names_the_key():

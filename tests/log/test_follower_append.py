@@ -102,7 +102,6 @@ def _flip(raw, pos):
     (lambda raw, second: _flip(raw, second), "bad magic/version byte 0x51"),
     (lambda raw, second: raw[:-1], "truncated chunk"),
     (lambda raw, second: raw[:second + 20], "short header"),
-    (lambda raw, second: raw[second:], "chunk starts at offset"),  # a gap: chunk 2 comes first
     (lambda raw, second: raw[:second] + raw[:second], "chunk starts at offset"),  # a repeat
 ])
 def test_a_bad_chunk_is_refused_and_nothing_is_appended(pair, damage, reason):
@@ -118,6 +117,37 @@ def test_a_bad_chunk_is_refused_and_nothing_is_appended(pair, damage, reason):
     assert (follower.next_offset, [s.size for s in follower.segments],
             follower.epochs.entries) == before
     assert follower.append_chunks(raw) == range(before[0], chunks[-1].header.next_offset)
+
+
+def _chunk(first, epoch, records=5):
+    return encode_chunk(encode_entries([b"r%d" % i for i in range(records)]), records, records,
+                        first_offset=first, timestamp_ms=1, epoch=epoch)
+
+
+def test_gaps_the_leaders_compaction_left_are_kept_across_a_reopen_and_a_truncation(tmp_path):
+    """Chunks after offsets the leader's compaction removed are taken with the same gap (Kafka's
+    rule: offsets only increase); the segment is marked so that recovery keeps them; an epoch
+    starting after a gap is recorded from the gap's start (its leader's start is in there);
+    a truncation inside a gap cuts back to the chunk before it, with its epochs."""
+    follower = CommitLog(tmp_path / "f", CONFIG, auto_commit=False)
+    follower.append_chunks(_chunk(0, 1) + _chunk(10, 1))
+    follower.append_chunks(_chunk(30, 2))
+    assert follower.next_offset == 35 and follower.epochs.entries == ((1, 0), (2, 15))
+    assert [c.header.first_offset for c in follower.read_chunks(5, 1 << 20,
+                                                                committed_only=False)] == [10, 30]
+    follower.close()
+    follower = CommitLog(tmp_path / "f", CONFIG, auto_commit=False)
+    assert follower.report.clean and follower.next_offset == 35
+    assert follower.epochs.entries == ((1, 0), (2, 15))
+    assert follower.end_offset_for(1) == 15
+    follower.truncate(25)  # a leader's epoch 1 ending inside the gap
+    assert follower.next_offset == 15 and follower.epochs.entries == ((1, 0),)
+    follower.append_chunks(_chunk(25, 3))
+    assert follower.epochs.entries == ((1, 0), (3, 15)) and follower.next_offset == 30
+    with pytest.raises(ChunkRefusedError, match="chunk starts at offset 29"):
+        follower.append_chunks(_chunk(29, 3))  # before the log end: never taken
+    follower.close()
+    assert CommitLog(tmp_path / "f", CONFIG, auto_commit=False).report.clean
 
 
 def test_a_chunk_of_an_older_epoch_is_refused(pair):

@@ -4,6 +4,7 @@
 # need Spark skip when pyspark or Java is missing.
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -152,6 +153,21 @@ def send(server: ThreadServer, stream: str, values: list[bytes], batch: int = 50
         for i in range(0, len(values), batch):
             pub.publish(values[i:i + batch])
         pub.flush()
+
+
+@contextlib.contextmanager
+def tables_at(tmp_path, location: str, stream: str, segment_bytes: int):
+    """A server under ``tmp_path/data`` whose table writer publishes to ``location`` (a path
+    or a URI), with ``stream`` created (segments of ``segment_bytes``); stopped on exit."""
+    from riverlog.config import TableConfig
+    s = ThreadServer(str(tmp_path / "data"), tables=TableConfig(
+        lag_ms=300, enabled=True, directory=location)).start()
+    try:
+        with s.client() as c:
+            c.create_stream(stream, {"stream-max-segment-size-bytes": str(segment_bytes)})
+        yield s
+    finally:
+        s.stop()
 
 
 def partition_of(server: ThreadServer, stream: str):

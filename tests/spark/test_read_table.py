@@ -19,7 +19,7 @@ from riverlog.tables import manifest as mf
 from riverlog.tables.storage import Storage
 
 from ._server import ThreadServer
-from .conftest import partition_of, reader, send, varied, wait_table
+from .conftest import partition_of, reader, send, tables_at, varied, wait_table
 
 
 @pytest.fixture(scope="module")
@@ -231,11 +231,7 @@ def test_spark_tasks_read_a_table_in_an_s3_bucket(spark, tmp_path, s3_tables):
             "stream": "in-s3", "door": "rabbitmq_stream"}) or 0
 
     location = s3_tables(f"{tmp_path.name}/tables")
-    s = ThreadServer(str(tmp_path / "data"), tables=TableConfig(
-        lag_ms=300, enabled=True, directory=location)).start()
-    try:
-        with s.client() as c:
-            c.create_stream("in-s3", {"stream-max-segment-size-bytes": "16384"})
+    with tables_at(tmp_path, location, "in-s3", 16384) as s:
         send(s, "in-s3", varied(0, 800))
         send(s, "in-s3", varied(800, 1))  # the newest chunk, which offset lookups read: 1 record
         wait_table(s, "in-s3")
@@ -246,5 +242,3 @@ def test_spark_tasks_read_a_table_in_an_s3_bucket(spark, tmp_path, s3_tables):
         assert delivered() - before < 100  # only the planner's offset lookups
         want = rows(reader(spark, s.servers, "in-s3", endingOffsets=ending).load())
         assert len(got) == 801 and got == want
-    finally:
-        s.stop()

@@ -25,7 +25,7 @@ from riverlog.tables.read import table_files  # noqa: E402
 from riverlog.tables.storage import TMP_SUFFIX, Storage, spark_uri  # noqa: E402
 
 from ._server import ThreadServer  # noqa: E402
-from .conftest import partition_of, send, varied, wait_table  # noqa: E402
+from .conftest import partition_of, send, tables_at, varied, wait_table  # noqa: E402
 
 SMALL_SEGMENTS = {"x-riverlog-table": "true", "stream-max-segment-size-bytes": "8192"}
 
@@ -80,11 +80,7 @@ def test_a_table_folder_on_any_pyarrow_filesystem(tmp_path, request, where):
 
     location = ((tmp_path / "tables").as_uri() if where == "file"
                 else request.getfixturevalue("s3_tables")(f"{tmp_path.name}/tables"))
-    s = ThreadServer(str(tmp_path / "data"), tables=TableConfig(
-        lag_ms=300, enabled=True, directory=location)).start()
-    try:
-        with s.client() as c:
-            c.create_stream("far", {"stream-max-segment-size-bytes": "8192"})
+    with tables_at(tmp_path, location, "far", 8192) as s:
         send(s, "far", varied(0, 600))
         m = wait_table(s, "far")
         assert len(m.files) >= 2 and m.first == 0
@@ -105,8 +101,6 @@ def test_a_table_folder_on_any_pyarrow_filesystem(tmp_path, request, where):
                               table_dir=location)
         assert pa.Table.from_batches(list(read_partition(part))).equals(want)
         assert delivered() == before
-    finally:
-        s.stop()
 
 
 @pytest.mark.parametrize("location, uri", [
