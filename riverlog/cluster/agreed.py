@@ -8,8 +8,8 @@
 #   (comparing with the local partition, so a restarted server converges too); a change
 #   returns once, best effort, the partitions' leaders applied it too (so a publish right
 #   after a resume or the end of read-only is not dropped by a leader that has not heard of
-#   it yet); the internal streams (``__cursors``, ``__activity``) are each server's own:
-#   their flags change on the server asked only;
+#   it yet); an internal stream outside the metadata (``__cursors``, ``__activity``) is each
+#   server's own: its flags change on the server asked only;
 # - groups: membership, epochs, coordinator and assignments are the metadata's (state.py);
 #   only the coordinator answers FetchConsumerGroupAssignments and keeps each member's
 #   consumer timeout (armed when it becomes coordinator or a member joins), and removes a
@@ -60,8 +60,12 @@ class Agreed:
                                     on_leave)
         return self.groups
 
+    def _own(self, stream: str) -> bool:
+        """Whether ``stream`` is this server's own: internal, and not in the metadata."""
+        return stream in RESERVED_STREAMS and stream not in self.state.streams
+
     def flags(self, stream: str, index: int) -> PartitionFlags | None:
-        if stream in RESERVED_STREAMS:
+        if self._own(stream):
             found = self.local.get(stream)
             if found is None or not 0 <= index < len(found.partitions):
                 return None
@@ -73,10 +77,7 @@ class Agreed:
         return PartitionFlags(found.partitions[index].paused, found.partitions[index].read_only)
 
     def resumes_all(self, stream: str) -> bool:
-        if stream in RESERVED_STREAMS:
-            found = self.local.get(stream)
-            return found is not None and found.resume_all
-        found = self.state.streams.get(stream)
+        found = self.local.get(stream) if self._own(stream) else self.state.streams.get(stream)
         return found is not None and found.resume_all
 
     def set_flags(self, stream: str, partitions: Sequence[int], *, paused: bool | None = None,
@@ -89,7 +90,7 @@ class Agreed:
 
     async def _set_flags(self, stream: str, partitions: tuple[int, ...], paused: bool | None,
                          read_only: bool | None, resume_all: bool | None) -> None:
-        if stream in RESERVED_STREAMS:  # this server's own stream, outside the metadata
+        if self._own(stream):  # outside the metadata
             set_local_flags(self, self.local.get(stream), stream, partitions, paused,
                             read_only, resume_all)
             return
