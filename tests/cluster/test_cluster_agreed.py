@@ -99,6 +99,22 @@ async def test_a_pause_through_one_server_holds_everywhere_until_a_publish_resum
         server_id == asker for server_id in IDS]
 
 
+async def test_an_idle_partition_is_auto_paused_by_its_leader_for_every_server(cluster, stubs):
+    """autoPauseTime: the leader, the only server receiving the partition's messages, pauses
+    it through the metadata (Liftbridge's autoPauseLoop and requestPause), so the servers
+    holding no replica say so too; a publish through one of them resumes it."""
+    await stubs["a"].CreateStream(pb.CreateStreamRequest(
+        name="idle", subject="idle", replicationFactor=1,
+        autoPauseTime=pb.NullableInt64(value=1500)), timeout=30)
+    await until("auto paused, on every server", lambda: everywhere(
+        stubs, "idle", (True, False)))
+    leader = cluster[0].broker.placement.of("idle", 0).leader
+    outsider = next(s for s in IDS if s != leader)
+    ack = (await stubs[outsider].Publish(pb.PublishRequest(
+        stream="idle", value=b"wake", ackPolicy=pb.AckPolicy.LEADER), timeout=30)).ack
+    assert ack.offset == 0
+
+
 async def test_read_only_set_through_a_follower_refuses_publishes_on_every_door(
         cluster, stubs):
     placed = await created(cluster, "frozen", subject="frozen", replication_factor=3)
