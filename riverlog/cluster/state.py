@@ -52,6 +52,18 @@ class StaleLeaderEpoch(MetadataError):
     metadata."""
 
 
+def _load_with_defaults(self, state: list) -> None:
+    """``__setstate__`` of the metadata classes: pickle (Raft snapshots) gives each field's
+    value in order; fields added after the snapshot was written (at the end of the class)
+    take their defaults, so a snapshot of an earlier riverlog loads."""
+    fields = dataclasses.fields(self)
+    for field, value in zip(fields, state):
+        object.__setattr__(self, field.name, value)
+    for field in fields[len(state):]:
+        object.__setattr__(self, field.name, field.default_factory()
+                           if field.default is dataclasses.MISSING else field.default)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Door:
     """Where clients reach one of a server's doors (e.g. "rabbitmq-stream", "grpc", "nats")."""
@@ -85,6 +97,7 @@ class Partition:
     witnesses: tuple[tuple[str, float], ...] = ()
     """(replica, report time in s) of the in-sync replicas that reported this epoch's leader
     unresponsive (report_leader); emptied by every leader change."""
+    __setstate__ = _load_with_defaults
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -100,6 +113,7 @@ class Stream:
     resume_all: bool = False
     """Paused with Liftbridge's resumeAll: a publish to any partition resumes every paused
     one (set by the latest pause, cleared by a resume)."""
+    __setstate__ = _load_with_defaults
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -118,6 +132,7 @@ class ConsumerGroup:
     witnesses: tuple[tuple[str, float], ...] = ()
     """(member, report time in s) of the members that reported this coordinator
     unresponsive (report_group_coordinator); emptied by every coordinator change."""
+    __setstate__ = _load_with_defaults
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -130,6 +145,7 @@ class ClusterState:
     group_epoch: int = 0
     """The newest consumer group epoch given (a group's later epochs are above it, so a
     group made again never reuses one: riverlog's single server does the same)."""
+    __setstate__ = _load_with_defaults
 
     def partition(self, stream: str, index: int) -> Partition:
         """The partition; raises NoSuchStream / NoSuchPartition."""
