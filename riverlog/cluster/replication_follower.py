@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import nats.errors
 
@@ -114,17 +114,12 @@ class Follower:
             return
         request = encode_message(api_pb2.LeaderEpochOffsetRequest(leaderEpoch=latest))
         while True:
-            reply = await self._ask(self.subjects[1], request,
-                                    headers={EPOCH_HEADER: str(self.epoch)})
-            if reply is None:
+            answered = await self._answer(self.subjects[1], request,
+                                          MsgType.LeaderEpochOffsetResponse,
+                                          headers={EPOCH_HEADER: str(self.epoch)})
+            if answered is None:
                 continue
-            try:
-                answer = decode_internal(reply.data, MsgType.LeaderEpochOffsetResponse)
-            except EnvelopeError as exc:
-                log.warning("%r: bad LeaderEpochOffsetResponse from %s: %s", self.partition,
-                            self.leader, exc)
-                await self._idle()
-                continue
+            answer, _ = answered
             if answer.endOffset >= 0:
                 break
             # the leader knows no epoch this old: it cannot be this epoch's leader yet (it
@@ -150,18 +145,13 @@ class Follower:
             self.wake.clear()
             request = encode_message(api_pb2.ReplicationRequest(
                 replicaID=self.engine.server_id, offset=log_.next_offset, leaderEpoch=self.epoch))
-            reply = await self._ask(self.subjects[0], request)
-            if reply is None:
+            answered = await self._answer(self.subjects[0], request,
+                                          MsgType.ReplicationResponse)
+            if answered is None:
                 if self._refusal == "offset-out-of-range":
                     await self._catch_up_with_log_start()
                 continue
-            try:
-                answer = decode_internal(reply.data, MsgType.ReplicationResponse)
-            except EnvelopeError as exc:
-                log.warning("%r: bad ReplicationResponse from %s: %s", self.partition,
-                            self.leader, exc)
-                await self._idle()
-                continue
+            answer, reply = answered
             if answer.leader_epoch != self.epoch:
                 await self._idle()
                 continue
@@ -240,6 +230,24 @@ class Follower:
             log_.reset(start)
 
     # -- helpers ------------------------------------------------------------------------
+    async def _answer(self, subject: str, request: bytes, msg_type: MsgType,
+                      headers: dict[str, str] | None = None
+                      ) -> tuple[Any, nats.aio.msg.Msg] | None:
+        """The leader's answer decoded as ``msg_type``, with its NATS message (for its
+        headers), or None: no answer, or an error answer (see ``_ask``; ``_refusal`` then
+        holds its code), or bytes that are not such an envelope (logged, after waiting as
+        an idle follower does)."""
+        reply = await self._ask(subject, request, headers)
+        if reply is None:
+            return None
+        try:
+            return decode_internal(reply.data, msg_type), reply
+        except EnvelopeError as exc:
+            log.warning("%r: bad %s from %s: %s", self.partition, msg_type.name, self.leader,
+                        exc)
+            await self._idle()
+            return None
+
     async def _ask(self, subject: str, request: bytes,
                    headers: dict[str, str] | None = None) -> nats.aio.msg.Msg | None:
         """The leader's answer (the NATS message), or None (no answer in time, no responder,

@@ -159,12 +159,9 @@ class Leader:
         leaders answer), with COMPACTION_HEADER once this log compacted, or an error
         (ERROR_HEADER) that changes nothing. ``offset`` must be within the log start
         (``CommitLog.start_offset``, which compaction does not move) .. the log end."""
-        if not self.active:
+        req = await self._request(msg, MsgType.ReplicationRequest)
+        if req is None:
             return
-        try:
-            req = decode_internal(msg.data, MsgType.ReplicationRequest)
-        except EnvelopeError as exc:
-            return await self._refuse(msg, "bad-request", str(exc))
         f = self._followers.get(req.replicaID)
         log_ = self.partition.log
         end = log_.next_offset
@@ -218,12 +215,9 @@ class Leader:
         {endOffset: the offset after the last one of the newest epoch not above it,
         leaderEpoch: that epoch} (``LeaderEpochCache.epoch_and_end_offset_for``); -1 and 0
         when the log knows no such epoch."""
-        if not self.active:
+        req = await self._request(msg, MsgType.LeaderEpochOffsetRequest)
+        if req is None:
             return
-        try:
-            req = decode_internal(msg.data, MsgType.LeaderEpochOffsetRequest)
-        except EnvelopeError as exc:
-            return await self._refuse(msg, "bad-request", str(exc))
         followed = (msg.headers or {}).get(EPOCH_HEADER)
         if followed is not None and followed != str(self.epoch):
             return await self._refuse_epoch(msg, int(followed) if followed.isdigit() else -1)
@@ -231,6 +225,18 @@ class Leader:
         found, end = log_.epochs.epoch_and_end_offset_for(req.leaderEpoch, log_.next_offset)
         await msg.respond(encode_message(api_pb2.LeaderEpochOffsetResponse(
             endOffset=end, leaderEpoch=max(found, 0))))
+
+    async def _request(self, msg, msg_type: MsgType):
+        """The request ``msg`` carries, decoded as ``msg_type``; None when this server no
+        longer leads (not answered, see ERROR_HEADER) or the bytes are not such an envelope
+        (answered ``bad-request``)."""
+        if not self.active:
+            return None
+        try:
+            return decode_internal(msg.data, msg_type)
+        except EnvelopeError as exc:
+            await self._refuse(msg, "bad-request", str(exc))
+            return None
 
     async def _refuse_epoch(self, msg, epoch: int) -> None:
         if epoch > self.epoch:  # a newer leader answers it (see ERROR_HEADER)

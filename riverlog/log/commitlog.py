@@ -22,7 +22,7 @@ from ..errors import (ChunkRefusedError, EpochCheckpointError, LogClosedError, L
 from . import chunk as chunkfmt
 from .bloom import BloomCache
 from .compaction import (CompactionPoint, CompactionResult, compact_segments,
-                         install_compacted)
+                         install_compacted, load_point, save_point)
 from .epochs import CHECKPOINT_NAME, EpochEntry, LeaderEpochCache, entries_of_chunks
 from .recovery import RecoveryReport, recover_segment
 from .retention import segments_to_delete
@@ -81,7 +81,9 @@ class CommitLog:
         self.on_synced: Callable[[], None] | None = None
         """Called after each fsync of new data (``durable_next_offset`` moved on)."""
         self.compaction_point: CompactionPoint | None = None
-        """The point of the latest compaction of this log since it opened (None before)."""
+        """The point of the latest compaction of this log, or of its leader's it applied
+        (None before any); saved in the folder with it (``compaction-point``) and read back
+        on open, so a restarted leader sends it to its followers at once."""
         self.follows_compaction = False
         """True while replication follows a leader into this log: it then compacts only by
         its leader's compaction point (``compact(key_of, point)``), never on its own."""
@@ -94,6 +96,9 @@ class CommitLog:
         self._synced_next = self.next_offset
         self.committed_offset = self.next_offset - 1 if auto_commit else -1
         self.epochs = self._open_epochs()
+        self.compaction_point, problem = load_point(self.directory)
+        if problem is not None:
+            self.report.problems.append(problem)
         self.epoch = max(1, self.epochs.latest_epoch)
         """The leader epoch of the chunks this log writes; the replication layer raises it
         when this server becomes the partition's leader (never lowers it); ``append_chunks``
@@ -726,8 +731,8 @@ class CommitLog:
         """Remove every record and continue at ``offset`` (a follower whose leader no longer
         holds the follower's next offset: retention removed it there). The log is then empty
         with ``first_offset == next_offset == offset``, nothing committed below it matters
-        (``committed_offset`` = ``offset - 1``) and the leader-epoch checkpoint is empty (the
-        leader's chunks bring their epochs); writes waiting for their commit fail
+        (``committed_offset`` = ``offset - 1``), the leader-epoch checkpoint is empty (the
+        leader's chunks bring their epochs) and so is ``compaction_point``; writes waiting for their commit fail
         (``UncommittedTruncatedError``). Fsyncs before returning."""
         if self._closed:
             raise LogClosedError(f"commit log {self.directory} is closed")
@@ -743,6 +748,8 @@ class CommitLog:
         self._synced_next = offset
         self.committed_offset = offset - 1
         self.epochs.replace([])
+        save_point(self.directory, None)  # it described records that are gone
+        self.compaction_point = None
         self._fail_removed_writes(0)  # every record is gone
 
     # -- lifecycle ----------------------------------------------------------------------

@@ -11,7 +11,10 @@
 # leader's point to its own segments, wherever they begin and end, so both hold the same
 # records (a record at ``end`` or above is kept as it is).
 # Crash safety: the new file is fsynced, a ".compacted" marker is written, then the new
-# file replaces the old one by rename; recovery accepts either state.
+# file replaces the old one by rename; recovery accepts either state. The point is then saved
+# in the partition's folder (file `compaction-point`, text "<end> <upto>"), so a restarted
+# leader sends it to its followers at once; a crash before that leaves the previous point,
+# which removes no more than what the segments show (a follower keeps records meanwhile).
 from __future__ import annotations
 
 import os
@@ -21,9 +24,11 @@ from typing import Callable, NamedTuple, Sequence
 from . import chunk as chunkfmt
 from .index import ENTRY
 from .segment import (COMPACTED_SUFFIX, INDEX_SUFFIX, SEGMENT_SUFFIX, Segment, fsync_dir,
-                      segment_name, write_compacted_marker)
+                      segment_name, write_atomically, write_compacted_marker)
 
 _READ_BYTES = 4 * 1024 * 1024
+POINT_NAME = "compaction-point"
+"""File name of the saved compaction point in a partition's folder."""
 
 
 class CompactionPoint(NamedTuple):
@@ -36,6 +41,37 @@ class CompactionPoint(NamedTuple):
     def covers(self, other: "CompactionPoint") -> bool:
         """Whether applying ``other`` after this one would remove nothing more."""
         return self.end >= other.end and self.upto >= other.upto
+
+
+def load_point(directory: str) -> tuple[CompactionPoint | None, str | None]:
+    """``(point, problem)``: the point saved in ``directory`` (None when there is none), and
+    why a file that exists was not read (it does not hold two offsets ``end <= upto + 1``;
+    the point is then None: a follower keeps more records until the next compaction, a
+    leader sends its point after its next one). Raises OSError for I/O errors."""
+    path = os.path.join(directory, POINT_NAME)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(64)
+    except FileNotFoundError:
+        return None, None
+    fields = raw.decode("ascii", "replace").split()
+    if (raw.endswith(b"\n") and len(fields) == 2 and all(n.isdigit() for n in fields)
+            and int(fields[0]) <= int(fields[1]) + 1):
+        return CompactionPoint(int(fields[0]), int(fields[1])), None
+    return None, f"{path}: not a compaction point ({raw[:32]!r}); read as none"
+
+
+def save_point(directory: str, point: CompactionPoint | None) -> None:
+    """Save ``point`` in ``directory`` crash-safely (None removes the file). Raises OSError."""
+    path = os.path.join(directory, POINT_NAME)
+    if point is not None:
+        write_atomically(path, b"%d %d\n" % point)
+        return
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    fsync_dir(directory)
 
 
 @dataclass(slots=True)
@@ -159,8 +195,9 @@ def compact_segments(segments: Sequence[Segment], committed: int,
     ``committed``). With ``point`` (a follower applying its leader's), the closed segments
     holding records below ``point.end`` are rewritten by that point instead, provided every
     one of them is committed and the active segment holds none (else nothing is done and the
-    result's point is None: try again once more is committed, or after a roll). Blocking:
-    run it in a thread."""
+    result's point is None: try again once more is committed, or after a roll). The
+    result's point is saved in the segments' folder (``load_point`` reads it back).
+    Blocking: run it in a thread."""
     result = CompactionResult()
     if point is None:
         closed = [s for s in segments[:-1] if len(s.index) and s.next_offset - 1 <= committed]
@@ -176,6 +213,7 @@ def compact_segments(segments: Sequence[Segment], committed: int,
     latest = _latest_offsets(segments, point.upto, key_of)
     for seg in closed:
         _rewrite(seg, latest, key_of, point.end, result)
+    save_point(segments[-1].directory, point)
     result.point = point
     return result
 

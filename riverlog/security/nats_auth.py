@@ -15,10 +15,14 @@
 # The namespace's subjects (`<namespace>.>`: replication, notifications, server acks) are
 # riverlog's own: every user is denied publishing and subscribing them. In a cluster
 # nats-server always has users (routes join it to the others' nats-servers), and on loopback
-# without authorization a client without credentials is the restricted ANONYMOUS user
-# (nats-server's `no_auth_user`), so such clients keep working and still never reach the
-# namespace. The bridge itself is one more user, allowed everything, whose random password
-# exists only in riverlog's memory.
+# without authorization a client without credentials is a restricted user (nats-server's
+# `no_auth_user`), so such clients keep working and still never reach the namespace. That user
+# is an nkey user (a random public key whose seed nobody holds: nats-server asks the
+# no_auth_user for no signature), not a password user: nats-server matches the no_auth_user's
+# stored password against itself, which fails for a bcrypt hash, and warns "Plaintext passwords
+# detected" for any password that is not one (auth.go checkAuthforWarnings), so no password in
+# the file is in clear. The bridge itself is one more user, allowed everything, whose random
+# password exists only in riverlog's memory (the file holds its bcrypt hash).
 # Sender identity (authorization on): the users live in account USERS and the bridge alone in
 # account RIVERLOG. USERS imports RIVERLOG's service `>` with `share: true`, so every message a
 # user publishes reaches USERS' own subscribers as usual and RIVERLOG (the bridge) with
@@ -37,6 +41,8 @@
 # "Accounts"; queue permissions: nats-server client.go canSubscribe/queueMatches).
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 import secrets
@@ -50,8 +56,19 @@ from .users import hash_password, listens_on_loopback
 
 log = logging.getLogger("riverlog.security")
 
-ANONYMOUS = "riverlog-anonymous"
-"""The user of clients without credentials on a clustered loopback nats-server."""
+_NKEY_USER_PREFIX = 20 << 3
+"""The first byte of a user's public nkey (nats-io/nkeys, PREFIX_BYTE_USER: base32 'U')."""
+
+
+def anonymous_nkey() -> str:
+    """A new random public user nkey, the identity of clients without credentials on a
+    clustered loopback nats-server: the prefix byte, 32 key bytes and their CRC-16/XMODEM
+    (little-endian), base32 without padding (nats-io/nkeys, the encoding nats-server checks
+    with IsValidPublicUserKey)."""
+    raw = bytes([_NKEY_USER_PREFIX]) + secrets.token_bytes(32)
+    return base64.b32encode(raw + binascii.crc_hqx(raw, 0).to_bytes(2, "little")).decode()
+
+
 INBOX_PREFIX = "_INBOX."
 """With authorization on, riverlog sends acks only to subjects under this prefix: each user's
 own inboxes (``own_inboxes``) when it knows who asked, else any."""
@@ -126,7 +143,8 @@ class NatsAuth:
         self.bridge_user: str | None = None
         self.bridge_password: str | None = None
         self._bridge_hash = ""
-        self._anonymous_password = secrets.token_urlsafe(24)
+        self.anonymous_nkey = anonymous_nkey() if self.anonymous else None
+        """The public nkey clients without credentials are (None unless ``anonymous``)."""
         if self.users_on:
             self.bridge_user = f"riverlog-bridge-{secrets.token_hex(4)}"
             self.bridge_password = secrets.token_urlsafe(24)
@@ -195,20 +213,19 @@ class NatsAuth:
             for name in consumers:
                 consume[name] += subjects
         users = [{"user": self.bridge_user, "password": self._bridge_hash}]
-        names = list(self.users)
-        if self.anonymous:
-            # nats-server refuses its no_auth_user when the password is a bcrypt hash
-            # ("authentication error"): a random one in clear, which nobody logs in with
-            names.append((ANONYMOUS, self._anonymous_password))
-            config["no_auth_user"] = ANONYMOUS
-        for name, hashed in names:
+        identities = [{"user": name, "password": hashed} for name, hashed in self.users]
+        if self.anonymous_nkey is not None:
+            identities.append({"nkey": self.anonymous_nkey})
+            config["no_auth_user"] = self.anonymous_nkey
+        for identity in identities:
+            name = identity.get("user")
             permissions: dict = {"publish": {}, "subscribe": {}}
             if self.authz:
                 permissions = {"publish": _permission(publish[name]),
                                "subscribe": _permission(consume[name])}
             for kind, denied in (("publish", self.reserved), ("subscribe", self.reserved + queues)):
                 permissions[kind]["deny"] = permissions[kind].get("deny", []) + denied
-            users.append({"user": name, "password": hashed, "permissions": permissions})
+            users.append({**identity, "permissions": permissions})
         if not self.authz:
             config["authorization"] = {"users": users}
             return config

@@ -22,6 +22,8 @@ import tempfile
 import threading
 import time
 
+from ..security.users import hash_password
+
 log = logging.getLogger("riverlog.nats")
 
 ROUTE_USER = "riverlog-route"
@@ -76,11 +78,15 @@ def route_settings(name: str, host: str, port: int, routes: tuple[str, ...],
     ``name`` is the NATS cluster's name (the same on every server); routes log in as
     ROUTE_USER with a password derived from ``secret`` (the Raft password, which every member
     has) by HMAC-SHA256, so no other secret needs sharing and nothing without it can join.
+    The authorization holds its bcrypt hash (nats-server compares a route's password as a
+    client's, bcrypt when the stored one is a hash: auth.go isRouterAuthorized /
+    comparePasswords); the route URLs, which this server logs in with, hold the password.
+    bcrypt's lowest cost: the password is 256 random-looking bits, no guessable word.
     Format: docs.nats.io "Clustering Configuration" (cluster: name, host, port, routes,
     authorization)."""
     password = hmac.new(secret.encode(), b"riverlog nats routes", hashlib.sha256).hexdigest()
     return {"name": name, "host": host, "port": port,
-            "authorization": {"user": ROUTE_USER, "password": password},
+            "authorization": {"user": ROUTE_USER, "password": hash_password(password, rounds=4)},
             "routes": [f"nats-route://{ROUTE_USER}:{password}@{route}" for route in routes]}
 
 

@@ -5,7 +5,8 @@
 # client is opened for planning and never pickled; executors import pyarrow/numpy only inside
 # read(); a range is read exactly, [start, end), whatever chunk boundaries say, and a lost
 # connection reads on where it stopped (on whichever replica serves the stream now); a range
-# whose start is gone is an error under failOnDataLoss (else skipped to what is there).
+# whose start is gone is an error under failOnDataLoss (else skipped to what is there); a
+# start in a gap compaction left is not loss (the stream keeps records before it).
 from __future__ import annotations
 
 import logging
@@ -61,8 +62,9 @@ def read_partition(part: RangePartition) -> Iterator:
     the stream lives (``Connection.connect_for``) and the range read on from the offset
     after the last record handed out: offsets are the same on every replica, so nothing is
     repeated or skipped. Raises DataLossError (failOnDataLoss) when the first records of
-    the range are gone, ClientError when the server refuses (a response code) or no server
-    serves the stream for ``_RECONNECTS`` tries in a row."""
+    the range are gone (retention; a gap compaction left is skipped, ``_compacted_away``),
+    ClientError when the server refuses (a response code) or no server serves the stream
+    for ``_RECONNECTS`` tries in a row."""
     if part.end <= part.start:
         return
     from ..client import ClientError
@@ -119,7 +121,7 @@ def _read_from_server(part: RangePartition, schema, reached: list[int],
             if first:
                 first = False
                 head = chunks[0].first_offset
-                if head > start:
+                if head > start and not _compacted_away(client, address, start):
                     _lost(part, start, head)
                     start = reached[0] = head
             done = False
@@ -152,6 +154,18 @@ def table_held(opts: ReadOptions) -> plan.Held | None:
         return None
     from ..tables.read import TableFiles
     return TableFiles(opts.table_dir).first
+
+
+def _compacted_away(client, address: str, offset: int) -> bool:
+    """Whether ``offset``, which a read found missing, is a gap compaction left rather than
+    data loss: the stream still keeps a record at or before it (its StreamStats
+    ``first_chunk_id``, asked after the read: retention only moves it up). Spark's Kafka
+    source decides the same way (KafkaDataConsumer.fetchRecord: a record past the offset
+    asked, with the earliest available offset not above it, is a skip, not loss). A gap
+    that compaction left at the very start of the stream, before its first record kept,
+    cannot be told from retention this way and counts as loss."""
+    first = client.stream_stats(address).get("first_chunk_id", -1)
+    return 0 <= first <= offset
 
 
 def _lost(part: RangePartition, start: int, head: int) -> None:

@@ -38,6 +38,7 @@ class Node:
     def __init__(self, cluster: "Cluster", server_id: str, data_dir: str) -> None:
         self.cluster = cluster
         self.id = server_id
+        self.data_dir = data_dir
         self.broker = Broker(data_dir, cluster.log_config)
         self.broker.open()
         self.nc = None
@@ -56,6 +57,13 @@ class Node:
         replication, self.replication = self.replication, None
         await replication.stop()
         await self.nc.close()
+
+    async def reopen(self) -> None:
+        """Close the broker and open it again from its folder, as a restarted process does
+        (while stopped: ``start`` replicates again)."""
+        await self.broker.close()
+        self.broker = Broker(self.data_dir, self.cluster.log_config)
+        self.broker.open()
 
     def partition(self, stream: str = "s", index: int = 0):
         return self.broker.get(stream).partitions[index]

@@ -46,3 +46,53 @@ async def test_routes_join_only_with_the_raft_password(caplog):
             await client.close()
         for server in servers:
             await server.stop()
+
+
+async def test_a_clustered_nats_server_holds_no_password_in_clear(caplog):
+    """nats-server warns "Plaintext passwords detected" at start for any user whose password
+    is no bcrypt hash: a cluster member's embedded nats-server (users, no_auth_user, routes)
+    starts without the warning, its configuration file holds bcrypt hashes only (the route
+    authorization's matches the password its route URLs log in with), and a client without
+    credentials still connects, kept out of riverlog's own subjects."""
+    import json
+    import re
+
+    import bcrypt
+
+    from riverlog.config import NatsConfig
+    from riverlog.server.nats_link import NatsLink
+
+    caplog.set_level(logging.DEBUG, logger="riverlog.nats")
+    link = NatsLink(NatsConfig(host=HOST, port=0), name="n0", routes=route_settings(
+        "ns", HOST, free_port(), (f"{HOST}:{free_port()}",), "right"))
+    await link.start()
+    errors = []
+
+    async def on_error(exc):
+        errors.append(str(exc).lower())
+    try:
+        with open(link.embedded.proc.args[-1]) as f:  # the file nats-server was started with
+            text = f.read()
+        config = json.loads(text)
+        users = config["authorization"]["users"]
+        # nats-server takes a password for a bcrypt hash by its prefix (auth.go isBcrypt)
+        assert all(re.match(r"\$2[abxy]\$", u["password"]) for u in users if "password" in u)
+        assert {u["nkey"] for u in users if "nkey" in u} == {config["no_auth_user"]}
+        (password,) = set(re.findall(r"nats-route://riverlog-route:(\w+)@", text))
+        assert bcrypt.checkpw(password.encode(),
+                              config["cluster"]["authorization"]["password"].encode())
+        assert password not in text.replace(f"riverlog-route:{password}@", "")
+        nc = await nats.connect(link.url, error_cb=on_error)
+        await nc.subscribe("liftbridge-default.notify.a")
+        await nc.flush()
+        for _ in range(100):
+            if errors:
+                break
+            await asyncio.sleep(0.05)
+        assert errors and "permissions violation for subscription" in errors[0]
+        await nc.close()
+    finally:
+        await link.stop()
+    logged = [r.getMessage() for r in caplog.records if "nats-server:" in r.getMessage()]
+    assert any("Server is ready" in line for line in logged)
+    assert not [line for line in logged if "plaintext" in line.lower()]

@@ -336,7 +336,6 @@ async def test_the_high_watermark_survives_a_restart(cluster, tmp_path):
     """Saved off the hot path: after a restart a follower's log exposes what was committed
     (all of it here, once the checkpoint caught up) and none of the records it held beyond
     the high watermark, before any replication traffic."""
-    from riverlog.broker.broker import Broker
     from riverlog.broker.placement import PartitionPlacement
     from riverlog.cluster.replication import Replication
     from riverlog.log.high_watermark import HighWatermarkCheckpoint
@@ -350,9 +349,7 @@ async def test_the_high_watermark_survives_a_restart(cluster, tmp_path):
     await eventually(lambda: HighWatermarkCheckpoint(b.partition().log.directory).offset == last,
                      what="b's checkpoint")
     await b.stop()
-    await b.broker.close()
-    b.broker = Broker(str(tmp_path / "b"))
-    b.broker.open()
+    await b.reopen()
     part = b.partition()
     assert part.committed_offset == -1 and part.log.next_offset == last + 11
     engine = Replication("b", NS, a.nc, cluster.settings, cluster)
@@ -520,6 +517,28 @@ async def test_a_compacted_stream_replicates_the_leaders_compaction(compacting):
     assert {key: value for _, key, value in want} == newest  # the newest of each key kept
     await eventually(lambda: "c" in cluster.placement().isr, what="c rejoining the ISR")
     assert c.replication.stats("s", 0)["refused_chunks"] == 0
+
+
+async def test_a_restarted_leader_sends_its_compaction_point_at_once(compacting):
+    """The leader compacts while b is away, then restarts (its log closed and opened
+    again); b, back, gets the leader's compaction point with the first answers and applies
+    it, without waiting for the leader's next compaction (streams.cleaner.interval)."""
+    from riverlog.broker.broker import record_key
+    cluster = compacting
+    a, b = cluster.nodes["a"], cluster.nodes["b"]
+    await b.stop()
+    cluster.change(meta.shrink_isr, "s", 0, "b")
+    await publish_keyed(a, 50, 300)
+    point = (await a.partition().log.compact(record_key)).point
+    assert point is not None
+    await a.stop()
+    await a.reopen()
+    await a.start()
+    assert a.partition().log.compaction_point == point
+    await b.start()
+    await eventually(lambda: b.partition().log.compaction_point == point
+                     and _records(b.partition()) == _records(a.partition()),
+                     what="b applying the restarted leader's compaction point")
 
 
 async def test_truncation_across_a_gap_the_leaders_compaction_left(compacting):

@@ -435,6 +435,38 @@ def test_a_compaction_point_applied_to_other_segments_leaves_the_same_records(tm
     asyncio.run(main())
 
 
+def test_the_compaction_point_is_kept_with_the_log(tmp_path):
+    """A leader's compaction point and a follower's applied one are read back on open (a
+    restarted leader sends it at once); a reset forgets it; a damaged file is reported and
+    read as none."""
+    async def main():
+        leader = CommitLog(tmp_path / "leader", LogConfig(segment_max_bytes=4096))
+        follower = CommitLog(tmp_path / "follower", LogConfig(segment_max_bytes=5000),
+                             auto_commit=False)
+        for i in range(300):
+            rec = [_key_record(b"k%d" % (i % 7), b"v%d" % i)]
+            leader.append(rec)
+            follower.append(rec)
+        follower.commit(299)
+        point = (await leader.compact(_key_of)).point
+        assert (await follower.compact(_key_of, point)).point == point
+        leader.close()
+        follower.close()
+        leader, follower = CommitLog(tmp_path / "leader"), CommitLog(tmp_path / "follower")
+        assert leader.compaction_point == point == follower.compaction_point
+        assert leader.report.clean and follower.report.clean
+        follower.reset(400)
+        assert follower.compaction_point is None
+        follower.close()
+        assert CommitLog(tmp_path / "follower").compaction_point is None
+        leader.close()
+        (tmp_path / "leader" / "compaction-point").write_bytes(b"12 x\n")
+        reopened = CommitLog(tmp_path / "leader")
+        assert reopened.compaction_point is None
+        assert any("not a compaction point" in p for p in reopened.report.problems)
+    asyncio.run(main())
+
+
 def test_truncate_at_chunk_boundary_and_inside_a_chunk(tmp_path):
     log = CommitLog(tmp_path, LogConfig(segment_max_bytes=4096))
     for i in range(40):

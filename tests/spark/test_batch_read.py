@@ -134,3 +134,42 @@ def test_fail_on_data_loss(spark, riverlog_server, client, new_stream):
     df = reader(spark, riverlog_server.servers, s, startingOffsets=spec,
                 failOnDataLoss="false").load()
     assert offsets(df) == list(range(first, 400))
+    # a task whose range retention cut after it was planned (its read, without Spark)
+    from riverlog.spark.offsets import DataLossError
+    from riverlog.spark.options import Connection
+    from riverlog.spark.reader import RangePartition, read_partition
+    conn = Connection((("127.0.0.1", riverlog_server.port),))
+    task = RangePartition(s, 0, first - 1, 400, conn)
+    with pytest.raises(DataLossError, match=f"offsets {first - 1}..{first - 1} are no longer"):
+        list(read_partition(task))
+
+
+def test_a_range_starting_in_a_compaction_gap_is_not_data_loss(spark, riverlog_server, client,
+                                                               new_stream):
+    """A task whose range starts at an offset compaction removed (the stream keeps records
+    before it) reads from the next record kept, as Spark's Kafka source does; here every
+    task's, with minPartitions cutting the range at offsets that are gone too."""
+    import asyncio
+
+    from riverlog.broker.broker import record_key
+
+    from .conftest import partition_of
+    s = new_stream("compacted", stream_max_segment_size_bytes=4096)
+    # every tenth record has a key of its own (kept), the others share three keys
+    publish(client, s, [record(i, value=b"x" * 200, key=b"u%d" % i if i % 10 == 0
+                               else b"k%d" % (i % 3)) for i in range(400)], batch=10)
+    log = partition_of(riverlog_server, s).log
+
+    async def compact_and_list() -> list[int]:
+        await log.compact(record_key)
+        kept, offset = [], 5
+        while chunks := log.read_chunks(offset):
+            kept += [at for chunk in chunks for at, _ in chunk.records()]
+            offset = chunks[-1].header.next_offset
+        return kept
+    kept = asyncio.run_coroutine_threadsafe(compact_and_list(), riverlog_server.loop).result(30)
+    assert kept[0] == 10 and len(kept) < 300  # offsets 1..9 and others are gone
+    spec = f'{{"{s}": {{"0": 5}}}}'
+    assert offsets(reader(spark, riverlog_server.servers, s, startingOffsets=spec).load()) == kept
+    assert offsets(reader(spark, riverlog_server.servers, s, startingOffsets=spec,
+                          minPartitions=7).load()) == kept
