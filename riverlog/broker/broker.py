@@ -4,7 +4,9 @@
 # Rules: one event loop owns the broker; a stream folder that cannot be opened is reported
 # and skipped, never fatal; deletion wakes every reader of the stream (LogClosedError) and
 # tells listeners so doors can notify their clients, and so does a partition's leader change
-# (``leader_listeners``, whichever placement is installed); the internal streams (RESERVED_STREAMS,
+# (``leader_listeners``, whichever placement is installed); a partition's flags (paused,
+# read-only) change only as the placement agreed them, here, then ``flag_listeners`` hear it;
+# the internal streams (RESERVED_STREAMS,
 # Liftbridge's) are created by the server only and never deleted, and the doors refuse
 # publishers on them (``check_writable``).
 from __future__ import annotations
@@ -14,6 +16,7 @@ import hashlib
 import logging
 import os
 import shutil
+import time
 from typing import Callable
 from urllib.parse import quote
 
@@ -21,7 +24,8 @@ from ..config import LogConfig
 from ..errors import (InvalidArgumentError, ReservedStreamError, StreamExistsError,
                       StreamNotFoundError)
 from ..record import decode_record
-from .placement import LeaderListener, LocalPlacement, Placement
+from .partition import Partition
+from .placement import LeaderListener, LocalPlacement, PartitionFlags, Placement
 from .stream import METADATA_FILE, Stream, StreamConfig
 
 log = logging.getLogger("riverlog.broker")
@@ -67,8 +71,10 @@ class Broker:
         self.deletion_listeners: list[Callable[[Stream], None]] = []
         self.leader_listeners: list[LeaderListener] = []
         """Called with (stream, partition index) after a partition's leader changed."""
-        self._placement: Placement = LocalPlacement(has_partition=self._has_partition)
-        self._stop_listening = self._placement.add_leader_listener(self._leader_changed)
+        self.flag_listeners: list[Callable[[Stream, Partition], None]] = []
+        """Called with (stream, partition) after the partition's flags were applied."""
+        self._placement: Placement = LocalPlacement(stream_of=self.streams.get)
+        self._stop_listening = self._listen(self._placement)
         self._housekeeper: asyncio.Task | None = None
         self._compacting: set[str] = set()
 
@@ -81,8 +87,34 @@ class Broker:
     @placement.setter
     def placement(self, placement: Placement) -> None:
         self._stop_listening()
-        self._stop_listening = placement.add_leader_listener(self._leader_changed)
+        self._stop_listening = self._listen(placement)
         self._placement = placement
+
+    def _listen(self, placement: Placement) -> Callable[[], None]:
+        stops = (placement.add_leader_listener(self._leader_changed),
+                 placement.add_flag_listener(self._flags_changed))
+        return lambda: [stop() for stop in stops]
+
+    def _flags_changed(self, name: str, index: int, flags: PartitionFlags) -> None:
+        """Apply agreed flags to the local partition (its "pause" / "readonly" event times
+        noted when a flag changes, saved with the stream), then tell ``flag_listeners``."""
+        stream = self.streams.get(name)
+        if stream is None or not 0 <= index < len(stream.partitions):
+            return
+        partition = stream.partitions[index]
+        now = time.time_ns()
+        if partition.paused != flags.paused:
+            partition.paused = flags.paused
+            partition.note_event("pause", now)
+        if partition.readonly != flags.read_only:
+            partition.readonly = flags.read_only
+            partition.note_event("readonly", now)
+        stream.save_metadata()
+        for listener in list(self.flag_listeners):
+            try:
+                listener(stream, partition)
+            except Exception:  # a door's bug must not keep the news from the other doors
+                log.exception("flag change listener failed")
 
     def _leader_changed(self, stream: str, index: int) -> None:
         for listener in list(self.leader_listeners):
@@ -155,10 +187,6 @@ class Broker:
         self.streams[name] = stream
         log.info("created stream %r (%d partition(s))", name, len(stream.partitions))
         return stream
-
-    def _has_partition(self, name: str, index: int) -> bool:
-        stream = self.streams.get(name)
-        return stream is not None and 0 <= index < len(stream.partitions)
 
     def delete(self, name: str) -> None:
         """Delete a stream and its data. Readers waiting on it get ``LogClosedError``;

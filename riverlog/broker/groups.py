@@ -1,5 +1,7 @@
 # Liftbridge consumer groups on one server: membership, partition assignment, consumer
-# timeouts, coordinator reports and epochs. This server is every group's coordinator.
+# timeouts, coordinator reports and epochs. This server is every group's coordinator (a
+# cluster's groups are its metadata's: riverlog/cluster/state.py and agreed.py, with the same
+# ``balance`` and messages).
 # Rules (liftbridge server/groups.go and metadata.go, liftbridge-io/liftbridge 50ac358):
 # a group is created by its first join with epoch 0 and deleted when its last member leaves;
 # every later membership change takes a new, higher epoch; the partitions of each stream are
@@ -40,16 +42,44 @@ WRONG_EPOCH = "client-provided group epoch differs from broker group epoch"
 STREAM_NOT_FOUND = "stream does not exist"
 
 
+NOT_COORDINATOR = "broker is not the consumer group coordinator"
+
+
+def balance(assignments: dict[str, dict[str, list[int]]], stream: str,
+            partitions: int) -> None:
+    """Liftbridge's balanceAssignmentsForStream (server/groups.go), in place: the consumers
+    of ``assignments`` (consumer id -> stream -> partition indexes: those subscribed to
+    ``stream``) lose their partitions of ``stream``, then each of its ``partitions`` in order
+    goes to the consumer with the fewest assigned partitions (ties: the smaller id)."""
+    for assigned in assignments.values():
+        assigned.pop(stream, None)
+    counts = {consumer: sum(map(len, assigned.values()))
+              for consumer, assigned in assignments.items()}
+    if not counts:
+        return
+    for partition in range(partitions):
+        target = min(counts, key=lambda consumer: (counts[consumer], consumer))
+        assignments[target].setdefault(stream, []).append(partition)
+        counts[target] += 1
+
+
+def consumer_left(on_leave: Callable[[str, str, bool], None] | None, group_id: str,
+                  consumer_id: str, expired: bool) -> None:
+    """After a consumer left a group: log it when it timed out (``expired``) and call
+    ``on_leave(group_id, consumer_id, expired)``, if any."""
+    if expired:
+        log.warning("consumer %s timed out, removed from consumer group %s",
+                    consumer_id, group_id)
+    if on_leave is not None:
+        on_leave(group_id, consumer_id, expired)
+
+
 @dataclass
 class _Member:
     id: str
     streams: list[str]
     assignments: dict[str, list[int]] = field(default_factory=dict)
     timer: asyncio.TimerHandle | None = None
-
-    @property
-    def assigned(self) -> int:
-        return sum(len(p) for p in self.assignments.values())
 
 
 @dataclass
@@ -131,7 +161,8 @@ class ConsumerGroups:
                     member.timer = None
 
     # -- requests -----------------------------------------------------------------------
-    def join(self, group_id: str, consumer_id: str, streams: list[str]) -> tuple[str, int]:
+    async def join(self, group_id: str, consumer_id: str,
+                   streams: list[str]) -> tuple[str, int]:
         """Add a consumer (creating the group). Returns ``(coordinator, epoch)``.
         Raises GroupError("precondition") for an unknown stream or an existing member."""
         for name in streams:
@@ -152,9 +183,12 @@ class ConsumerGroups:
         self._save()
         return group.coordinator, group.epoch
 
-    def leave(self, group_id: str, consumer_id: str, expired: bool = False) -> None:
+    async def leave(self, group_id: str, consumer_id: str) -> None:
         """Remove a consumer; the group goes when its last member does. Raises
         GroupError("not_found") or GroupError("precondition") when not a member."""
+        self._leave(group_id, consumer_id)
+
+    def _leave(self, group_id: str, consumer_id: str, expired: bool = False) -> None:
         group = self.groups.get(group_id)
         if group is None:
             raise GroupError("not_found", GROUP_NOT_FOUND)
@@ -172,11 +206,7 @@ class ConsumerGroups:
                 if name in member.assignments:
                     self._balance(group, name)
         self._save()
-        if expired:
-            log.warning("consumer %s timed out, removed from consumer group %s",
-                        consumer_id, group_id)
-        if self.on_leave is not None:
-            self.on_leave(group_id, consumer_id, expired)
+        consumer_left(self.on_leave, group_id, consumer_id, expired)
 
     def assignments(self, group_id: str, consumer_id: str,
                     epoch: int) -> tuple[dict[str, list[int]], int]:
@@ -194,8 +224,8 @@ class ConsumerGroups:
         self._arm(group, member)
         return {s: list(p) for s, p in member.assignments.items()}, group.epoch
 
-    def report_coordinator(self, group_id: str, consumer_id: str, coordinator: str,
-                           epoch: int) -> None:
+    async def report_coordinator(self, group_id: str, consumer_id: str, coordinator: str,
+                                 epoch: int) -> None:
         """A member says the coordinator is unresponsive. When a majority of the members
         report within the coordinator timeout, the group gets a new coordinator (this server
         again: there is no other) and a new epoch. Raises GroupError("precondition")."""
@@ -256,14 +286,8 @@ class ConsumerGroups:
             self._balance(group, name)
 
     def _balance(self, group: _Group, stream: str) -> None:
-        subscribers = [m for m in group.members.values() if stream in m.streams]
-        for member in subscribers:
-            member.assignments.pop(stream, None)
-        if not subscribers:
-            return
-        for partition in range(self.partitions_of(stream)):
-            target = min(subscribers, key=lambda m: (m.assigned, m.id))
-            target.assignments.setdefault(stream, []).append(partition)
+        balance({m.id: m.assignments for m in group.members.values() if stream in m.streams},
+                stream, self.partitions_of(stream))
 
     def _arm(self, group: _Group, member: _Member) -> None:
         if member.timer is not None:
@@ -282,6 +306,6 @@ class ConsumerGroups:
             return
         group.members[consumer_id].timer = None
         try:
-            self.leave(group_id, consumer_id, expired=True)
+            self._leave(group_id, consumer_id, expired=True)
         except GroupError:
             pass

@@ -1,18 +1,27 @@
 # Where each partition lives, as the doors see it: which server leads it, which hold replicas
-# and which are in sync, and where each server's doors listen. Owns the question every door
-# asks before serving a partition ("do I lead it?", "who does?"). Rules: doors read placement
+# and which are in sync, and where each server's doors listen; and what the servers agreed on
+# about it: Liftbridge's paused / read-only flags and consumer groups. Owns the questions
+# every door asks before serving a partition ("do I lead it?", "who does?", "is it paused?"),
+# the way a door changes the flags (``set_flags``: agreed first, then applied by every server
+# holding the partition, through the flag listeners) and where the doors' consumer groups
+# come from (``consumer_groups``). Rules: doors read placement
 # only through ``Broker.placement`` (never the Raft metadata or replication state directly);
 # reads are synchronous and answer from the latest applied metadata; the single-server
-# answer (``LocalPlacement``) is that this server leads every partition alone, so doors behave
-# exactly as before when no cluster is configured. The cluster runtime (riverlog/cluster/)
+# answer (``LocalPlacement``) is that this server leads every partition alone, its own
+# streams hold the flags (applied at once) and its broker.groups.ConsumerGroups the groups, so
+# doors behave exactly as before when no cluster is configured. The cluster runtime (riverlog/cluster/)
 # installs its own implementation when ``riverlog serve`` runs as a cluster member.
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Awaitable, Callable, Mapping, Sequence
+
+from ..errors import StreamNotFoundError
+from .groups import ConsumerGroups
 
 if TYPE_CHECKING:
-    from .stream import StreamConfig
+    from .stream import Stream, StreamConfig
 
 FIRST_LEADER_EPOCH = 1
 
@@ -37,8 +46,21 @@ class PartitionPlacement:
         return len(self.isr) < self.min_isr
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class PartitionFlags:
+    """Liftbridge's partition flags: ``paused`` (its NATS subject is not listened to until a
+    publish, or a subscribe asking it, resumes it) and ``read_only`` (publishes are refused,
+    subscribers end at its end)."""
+
+    paused: bool = False
+    read_only: bool = False
+
+
 LeaderListener = Callable[[str, int], None]
 """Called with (stream name, partition index) after the partition's leader changed."""
+FlagListener = Callable[[str, int, PartitionFlags], None]
+"""Called with (stream name, partition index, its new flags) on every server holding the
+partition, once they are agreed."""
 
 
 class Placement:
@@ -50,6 +72,7 @@ class Placement:
     def __init__(self, server_id: str = "") -> None:
         self.server_id = server_id
         self._listeners: list[LeaderListener] = []
+        self._flag_listeners: list[FlagListener] = []
 
     def of(self, stream: str, index: int) -> PartitionPlacement | None:
         """The placement of partition ``index`` of ``stream``; None when unknown."""
@@ -86,6 +109,55 @@ class Placement:
         """Delete a stream on every server (cluster only). Raises ``StreamNotFoundError``."""
         raise NotImplementedError("a single server deletes streams with Broker.delete")
 
+    def flags(self, stream: str, index: int) -> PartitionFlags | None:
+        """The partition's agreed flags; None when the partition is unknown."""
+        raise NotImplementedError
+
+    def resumes_all(self, stream: str) -> bool:
+        """Whether ``stream`` was paused with Liftbridge's resumeAll: a publish to one of
+        its partitions resumes every paused one."""
+        raise NotImplementedError
+
+    def set_flags(self, stream: str, partitions: Sequence[int], *, paused: bool | None = None,
+                  read_only: bool | None = None,
+                  resume_all: bool | None = None) -> Awaitable[None]:
+        """Change the flags of ``partitions`` (indexes that exist) of ``stream`` and its
+        resumeAll (None: unchanged). Starts at once and returns an awaitable done once this
+        server has applied the change (the flag listeners ran); on a single server it is
+        applied before this returns. Awaiting it raises ``StreamNotFoundError`` (the stream
+        or a partition is gone), ``ClusterUnavailableError`` (no metadata leader: outcome
+        unknown)."""
+        raise NotImplementedError
+
+    def consumer_groups(self, data_dir: str, consumer_timeout_ms: int,
+                        coordinator_timeout_ms: int, partitions_of: Callable[[str], int],
+                        on_leave: Callable[[str, str, bool], None] | None = None):
+        """The Liftbridge consumer groups the doors use (made once, by the Liftbridge layer):
+        a broker.groups.ConsumerGroups on a single server (this server coordinates every
+        group; kept in ``data_dir``), agreed through the metadata in a cluster. Same
+        methods either way: ``await join(group, consumer, streams)`` -> (coordinator,
+        epoch), ``await leave(group, consumer)``, ``assignments(group, consumer, epoch)``
+        -> ({stream: [partition]}, epoch) (the consumer's heartbeat, on its coordinator),
+        ``await report_coordinator(group, consumer, coordinator, epoch)``,
+        ``coordinator_of(group)`` -> (coordinator, epoch) or None, ``is_member``, and
+        ``start()``, ``close()``, ``stream_deleted(name)``; their refusals are
+        broker.groups.GroupError. ``partitions_of(stream)``: its partition count (0: none);
+        ``on_leave(group, consumer, expired)`` after a consumer left through this server or
+        timed out on it."""
+        raise NotImplementedError
+
+    def add_flag_listener(self, listener: FlagListener) -> Callable[[], None]:
+        """Call ``listener`` after each agreed flag change of a partition held here;
+        returns a function that removes it."""
+        self._flag_listeners.append(listener)
+        return lambda: (self._flag_listeners.remove(listener)
+                        if listener in self._flag_listeners else None)
+
+    def flags_changed(self, stream: str, index: int, flags: PartitionFlags) -> None:
+        """Tell the flag listeners (the implementation calls this, on the event loop)."""
+        for listener in list(self._flag_listeners):
+            listener(stream, index, flags)
+
     def add_leader_listener(self, listener: LeaderListener) -> Callable[[], None]:
         """Call ``listener`` after each leader change; returns a function that removes it."""
         self._listeners.append(listener)
@@ -98,17 +170,20 @@ class Placement:
 
 
 class LocalPlacement(Placement):
-    """A single server: it leads every partition of every stream it has, alone, epoch 1.
-    ``doors`` maps door names to the (host, port) this server advertises."""
+    """A single server: it leads every partition of every stream it has, alone, epoch 1, and
+    its own streams are the truth about the flags (``stream_of``: the Broker's stream of a
+    name, None when it has none). ``doors`` maps door names to the (host, port) this server
+    advertises."""
 
     def __init__(self, server_id: str = "", doors: Mapping[str, tuple[str, int]] | None = None,
-                 has_partition: Callable[[str, int], bool] | None = None) -> None:
+                 stream_of: Callable[[str], "Stream | None"] | None = None) -> None:
         super().__init__(server_id)
         self.doors = dict(doors or {})
-        self._has_partition = has_partition
+        self._stream_of = stream_of or (lambda name: None)
 
     def of(self, stream: str, index: int) -> PartitionPlacement | None:
-        if self._has_partition is not None and not self._has_partition(stream, index):
+        found = self._stream_of(stream)
+        if found is None or not 0 <= index < len(found.partitions):
             return None
         me = (self.server_id,)
         return PartitionPlacement(self.server_id, me, me)
@@ -118,3 +193,54 @@ class LocalPlacement(Placement):
 
     def servers(self) -> tuple[str, ...]:
         return (self.server_id,)
+
+    def consumer_groups(self, data_dir: str, consumer_timeout_ms: int,
+                        coordinator_timeout_ms: int, partitions_of: Callable[[str], int],
+                        on_leave: Callable[[str, str, bool], None] | None = None):
+        return ConsumerGroups(data_dir, self.server_id, consumer_timeout_ms,
+                              coordinator_timeout_ms, partitions_of, on_leave)
+
+    def flags(self, stream: str, index: int) -> PartitionFlags | None:
+        found = self._stream_of(stream)
+        if found is None or not 0 <= index < len(found.partitions):
+            return None
+        partition = found.partitions[index]
+        return PartitionFlags(partition.paused, partition.readonly)
+
+    def resumes_all(self, stream: str) -> bool:
+        found = self._stream_of(stream)
+        return found is not None and found.resume_all
+
+    def set_flags(self, stream: str, partitions: Sequence[int], *, paused: bool | None = None,
+                  read_only: bool | None = None,
+                  resume_all: bool | None = None) -> Awaitable[None]:
+        """Applied here and now (the listeners run before this returns)."""
+        done = asyncio.get_running_loop().create_future()
+        try:
+            set_local_flags(self, self._stream_of(stream), stream, partitions, paused,
+                            read_only, resume_all)
+        except StreamNotFoundError as exc:
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
+        return done
+
+
+def set_local_flags(placement: Placement, found: "Stream | None", name: str,
+                    partitions: Sequence[int], paused: bool | None, read_only: bool | None,
+                    resume_all: bool | None) -> None:
+    """Set the flags of a stream this server alone decides on (any stream of a single
+    server, a cluster member's internal streams): its resumeAll (in memory only, as
+    Liftbridge keeps it), then each partition's flags through ``placement``'s listeners
+    (None: unchanged). ``found``: the local stream ``name``. Raises StreamNotFoundError
+    (no such stream or partition)."""
+    if found is None or any(not 0 <= i < len(found.partitions) for i in partitions):
+        raise StreamNotFoundError(f"stream {name!r} or one of its partitions "
+                                  f"{list(partitions)} is gone")
+    if resume_all is not None:
+        found.resume_all = resume_all
+    for index in partitions:
+        now = found.partitions[index]
+        placement.flags_changed(name, index, PartitionFlags(
+            now.paused if paused is None else paused,
+            now.readonly if read_only is None else read_only))

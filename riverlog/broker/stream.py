@@ -69,6 +69,8 @@ class Stream:
         self.directory = directory
         self.config = config
         self.created_ns = created_ns if created_ns is not None else time.time_ns()
+        self.resume_all = False
+        """Paused with Liftbridge's resumeAll (single server; in memory only, as Liftbridge)."""
         log_config = config.log_config(log_defaults)
         self.partitions = [Partition(name, i, os.path.join(directory, str(i)), log_config,
                                      auto_commit=not config.replicated)

@@ -32,6 +32,7 @@ from ..config import ClusterConfig
 from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge.envelope import EnvelopeError, MsgType, decode_internal, encode_message
+from .agreed import Agreed
 from .metadata import RaftMetadata, RaftSettings, RaftUnavailable
 from .state import ClusterState, Door, MetadataError, NoSuchStream, Server, StreamExists
 
@@ -40,6 +41,8 @@ log = logging.getLogger("riverlog.cluster")
 REGISTER_RETRY_S = 0.5
 STATUS_TRIES, STATUS_WAIT_S, STATUS_TIMEOUT_S = 5, 0.1, 2.0
 """Liftbridge's waitForPartitionLeader: 5 status requests, 100 ms apart (best effort)."""
+APPLIED_HEADER, APPLIED_POLL_S = "Riverlog-Raft-Applied", 0.01
+"""riverlog's: the Raft index a partition status request's answer waits for (polled)."""
 LEADER_TIMEOUT_S = 15.0
 """Liftbridge's clustering.replica.max.leader.timeout: reports of one leader count together
 when at most this far apart (state.report_leader)."""
@@ -68,11 +71,12 @@ def _count_changes(isr_before: tuple[str, ...], isr: tuple[str, ...], elected: b
     metrics.ISR_EXPANDS.inc(len(set(isr) - set(isr_before)))
 
 
-class ClusterPlacement(Placement):
+class ClusterPlacement(Agreed, Placement):
     """Placement from the applied metadata (``state``, replaced by the reconcile loop);
-    creates and deletes streams through Raft (``metadata``, set once Raft runs). The
-    internal streams (``__cursors``, ``__activity``) are outside the metadata: each server
-    holds and leads its own, as a single server does."""
+    creates and deletes streams, changes flags and consumer groups (Agreed) through Raft
+    (``metadata``, set once Raft runs). The internal streams (``__cursors``,
+    ``__activity``) are outside the metadata: each server holds and leads its own, as a
+    single server does."""
 
     clustered = True
 
@@ -178,7 +182,8 @@ class ClusterNode:
         self.create_local = create_local
         self.delete_local = delete_local
         self.placement = ClusterPlacement(config.server_id, config.min_insync_replicas)
-        self.placement.created = self.wait_for_leaders
+        self.placement.created = self.placement.settled = self.wait_for_leaders
+        self.placement.local = broker.streams
         broker.placement = self.placement
         self.metadata: RaftMetadata | None = None
         self.replication = None
@@ -241,6 +246,7 @@ class ClusterNode:
             except EnvelopeError as exc:
                 log.warning("invalid partition status request: %s", exc)
                 return
+            await self._applied(msg.headers)
             local = self.broker.streams.get(req.stream)
             exists = local is not None and 0 <= req.partition < len(local.partitions)
             leads = exists and self.placement.leads(req.stream, req.partition)
@@ -252,13 +258,29 @@ class ClusterNode:
         if nc is not None:
             await nc.subscribe(self._status_subject(self.server_id), cb=answer)
 
+    async def _applied(self, headers: Mapping[str, str] | None) -> None:
+        """Return once this member applied the Raft index a status request names (header
+        APPLIED_HEADER), or after STATUS_TIMEOUT_S, and its reconcile step ran."""
+        try:
+            index = int((headers or {}).get(APPLIED_HEADER, 0))
+        except ValueError:
+            return
+        for _ in range(int(STATUS_TIMEOUT_S / APPLIED_POLL_S)):
+            if self.metadata is None or self.metadata.status()["last_applied"] >= index:
+                break
+            await asyncio.sleep(APPLIED_POLL_S)
+        await asyncio.sleep(0)  # the reconcile step of that change was queued before
+
     async def wait_for_leaders(self, name: str) -> None:
         """Best effort, as Liftbridge's waitForPartitionLeader: ask each partition's leader
-        (another server) whether it leads it, up to STATUS_TRIES times, until it says so."""
+        (another server) whether it leads it, up to STATUS_TRIES times, until it says so;
+        it answers once it applied what this member has (header APPLIED_HEADER), so a
+        change made here (a new stream, a resume) is in effect on the leaders too."""
         stream = self.placement.state.streams.get(name)
         nc = self.link.nc if self.link is not None else None
         if stream is None or nc is None:
             return
+        applied = {APPLIED_HEADER: str(self.metadata.status()["last_applied"])}
         for part in stream.partitions:
             if part.leader is None or part.leader == self.server_id:
                 continue
@@ -267,7 +289,7 @@ class ClusterNode:
             for _ in range(STATUS_TRIES):
                 try:
                     reply = await nc.request(self._status_subject(part.leader), request,
-                                             timeout=STATUS_TIMEOUT_S)
+                                             timeout=STATUS_TIMEOUT_S, headers=applied)
                     if decode_internal(reply.data, MsgType.PartitionStatusResponse).isLeader:
                         break
                 except Exception as exc:  # no responders, timeout, a bad answer: try again
@@ -335,6 +357,7 @@ class ClusterNode:
                 except Exception:
                     log.exception("cannot delete the local replica of stream %r", name)
         self._assign(state)
+        self.placement.follow_agreed(state)
         for name, stream in state.streams.items():
             before = old.streams.get(name)
             for part in stream.partitions:

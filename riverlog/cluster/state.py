@@ -11,6 +11,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Mapping
 
+from ..broker.groups import (ALREADY_MEMBER, GROUP_NOT_FOUND, NOT_MEMBER, STREAM_NOT_FOUND,
+                             balance)
+
 FIRST_LEADER_EPOCH = 1
 ALL_SERVERS = -1
 """A replication factor of -1: one replica on every server (Liftbridge's CreateStream)."""
@@ -49,6 +52,18 @@ class StaleLeaderEpoch(MetadataError):
     metadata."""
 
 
+def _load_with_defaults(self, state: list) -> None:
+    """``__setstate__`` of the metadata classes: pickle (Raft snapshots) gives each field's
+    value in order; fields added after the snapshot was written (at the end of the class)
+    take their defaults, so a snapshot of an earlier riverlog loads."""
+    fields = dataclasses.fields(self)
+    for field, value in zip(fields, state):
+        object.__setattr__(self, field.name, value)
+    for field in fields[len(state):]:
+        object.__setattr__(self, field.name, field.default_factory()
+                           if field.default is dataclasses.MISSING else field.default)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Door:
     """Where clients reach one of a server's doors (e.g. "rabbitmq-stream", "grpc", "nats")."""
@@ -82,6 +97,7 @@ class Partition:
     witnesses: tuple[tuple[str, float], ...] = ()
     """(replica, report time in s) of the in-sync replicas that reported this epoch's leader
     unresponsive (report_leader); emptied by every leader change."""
+    __setstate__ = _load_with_defaults
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -94,17 +110,29 @@ class Stream:
     subject: str
     partitions: tuple[Partition, ...]
     config: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    resume_all: bool = False
+    """Paused with Liftbridge's resumeAll: a publish to any partition resumes every paused
+    one (set by the latest pause, cleared by a resume)."""
+    __setstate__ = _load_with_defaults
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ConsumerGroup:
-    """A Liftbridge consumer group: its coordinator server, members (consumer id -> stream
-    names) and epoch, incremented on every membership change."""
+    """A Liftbridge consumer group: its coordinator server, epoch (new with every change of
+    members or coordinator, never lower than one the cluster gave before), members (consumer
+    id -> stream names) and their ``assignments`` (consumer id -> stream -> partition
+    indexes, broker.groups.balance as each change happened)."""
 
     id: str
     coordinator: str
     epoch: int
     members: Mapping[str, tuple[str, ...]]
+    assignments: Mapping[str, Mapping[str, tuple[int, ...]]] = dataclasses.field(
+        default_factory=dict)
+    witnesses: tuple[tuple[str, float], ...] = ()
+    """(member, report time in s) of the members that reported this coordinator
+    unresponsive (report_group_coordinator); emptied by every coordinator change."""
+    __setstate__ = _load_with_defaults
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -114,6 +142,10 @@ class ClusterState:
     servers: Mapping[str, Server] = dataclasses.field(default_factory=dict)
     streams: Mapping[str, Stream] = dataclasses.field(default_factory=dict)
     groups: Mapping[str, ConsumerGroup] = dataclasses.field(default_factory=dict)
+    group_epoch: int = 0
+    """The newest consumer group epoch given (a group's later epochs are above it, so a
+    group made again never reuses one: riverlog's single server does the same)."""
+    __setstate__ = _load_with_defaults
 
     def partition(self, stream: str, index: int) -> Partition:
         """The partition; raises NoSuchStream / NoSuchPartition."""
@@ -166,12 +198,20 @@ def create_stream(state: ClusterState, name: str, subject: str, partitions: int 
 
 
 def delete_stream(state: ClusterState, name: str) -> tuple[ClusterState, Stream]:
-    """Remove stream ``name``; returns the removed stream. Raises NoSuchStream."""
+    """Remove stream ``name`` (and from the consumer groups reading it: a new epoch, their
+    other streams balanced again); returns the removed stream. Raises NoSuchStream."""
     if name not in state.streams:
         raise NoSuchStream(f"no stream {name!r}")
     streams = dict(state.streams)
     removed = streams.pop(name)
-    return dataclasses.replace(state, streams=streams), removed
+    state = dataclasses.replace(state, streams=streams)
+    for group in list(state.groups.values()):  # Liftbridge's StreamDeleted: a new epoch
+        if any(name in s for s in group.members.values()):
+            members = {c: tuple(x for x in s if x != name) for c, s in group.members.items()}
+            assignments = {c: {} for c in members}
+            _rebalance(state, assignments, members, {x for s in members.values() for x in s})
+            state = _with_group(state, group, assignments, members=members)
+    return state, removed
 
 
 def _with_partition(state: ClusterState, partition: Partition) -> ClusterState:
@@ -279,52 +319,151 @@ def expand_isr(state: ClusterState, stream: str, index: int, replica: str,
     return _with_partition(state, new), new
 
 
-def set_partition_flags(state: ClusterState, stream: str, index: int,
-                        paused: bool | None = None,
-                        read_only: bool | None = None) -> tuple[ClusterState, Partition]:
-    """Set the partition's paused / read-only flags (None leaves a flag as it is)."""
-    part = state.partition(stream, index)
-    new = dataclasses.replace(part, paused=part.paused if paused is None else paused,
-                              read_only=part.read_only if read_only is None else read_only)
-    return _with_partition(state, new), new
+def set_partition_flags(state: ClusterState, stream: str, partitions: tuple[int, ...] = (),
+                        paused: bool | None = None, read_only: bool | None = None,
+                        resume_all: bool | None = None) -> tuple[ClusterState, Stream]:
+    """Set the paused / read-only flags of ``partitions`` of ``stream`` (empty: all of them,
+    as Liftbridge's PauseStream and SetStreamReadonly), and the stream's ``resume_all``
+    (None leaves a flag as it is). Returns the changed stream. Raises NoSuchStream,
+    NoSuchPartition (nothing changes then)."""
+    found = state.streams.get(stream)
+    if found is None:
+        raise NoSuchStream(f"no stream {stream!r}")
+    chosen = set(partitions or range(len(found.partitions)))
+    for index in chosen:
+        state.partition(stream, index)  # NoSuchPartition
+    parts = tuple(dataclasses.replace(
+        p, paused=p.paused if paused is None else paused,
+        read_only=p.read_only if read_only is None else read_only)
+        if p.index in chosen else p for p in found.partitions)
+    new = dataclasses.replace(found, partitions=parts, resume_all=found.resume_all
+                              if resume_all is None else resume_all)
+    return dataclasses.replace(state, streams={**state.streams, stream: new}), new
 
 
-def join_group(state: ClusterState, group: str, consumer: str, streams: tuple[str, ...],
-               coordinator: str) -> tuple[ClusterState, ConsumerGroup]:
-    """Add or update ``consumer`` in ``group`` (created with ``coordinator``, a server id,
-    if new); the epoch goes up by one. Raises NoSuchServer, NoSuchStream."""
+class GroupNotFound(MetadataError):
+    """A consumer group that does not exist (Liftbridge: NotFound)."""
+
+
+class GroupRefused(MetadataError):
+    """A consumer group request Liftbridge refuses with FailedPrecondition (not a member,
+    already one, an unknown stream, a stale coordinator report)."""
+
+
+def _group_assignments(group: ConsumerGroup) -> dict[str, dict[str, list[int]]]:
+    return {c: {s: list(p) for s, p in a.items()} for c, a in group.assignments.items()}
+
+
+def _with_group(state: ClusterState, old: ConsumerGroup,
+                assignments: dict[str, dict[str, list[int]]], **changes) -> ClusterState:
+    epoch = state.group_epoch + 1
+    new = dataclasses.replace(old, epoch=epoch, assignments={
+        c: {s: tuple(p) for s, p in a.items()} for c, a in assignments.items()}, **changes)
+    return dataclasses.replace(state, groups={**state.groups, new.id: new}, group_epoch=epoch)
+
+
+def _rebalance(state: ClusterState, assignments: dict[str, dict[str, list[int]]],
+               members: Mapping[str, tuple[str, ...]], streams) -> None:
+    for name in sorted(streams):
+        balance({c: assignments.setdefault(c, {}) for c, s in members.items() if name in s},
+                name, len(state.streams[name].partitions))
+
+
+def _least_loaded(state: ClusterState, candidates) -> str:
+    """The candidate coordinating the fewest groups (ties: the smaller id), as Liftbridge's
+    selectGroupCoordinator."""
+    load = {c: 0 for c in candidates}
+    for group in state.groups.values():
+        if group.coordinator in load:
+            load[group.coordinator] += 1
+    return min(sorted(load), key=lambda c: load[c])
+
+
+def join_group(state: ClusterState, group: str, consumer: str,
+               streams: tuple[str, ...]) -> tuple[ClusterState, ConsumerGroup]:
+    """Add ``consumer``, reading ``streams``, to ``group``. A new group gets epoch 0 and the
+    server coordinating the fewest groups as its coordinator (Liftbridge's createConsumerGroup);
+    joining one takes a new epoch. The consumer's streams are balanced over their readers.
+    Raises GroupRefused (a stream that does not exist, already a member), MetadataError (no
+    server to coordinate)."""
+    streams = tuple(dict.fromkeys(streams))
     for name in streams:
         if name not in state.streams:
-            raise NoSuchStream(f"no stream {name!r}")
+            raise GroupRefused(STREAM_NOT_FOUND)
     old = state.groups.get(group)
+    if old is not None and consumer in old.members:
+        raise GroupRefused(ALREADY_MEMBER)
+    members = {**(old.members if old else {}), consumer: streams}
+    assignments = _group_assignments(old) if old else {}
+    assignments[consumer] = {}
     if old is None:
-        if coordinator not in state.servers:
-            raise NoSuchServer(f"no server {coordinator!r}")
-        old = ConsumerGroup(group, coordinator, 0, {})
-    new = dataclasses.replace(old, epoch=old.epoch + 1,
-                              members={**old.members, consumer: tuple(streams)})
-    return dataclasses.replace(state, groups={**state.groups, group: new}), new
+        if not state.servers:
+            raise MetadataError("no server to coordinate a consumer group")
+        _rebalance(state, assignments, members, streams)
+        new = ConsumerGroup(group, _least_loaded(state, state.servers), 0, members,
+                            {c: {s: tuple(p) for s, p in a.items()}
+                             for c, a in assignments.items()})
+        return dataclasses.replace(state, groups={**state.groups, group: new}), new
+    _rebalance(state, assignments, members, streams)
+    state = _with_group(state, old, assignments, members=members)
+    return state, state.groups[group]
 
 
 def leave_group(state: ClusterState, group: str,
                 consumer: str) -> tuple[ClusterState, ConsumerGroup | None]:
-    """Remove ``consumer`` from ``group`` (epoch + 1); the last one leaving removes the
-    group (returns None). Raises MetadataError when either is unknown."""
+    """Remove ``consumer`` from ``group`` (a new epoch; the partitions it read go to the
+    others); the last one leaving removes the group (returns None). Raises GroupNotFound,
+    GroupRefused (not a member)."""
     old = state.groups.get(group)
-    if old is None or consumer not in old.members:
-        raise MetadataError(f"consumer {consumer!r} is not in group {group!r}")
+    if old is None:
+        raise GroupNotFound(GROUP_NOT_FOUND)
+    if consumer not in old.members:
+        raise GroupRefused(NOT_MEMBER)
     members = {k: v for k, v in old.members.items() if k != consumer}
-    groups = dict(state.groups)
     if not members:
-        del groups[group]
+        groups = {k: v for k, v in state.groups.items() if k != group}
         return dataclasses.replace(state, groups=groups), None
-    new = dataclasses.replace(old, epoch=old.epoch + 1, members=members)
-    groups[group] = new
-    return dataclasses.replace(state, groups=groups), new
+    assignments = _group_assignments(old)
+    gone = assignments.pop(consumer, {})
+    _rebalance(state, assignments, members, gone)
+    state = _with_group(state, old, assignments, members=members,
+                        witnesses=tuple(w for w in old.witnesses if w[0] != consumer))
+    return state, state.groups[group]
+
+
+def report_group_coordinator(state: ClusterState, group: str, consumer: str, coordinator: str,
+                             epoch: int, now: float,
+                             window: float) -> tuple[ClusterState, ConsumerGroup]:
+    """Member ``consumer`` reports ``coordinator`` (under ``epoch``) unresponsive at ``now``
+    (s, the reporter's clock). As Liftbridge's ReportGroupCoordinator: once more than half
+    of the members reported it within ``window`` s of each other, the group gets the
+    server coordinating the fewest groups among the others, and a new epoch. Raises
+    GroupRefused (no such group, another coordinator or epoch, not a member: Liftbridge's
+    messages), MetadataError (no other server)."""
+    old = state.groups.get(group)
+    if old is None:
+        raise GroupRefused(f"No such consumer group {group}")
+    if (coordinator, epoch) != (old.coordinator, old.epoch):
+        raise GroupRefused(f"Coordinator generation mismatch, current coordinator: "
+                           f"{old.coordinator} epoch: {old.epoch}, got coordinator: "
+                           f"{coordinator} epoch: {epoch}")
+    if consumer not in old.members:
+        raise GroupRefused(f"Consumer {consumer} is not a member of consumer group {group}")
+    witnesses = tuple((c, t) for c, t in old.witnesses if c != consumer and now - t <= window)
+    witnesses += ((consumer, now),)
+    if len(witnesses) <= len(old.members) // 2:
+        new = dataclasses.replace(old, witnesses=witnesses)
+        return dataclasses.replace(state, groups={**state.groups, group: new}), new
+    candidates = [s for s in state.servers if s != old.coordinator]
+    if not candidates:
+        raise MetadataError("No group coordinator candidates")
+    state = _with_group(state, old, _group_assignments(old),
+                        coordinator=_least_loaded(state, candidates), witnesses=())
+    return state, state.groups[group]
 
 
 TRANSITIONS: Mapping[str, Callable[..., tuple[ClusterState, object]]] = {
     f.__name__: f for f in (add_server, create_stream, delete_stream, change_leader,
                             report_leader, shrink_isr, expand_isr, set_partition_flags, join_group,
-                            leave_group)}
+                            leave_group, report_group_coordinator)}
 """The commands Raft replicates, by name: ``TRANSITIONS[name](state, **arguments)``."""

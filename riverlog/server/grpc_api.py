@@ -6,9 +6,11 @@
 # exactly the gRPC status code Liftbridge uses, with its message; Publish waits for its ack
 # only when the call has a deadline and the ack policy is not NONE; a subject or ack inbox that
 # NATS or riverlog refuses (NatsBridge.ack_inbox_error) is refused before anything is stored.
-# In a cluster (Broker.placement): CreateStream/DeleteStream go through the metadata,
-# FetchMetadata lists every server and stream, and a Publish for a partition led elsewhere goes
-# to the leader through its NATS subject, as Liftbridge publishes every gRPC Publish.
+# In a cluster (Broker.placement): CreateStream/DeleteStream, PauseStream/SetStreamReadonly and
+# the consumer group calls go through the metadata, FetchMetadata lists every server and
+# stream, and a Publish for a partition led elsewhere goes to the leader through its NATS
+# subject, as Liftbridge publishes every gRPC Publish (refused here when read-only, resuming
+# the partition first when paused).
 # Wire facts: reference/liftbridge.md (service, field numbers, status codes); checks and
 # messages from liftbridge's server/api.go and metadata.go (liftbridge-io/liftbridge 50ac358).
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ..broker import Partition, StreamConfig
 from ..broker.cursors import CursorsDisabledError
 from ..broker.groups import GroupError
 from ..config import GrpcConfig
-from ..errors import LogClosedError
+from ..errors import ClusterUnavailableError, LogClosedError
 from ..metrics import GRPC, CallTracker
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge.envelope import encode_publish
@@ -206,6 +208,8 @@ class GrpcApi:
                 await context.abort(grpc.StatusCode.INTERNAL, str(exc))
             except LogClosedError as exc:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, f"not available: {exc}")
+            except ClusterUnavailableError as exc:  # Liftbridge's answer without a Raft leader
+                await context.abort(grpc.StatusCode.INTERNAL, f"no known metadata leader ({exc})")
         handler.__name__ = method.__name__
         return handler
 
@@ -272,14 +276,14 @@ class GrpcApi:
 
     async def PauseStream(self, raw: bytes, context) -> pb.PauseStreamResponse:
         req = await _parse(pb.PauseStreamRequest, raw, context)
-        self.service.pause(req.name, list(req.partitions), req.resumeAll)
+        await self.service.pause(req.name, list(req.partitions), req.resumeAll)
         if self.service.bridge is not None:
             await self.service.bridge.sync()
         return pb.PauseStreamResponse()
 
     async def SetStreamReadonly(self, raw: bytes, context) -> pb.SetStreamReadonlyResponse:
         req = await _parse(pb.SetStreamReadonlyRequest, raw, context)
-        self.service.set_readonly(req.name, list(req.partitions), req.readonly)
+        await self.service.set_readonly(req.name, list(req.partitions), req.readonly)
         return pb.SetStreamReadonlyResponse()
 
     # -- metadata -----------------------------------------------------------------------
@@ -341,9 +345,11 @@ class GrpcApi:
                 meta = resp.streamMetadata.add(name=name, subject=subject)
                 for index in range(count):
                     placed = service.broker.placement.of(name, index)
+                    flags = service.broker.placement.flags(name, index)
                     meta.partitions[index].CopyFrom(pb.PartitionMetadata(
                         id=index, leader=placed.leader or "", replicas=placed.replicas,
-                        isr=placed.isr, highWatermark=-1, newestOffset=-1))
+                        isr=placed.isr, highWatermark=-1, newestOffset=-1,
+                        paused=flags.paused, readonly=flags.read_only))
                 continue
             if stream is None:
                 resp.streamMetadata.add(name=name, error=pb.StreamMetadata.Error.UNKNOWN_STREAM)
@@ -379,20 +385,25 @@ class GrpcApi:
         service = self.service
         bridge = service.bridge
         subject = elsewhere = service.led_elsewhere(req.stream, req.partition)
-        if elsewhere is None:
-            try:
+        try:
+            if elsewhere is None:
                 stream, partition = service.check_publish(req.stream, req.partition,
                                                           req.ackPolicy)
-            except LiftbridgeError as exc:
-                await context.abort(_PUBLISH_STATUS.get(exc.code, grpc.StatusCode.UNKNOWN),
-                                    exc.message)
-            subject = partition_subject(stream.config.subject or "", partition.index)
+                subject = partition_subject(stream.config.subject or "", partition.index)
+            else:
+                service.refuse_read_only(req.stream, req.partition)
+        except LiftbridgeError as exc:
+            await context.abort(_PUBLISH_STATUS.get(exc.code, grpc.StatusCode.UNKNOWN),
+                                exc.message)
         nats_ack = None
         if bridge is not None and req.ackInbox:
             error = bridge.ack_inbox_error(req.ackInbox)
             if error is not None:
                 raise error
             nats_ack = bridge.send_ack
+        resuming = service.resume_for_publish(req.stream, req.partition)
+        if resuming is not None:  # Liftbridge's resumeStream, before the publish
+            await resuming
         if elsewhere is not None:
             # Liftbridge publishes every gRPC Publish to the partition's NATS subject, where
             # its leader takes it (api.go publish): riverlog does so for another leader's
@@ -404,7 +415,6 @@ class GrpcApi:
             if ack is None:
                 return pb.PublishResponse()
             return await self._acked(ack, context)
-        service.resume_for_publish(stream, partition)
         size = nats_size(req, subject)
         if size > service.config.replication_max_bytes:
             size = exact_nats_size(req, subject)
@@ -529,8 +539,8 @@ class GrpcApi:
         self._ids(req)
         if not req.streams:
             raise LiftbridgeError("INVALID_ARGUMENT", "No streams provided")
-        coordinator, epoch = self.service.join_group(req.groupId, req.consumerId,
-                                                     list(req.streams))
+        coordinator, epoch = await self.service.join_group(req.groupId, req.consumerId,
+                                                           list(req.streams))
         # Liftbridge sends Go time.Duration values here: nanoseconds.
         return pb.JoinConsumerGroupResponse(
             coordinator=coordinator, epoch=epoch,
@@ -540,7 +550,7 @@ class GrpcApi:
     async def LeaveConsumerGroup(self, raw: bytes, context) -> pb.LeaveConsumerGroupResponse:
         req = await _parse(pb.LeaveConsumerGroupRequest, raw, context)
         self._ids(req)
-        self.service.groups.leave(req.groupId, req.consumerId)
+        await self.service.groups.leave(req.groupId, req.consumerId)
         return pb.LeaveConsumerGroupResponse()
 
     async def FetchConsumerGroupAssignments(self, raw: bytes, context):
@@ -558,6 +568,6 @@ class GrpcApi:
         self._ids(req)
         if not req.coordinator:
             raise LiftbridgeError("INVALID_ARGUMENT", "No coordinator provided")
-        self.service.groups.report_coordinator(req.groupId, req.consumerId, req.coordinator,
-                                               req.epoch)
+        await self.service.groups.report_coordinator(req.groupId, req.consumerId,
+                                                     req.coordinator, req.epoch)
         return pb.ReportConsumerGroupCoordinatorResponse()

@@ -162,7 +162,10 @@ async def subscribe(service: Liftbridge, raw: bytes, context: grpc.aio.ServicerC
                                 "Consumer groups not compatible with ReadISRReplica")
     stream = service.broker.streams[req.stream]
     if req.resume and partition.paused:
-        service.resume(stream, [partition])
+        try:
+            await service.resume(req.stream, [req.partition])
+        except LiftbridgeError as exc:
+            await context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
     elif partition.paused:
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                             "partition is paused (subscribe with resume, or publish to it)")
@@ -413,7 +416,8 @@ class _AsyncSession:
     """State of one PublishAsync call: requests of this loop turn, responses waiting to be
     written, acks outstanding."""
 
-    __slots__ = ("batch", "out", "wake", "inflight", "reading", "error", "inbox", "acks")
+    __slots__ = ("batch", "out", "wake", "inflight", "reading", "error", "inbox", "acks",
+                 "gate")
 
     def __init__(self) -> None:
         self.batch: list[bytes] = []
@@ -424,12 +428,17 @@ class _AsyncSession:
         self.error: tuple[grpc.StatusCode, str] | None = None
         self.inbox = ""  # the ack inbox of publishes sent on to another leader
         self.acks: asyncio.Task | None = None  # subscribes it; its result: the subscription
+        self.gate: asyncio.Future | None = None  # forwards wait for it: ``acks`` and resumes
 
-    def forward(self, service: Liftbridge, req: pb.PublishRequest, subject: str) -> None:
+    def forward(self, service: Liftbridge, req: pb.PublishRequest, subject: str,
+                resuming: asyncio.Future | None = None) -> None:
         """Send ``req`` enveloped to ``subject``, its partition's NATS subject, where the
         leader (another server) takes it, as Liftbridge's publishAsyncSession sends every
         request; its ack comes back on this call's ack inbox (``<namespace>.ack.<id>``,
-        subscribed first) and is answered as a local one. Without NATS: an UNKNOWN error."""
+        subscribed first) and is answered as a local one. Without NATS: an UNKNOWN error.
+        ``resuming``: the partition's resume (Liftbridge's resumeStream) this request and
+        every later one wait for, so they keep their order; when it fails, this request
+        gets its INTERNAL error and is not sent."""
         bridge = service.bridge
         if bridge is None or bridge.nc is None:
             self.send_error(req.correlationId, _ASYNC.UNKNOWN, "NATS is not connected: cannot "
@@ -444,6 +453,9 @@ class _AsyncSession:
                     self.deliver(ack)
             self.acks = asyncio.get_running_loop().create_task(
                 bridge.nc.subscribe(self.inbox, cb=on_ack))
+        gate = self.gate or self.acks
+        if resuming is not None:
+            gate = self.gate = asyncio.ensure_future(_after(resuming, gate))
         data = envelope.encode_publish(pb.Message(
             key=req.key, value=req.value, stream=req.stream, subject=subject,
             headers=dict(req.headers), ackInbox=self.inbox, correlationId=req.correlationId,
@@ -452,7 +464,14 @@ class _AsyncSession:
         if acked:
             self.inflight += 1
 
-        def send(subscribing: asyncio.Task) -> None:  # once the ack inbox listens
+        def send(subscribing: asyncio.Future) -> None:  # once the ack inbox listens
+            if resuming is not None and not resuming.cancelled() and \
+                    resuming.exception() is not None:
+                if acked:
+                    self.inflight -= 1
+                self.send_error(req.correlationId, _ASYNC.INTERNAL,
+                                f"failed to resume stream: {resuming.exception()}")
+                return
             if subscribing.cancelled() or subscribing.exception() is not None:
                 if acked:
                     self.inflight -= 1
@@ -460,7 +479,7 @@ class _AsyncSession:
                                 "cannot listen for the partition leader's ack")
                 return
             bridge.queue_publish(subject.encode(), data)
-        self.acks.add_done_callback(send)
+        gate.add_done_callback(send)
 
     def close(self) -> None:
         """Stop listening for forwarded acks."""
@@ -494,6 +513,17 @@ class _AsyncSession:
         else:
             self.send(pb.PublishResponse(correlationId=ack.correlationId,
                                          ack=ack).SerializeToString())
+
+
+async def _after(first: asyncio.Future, then: asyncio.Future):
+    """``then``'s result, once ``first`` is done too (whatever its outcome)."""
+    await asyncio.wait((first,))
+    return await then
+
+
+def _resume_failed(resuming: asyncio.Future) -> None:
+    if not resuming.cancelled() and resuming.exception() is not None:
+        log.error("resuming a partition a publish reached failed: %s", resuming.exception())
 
 
 async def publish_async(service: Liftbridge, requests, context: grpc.aio.ServicerContext):
@@ -581,7 +611,13 @@ def _publish_batch(service: Liftbridge, session: _AsyncSession) -> None:
                 _append_run(service, session, run, now)
                 run = []
             run_key = None
-            session.forward(service, req, elsewhere)
+            try:
+                service.refuse_read_only(req.stream, req.partition)
+            except LiftbridgeError as exc:
+                session.send_error(req.correlationId, _ASYNC.READONLY, exc.message)
+                continue
+            session.forward(service, req, elsewhere,
+                            service.resume_for_publish(req.stream, req.partition))
             continue
         if key != run_key:
             if run:
@@ -595,8 +631,9 @@ def _publish_batch(service: Liftbridge, session: _AsyncSession) -> None:
                                    exc.message)
                 continue
 
-            if service.needs_resume(stream, partition):
-                service.resume_for_publish(stream, partition)
+            resuming = service.resume_for_publish(req.stream, req.partition)
+            if resuming is not None:  # the writes go on meanwhile: they are this server's
+                resuming.add_done_callback(_resume_failed)
             subject = partition_subject(stream.config.subject or "", partition.index)
             concurrency = stream.config.optimistic_concurrency
             run_key = key

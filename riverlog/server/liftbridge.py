@@ -16,13 +16,13 @@ import logging
 import os
 import secrets
 import time
-from typing import Callable, Iterable
+from typing import Awaitable, Callable, Iterable
 
 from ..broker import RESERVED_STREAMS, Broker, Partition, Stream, StreamConfig, check_writable
 from ..broker.appender import Appenders
 from ..broker.broker import ACTIVITY_STREAM
 from ..broker.cursors import Cursors
-from ..broker.groups import ConsumerGroups
+from ..broker.placement import PartitionFlags
 from ..config import GrpcConfig, NatsConfig
 from ..errors import (ClusterUnavailableError, InvalidArgumentError, ReservedStreamError,
                       StreamExistsError, StreamNotFoundError)
@@ -40,6 +40,7 @@ ACK_OK = pb.Ack.Error.OK
 ACK_INCORRECT_OFFSET = pb.Ack.Error.INCORRECT_OFFSET
 ACK_TOO_LARGE = pb.Ack.Error.TOO_LARGE
 ACK_UNKNOWN = pb.Ack.Error.UNKNOWN
+_RUNNING = PartitionFlags()  # the flags of a partition the placement does not know
 CONFIRMS = {door: TurnLatency(door) for door in DOORS}
 """Confirm latency per door, observed once per event-loop turn (riverlog.metrics)."""
 
@@ -215,9 +216,9 @@ class Liftbridge:
         self.appenders = Appenders(config.batch_max_messages)
         self.cursors = Cursors(broker, self.appenders, config.cursors_partitions,
                                f"{self.namespace}.cursors")
-        self.groups = ConsumerGroups(broker.data_dir, self.server_id, config.consumer_timeout_ms,
-                                     config.coordinator_timeout_ms, self._partition_count,
-                                     self._group_left)
+        self.groups = broker.placement.consumer_groups(
+            broker.data_dir, config.consumer_timeout_ms, config.coordinator_timeout_ms,
+            self._partition_count, self._group_left)
         self.bridge = None  # the NatsBridge, when NATS is on (set by the App)
         self.host = config.host
         self.port = config.port
@@ -225,12 +226,12 @@ class Liftbridge:
         self.subscribers: dict[int, int] = {}
         self.group_subscribers: dict[int, dict[str, tuple[str, int, Callable[[], None]]]] = {}
         self._interrupts: dict[int, set[asyncio.Future]] = {}
-        self._resume_all: set[str] = set()  # streams paused with resumeAll
         self._auto_pause_task: asyncio.Task | None = None
         self._activity_task: asyncio.Task | None = None
         self._activity_queue: list[pb.ActivityStreamEvent] = []
         self._activity_wakeup: asyncio.Event | None = None
         broker.deletion_listeners.append(self._stream_deleted)
+        broker.flag_listeners.append(self._flags_changed)
 
     # -- lifecycle ----------------------------------------------------------------------
     def open(self) -> None:
@@ -383,12 +384,7 @@ class Liftbridge:
         self.activity(pb.ActivityStreamEvent(
             op=pb.ActivityStreamOp.DELETE_STREAM, deleteStreamOp=pb.DeleteStreamOp(stream=name)))
 
-    def needs_resume(self, stream: Stream, partition: Partition) -> bool:
-        """Whether a publish to ``partition`` has partitions to resume first."""
-        return partition.paused or stream.name in self._resume_all
-
     def _stream_deleted(self, stream: Stream) -> None:
-        self._resume_all.discard(stream.name)
         for partition in stream.partitions:
             self.interrupt(partition)
             self.appenders.forget(partition)
@@ -399,80 +395,94 @@ class Liftbridge:
             self.bridge.detach(stream)
         self.groups.stream_deleted(stream.name)
 
-    def _select(self, stream: Stream, partitions: Iterable[int]) -> list[Partition]:
-        chosen = list(partitions) or range(len(stream.partitions))
-        out = []
-        for index in chosen:
-            if not 0 <= index < len(stream.partitions):
-                raise LiftbridgeError("NOT_FOUND", "partition does not exist")
-            out.append(stream.partitions[index])
-        return out
+    def partition_count(self, name: str) -> int | None:
+        """Partitions of stream ``name``, held here or (in a cluster) elsewhere; None when
+        no such stream exists."""
+        stream = self.broker.streams.get(name)
+        if stream is not None:
+            return len(stream.partitions)
+        known = (self.broker.placement.streams() or {}).get(name)
+        return None if known is None else known[1]
 
-    def pause(self, name: str, partitions: Iterable[int], resume_all: bool) -> None:
+    def _chosen(self, name: str, partitions: Iterable[int]) -> list[int]:
+        """The partition indexes a PauseStream / SetStreamReadonly names (all when none).
+        Raises LiftbridgeError NOT_FOUND (Liftbridge's messages)."""
+        count = self.partition_count(name)
+        if count is None:
+            raise LiftbridgeError("NOT_FOUND", "stream not found")
+        chosen = list(dict.fromkeys(partitions)) or list(range(count))
+        if any(not 0 <= index < count for index in chosen):
+            raise LiftbridgeError("NOT_FOUND", "partition does not exist")
+        return chosen
+
+    @staticmethod
+    async def _agreed(change: Awaitable[None]) -> None:
+        """Wait for a Placement.set_flags ``change``, its errors as Liftbridge's statuses."""
+        try:
+            await change
+        except StreamNotFoundError:
+            raise LiftbridgeError("NOT_FOUND", "stream not found") from None
+        except ClusterUnavailableError as exc:
+            raise LiftbridgeError("INTERNAL", f"no known metadata leader ({exc})") from None
+
+    async def pause(self, name: str, partitions: Iterable[int], resume_all: bool) -> None:
         """PauseStream: the partitions (all when none given) stop taking NATS messages
-        until a publish resumes them (all of them with ``resume_all``). Raises NOT_FOUND."""
-        stream = self.stream_or_not_found(name)
-        chosen = self._select(stream, partitions)
-        now = time.time_ns()
-        for partition in chosen:
-            partition.paused = True
-            partition.note_event("pause", now)
-            self.interrupt(partition)
-            if self.bridge is not None:
-                self.bridge.pause(stream, partition)
-        if resume_all:  # in memory only, as Liftbridge keeps it
-            self._resume_all.add(stream.name)
-        else:
-            self._resume_all.discard(stream.name)
-        stream.save_metadata()
+        until a publish resumes them (all of them with ``resume_all``); in a cluster, on
+        every server, agreed through the metadata. Raises LiftbridgeError NOT_FOUND,
+        INTERNAL (no metadata leader)."""
+        chosen = self._chosen(name, partitions)
+        await self._agreed(self.broker.placement.set_flags(name, chosen, paused=True,
+                                                           resume_all=resume_all))
         self.activity(pb.ActivityStreamEvent(
             op=pb.ActivityStreamOp.PAUSE_STREAM, pauseStreamOp=pb.PauseStreamOp(
-                stream=name, partitions=[p.index for p in chosen], resumeAll=resume_all)))
+                stream=name, partitions=chosen, resumeAll=resume_all)))
 
-    def stream_or_not_found(self, name: str) -> Stream:
-        stream = self.broker.streams.get(name)
-        if stream is None:
-            raise LiftbridgeError("NOT_FOUND", "stream not found")
-        return stream
-
-    def resume_for_publish(self, stream: Stream, partition: Partition) -> None:
-        """Publishing resumes a paused partition (all paused ones if paused with resumeAll)."""
-        if stream.name in self._resume_all:
-            targets = [p for p in stream.partitions if p.paused]
-            self._resume_all.discard(stream.name)
+    def resume_for_publish(self, name: str, index: int) -> asyncio.Future | None:
+        """A publish to partition ``index`` resumes it when paused (every paused one when
+        the stream was paused with resumeAll, as Liftbridge's resumeStream). Returns None
+        when nothing is paused, else ``resume``'s future."""
+        placement = self.broker.placement
+        if placement.resumes_all(name):
+            targets = [i for i in range(self.partition_count(name) or 0)
+                       if (placement.flags(name, i) or _RUNNING).paused]
         else:
-            targets = [partition] if partition.paused else []
-        if targets:
-            self.resume(stream, targets)
+            targets = [index] if (placement.flags(name, index) or _RUNNING).paused else []
+        return self.resume(name, targets) if targets else None
 
-    def resume(self, stream: Stream, partitions: list[Partition]) -> None:
-        now = time.time_ns()
-        for partition in partitions:
-            partition.paused = False
-            partition.note_event("pause", now)
-            if self.bridge is not None:
-                self.bridge.resume(stream, partition)
-        stream.save_metadata()
-        log.info("resumed %s partition(s) %s", stream.name, [p.index for p in partitions])
+    def resume(self, name: str, partitions: list[int]) -> asyncio.Future:
+        """Resume the paused ``partitions`` of stream ``name`` (and forget its resumeAll):
+        started now (on a single server applied before this returns); the future raises
+        LiftbridgeError NOT_FOUND, INTERNAL."""
+        change = self.broker.placement.set_flags(name, partitions, paused=False,
+                                                 resume_all=False)
+        return asyncio.ensure_future(self._resumed(name, partitions, change))
+
+    async def _resumed(self, name: str, partitions: list[int], change: Awaitable[None]) -> None:
+        await self._agreed(change)
+        log.info("resumed %s partition(s) %s", name, partitions)
         self.activity(pb.ActivityStreamEvent(
             op=pb.ActivityStreamOp.RESUME_STREAM, resumeStreamOp=pb.ResumeStreamOp(
-                stream=stream.name, partitions=[p.index for p in partitions])))
+                stream=name, partitions=partitions)))
 
-    def set_readonly(self, name: str, partitions: Iterable[int], readonly: bool) -> None:
+    async def set_readonly(self, name: str, partitions: Iterable[int], readonly: bool) -> None:
         """SetStreamReadonly: read-only partitions refuse publishes; their subscribers end
-        at the end of the data. Raises NOT_FOUND."""
-        stream = self.stream_or_not_found(name)
-        chosen = self._select(stream, partitions)
-        now = time.time_ns()
-        for partition in chosen:
-            partition.readonly = readonly
-            partition.note_event("readonly", now)
-            self.interrupt(partition)  # readers waiting at the end re-check the flag
-        stream.save_metadata()
+        at the end of the data. Raises LiftbridgeError NOT_FOUND, INTERNAL."""
+        chosen = self._chosen(name, partitions)
+        await self._agreed(self.broker.placement.set_flags(name, chosen, read_only=readonly))
         self.activity(pb.ActivityStreamEvent(
             op=pb.ActivityStreamOp.SET_STREAM_READONLY,
             setStreamReadonlyOp=pb.SetStreamReadonlyOp(
-                stream=name, partitions=[p.index for p in chosen], readonly=readonly)))
+                stream=name, partitions=chosen, readonly=readonly)))
+
+    def _flags_changed(self, stream: Stream, partition: Partition) -> None:
+        """Broker flag listener: readers waiting at the end re-check the flags, and the NATS
+        door listens on the partition's subject only while it is not paused."""
+        self.interrupt(partition)
+        if self.bridge is not None:
+            if partition.paused:
+                self.bridge.pause(stream, partition)
+            else:
+                self.bridge.resume(stream, partition)
 
     # -- publishing ---------------------------------------------------------------------
     def check_publish(self, name: str, index: int, ack_policy: int) -> tuple[Stream, Partition]:
@@ -507,6 +517,13 @@ class Liftbridge:
             raise LiftbridgeError("INTERNAL", f"not enough in-sync replicas for AckPolicy "
                                   f"ALL: ISR {len(placed.isr)} < minIsr {placed.min_isr}")
         return stream, partition
+
+    def refuse_read_only(self, name: str, index: int) -> None:
+        """A publish this server sends on to the partition's leader, another server: refused
+        when the placement says the partition is read-only, before it leaves (Liftbridge's
+        ensurePublishPreconditions, on the server asked). Raises LiftbridgeError READONLY."""
+        if (self.broker.placement.flags(name, index) or _RUNNING).read_only:
+            raise LiftbridgeError("READONLY", f"readonly partition: {index}")
 
     def ingest(self, stream: Stream, partition: Partition, *, value: bytes, key: bytes | None,
                headers: dict[str, bytes] | None, msg_subject: str, reply: str,
@@ -572,8 +589,11 @@ class Liftbridge:
             leaveConsumerGroupOp=pb.LeaveConsumerGroupOp(
                 groupId=group_id, consumerId=consumer_id, expired=expired)))
 
-    def join_group(self, group_id: str, consumer_id: str, streams: list[str]) -> tuple[str, int]:
-        coordinator, epoch = self.groups.join(group_id, consumer_id, streams)
+    async def join_group(self, group_id: str, consumer_id: str,
+                         streams: list[str]) -> tuple[str, int]:
+        """JoinConsumerGroup (Placement.consumer_groups' join), noted in the activity
+        stream. Raises GroupError, ClusterUnavailableError."""
+        coordinator, epoch = await self.groups.join(group_id, consumer_id, streams)
         self.activity(pb.ActivityStreamEvent(
             op=pb.ActivityStreamOp.JOIN_CONSUMER_GROUP,
             joinConsumerGroupOp=pb.JoinConsumerGroupOp(
@@ -624,8 +644,9 @@ class Liftbridge:
                 limit = stream.config.auto_pause_time_ms
                 if not limit or stream.name in RESERVED_STREAMS:
                     continue
-                for partition in stream.partitions:
-                    if partition.paused:
+                for partition in stream.partitions:  # the leader's decision, as Liftbridge's
+                    if partition.paused or not self.broker.placement.leads(stream.name,
+                                                                           partition.index):
                         continue
                     if (stream.config.auto_pause_disable_if_subscribers
                             and self.subscribers.get(id(partition), 0) > 0):
@@ -635,4 +656,8 @@ class Liftbridge:
                     if now - latest > limit * 1_000_000:
                         log.info("partition %s/%d has not received a message in over %d ms, "
                                  "auto pausing partition", stream.name, partition.index, limit)
-                        self.pause(stream.name, [partition.index], False)
+                        try:
+                            await self.pause(stream.name, [partition.index], False)
+                        except LiftbridgeError as exc:
+                            log.error("cannot auto pause %s/%d: %s", stream.name,
+                                      partition.index, exc.message)

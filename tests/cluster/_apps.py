@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 
 import grpc
 
 from compat._servers import HOST, free_port
+from riverlog.broker import StreamConfig
 from riverlog.config import (ClusterConfig, GrpcConfig, MetricsConfig, NatsConfig,
                              RabbitStreamConfig, SecurityConfig, ServerConfig)
 from riverlog.cluster.metadata import RaftBindError
@@ -19,15 +21,16 @@ IDS = ("a", "b", "c")
 WAIT_S = 60
 
 
-def configs(tmp_path, password: str = "pw",
-            security: SecurityConfig | None = None) -> list[ServerConfig]:
+def configs(tmp_path, password: str = "pw", security: SecurityConfig | None = None,
+            **grpc) -> list[ServerConfig]:
+    """Every member's ServerConfig; ``grpc``: GrpcConfig settings of every member."""
     raft = {i: f"{HOST}:{free_port()}" for i in IDS}
     routes = {i: f"{HOST}:{free_port()}" for i in IDS}
     return [ServerConfig(
         data_dir=str(tmp_path / i), rabbitmq_stream=RabbitStreamConfig(port=0, tls_port=0),
         nats=NatsConfig(port=0, cluster_port=int(routes[i].rsplit(":", 1)[1]),
                         routes=tuple(r for j, r in routes.items() if j != i)),
-        grpc=GrpcConfig(port=0), metrics=MetricsConfig(port=0),
+        grpc=GrpcConfig(port=0, **grpc), metrics=MetricsConfig(port=0),
         cluster=ClusterConfig(server_id=i, raft_address=raft[i], bootstrap_peers=IDS,
                               raft_peers=tuple((j, a) for j, a in raft.items() if j != i),
                               raft_password=password),
@@ -35,23 +38,27 @@ def configs(tmp_path, password: str = "pw",
 
 
 async def until(what: str, check):
-    """Poll ``check`` (on the loop) until it returns something true; return that."""
+    """Poll ``check`` (on the loop; a coroutine function is awaited) until it returns
+    something true; return that."""
     for _ in range(WAIT_S * 20):
         result = check()
+        if inspect.isawaitable(result):
+            result = await result
         if result:
             return result
         await asyncio.sleep(0.05)
     raise AssertionError(f"still not: {what}")
 
 
-async def started(tmp_path, security: SecurityConfig | None = None) -> list[App]:
-    """Three started Apps of one cluster (``security``: every member's), once every server
-    is registered everywhere and each caught up with Raft (stop them with ``stopped``). A
-    Raft port picked free can be taken before pysyncobj binds it (an outgoing connection's
-    ephemeral port: CI saw it once), so a RaftBindError starts the cluster again on new
-    ports, in a new folder, twice at most."""
+async def started(tmp_path, security: SecurityConfig | None = None, **grpc) -> list[App]:
+    """Three started Apps of one cluster (``security``, ``grpc``: as ``configs``), once every
+    server is registered everywhere and each caught up with Raft (stop them with
+    ``stopped``). A Raft port picked free can be taken before pysyncobj binds it (an
+    outgoing connection's ephemeral port: CI saw it once), so a RaftBindError starts the
+    cluster again on new ports, in a new folder, twice at most."""
     for attempt in range(3):
-        apps = [App(c) for c in configs(tmp_path / f"attempt{attempt}", security=security)]
+        apps = [App(c) for c in configs(tmp_path / f"attempt{attempt}", security=security,
+                                        **grpc)]
         try:
             await asyncio.gather(*(a.start() for a in apps))
             await until("every server registered everywhere and caught up", lambda: all(
@@ -71,6 +78,15 @@ async def started(tmp_path, security: SecurityConfig | None = None) -> list[App]
 
 async def stopped(apps: list[App]) -> None:
     await asyncio.gather(*(a.stop() for a in apps), return_exceptions=True)
+
+
+async def created(cluster: list[App], name: str, **config):
+    """Create stream ``name`` (StreamConfig ``config``) through the first member; return its
+    partition 0's placement once every member applied it."""
+    await cluster[0].broker.placement.create_stream(name, StreamConfig(**config))
+    await until(f"{name} applied everywhere", lambda: all(
+        x.broker.placement.of(name, 0) is not None for x in cluster))
+    return cluster[0].broker.placement.of(name, 0)
 
 
 def replica_bytes(app: App, stream: str) -> bytes:

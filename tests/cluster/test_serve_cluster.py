@@ -17,9 +17,8 @@ import grpc
 import nats
 import pytest
 
-from _apps import IDS, replica_bytes, started, stopped, stub_of, until
+from _apps import IDS, created, replica_bytes, started, stopped, stub_of, until
 from compat._servers import HOST
-from riverlog.broker import StreamConfig
 from riverlog.config import SecurityConfig
 from riverlog.cluster.state import StaleLeaderEpoch
 from riverlog.protocol.liftbridge import api_pb2 as pb
@@ -260,15 +259,6 @@ async def test_a_running_subscribe_ends_when_its_server_stops_leading(cluster):
     finally:
         for channel, _ in channels.values():
             await channel.close()
-
-
-async def created(cluster, name: str, **config):
-    """Create stream ``name`` (StreamConfig ``config``) through the first member; return its
-    partition 0's placement once every member applied it."""
-    await cluster[0].broker.placement.create_stream(name, StreamConfig(**config))
-    await until(f"{name} applied everywhere", lambda: all(
-        x.broker.placement.of(name, 0) is not None for x in cluster))
-    return cluster[0].broker.placement.of(name, 0)
 
 
 async def test_a_member_without_its_raft_files_deletes_no_replica_while_catching_up(cluster):

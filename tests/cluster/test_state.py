@@ -108,24 +108,64 @@ def test_isr_shrink_and_expand():
 
 
 def test_flags_and_groups():
-    st1, _ = s.create_stream(cluster("a"), "x", "x")
-    st2, p = s.set_partition_flags(st1, "x", 0, paused=True)
-    assert (p.paused, p.read_only) == (True, False)
-    _, p = s.set_partition_flags(st2, "x", 0, read_only=True)
-    assert (p.paused, p.read_only) == (True, True)
-    with pytest.raises(s.NoSuchServer):
-        s.join_group(st1, "g", "c1", ("x",), coordinator="nobody")
+    st1, _ = s.create_stream(cluster("a"), "x", "x", partitions=3)
+    st2, x = s.set_partition_flags(st1, "x", (1, 2), paused=True, resume_all=True)
+    assert [(p.paused, p.read_only) for p in x.partitions] == [
+        (False, False), (True, False), (True, False)]
+    assert x.resume_all and not st1.streams["x"].resume_all
+    _, x = s.set_partition_flags(st2, "x", read_only=True)  # no partitions: all of them
+    assert [(p.paused, p.read_only) for p in x.partitions] == [
+        (False, True), (True, True), (True, True)]
+    assert x.resume_all  # None: unchanged
+    with pytest.raises(s.NoSuchPartition):
+        s.set_partition_flags(st2, "x", (0, 3), paused=False)
     with pytest.raises(s.NoSuchStream):
-        s.join_group(st1, "g", "c1", ("y",), coordinator="a")
-    st3, g = s.join_group(st1, "g", "c1", ("x",), coordinator="a")
-    st4, g = s.join_group(st3, "g", "c2", ("x",), coordinator="a")
-    assert (g.coordinator, g.epoch, sorted(g.members)) == ("a", 2, ["c1", "c2"])
-    st5, g = s.leave_group(st4, "g", "c1")
-    assert (g.epoch, list(g.members)) == (3, ["c2"])
-    st6, g = s.leave_group(st5, "g", "c2")
-    assert g is None and "g" not in st6.groups
-    with pytest.raises(s.MetadataError):
-        s.leave_group(st6, "g", "c2")
+        s.set_partition_flags(st2, "y", paused=False)
+
+
+def test_consumer_groups_as_liftbridge_keeps_them():
+    st0, _ = s.create_stream(cluster("a", "b", "c"), "x", "x", partitions=3)
+    st0, _ = s.create_stream(st0, "y", "y")
+    with pytest.raises(s.GroupRefused, match="stream does not exist"):
+        s.join_group(st0, "g", "c1", ("nope",))
+    st1, g = s.join_group(st0, "g", "c1", ("x",))
+    assert (g.coordinator, g.epoch, g.assignments) == ("a", 0, {"c1": {"x": (0, 1, 2)}})
+    with pytest.raises(s.GroupRefused, match="already a member"):
+        s.join_group(st1, "g", "c1", ("x",))
+    st2, g = s.join_group(st1, "g", "c2", ("x", "y"))  # balanced as broker.groups does
+    assert (g.epoch, g.assignments) == (1, {"c1": {"x": (0, 2)}, "c2": {"x": (1,), "y": (0,)}})
+    _, other = s.join_group(st2, "h", "c9", ("y",))
+    assert other.coordinator == "b"  # the server coordinating the fewest groups
+    st3, g = s.leave_group(st2, "g", "c1")
+    assert (g.epoch, g.assignments) == (2, {"c2": {"x": (0, 1, 2), "y": (0,)}})
+    st4, _ = s.delete_stream(st3, "x")
+    g = st4.groups["g"]
+    assert (g.epoch, g.members, g.assignments) == (3, {"c2": ("y",)}, {"c2": {"y": (0,)}})
+    with pytest.raises(s.GroupRefused, match="not a member"):
+        s.leave_group(st4, "g", "c1")
+    st5, g = s.leave_group(st4, "g", "c2")
+    assert g is None and "g" not in st5.groups
+    with pytest.raises(s.GroupNotFound):
+        s.leave_group(st5, "g", "c2")
+    st6, again = s.join_group(st5, "g", "c1", ("y",))
+    _, again = s.join_group(st6, "g", "c2", ("y",))
+    assert again.epoch == 4  # made again, the group never reuses an epoch
+
+
+def test_a_majority_of_members_reporting_the_coordinator_replaces_it():
+    st0, _ = s.create_stream(cluster("a", "b", "c"), "x", "x")
+    st0, g = s.join_group(st0, "g", "c1", ("x",))
+    for consumer in ("c2", "c3"):
+        st0, g = s.join_group(st0, "g", consumer, ("x",))
+    with pytest.raises(s.GroupRefused, match="Coordinator generation mismatch"):
+        s.report_group_coordinator(st0, "g", "c1", "a", 0, now=1.0, window=15.0)
+    st1, g = s.report_group_coordinator(st0, "g", "c1", "a", 2, now=1.0, window=15.0)
+    assert (g.coordinator, g.witnesses) == ("a", (("c1", 1.0),))  # one of three
+    st2, g = s.report_group_coordinator(st1, "g", "c2", "a", 2, now=30.0, window=15.0)
+    assert g.coordinator == "a"  # the first report is too old to count with it
+    st3, g = s.report_group_coordinator(st2, "g", "c3", "a", 2, now=31.0, window=15.0)
+    assert (g.coordinator, g.epoch, g.witnesses) == ("b", 3, ())
+    assert g.assignments == st0.groups["g"].assignments
 
 
 SERVERS = ("a", "b", "c", "d")
@@ -141,6 +181,14 @@ commands = st.one_of(
     st.tuples(st.just("change_leader"), st.fixed_dictionaries({
         "stream": st.sampled_from("xyz"), "index": st.integers(0, 2),
         "leader": st.none() | st.sampled_from(SERVERS)})),
+    st.tuples(st.just("set_partition_flags"), st.fixed_dictionaries({
+        "stream": st.sampled_from("xyz"), "partitions": st.lists(st.integers(0, 2)).map(tuple),
+        "paused": st.none() | st.booleans(), "read_only": st.none() | st.booleans()})),
+    st.tuples(st.just("join_group"), st.fixed_dictionaries({
+        "group": st.sampled_from("gh"), "consumer": st.sampled_from(("c1", "c2", "c3")),
+        "streams": st.lists(st.sampled_from("xyz"), min_size=1, max_size=3).map(tuple)})),
+    st.tuples(st.just("leave_group"), st.fixed_dictionaries({
+        "group": st.sampled_from("gh"), "consumer": st.sampled_from(("c1", "c2", "c3"))})),
 )
 
 
@@ -171,11 +219,35 @@ def test_any_command_sequence_keeps_partitions_consistent(sequence):
                     assert p.leader is None or p.leader in was.isr
                 if name == "change_leader":  # the old leader is out of sync until it rejoins
                     assert p.leader is None or was.leader not in p.isr or p.leader == was.leader
+        for group in state.groups.values():  # each partition read by the group goes to one
+            assert 0 <= group.epoch <= state.group_epoch and group.members
+            assert set(group.assignments) == set(group.members)
+            for stream in {x for streams in group.members.values() for x in streams}:
+                given = [p for c, a in group.assignments.items() for p in a.get(stream, ())
+                         if stream in group.members[c]]
+                assert sorted(given) == list(range(len(state.streams[stream].partitions)))
+            old_group = old.groups.get(group.id)
+            if old_group is not None and old_group != group:
+                assert group.epoch > old_group.epoch
+
+
+def test_a_snapshot_of_an_earlier_version_loads_with_the_fields_added_since():
+    """pickle restores a metadata object with the field values its snapshot holds, in
+    order; an earlier riverlog's snapshot lacks the fields added since (at the end)."""
+    st1, _ = s.create_stream(cluster("a"), "x", "x")
+    state = s.ClusterState.__new__(s.ClusterState)
+    state.__setstate__([st1.servers, st1.streams, {}])  # before group_epoch
+    stream = s.Stream.__new__(s.Stream)
+    stream.__setstate__(["x", "x", st1.streams["x"].partitions, {}])  # before resume_all
+    assert (state.group_epoch, state.streams, stream.resume_all) == (0, st1.streams, False)
+    group = s.ConsumerGroup.__new__(s.ConsumerGroup)
+    group.__setstate__(["g", "a", 3, {"c": ("x",)}])
+    assert (group.assignments, group.witnesses) == ({}, ())
 
 
 def test_state_survives_pickle():  # pysyncobj snapshots and journals it as pickles
     st1, _ = s.create_stream(cluster("a", "b"), "x", "x", replication_factor=2)
-    st2, _ = s.join_group(st1, "g", "c", ("x",), coordinator="a")
+    st2, _ = s.join_group(st1, "g", "c", ("x",))
     assert pickle.loads(pickle.dumps(st2)) == st2
 
 

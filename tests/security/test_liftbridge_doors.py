@@ -146,7 +146,7 @@ async def test_resuming_a_paused_stream_left_detached_keeps_it_detached(tmp_path
     riverlog's connection)."""
     async with running(tmp_path, SecurityConfig()) as app:
         app.broker.create("stored", StreamConfig(subject="t." + "x" * 5000))
-        app.liftbridge.pause("stored", [], False)
+        await app.liftbridge.pause("stored", [], False)
     caplog.set_level(logging.INFO, "riverlog.nats")
     caplog.clear()
     async with running(tmp_path, SecurityConfig()) as app:  # the same data folder
