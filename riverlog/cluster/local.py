@@ -29,10 +29,12 @@ STOP_GRACE_S = 15.0
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Member:
-    """One server of a local cluster: its id and the port of each of PORTS."""
+    """One server of a local cluster: its id, the port of each of PORTS and the address
+    every one of them listens on (and the others reach it at)."""
 
     id: str
     ports: dict[str, int]
+    host: str = "127.0.0.1"
 
 
 def _free(host: str, port: int = 0) -> int:
@@ -70,7 +72,7 @@ def layout(directory: str, servers: int, host: str) -> list[Member]:
                 port = _free(host)
             taken.add(port)
             ports[name] = port
-        members.append(Member(saved[i]["id"] if saved else f"s{i}", ports))
+        members.append(Member(saved[i]["id"] if saved else f"s{i}", ports, host))
     os.makedirs(directory, exist_ok=True)
     with open(path + ".tmp", "w") as f:
         json.dump({"servers": [dataclasses.asdict(m) for m in members]}, f, indent=1)
@@ -93,47 +95,48 @@ def raft_password(directory: str) -> str:
     return password
 
 
-def serve_command(member: Member, members: list[Member], directory: str,
-                  host: str) -> tuple[list[str], dict[str, str]]:
+def serve_command(member: Member, members: list[Member],
+                  directory: str) -> tuple[list[str], dict[str, str]]:
     """The `riverlog serve` command line of ``member`` and the environment it adds (the Raft
-    settings, the password among them)."""
+    settings, the password among them). Every door of a member, /metrics included, listens
+    on its ``host``."""
     p = member.ports
     others = [m for m in members if m is not member]
     command = [sys.executable, "-m", "riverlog", "serve", "-d",
-               os.path.join(directory, member.id), "--id", member.id, "--host", host,
+               os.path.join(directory, member.id), "--id", member.id, "--host", member.host,
                "--stream-port", str(p["stream"]), "--port", str(p["grpc"]),
                "--nats-port", str(p["nats"]), "--nats-cluster-port", str(p["nats_cluster"]),
-               "--metrics-port", str(p["metrics"])]
+               "--metrics-host", member.host, "--metrics-port", str(p["metrics"])]
     if others:
-        command += ["--nats-routes", ",".join(f"{host}:{m.ports['nats_cluster']}"
+        command += ["--nats-routes", ",".join(f"{m.host}:{m.ports['nats_cluster']}"
                                               for m in others)]
-    env = {"LIFTBRIDGE_RIVERLOG_RAFT_ADDRESS": f"{host}:{p['raft']}",
-           "LIFTBRIDGE_RIVERLOG_RAFT_PEERS": ",".join(f"{m.id}={host}:{m.ports['raft']}"
+    env = {"LIFTBRIDGE_RIVERLOG_RAFT_ADDRESS": f"{member.host}:{p['raft']}",
+           "LIFTBRIDGE_RIVERLOG_RAFT_PEERS": ",".join(f"{m.id}={m.host}:{m.ports['raft']}"
                                                       for m in others),
            "LIFTBRIDGE_CLUSTERING_RAFT_BOOTSTRAP_PEERS": ",".join(m.id for m in members),
            "LIFTBRIDGE_RIVERLOG_RAFT_PASSWORD": raft_password(directory)}
     return command, env
 
 
-def registered(host: str, member: Member) -> int:
+def registered(member: Member) -> int:
     """How many servers ``member``'s FetchMetadata lists (0 while it does not answer)."""
     import grpc
 
     from ..protocol.liftbridge import api_pb2 as pb
     from ..protocol.liftbridge.api_pb2_grpc import APIStub
     try:
-        with grpc.insecure_channel(f"{host}:{member.ports['grpc']}") as channel:
+        with grpc.insecure_channel(f"{member.host}:{member.ports['grpc']}") as channel:
             return len(APIStub(channel).FetchMetadata(pb.FetchMetadataRequest(),
                                                       timeout=2).brokers)
     except grpc.RpcError:
         return 0
 
 
-def table(members: list[Member], host: str, pids: list[int]) -> str:
+def table(members: list[Member], pids: list[int]) -> str:
     """Where each door of each server listens and its process id, one line per server."""
     head = ("server", "RabbitMQ Stream", "Liftbridge gRPC", "NATS", "NATS routes", "Raft",
             "metrics", "pid")
-    rows = [head] + [(m.id, *(f"{host}:{m.ports[n]}" for n in PORTS), str(pid))
+    rows = [head] + [(m.id, *(f"{m.host}:{m.ports[n]}" for n in PORTS), str(pid))
                      for m, pid in zip(members, pids)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
@@ -141,14 +144,17 @@ def table(members: list[Member], host: str, pids: list[int]) -> str:
 
 class LocalCluster:
     """N `riverlog serve` processes. ``start()``, ``wait_registered()``, ``restart(i)``,
-    ``stop()``; ``members`` and ``procs`` in the same order."""
+    ``stop()``; ``members`` and ``procs`` in the same order. ``members`` given: those
+    (their hosts and ports as they are, nothing saved) instead of DIR's layout.
+    ``command(member)`` is what a member is started with; a subclass may wrap it (e.g. to
+    run each member in its own network namespace)."""
 
-    def __init__(self, directory: str, servers: int, host: str = "127.0.0.1") -> None:
+    def __init__(self, directory: str, servers: int, host: str = "127.0.0.1",
+                 members: list[Member] | None = None) -> None:
         if servers < 1:
             raise ValueError("--servers must be at least 1")
         self.directory = os.path.abspath(directory)
-        self.host = host
-        self.members = layout(self.directory, servers, host)
+        self.members = members or layout(self.directory, servers, host)
         self.procs: list[subprocess.Popen] = []
 
     def start(self) -> None:
@@ -159,8 +165,12 @@ class LocalCluster:
         with the same ports and data."""
         self.procs[index] = self._spawn(self.members[index])
 
+    def command(self, member: Member) -> tuple[list[str], dict[str, str]]:
+        """The command line ``member`` starts with and the environment it adds."""
+        return serve_command(member, self.members, self.directory)
+
     def _spawn(self, member: Member) -> subprocess.Popen:
-        command, env = serve_command(member, self.members, self.directory, self.host)
+        command, env = self.command(member)
         os.makedirs(os.path.join(self.directory, member.id), exist_ok=True)
         with open(os.path.join(self.directory, member.id, "riverlog.log"), "ab") as out:
             return subprocess.Popen(
@@ -186,7 +196,7 @@ class LocalCluster:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"servers {', '.join(m.id for m in waiting)} not registered "
                                    f"within {timeout:.0f} s")
-            waiting = [m for m in waiting if registered(self.host, m) < len(self.members)]
+            waiting = [m for m in waiting if registered(m) < len(self.members)]
             if waiting:
                 time.sleep(0.2)
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
+import urllib.request
 
 import grpc
 import pytest
@@ -90,7 +93,7 @@ async def test_a_restarted_leader_leads_nothing_before_it_caught_up_with_raft(tm
     cluster.start()
     try:
         await asyncio.to_thread(cluster.wait_registered)
-        grpc_of = {m.id: f"{cluster.host}:{m.ports['grpc']}" for m in cluster.members}
+        grpc_of = {m.id: f"{m.host}:{m.ports['grpc']}" for m in cluster.members}
         async with grpc.aio.insecure_channel(grpc_of["s0"]) as channel:
             await api_pb2_grpc.APIStub(channel).CreateStream(pb.CreateStreamRequest(
                 name="orders", subject="orders", replicationFactor=3), timeout=30)
@@ -131,3 +134,20 @@ async def test_a_restarted_leader_leads_nothing_before_it_caught_up_with_raft(tm
             if proc.poll() is None:
                 proc.send_signal(signal.SIGCONT)
         cluster.stop()
+
+
+def test_cluster_up_serves_metrics_where_its_table_says(tmp_path):
+    # every door of a member listens on --host, /metrics too: on 127.0.0.2 (a loopback
+    # address other than the default one) the table's metrics address answers
+    proc = subprocess.Popen([sys.executable, "-m", "riverlog", "cluster", "up", "--servers",
+                             "1", "-d", str(tmp_path / "cluster"), "--host", "127.0.0.2"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        rows = read_table(proc)
+        assert rows["s0"]["metrics"].startswith("127.0.0.2:")
+        with urllib.request.urlopen(f"http://{rows['s0']['metrics']}/metrics",
+                                    timeout=WAIT_S) as response:
+            assert b"riverlog_raft_leader" in response.read()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
