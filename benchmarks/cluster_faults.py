@@ -5,8 +5,8 @@ each in its own network namespace on a bridge (10.213.7.11-13; the harness at 10
 one stream of one partition with RF=3 and minISR=2, default replication settings. While
 publishers on all three doors run (rstream with publisher confirms, gRPC Publish with
 AckPolicy ALL, nats-py enveloped publishes with AckPolicy ALL) and one gRPC Subscribe
-consumer per server reads its replica (readISRReplica), faults are injected one at a time,
-spread evenly through the run:
+consumer per server reads its replica (readISRReplica) and an rstream Consumer reads the
+replica rstream picks, faults are injected one at a time, spread evenly through the run:
 
   kill   SIGKILL of the partition leader, then restarted          (--kills)
   stop   SIGSTOP of the leader for --stop-s, then SIGCONT          (--stops)
@@ -23,8 +23,9 @@ message sent after it (targets for kills: p50 <= 3 s, p99 <= 6 s).
 
 Needs root, iproute2 and nftables (apt-get install nftables). Every namespace, link and nft
 table it makes is named rlfault*, and is removed at the end, on Ctrl-C or SIGTERM, and at
-the next start if a run was killed. Exit status: 0 clean, 1 problems found (listed; the
-cluster folder is kept), 2 the cluster did not come back within 120 s.
+the next start if a run was killed. Exit status: 0 clean (findings on LEADER acks, with
+--leader-acks, are listed but do not count), 1 problems found (listed; the cluster folder is
+kept), 2 the cluster did not come back within 120 s.
 
 Example: .venv/bin/python benchmarks/cluster_faults.py --kills 100 --stops 3 --cuts 3 --restarts 3
 """
@@ -42,9 +43,10 @@ import tempfile
 import time
 
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # not grpc's line per GOAWAY of a killed server
-from faults.consumers import Consumer  # noqa: E402  benchmarks/faults/
+from faults.consumers import readers  # noqa: E402  benchmarks/faults/
 from faults.network import Network, NetworkError  # noqa: E402
-from faults.publishers import DOORS  # noqa: E402
+from faults.publishers import DOORS, LeaderAckPublisher  # noqa: E402
+from faults.checks import LEADER_ACK, Problem  # noqa: E402
 from faults.rounds import KINDS, Round, Run, Stuck, schedule  # noqa: E402
 from faults.servers import FaultCluster  # noqa: E402
 
@@ -69,13 +71,28 @@ def progress(n: int, total: int, began: float, result: Round, run: Run) -> str:
                      for d, t in result.failover.items())
     acked = sum(len(p.acks) for p in run.publishers)
     served = sum(c.total for c in run.consumers)
-    problems = sum(len(r.problems) for r in run.rounds)
+    problems = [p for r in run.rounds for p in r.problems]
+    leader = len(problems) - len(breaches(problems))
     elapsed = time.monotonic() - began
     eta = elapsed / n * (total - n)
     return (f"[{n:>3}/{total} {elapsed / 60:5.1f} min, ~{eta / 60:.0f} min left] "
             f"{result.kind} {result.target}{' (Raft leader)' if result.raft_leader else ''}: "
             f"failover {doors} s | hw {result.high_watermark:,} | acked {acked:,} | "
-            f"served {served:,} | problems {problems}")
+            f"served {served:,} | problems {len(problems) - leader}"
+            + (f" (+{leader} LEADER-ack findings)" if leader else ""))
+
+
+def breaches(problems: list[Problem]) -> list[Problem]:
+    """The problems that break a promise the cluster makes (LEADER acks make none that a
+    failover keeps)."""
+    return [p for p in problems if not p.kind.endswith(LEADER_ACK)]
+
+
+def show(problems: list[Problem], where: str, most: int = 5) -> None:
+    for problem in problems[:most]:
+        print(f"    {where}{problem.kind}: {problem.detail}", flush=True)
+    if len(problems) > most:
+        print(f"    ... and {len(problems) - most} more (the summary lists them)", flush=True)
 
 
 def summary(run: Run, asked: dict[str, int], seconds: float) -> dict:
@@ -84,7 +101,7 @@ def summary(run: Run, asked: dict[str, int], seconds: float) -> dict:
            "seconds": round(seconds),
            "acked": {p.door: len(p.acks) for p in run.publishers},
            "publish_errors": {p.door: p.errors for p in run.publishers},
-           "served": {c.server: c.total for c in run.consumers},
+           "served": {c.label: c.total for c in run.consumers},
            "high_watermark": run.mirror.high_watermark, "failover": {}, "problems": {}}
     for kind in KINDS:
         mine = [r for r in rounds if r.kind == kind]
@@ -98,15 +115,20 @@ def summary(run: Run, asked: dict[str, int], seconds: float) -> dict:
             out["failover"][kind]["first ack, Raft leader hit too"] = spread(raft)
     problems = [(f"{r.kind} #{i} of {r.target}", p) for i, r in enumerate(rounds, 1)
                 for p in r.problems] + [("end", p) for p in run.unchecked_reads()]
-    for _, p in problems:
+    by_fault: dict[str, int] = {}
+    for where, p in problems:
         out["problems"][p.kind] = out["problems"].get(p.kind, 0) + 1
+        by_fault[where] = by_fault.get(where, 0) + 1
+    out["problems_by_fault"] = by_fault
+    out["events"] = [f"t={t:.2f} {what}" for t, what in run.events]
     out["problem_list"] = [f"after {where}: {p.kind}: {p.detail}" for where, p in problems]
     return out
 
 
 async def run(args, cluster: FaultCluster) -> tuple[Run, int]:
-    publishers = [door(cluster, args.rate) for door in DOORS]
-    consumers = [Consumer(cluster, server) for server in cluster.ids]
+    doors = [*DOORS, LeaderAckPublisher] if args.leader_acks else DOORS
+    publishers = [door(cluster, args.rate) for door in doors]
+    consumers = readers(cluster)
     harness = Run(cluster, publishers, consumers, args.stop_s, args.cut_s, args.seed)
     await harness.until("the stream created", cluster.create_stream)
     tasks = [asyncio.create_task(x.run()) for x in [*publishers, *consumers]]
@@ -118,8 +140,8 @@ async def run(args, cluster: FaultCluster) -> tuple[Run, int]:
         for n, kind in enumerate(kinds, 1):
             result = await harness.fault(kind)
             print(progress(n, len(kinds), began, result, harness), flush=True)
-            for problem in result.problems:
-                print(f"    {problem.kind}: {problem.detail}", flush=True)
+            show(result.problems, "")
+        show((await harness.final_check()).problems, "after the last fault: ")
     except Stuck as exc:
         print(f"STUCK: {exc}", flush=True)
         code = 2
@@ -131,7 +153,7 @@ async def run(args, cluster: FaultCluster) -> tuple[Run, int]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[1],
+    parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      prog="cluster_faults.py")
     parser.add_argument("--kills", type=int, default=10, help="leader SIGKILLs (default 10)")
@@ -147,6 +169,10 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=200.0,
                         help="messages/s at most of the rstream and of the NATS publisher, "
                              "each (the gRPC one sends one at a time; default 200)")
+    parser.add_argument("--leader-acks", action="store_true",
+                        help="a fourth publisher: gRPC with AckPolicy LEADER, asking a "
+                             "different server each time who leads (LEADER acks promise no "
+                             "commit; its findings are reported as '... (LEADER ack)')")
     parser.add_argument("--seed", type=int, default=1, help="the faults' order and timing")
     parser.add_argument("--dir", help="cluster folder (default: a temporary one, removed "
                                       "unless problems were found)")
@@ -190,18 +216,21 @@ def main() -> int:
         return code
     result = summary(harness, {"kill": args.kills, "stop": args.stops, "cut": args.cuts,
                                "all": args.restarts}, time.monotonic() - began)
-    print(json.dumps({k: v for k, v in result.items() if k != "problem_list"}, indent=1))
-    for line in result["problem_list"][:100]:
+    print(json.dumps({k: v for k, v in result.items() if k not in ("problem_list", "events")},
+                     indent=1))
+    lines = result["problem_list"]
+    for line in [x for x in lines if LEADER_ACK not in x][:100] + \
+            [x for x in lines if LEADER_ACK in x][:20]:
         print("  " + line)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
-    if result["problem_list"]:
-        print(f"problems found: the cluster folder {directory} is kept")
-        return 1
-    if not args.dir:
+    if lines:
+        print(f"findings: the cluster folder {directory} is kept")
+    elif not args.dir:
         shutil.rmtree(directory, ignore_errors=True)
-    return code
+    findings = [p for r in harness.rounds for p in r.problems] + harness.unchecked_reads()
+    return 1 if breaches(findings) else code
 
 
 if __name__ == "__main__":

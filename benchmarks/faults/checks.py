@@ -27,6 +27,8 @@ from .publishers import Ack, payload
 
 KINDS = ("lost", "duplicate", "order", "offset", "diverged", "rewritten", "corrupt",
          "stale read")
+"""What a Problem may be; an ack that does not mean committed adds LEADER_ACK."""
+LEADER_ACK = " (LEADER ack)"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -109,19 +111,27 @@ class Mirror:
         self.data = data[:pos]
         return problems
 
-    def check_acks(self, door: str, acks: list[Ack]) -> list[Problem]:
+    def check_acks(self, door: str, acks: list[Ack], committed: bool = True) -> list[Problem]:
         """The acks of ``door`` not checked yet (in ack order; every one of a later
         sequence than those checked before): each payload stored, at the offset the ack
-        named, and in sequence order after the door's earlier acked messages."""
+        named, and in sequence order after the door's earlier acked messages. Acks that do
+        not mean committed (``committed`` False: LEADER acks) give problems of the kinds
+        followed by LEADER_ACK."""
+        problems = self._check_acks(door, acks)
+        return problems if committed else \
+            [Problem(p.kind + LEADER_ACK, p.detail) for p in problems]
+
+    def _check_acks(self, door: str, acks: list[Ack]) -> list[Problem]:
         start = self.checked_acks.get(door, 0)
         problems = []
         found = []
         for ack in acks[start:]:
             offset = self.where.get(payload(door, ack.seq))
             if offset is None:
-                problems.append(Problem("lost", f"{door} #{ack.seq} acked (offset "
-                                        f"{ack.offset}) is not in the log (high watermark "
-                                        f"{self.high_watermark})"))
+                by = f" by {ack.server}" if ack.server else ""
+                problems.append(Problem("lost", f"{door} #{ack.seq} acked{by} at "
+                                        f"t={ack.acked:.2f} (offset {ack.offset}) is not in "
+                                        f"the log (high watermark {self.high_watermark})"))
                 continue
             if ack.offset is not None and ack.offset != offset:
                 problems.append(Problem("offset", f"{door} #{ack.seq} acked at offset "

@@ -17,12 +17,13 @@ import signal
 import time
 
 from .checks import Mirror, Problem, compare_replicas, replica_bytes
-from .consumers import Consumer
+from .consumers import Reader
 from .publishers import Publisher
 from .servers import FaultCluster
 
 WAIT_S = 120.0
 FAILOVER_WAIT_S = 60.0
+SETTLE_S = 10.0
 KINDS = ("kill", "stop", "cut", "all")
 
 
@@ -39,13 +40,9 @@ class Round:
     failover: dict[str, float | None]
     """Per door: seconds from the fault to its first ack of a message sent after it."""
     problems: list[Problem]
+    first: float | None = None
+    """Seconds to the first ack on any door whose acks mean committed."""
     high_watermark: int = -1
-
-    @property
-    def first(self) -> float | None:
-        """Seconds to the first ack on any door."""
-        times = [t for t in self.failover.values() if t is not None]
-        return min(times) if times else None
 
 
 def schedule(counts: dict[str, int], seed: int) -> list[str]:
@@ -58,15 +55,20 @@ def schedule(counts: dict[str, int], seed: int) -> list[str]:
 
 class Run:
     def __init__(self, cluster: FaultCluster, publishers: list[Publisher],
-                 consumers: list[Consumer], stop_s: float, cut_s: float, seed: int) -> None:
+                 consumers: list[Reader], stop_s: float, cut_s: float, seed: int) -> None:
         self.cluster = cluster
         self.publishers = publishers
         self.consumers = consumers
         self.stop_s, self.cut_s = stop_s, cut_s
         self.rng = random.Random(seed)
         self.mirror = Mirror()
-        self.pending: dict[str, list[tuple[int, bytes]]] = {c.server: [] for c in consumers}
+        self.pending: dict[str, list[tuple[int, bytes]]] = {c.label: [] for c in consumers}
         self.rounds: list[Round] = []
+        self.events: list[tuple[float, str]] = []
+        """(time.monotonic(), what the harness did): to place findings in time."""
+
+    def event(self, what: str) -> None:
+        self.events.append((time.monotonic(), what))
 
     # -- waiting ---------------------------------------------------------------------------
     async def until(self, what: str, check, timeout: float = WAIT_S):
@@ -119,16 +121,20 @@ class Run:
         t0 = time.monotonic()
         if kind == "kill":
             proc.send_signal(signal.SIGKILL)
+            self.event(f"SIGKILL {leader}")
             await asyncio.to_thread(proc.wait)
             failover = await self.failover(t0)
             self.cluster.restart(index)
+            self.event(f"restart {leader}")
         elif kind == "all":
             for p in self.cluster.procs:
                 p.send_signal(signal.SIGKILL)
+            self.event("SIGKILL all")
             for p in self.cluster.procs:
                 await asyncio.to_thread(p.wait)
             for i in range(len(self.cluster.procs)):
                 self.cluster.restart(i)
+            self.event("restart all")
             failover = await self.failover(t0)
         else:
             if kind == "stop":
@@ -136,6 +142,7 @@ class Run:
             else:
                 await asyncio.to_thread(self.cluster.network.cut, index)
                 t0 = time.monotonic()  # from when the rules are in force
+            self.event(f"{'SIGSTOP' if kind == 'stop' else 'cut'} {leader}")
             measuring = asyncio.create_task(self.failover(t0))
             await asyncio.sleep(max(0.0, (self.stop_s if kind == "stop" else self.cut_s)
                                     - (time.monotonic() - t0)))
@@ -143,9 +150,12 @@ class Run:
                 proc.send_signal(signal.SIGCONT)
             else:
                 await asyncio.to_thread(self.cluster.network.heal, index)
+            self.event(f"{'SIGCONT' if kind == 'stop' else 'heal'} {leader}")
             failover = await measuring
         target = "all" if kind == "all" else leader
-        result = Round(kind, target, raft, failover, [])
+        committed = [failover[p.door] for p in self.publishers
+                     if p.committed and failover[p.door] is not None]
+        result = Round(kind, target, raft, failover, [], min(committed, default=None))
         self.rounds.append(result)
         await self.check(result)
         return result
@@ -153,8 +163,8 @@ class Run:
     # -- checks ----------------------------------------------------------------------------
     async def check(self, result: Round) -> None:
         await asyncio.gather(*(p.pause() for p in self.publishers))
-        newest = max((a.offset for p in self.publishers for a in p.acks[-200:]
-                      if a.offset is not None), default=-1)
+        newest = max((a.offset for p in self.publishers if p.committed
+                      for a in p.acks[-200:] if a.offset is not None), default=-1)
         try:
             leader, part = await self.steady(newest)
         except Stuck:
@@ -162,6 +172,16 @@ class Run:
             result.problems.append(Problem("lost", f"the high watermark stays at "
                                            f"{part.highWatermark}, below the acked offset "
                                            f"{newest}"))
+
+        async def settled():  # the leader's whole log committed (paused: it stays put)
+            now = await self.cluster.partition(leader)
+            return now if now is not None and now.leader == leader and \
+                now.highWatermark == now.newestOffset else None
+        try:
+            part = await self.until("the leader's log committed to its end", settled,
+                                    SETTLE_S)
+        except Stuck:
+            pass  # what is committed is checked; a commit that never comes shows as lost
         high_watermark = part.highWatermark
 
         async def caught_up():
@@ -178,13 +198,23 @@ class Run:
                                     f"watermark {high_watermark}"))
         problems += compare_replicas(copies, len(self.mirror.data))
         for publisher in self.publishers:
-            problems += self.mirror.check_acks(publisher.door, publisher.acks)
+            problems += self.mirror.check_acks(publisher.door, publisher.acks,
+                                               publisher.committed)
         for consumer in self.consumers:
-            found, self.pending[consumer.server] = self.mirror.check_served(
-                consumer.server, self.pending[consumer.server] + consumer.take())
+            found, self.pending[consumer.label] = self.mirror.check_served(
+                consumer.label, self.pending[consumer.label] + consumer.take())
             problems += found
         result.problems += problems
         result.high_watermark = high_watermark
+
+    async def final_check(self) -> Round:
+        """One more check after the last fault, a few seconds on: a message given up on
+        before the last check may have been committed since, and read."""
+        await asyncio.sleep(3)
+        result = Round("end", "-", False, {}, [])
+        self.rounds.append(result)
+        await self.check(result)
+        return result
 
     def unchecked_reads(self) -> list[Problem]:
         """Records served past the last checked high watermark: never committed."""

@@ -7,6 +7,7 @@
 # answer is "no answer" (None), never an exception to the caller.
 from __future__ import annotations
 
+import asyncio
 import base64
 import os
 import secrets
@@ -27,6 +28,15 @@ USER = "faults"
 PORTS = {"stream": 5552, "grpc": 9292, "nats": 4222, "nats_cluster": 6222, "raft": 7000,
          "metrics": 15692}
 """The same in every namespace: each has its own ports."""
+
+
+async def close_quietly(closing, timeout: float = 2.0) -> None:
+    """Await a client's ``closing`` for ``timeout`` s at most, whatever it raises (the
+    server it talked to may be gone)."""
+    try:
+        await asyncio.wait_for(closing, timeout)
+    except Exception:
+        pass
 
 
 class FaultCluster(LocalCluster):
@@ -95,9 +105,11 @@ class FaultCluster(LocalCluster):
                 return stream.partitions[0]
         return None
 
-    async def leader(self, avoid: str | None = None) -> str | None:
-        """The leader some live server names (``avoid`` asked last), or None."""
-        for server in sorted(self.ids, key=lambda s: s == avoid):
+    async def leader(self, avoid: str | None = None, first: str | None = None) -> str | None:
+        """The leader some live server names (``first`` asked first, ``avoid`` last), or
+        None."""
+        start = self.ids.index(first) if first else 0
+        for server in sorted(self.ids[start:] + self.ids[:start], key=lambda s: s == avoid):
             if not self.alive(server):
                 continue
             part = await self.partition(server)
