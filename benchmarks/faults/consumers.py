@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-import grpc
 from rstream import Consumer, ConsumerOffsetSpecification, OffsetType
 from rstream.recovery import BackOffRecoveryStrategy
 

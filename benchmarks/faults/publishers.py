@@ -1,7 +1,9 @@
 # The publishers, one per door, each recording exactly what the cluster acknowledged: rstream
 # on the RabbitMQ Stream door (publisher confirms: the record is committed), the generated
 # gRPC stub (Publish with AckPolicy ALL, one at a time, to the partition leader) and nats-py
-# on the NATS door (enveloped publishes, AckPolicy ALL, acks to the publisher's own inbox).
+# on the NATS door (enveloped publishes, AckPolicy ALL, acks to the publisher's own inbox);
+# and, asked for, a gRPC publisher with AckPolicy LEADER (LeaderAckPublisher), whose acks
+# promise no commit (``committed`` False: its findings are reported apart).
 # Rules: a payload is "<door>:<sequence>" (payload()), each sequence sent once and never
 # retried (a retry is a new sequence), so a payload stored twice is the cluster's duplicate;
 # an ack counts only when the client got it (a late one after the publisher gave up on it is

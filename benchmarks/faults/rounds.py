@@ -54,6 +54,10 @@ def schedule(counts: dict[str, int], seed: int) -> list[str]:
 
 
 class Run:
+    """The faults and checks over one cluster: ``fault(kind)`` runs a round and returns
+    its Round (also kept in ``rounds``), ``final_check()`` checks once more at the end;
+    ``mirror`` is the committed log as checked, ``events`` what was done when."""
+
     def __init__(self, cluster: FaultCluster, publishers: list[Publisher],
                  consumers: list[Reader], stop_s: float, cut_s: float, seed: int) -> None:
         self.cluster = cluster
