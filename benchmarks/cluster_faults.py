@@ -183,6 +183,9 @@ def main() -> int:
 
     def terminate(signum, frame):
         raise KeyboardInterrupt
+    # for SIGINT too: asyncio.run's own handler only cancels the main task, and a
+    # cancellation that a client's wait_for swallows (Python 3.11) would leave the run going
+    signal.signal(signal.SIGINT, terminate)
     signal.signal(signal.SIGTERM, terminate)
     directory = args.dir or tempfile.mkdtemp(prefix="riverlog-faults-")
     network = Network(3)
@@ -199,7 +202,8 @@ def main() -> int:
     except NetworkError as exc:
         print(f"network setup failed: {exc}", file=sys.stderr)
     except KeyboardInterrupt:
-        print("interrupted: stopping the servers, removing the namespaces", file=sys.stderr)
+        print(f"interrupted: stopping the servers, removing the namespaces (the cluster "
+              f"folder {directory} is kept)", file=sys.stderr)
         code = 130
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
