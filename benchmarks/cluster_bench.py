@@ -136,7 +136,7 @@ def cluster(args) -> dict:
         local.start()
         try:
             local.wait_registered()
-            pids = {f"{local.advertised}:{m.ports['grpc']}": p.pid
+            pids = {f"{m.advertised}:{m.ports['grpc']}": p.pid
                     for m, p in zip(local.members, local.procs)}
             ports = local.members[0].ports
             return asyncio.run(measure(ports["stream"], f"{HOST}:{ports['grpc']}", 3,

@@ -1,279 +1,54 @@
-"""Fault harness for a riverlog cluster (issue 13, "How it is shown"): three `riverlog serve`
-processes started with riverlog's own LocalCluster (what `riverlog cluster up` runs), one
-stream of one partition with RF=3 and minISR=2, a publisher on the gRPC door with ALL acks
-(riverlog's generated stub; every attempt sends a new unique id as the value, never a retry
-of an old one, so a value stored twice is the server's duplicate) that re-resolves the
-partition leader through FetchMetadata after every error, and faults injected in a loop:
+"""Fault harness for a riverlog cluster (issue 13, "How it is shown").
 
-- ``--kills`` times: SIGKILL of the partition leader, wait for the first ALL ack of a publish
-  sent after the kill (the failover time), restart the killed server, wait until the ISR
-  holds all three again;
-- ``--stops`` times: SIGSTOP of the leader for ``--stop-s`` (longer than the lag time, 3 s
-  by default), SIGCONT, same measurement and wait.
+Three `riverlog serve` processes (riverlog's LocalCluster, what `riverlog cluster up` runs),
+each in its own network namespace on a bridge (10.213.7.11-13; the harness at 10.213.7.1),
+one stream of one partition with RF=3 and minISR=2, default replication settings. While
+publishers on all three doors run (rstream with publisher confirms, gRPC Publish with
+AckPolicy ALL, nats-py enveloped publishes with AckPolicy ALL) and one gRPC Subscribe
+consumer per server reads its replica (readISRReplica) and an rstream Consumer reads the
+replica rstream picks, faults are injected one at a time, spread evenly through the run:
 
-After each fault, with the publisher paused: every acknowledged id is present exactly once
-and in acknowledgement order on every ISR replica (gRPC Subscribe with readISRReplica from
-the earliest offset to the leader's high watermark), no value is stored twice, and the
-replicas' partition folders are byte-identical up to the high watermark (segment files read
-as plain bytes, chunk headers walked with riverlog.log.chunk; nothing opens a CommitLog).
+  kill   SIGKILL of the partition leader, then restarted          (--kills)
+  stop   SIGSTOP of the leader for --stop-s, then SIGCONT          (--stops)
+  cut    the leader cut off from the other servers by the network
+         (nftables in its namespace) for --cut-s, then healed      (--cuts)
+  all    SIGKILL of all three servers, then all restarted          (--restarts)
 
-Prints a summary (faults, acked, lost, duplicates, failover p50/p99) and exits 1 on any loss,
-duplicate, order or byte mismatch, 2 when the cluster did not come back in time.
+After each fault, once the ISR holds all three again and with the publishers paused: the
+replicas' segment files are byte-identical up to the high watermark and the bytes committed
+earlier unchanged; every acknowledged message is stored exactly once, at the offset its ack
+named, in the order its door sent it; every record a consumer was served is in the log at
+that offset with that payload. Failover: from the fault to each door's first ack of a
+message sent after it (targets for kills: p50 <= 3 s, p99 <= 6 s).
 
-Usage: .venv/bin/python benchmarks/cluster_faults.py [--kills 10] [--stops 1] [--dir DIR]
+Needs root, iproute2 and nftables (apt-get install nftables). Every namespace, link and nft
+table it makes is named rlfault*, and is removed at the end, on Ctrl-C or SIGTERM, and at
+the next start if a run was killed. Exit status: 0 clean (findings on LEADER acks, with
+--leader-acks, are listed but do not count), 1 problems found (listed; the cluster folder is
+kept), 2 the cluster did not come back within 120 s.
+
+Example: .venv/bin/python benchmarks/cluster_faults.py --kills 100 --stops 3 --cuts 3 --restarts 3
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import shutil
 import signal
 import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 
-import grpc
-
-from riverlog.broker.broker import STREAMS_DIR, folder_name
-from riverlog.cluster.local import LocalCluster
-from riverlog.log.chunk import parse_header
-from riverlog.log.segment import SEGMENT_SUFFIX
-from riverlog.protocol.liftbridge import api_pb2 as pb
-from riverlog.protocol.liftbridge.api_pb2_grpc import APIStub
-
-STREAM = "faults"
-PUBLISH_TIMEOUT_S = 2.0
-WAIT_S = 120.0
-
-
-class Stuck(Exception):
-    """The cluster did not reach a state within WAIT_S."""
-
-
-class Harness:
-    """The cluster, one gRPC channel per server, the publisher's records and the figures."""
-
-    def __init__(self, cluster: LocalCluster) -> None:
-        self.cluster = cluster
-        self.ids = [m.id for m in cluster.members]
-        self.stubs = {m.id: APIStub(grpc.aio.insecure_channel(
-            f"{cluster.advertised}:{m.ports['grpc']}")) for m in cluster.members}
-        self.acked: list[tuple[int, int, float, float]] = []
-        """(id, offset, sent at, acked at), monotonic seconds, in acknowledgement order."""
-        self.next_id = 0
-        self.errors = 0
-        self.publishing = asyncio.Event()
-        self.idle = asyncio.Event()
-        self.failovers: list[float] = []
-        self.raft_failovers: list[float] = []
-        """Those of faults that hit the Raft leader too (an election comes first)."""
-        self.problems: list[str] = []
-        self.checked_faults = 0
-
-    # -- metadata ---------------------------------------------------------------------
-    async def partition(self, server: str) -> pb.PartitionMetadata | None:
-        try:
-            meta = await self.stubs[server].FetchMetadata(
-                pb.FetchMetadataRequest(streams=[STREAM]), timeout=1)
-        except grpc.aio.AioRpcError:
-            return None
-        for stream in meta.streamMetadata:
-            if stream.name == STREAM and not stream.error and 0 in stream.partitions:
-                return stream.partitions[0]
-        return None
-
-    async def leader(self, avoid: str | None = None) -> str | None:
-        """The leader some live server names (asking ``avoid`` last), or None."""
-        for server in sorted(self.ids, key=lambda s: s == avoid):
-            if self.cluster.procs[self.ids.index(server)].poll() is not None:
-                continue
-            part = await self.partition(server)
-            if part is not None and part.leader:
-                return part.leader
-        return None
-
-    def raft_leader(self) -> str | None:
-        """The server whose /metrics says it leads the metadata Raft."""
-        for member, proc in zip(self.cluster.members, self.cluster.procs):
-            if proc.poll() is not None:
-                continue
-            url = f"http://{self.cluster.advertised}:{member.ports['metrics']}/metrics"
-            try:
-                with urllib.request.urlopen(url, timeout=1) as r:
-                    if "riverlog_raft_leader 1.0" in r.read().decode():
-                        return member.id
-            except OSError:
-                continue
-        return None
-
-    async def until(self, what: str, check):
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline:
-            result = await check()
-            if result:
-                return result
-            await asyncio.sleep(0.1)
-        raise Stuck(f"still not after {WAIT_S:.0f} s: {what}")
-
-    async def steady(self):
-        """(leader, its partition metadata) once the leader sees all three in its ISR."""
-        async def check():
-            leader = await self.leader()
-            part = leader and await self.partition(leader)
-            return (leader, part) if part and part.leader == leader and \
-                len(part.isr) == len(self.ids) else None
-        return await self.until("the ISR holds every server", check)
-
-    # -- publisher --------------------------------------------------------------------
-    async def publish_forever(self) -> None:
-        leader = None
-        while True:
-            if not self.publishing.is_set():
-                self.idle.set()
-                await self.publishing.wait()
-                self.idle.clear()
-            if leader is None:
-                leader = await self.leader()
-                if leader is None:
-                    await asyncio.sleep(0.05)
-                    continue
-            value, self.next_id = self.next_id, self.next_id + 1
-            sent = time.monotonic()
-            try:
-                resp = await self.stubs[leader].Publish(pb.PublishRequest(
-                    stream=STREAM, value=str(value).encode(), ackPolicy=pb.ALL),
-                    timeout=PUBLISH_TIMEOUT_S)
-            except grpc.aio.AioRpcError:
-                self.errors += 1
-                failed, leader = leader, None
-                await asyncio.sleep(0.02)
-                leader = await self.leader(avoid=failed)
-                continue
-            self.acked.append((value, resp.ack.offset, sent, time.monotonic()))
-
-    async def pause(self) -> None:
-        self.publishing.clear()
-        await self.idle.wait()
-
-    # -- faults -----------------------------------------------------------------------
-    async def fault(self, kind: str, stop_s: float) -> None:
-        leader, _ = await self.steady()
-        raft = await asyncio.to_thread(self.raft_leader) == leader
-        index = self.ids.index(leader)
-        proc = self.cluster.procs[index]
-        self.publishing.set()
-        await self.until("a first ack", lambda: asyncio.sleep(0, bool(self.acked)))
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGKILL if kind == "kill" else signal.SIGSTOP)
-        if kind == "kill":
-            proc.wait()
-
-        async def failed_over():
-            return any(sent > t0 for _, _, sent, _ in self.acked[-50:])
-        await self.until(f"an ack after the {kind} of {leader}", failed_over)
-        self.failovers.append(min(acked for _, _, sent, acked in self.acked[-50:]
-                                  if sent > t0) - t0)
-        if raft:
-            self.raft_failovers.append(self.failovers[-1])
-        if kind == "kill":
-            self.cluster.restart(index)
-        else:
-            await asyncio.sleep(max(0.0, stop_s - (time.monotonic() - t0)))
-            proc.send_signal(signal.SIGCONT)
-        await self.steady()
-        await self.pause()
-        await self.check(f"{kind} #{len(self.failovers)} of {leader}"
-                         + (" (Raft leader)" if raft else ""))
-
-    # -- checks -----------------------------------------------------------------------
-    async def read_replica(self, server: str, high_watermark: int) -> list[tuple[int, bytes]]:
-        out = []
-        stream = self.stubs[server].Subscribe(pb.SubscribeRequest(
-            stream=STREAM, startPosition=pb.EARLIEST, readISRReplica=True,
-            stopPosition=pb.STOP_OFFSET, stopOffset=high_watermark), timeout=WAIT_S)
-        try:
-            async for message in stream:
-                out.append((message.offset, message.value))
-        except grpc.aio.AioRpcError as exc:  # Liftbridge ends a stop position so
-            if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
-                raise
-        return out[1:]  # the first is Liftbridge's empty one: the subscription is made
-
-    def replica_bytes(self, server: str, high_watermark: int) -> bytes:
-        """The bytes of the replica's segments up to the end of the chunk holding
-        ``high_watermark`` (plain reads, chunk headers walked)."""
-        folder = os.path.join(self.cluster.directory, server, STREAMS_DIR,
-                              folder_name(STREAM), "0")
-        names = sorted((n for n in os.listdir(folder) if n.endswith(SEGMENT_SUFFIX)),
-                       key=lambda n: int(n[:-len(SEGMENT_SUFFIX)]))
-        out = bytearray()
-        for name in names:
-            with open(os.path.join(folder, name), "rb") as f:
-                data = f.read()
-            pos = 0
-            while pos < len(data):
-                header = parse_header(data, pos)
-                out += data[pos:pos + header.size]
-                pos += header.size
-                if header.next_offset > high_watermark:
-                    return bytes(out)
-        return bytes(out)
-
-    async def check(self, after: str) -> None:
-        newest_acked = max((offset for _, offset, *_ in self.acked), default=-1)
-
-        async def committed():  # a new leader's high watermark moves on with its followers
-            leader, part = await self.steady()
-            return (leader, part) if part.highWatermark >= newest_acked else None
-        try:
-            leader, part = await self.until(f"the high watermark at offset {newest_acked}",
-                                            committed)
-        except Stuck:
-            leader, part = await self.steady()
-            self.problems.append(f"after {after}: the high watermark stays at "
-                                 f"{part.highWatermark}, below the acked offset {newest_acked}")
-        high_watermark = part.highWatermark
-
-        async def caught_up():
-            parts = [await self.partition(s) for s in part.isr]
-            return all(p is not None and p.highWatermark >= high_watermark for p in parts)
-        await self.until("every ISR replica at the high watermark", caught_up)
-        acked_order = [value for value, *_ in self.acked]
-        acked = set(acked_order)
-        copies = {}
-        for server in part.isr:
-            records = await self.read_replica(server, high_watermark)
-            odd = [(o, v) for o, v in records if not v.isdigit()]
-            if odd:
-                self.problems.append(f"after {after}: {server} holds {len(odd)} records no "
-                                     f"publisher sent, first {odd[:3]}")
-            values = [int(v) for _, v in records if v.isdigit()]
-            seen: dict[int, int] = {}
-            for v in values:
-                seen[v] = seen.get(v, 0) + 1
-            lost = [v for v in acked_order if v not in seen]
-            twice = [v for v, n in seen.items() if n > 1]
-            stored = [v for v in values if v in acked]
-            if lost:
-                self.problems.append(f"after {after}: {server} lacks {len(lost)} acked ids, "
-                                     f"first {lost[:5]}")
-            if twice:
-                self.problems.append(f"after {after}: {server} stores {len(twice)} ids twice, "
-                                     f"first {twice[:5]}")
-            if stored != sorted(stored) or (not lost and stored != acked_order):
-                self.problems.append(f"after {after}: {server} holds the acked ids out of "
-                                     "order")
-            copies[server] = self.replica_bytes(server, high_watermark)
-        if len(set(copies.values())) > 1:
-            sizes = {s: len(b) for s, b in copies.items()}
-            self.problems.append(f"after {after}: replicas differ up to the high watermark "
-                                 f"{high_watermark} (bytes {sizes})")
-        self.checked_faults += 1
-        print(f"{after}: failover {self.failovers[-1]:.2f} s, {len(self.acked)} acked, "
-              f"hw {high_watermark}, ISR {list(part.isr)}, problems {len(self.problems)}",
-              flush=True)
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # not grpc's line per GOAWAY of a killed server
+from faults.consumers import readers  # noqa: E402  benchmarks/faults/
+from faults.network import Network, NetworkError  # noqa: E402
+from faults.publishers import DOORS, LeaderAckPublisher  # noqa: E402
+from faults.checks import LEADER_ACK, Problem  # noqa: E402
+from faults.rounds import KINDS, Round, Run, Stuck, schedule  # noqa: E402
+from faults.servers import FaultCluster  # noqa: E402
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -281,67 +56,185 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-async def run(args, cluster: LocalCluster) -> int:
-    harness = Harness(cluster)
-    await harness.until("a stream created", lambda: create(harness))
-    publisher = asyncio.create_task(harness.publish_forever())
-    started = time.monotonic()
+def spread(values: list[float | None]) -> str:
+    got = [v for v in values if v is not None]
+    missing = len(values) - len(got)
+    if not got:
+        return f"no ack in {missing}" if missing else "-"
+    text = (f"p50 {statistics.median(got):.2f} s, p99 {percentile(got, 0.99):.2f} s, "
+            f"max {max(got):.2f} s (n={len(got)})")
+    return text + (f", no ack within 60 s in {missing}" if missing else "")
+
+
+def progress(n: int, total: int, began: float, result: Round, run: Run) -> str:
+    doors = " ".join(f"{d} {'-' if t is None else f'{t:.2f}'}"
+                     for d, t in result.failover.items())
+    acked = sum(len(p.acks) for p in run.publishers)
+    served = sum(c.total for c in run.consumers)
+    problems = [p for r in run.rounds for p in r.problems]
+    leader = len(problems) - len(breaches(problems))
+    elapsed = time.monotonic() - began
+    eta = elapsed / n * (total - n)
+    return (f"[{n:>3}/{total} {elapsed / 60:5.1f} min, ~{eta / 60:.0f} min left] "
+            f"{result.kind} {result.target}{' (Raft leader)' if result.raft_leader else ''}: "
+            f"failover {doors} s | hw {result.high_watermark:,} | acked {acked:,} | "
+            f"served {served:,} | problems {len(problems) - leader}"
+            + (f" (+{leader} LEADER-ack findings)" if leader else ""))
+
+
+def breaches(problems: list[Problem]) -> list[Problem]:
+    """The problems that break a promise the cluster makes (LEADER acks make none that a
+    failover keeps)."""
+    return [p for p in problems if not p.kind.endswith(LEADER_ACK)]
+
+
+def show(problems: list[Problem], where: str, most: int = 5) -> None:
+    for problem in problems[:most]:
+        print(f"    {where}{problem.kind}: {problem.detail}", flush=True)
+    if len(problems) > most:
+        print(f"    ... and {len(problems) - most} more (the summary lists them)", flush=True)
+
+
+def summary(run: Run, asked: dict[str, int], seconds: float) -> dict:
+    rounds = run.rounds
+    out = {"asked": asked, "checked": {k: sum(r.kind == k for r in rounds) for k in KINDS},
+           "seconds": round(seconds),
+           "acked": {p.door: len(p.acks) for p in run.publishers},
+           "publish_errors": {p.door: p.errors for p in run.publishers},
+           "served": {c.label: c.total for c in run.consumers},
+           "high_watermark": run.mirror.high_watermark, "failover": {}, "problems": {}}
+    for kind in KINDS:
+        mine = [r for r in rounds if r.kind == kind]
+        if not mine:
+            continue
+        out["failover"][kind] = {door: spread([r.failover[door] for r in mine])
+                                 for door in mine[0].failover}
+        out["failover"][kind]["first ack, any door"] = spread([r.first for r in mine])
+        raft = [r.first for r in mine if r.raft_leader]
+        if raft and kind != "all":
+            out["failover"][kind]["first ack, Raft leader hit too"] = spread(raft)
+    problems = [(f"{r.kind} #{i} of {r.target}", p) for i, r in enumerate(rounds, 1)
+                for p in r.problems] + [("end", p) for p in run.unchecked_reads()]
+    by_fault: dict[str, int] = {}
+    for where, p in problems:
+        out["problems"][p.kind] = out["problems"].get(p.kind, 0) + 1
+        by_fault[where] = by_fault.get(where, 0) + 1
+    out["problems_by_fault"] = by_fault
+    out["events"] = [f"t={t:.2f} {what}" for t, what in run.events]
+    out["problem_list"] = [f"after {where}: {p.kind}: {p.detail}" for where, p in problems]
+    return out
+
+
+async def run(args, cluster: FaultCluster) -> tuple[Run, int]:
+    doors = [*DOORS, LeaderAckPublisher] if args.leader_acks else DOORS
+    publishers = [door(cluster, args.rate) for door in doors]
+    consumers = readers(cluster)
+    harness = Run(cluster, publishers, consumers, args.stop_s, args.cut_s, args.seed)
+    await harness.until("the stream created", cluster.create_stream)
+    tasks = [asyncio.create_task(x.run()) for x in [*publishers, *consumers]]
+    kinds = schedule({"kill": args.kills, "stop": args.stops, "cut": args.cuts,
+                      "all": args.restarts}, args.seed)
+    began = time.monotonic()
     code = 0
     try:
-        for kind in ["kill"] * args.kills + ["stop"] * args.stops:
-            await harness.fault(kind, args.stop_s)
+        for n, kind in enumerate(kinds, 1):
+            result = await harness.fault(kind)
+            print(progress(n, len(kinds), began, result, harness), flush=True)
+            show(result.problems, "")
+        show((await harness.final_check()).problems, "after the last fault: ")
     except Stuck as exc:
         print(f"STUCK: {exc}", flush=True)
         code = 2
     finally:
-        publisher.cancel()
-    failovers = harness.failovers
-    print(f"\n{harness.checked_faults} faults checked ({args.kills} kills, {args.stops} stops "
-          f"asked) in {time.monotonic() - started:.0f} s; {len(harness.acked)} acked, "
-          f"{harness.errors} publish errors")
-    if failovers:
-        print(f"failover p50 {statistics.median(failovers):.2f} s, p99 "
-              f"{percentile(failovers, 0.99):.2f} s, max {max(failovers):.2f} s")
-    if harness.raft_failovers:
-        print(f"of which {len(harness.raft_failovers)} hit the Raft leader too: p50 "
-              f"{statistics.median(harness.raft_failovers):.2f} s, max "
-              f"{max(harness.raft_failovers):.2f} s")
-    lost = sum("lacks" in p for p in harness.problems)
-    print(f"problems: {len(harness.problems)} (checks reporting loss: {lost})")
-    for problem in harness.problems:
-        print("  " + problem)
-    return 1 if harness.problems else code
-
-
-async def create(harness: Harness) -> bool:
-    try:
-        await harness.stubs[harness.ids[0]].CreateStream(pb.CreateStreamRequest(
-            name=STREAM, subject=STREAM, replicationFactor=3,
-            minIsr=pb.NullableInt32(value=2)), timeout=10)
-    except grpc.aio.AioRpcError as exc:
-        return exc.code() == grpc.StatusCode.ALREADY_EXISTS
-    return True
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return harness, code
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--kills", type=int, default=10, help="SIGKILLs of the leader")
-    parser.add_argument("--stops", type=int, default=1, help="SIGSTOPs of the leader")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     prog="cluster_faults.py")
+    parser.add_argument("--kills", type=int, default=10, help="leader SIGKILLs (default 10)")
+    parser.add_argument("--stops", type=int, default=1, help="leader SIGSTOPs (default 1)")
+    parser.add_argument("--cuts", type=int, default=1,
+                        help="leader network cuts (default 1)")
+    parser.add_argument("--restarts", type=int, default=1,
+                        help="all three killed and restarted (default 1)")
     parser.add_argument("--stop-s", type=float, default=5.0,
-                        help="how long a SIGSTOP lasts (longer than the 3 s lag time)")
-    parser.add_argument("--dir", help="cluster folder (default: a temporary one)")
+                        help="seconds a SIGSTOP lasts, longer than the 3 s lag time (default 5)")
+    parser.add_argument("--cut-s", type=float, default=8.0,
+                        help="seconds a cut lasts (default 8)")
+    parser.add_argument("--rate", type=float, default=200.0,
+                        help="messages/s at most of the rstream and of the NATS publisher, "
+                             "each (the gRPC one sends one at a time; default 200)")
+    parser.add_argument("--leader-acks", action="store_true",
+                        help="a fourth publisher: gRPC with AckPolicy LEADER, asking a "
+                             "different server each time who leads (LEADER acks promise no "
+                             "commit; its findings are reported as '... (LEADER ack)')")
+    parser.add_argument("--seed", type=int, default=1, help="the faults' order and timing")
+    parser.add_argument("--dir", help="cluster folder (default: a temporary one, removed "
+                                      "unless problems were found)")
+    parser.add_argument("--json", help="write the summary to this file too")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="riverlog-faults-") as tmp:
-        cluster = LocalCluster(args.dir or tmp, 3)
+    if os.geteuid() != 0:
+        parser.error("needs root (network namespaces and nftables)")
+
+    def terminate(signum, frame):
+        raise KeyboardInterrupt
+    # for SIGINT too: asyncio.run's own handler only cancels the main task, and a
+    # cancellation that a client's wait_for swallows (Python 3.11) would leave the run going
+    signal.signal(signal.SIGINT, terminate)
+    signal.signal(signal.SIGTERM, terminate)
+    directory = args.dir or tempfile.mkdtemp(prefix="riverlog-faults-")
+    network = Network(3)
+    cluster = None
+    harness, code = None, 2
+    began = time.monotonic()
+    try:
+        network.setup()
+        cluster = FaultCluster(directory, network)
         cluster.start()
+        print(f"cluster in {directory}: servers " + ", ".join(
+            f"{m.id} at {m.host}" for m in cluster.members), flush=True)
+        harness, code = asyncio.run(run(args, cluster))
+    except NetworkError as exc:
+        print(f"network setup failed: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"interrupted: stopping the servers, removing the namespaces (the cluster "
+              f"folder {directory} is kept)", file=sys.stderr)
+        code = 130
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
-            cluster.wait_registered()
-            return asyncio.run(run(args, cluster))
+            if cluster is not None:
+                for proc in cluster.procs:  # a stopped one cannot take SIGTERM
+                    if proc.poll() is None:
+                        proc.send_signal(signal.SIGCONT)
+                cluster.stop()
         finally:
-            for proc in cluster.procs:  # a stopped one cannot take SIGTERM
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGCONT)
-            cluster.stop()
+            network.teardown()
+    if harness is None:
+        return code
+    result = summary(harness, {"kill": args.kills, "stop": args.stops, "cut": args.cuts,
+                               "all": args.restarts}, time.monotonic() - began)
+    print(json.dumps({k: v for k, v in result.items() if k not in ("problem_list", "events")},
+                     indent=1))
+    lines = result["problem_list"]
+    for line in [x for x in lines if LEADER_ACK not in x][:100] + \
+            [x for x in lines if LEADER_ACK in x][:20]:
+        print("  " + line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    if lines:
+        print(f"findings: the cluster folder {directory} is kept")
+    elif not args.dir:
+        shutil.rmtree(directory, ignore_errors=True)
+    findings = [p for r in harness.rounds for p in r.problems] + harness.unchecked_reads()
+    return 1 if breaches(findings) else code
 
 
 if __name__ == "__main__":

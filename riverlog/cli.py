@@ -260,8 +260,7 @@ def cluster_up(servers: int, directory: str, host: str, advertise: str | None) -
     try:
         cluster.wait_registered(stopping=lambda: bool(stop))
         if not stop:
-            click.echo(table(cluster.members, cluster.advertised,
-                             [p.pid for p in cluster.procs]))
+            click.echo(table(cluster.members, [p.pid for p in cluster.procs]))
             click.echo(f"{servers} servers up (logs in {cluster.directory}/<server>/"
                        f"riverlog.log); press Ctrl-C to stop them")
             sys.stdout.flush()

@@ -46,10 +46,20 @@ def _address(host: str, port: int) -> str:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Member:
-    """One server of a local cluster: its id and the port of each of PORTS."""
+    """One server of a local cluster: its id, the port of each of PORTS, the address every
+    one of them listens on (``host``) and the host the others and clients reach it at
+    (``advertise``; None: advertised_host(host))."""
 
     id: str
     ports: dict[str, int]
+    host: str = "127.0.0.1"
+    advertise: str | None = None
+
+    @property
+    def advertised(self) -> str:
+        """Where this server is reached: ``advertise``, else ``host`` (loopback for a
+        wildcard)."""
+        return advertised_host(self.host, self.advertise)
 
 
 def _free(host: str, port: int = 0) -> int:
@@ -62,7 +72,8 @@ def _free(host: str, port: int = 0) -> int:
         return s.getsockname()[1]
 
 
-def layout(directory: str, servers: int, host: str) -> list[Member]:
+def layout(directory: str, servers: int, host: str,
+           advertise: str | None = None) -> list[Member]:
     """The members of the cluster in ``directory``: those of its LAYOUT_FILE (a port taken
     since is replaced by a free one), else ``servers`` new ones with free ports, ids s0,
     s1, ... The layout is saved. Raises ValueError when the saved layout has another server
@@ -87,7 +98,7 @@ def layout(directory: str, servers: int, host: str) -> list[Member]:
                 port = _free(host)
             taken.add(port)
             ports[name] = port
-        members.append(Member(saved[i]["id"] if saved else f"s{i}", ports))
+        members.append(Member(saved[i]["id"] if saved else f"s{i}", ports, host, advertise))
     os.makedirs(directory, exist_ok=True)
     with open(path + ".tmp", "w") as f:
         json.dump({"servers": [dataclasses.asdict(m) for m in members]}, f, indent=1)
@@ -110,53 +121,53 @@ def raft_password(directory: str) -> str:
     return password
 
 
-def serve_command(member: Member, members: list[Member], directory: str, host: str,
-                  advertised: str | None = None) -> tuple[list[str], dict[str, str]]:
+def serve_command(member: Member, members: list[Member],
+                  directory: str) -> tuple[list[str], dict[str, str]]:
     """The `riverlog serve` command line of ``member`` and the environment it adds (the Raft
-    settings, the password among them). The doors listen on ``host``; the servers reach each
-    other, and tell clients to connect, at ``advertised`` (default: advertised_host(host)),
-    where Raft listens too."""
-    advertised = advertised or advertised_host(host)
+    settings, the password among them). Every door of a member, /metrics included, listens
+    on its ``host``; the servers reach each other, and tell clients to connect, at their
+    ``advertised`` hosts, where Raft listens too."""
     p = member.ports
+    advertised = member.advertised
     others = [m for m in members if m is not member]
     command = [sys.executable, "-m", "riverlog", "serve", "-d",
-               os.path.join(directory, member.id), "--id", member.id, "--host", host,
+               os.path.join(directory, member.id), "--id", member.id, "--host", member.host,
                "--stream-port", str(p["stream"]), "--port", str(p["grpc"]),
                "--nats-port", str(p["nats"]), "--nats-cluster-port", str(p["nats_cluster"]),
-               "--metrics-port", str(p["metrics"])]
-    if advertised != host:
+               "--metrics-host", member.host, "--metrics-port", str(p["metrics"])]
+    if advertised != member.host:
         command += ["--advertised-host", advertised]
     if others:
-        command += ["--nats-routes", ",".join(_address(advertised, m.ports["nats_cluster"])
+        command += ["--nats-routes", ",".join(_address(m.advertised, m.ports["nats_cluster"])
                                               for m in others)]
     env = {"LIFTBRIDGE_RIVERLOG_RAFT_ADDRESS": _address(advertised, p["raft"]),
            "LIFTBRIDGE_RIVERLOG_RAFT_PEERS": ",".join(
-               f"{m.id}={_address(advertised, m.ports['raft'])}" for m in others),
+               f"{m.id}={_address(m.advertised, m.ports['raft'])}" for m in others),
            "LIFTBRIDGE_CLUSTERING_RAFT_BOOTSTRAP_PEERS": ",".join(m.id for m in members),
            "LIFTBRIDGE_RIVERLOG_RAFT_PASSWORD": raft_password(directory)}
     return command, env
 
 
-def registered(host: str, member: Member) -> int:
+def registered(member: Member) -> int:
     """How many servers ``member``'s FetchMetadata lists (0 while it does not answer)."""
     import grpc
 
     from ..protocol.liftbridge import api_pb2 as pb
     from ..protocol.liftbridge.api_pb2_grpc import APIStub
     try:
-        with grpc.insecure_channel(_address(host, member.ports["grpc"])) as channel:
+        with grpc.insecure_channel(_address(member.advertised, member.ports["grpc"])) as channel:
             return len(APIStub(channel).FetchMetadata(pb.FetchMetadataRequest(),
                                                       timeout=2).brokers)
     except grpc.RpcError:
         return 0
 
 
-def table(members: list[Member], host: str, pids: list[int]) -> str:
-    """Where each door of each server is reached (at ``host``, the advertised one) and its
-    process id, one line per server."""
+def table(members: list[Member], pids: list[int]) -> str:
+    """Where each door of each server is reached (its advertised host) and its process id,
+    one line per server."""
     head = ("server", "RabbitMQ Stream", "Liftbridge gRPC", "NATS", "NATS routes", "Raft",
             "metrics", "pid")
-    rows = [head] + [(m.id, *(_address(host, m.ports[n]) for n in PORTS), str(pid))
+    rows = [head] + [(m.id, *(_address(m.advertised, m.ports[n]) for n in PORTS), str(pid))
                      for m, pid in zip(members, pids)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
@@ -165,17 +176,17 @@ def table(members: list[Member], host: str, pids: list[int]) -> str:
 class LocalCluster:
     """N `riverlog serve` processes. ``start()``, ``wait_registered()``, ``restart(i)``,
     ``stop()``; ``members`` and ``procs`` in the same order. Their doors listen on ``host``
-    and are reached at ``advertised`` (advertised_host: ``advertise``, or loopback for a
-    wildcard ``host``)."""
+    and are reached at each member's ``advertised`` host (``advertise``, or loopback for a
+    wildcard ``host``). ``members`` given: those (their hosts and ports as they are, nothing
+    saved) instead of DIR's layout. ``command(member)`` is what a member is started with; a
+    subclass may wrap it (e.g. to run each member in its own network namespace)."""
 
     def __init__(self, directory: str, servers: int, host: str = "127.0.0.1",
-                 advertise: str | None = None) -> None:
+                 advertise: str | None = None, members: list[Member] | None = None) -> None:
         if servers < 1:
             raise ValueError("--servers must be at least 1")
         self.directory = os.path.abspath(directory)
-        self.host = host
-        self.advertised = advertised_host(host, advertise)
-        self.members = layout(self.directory, servers, host)
+        self.members = members or layout(self.directory, servers, host, advertise)
         self.procs: list[subprocess.Popen] = []
 
     def start(self) -> None:
@@ -186,9 +197,12 @@ class LocalCluster:
         with the same ports and data."""
         self.procs[index] = self._spawn(self.members[index])
 
+    def command(self, member: Member) -> tuple[list[str], dict[str, str]]:
+        """The command line ``member`` starts with and the environment it adds."""
+        return serve_command(member, self.members, self.directory)
+
     def _spawn(self, member: Member) -> subprocess.Popen:
-        command, env = serve_command(member, self.members, self.directory, self.host,
-                                     self.advertised)
+        command, env = self.command(member)
         os.makedirs(os.path.join(self.directory, member.id), exist_ok=True)
         with open(os.path.join(self.directory, member.id, "riverlog.log"), "ab") as out:
             return subprocess.Popen(
@@ -214,8 +228,7 @@ class LocalCluster:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"servers {', '.join(m.id for m in waiting)} not registered "
                                    f"within {timeout:.0f} s")
-            waiting = [m for m in waiting
-                       if registered(self.advertised, m) < len(self.members)]
+            waiting = [m for m in waiting if registered(m) < len(self.members)]
             if waiting:
                 time.sleep(0.2)
 

@@ -12,6 +12,9 @@ import itertools
 import os
 import pickle
 import signal
+import subprocess
+import sys
+import urllib.request
 
 import grpc
 import pytest
@@ -89,13 +92,14 @@ async def test_cluster_up_serves_and_survives_the_raft_leaders_kill(cluster_up, 
 def test_members_reach_each_other_at_the_advertised_host(tmp_path):
     # bound to a wildcard, the servers are told of each other (Raft, NATS routes) and tell
     # clients loopback, or the host given; the doors still listen on the wildcard
-    members = [Member(f"s{i}", {name: 7000 + 10 * i + n for n, name in enumerate(
-        ("stream", "grpc", "nats", "nats_cluster", "raft", "metrics"))}) for i in range(2)]
     for host, advertise, expected in [("0.0.0.0", None, "127.0.0.1:7014"),
                                       ("::", None, "[::1]:7014"),
                                       ("0.0.0.0", "10.1.2.3", "10.1.2.3:7014"),
                                       ("127.0.0.1", None, "127.0.0.1:7014")]:
-        command, env = serve_command(members[0], members, str(tmp_path), host, advertise)
+        members = [Member(f"s{i}", {name: 7000 + 10 * i + n for n, name in enumerate(
+            ("stream", "grpc", "nats", "nats_cluster", "raft", "metrics"))}, host, advertise)
+            for i in range(2)]
+        command, env = serve_command(members[0], members, str(tmp_path))
         assert command[command.index("--host") + 1] == host
         told = expected.rsplit(":", 1)[0].strip("[]")
         assert ("--advertised-host" in command) == (told != host)
@@ -136,7 +140,7 @@ class _Restart:
     def __init__(self, directory: str) -> None:
         from riverlog.cluster.local import LocalCluster
         self.cluster = LocalCluster(directory, 3)
-        self.grpc_of = {m.id: f"{self.cluster.advertised}:{m.ports['grpc']}"
+        self.grpc_of = {m.id: f"{m.advertised}:{m.ports['grpc']}"
                         for m in self.cluster.members}
 
     async def leader_seen_by(self, server_id: str) -> str | None:
@@ -153,7 +157,7 @@ class _Restart:
         """Wait until the leader's Raft commit index is on its disk (pysyncobj saves it once a
         second): started again, it replays its journal up to there, where it leads "orders"."""
         member = self.cluster.members[self.index]
-        url = f"http://{self.cluster.advertised}:{member.ports['metrics']}/metrics"
+        url = f"http://{member.advertised}:{member.ports['metrics']}/metrics"
         (_, commit), = (await asyncio.to_thread(scrape, url))["riverlog_raft_commit_index"]
         path = os.path.join(self.cluster.directory, member.id, "raft", "journal.meta")
 
@@ -265,3 +269,20 @@ async def test_a_restarted_leader_acks_no_write_it_later_truncates(tmp_path):
         part = await until("every record committed", all_committed)
         stored = await values(r.grpc_of[leader], "orders", part.highWatermark + 1)
         assert [v for v in acked if v not in stored] == []
+
+
+def test_cluster_up_serves_metrics_where_its_table_says(tmp_path):
+    # every door of a member listens on --host, /metrics too: on 127.0.0.2 (a loopback
+    # address other than the default one) the table's metrics address answers
+    proc = subprocess.Popen([sys.executable, "-m", "riverlog", "cluster", "up", "--servers",
+                             "1", "-d", str(tmp_path / "cluster"), "--host", "127.0.0.2"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        rows = read_table(proc)
+        assert rows["s0"]["metrics"].startswith("127.0.0.2:")
+        with urllib.request.urlopen(f"http://{rows['s0']['metrics']}/metrics",
+                                    timeout=WAIT_S) as response:
+            assert b"riverlog_raft_leader" in response.read()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
