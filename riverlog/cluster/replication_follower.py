@@ -180,9 +180,8 @@ class Follower:
         log_ = self.partition.log
         if value is None or (self._compaction is not None and not self._compaction.done()):
             return
-        try:
-            point = CompactionPoint(*(int(n) for n in value.split()))
-        except (TypeError, ValueError):
+        point = CompactionPoint.parse(value)
+        if point is None:  # no compaction makes it: applied, it could remove newer records
             log.warning("%r: bad %s from %s: %r", self.partition, COMPACTION_HEADER,
                         self.leader, value)
             return
