@@ -73,7 +73,6 @@ class Follower:
         self._loop = asyncio.get_running_loop()
         self._leader_seen = self._reported = self._loop.time()
         self._compaction: asyncio.Task | None = None
-        partition.log.follows_compaction = True
         self._task = self._loop.create_task(self._run())
 
     def stop(self) -> None:

@@ -98,7 +98,6 @@ class Leader:
         self._max_bytes = min(settings.replication_max_bytes,
                               engine.nc.max_payload - 64 - HEADERS_ROOM)
         log_ = partition.log
-        log_.follows_compaction = False
         if self.epoch > log_.epochs.latest_epoch:
             log_.epochs.assign(self.epoch, log_.next_offset)
         log_.epoch = max(log_.epoch, self.epoch)

@@ -690,3 +690,22 @@ async def test_the_brokers_compaction_pass_compacts_only_the_leaders_log(compact
     await eventually(lambda: b.partition().log.compaction_point == point
                      and _records(b.partition()) == _records(a.partition()),
                      what="b applying the leader's compaction point")
+
+
+async def test_a_replica_without_a_leader_does_not_compact_on_its_own(compacting):
+    """b, restarted (its log opened again) while its partition has no leader (a server
+    replaying Raft, or every ISR member down), is assigned without a role: the broker's
+    compaction pass leaves its log alone, as a follower's (compacting by its own segments
+    and committed offset, it would hold other records than the leader's)."""
+    cluster = compacting
+    a, b = cluster.nodes["a"], cluster.nodes["b"]
+    last = await publish_keyed(a, 50, 200)
+    await eventually(lambda: b.partition().committed_offset == last, what="b following")
+    await b.stop()
+    await b.reopen()
+    cluster.set_placement(None, ("a", "b", "c"), 1)
+    await b.start()
+    assert b.partition().committed_offset == last  # the high watermark restored
+    before = _records(b.partition())
+    await b.broker._compact(b.broker.get("s"))
+    assert b.partition().log.compaction_point is None and _records(b.partition()) == before
