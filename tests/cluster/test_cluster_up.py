@@ -18,7 +18,7 @@ import pytest
 
 from _cluster import (WAIT_S, cluster_up, metadata, raft_leader, read_table, start_cluster_up,
                       stop_cluster_up, until, values, with_stream)
-from riverlog.cluster.local import Member, serve_command
+from riverlog.cluster.local import LocalCluster, Member, serve_command
 from riverlog.ops import scrape
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge import api_pb2_grpc
@@ -265,3 +265,13 @@ async def test_a_restarted_leader_acks_no_write_it_later_truncates(tmp_path):
         part = await until("every record committed", all_committed)
         stored = await values(r.grpc_of[leader], "orders", part.highWatermark + 1)
         assert [v for v in acked if v not in stored] == []
+
+
+def test_an_advertised_host_the_doors_do_not_listen_on_is_refused(tmp_path):
+    # the doors, the NATS routes and Raft would be told at an address nothing listens on
+    # (before: the servers started, never reached each other, and `cluster up` timed out)
+    with pytest.raises(ValueError, match="--advertise 10.1.2.3 .* --host 127.0.0.1"):
+        LocalCluster(str(tmp_path / "refused"), 3, "127.0.0.1", "10.1.2.3")
+    assert not (tmp_path / "refused").exists()
+    for host, advertise in [("0.0.0.0", "10.1.2.3"), ("127.0.0.1", "127.0.0.1")]:
+        assert LocalCluster(str(tmp_path / host), 1, host, advertise).advertised == advertise
