@@ -733,8 +733,8 @@ class CommitLog:
         holds the follower's next offset: retention removed it there). The log is then empty
         with ``first_offset == next_offset == offset``, nothing committed below it matters
         (``committed_offset`` = ``offset - 1``), the leader-epoch checkpoint is empty (the
-        leader's chunks bring their epochs) and so is ``compaction_point``; writes waiting for their commit fail
-        (``UncommittedTruncatedError``). Fsyncs before returning."""
+        leader's chunks bring their epochs) and so is ``compaction_point``; writes waiting
+        for their commit fail (``UncommittedTruncatedError``). Fsyncs before returning."""
         if self._closed:
             raise LogClosedError(f"commit log {self.directory} is closed")
         if self._compacting is not None:
