@@ -219,7 +219,9 @@ class Leader:
             return
         followed = (msg.headers or {}).get(EPOCH_HEADER)
         if followed is not None and followed != str(self.epoch):
-            return await self._refuse_epoch(msg, int(followed) if followed.isdigit() else -1)
+            # an epoch in decimal, no more than 20 digits ("²" is a digit, int() refuses it)
+            known = followed.isascii() and followed.isdigit() and len(followed) <= 20
+            return await self._refuse_epoch(msg, int(followed) if known else -1)
         log_ = self.partition.log
         found, end = log_.epochs.epoch_and_end_offset_for(req.leaderEpoch, log_.next_offset)
         await msg.respond(encode_message(api_pb2.LeaderEpochOffsetResponse(
