@@ -348,7 +348,8 @@ async def test_a_chunk_with_a_bad_crc_is_refused_and_fetched_again(nats_url, tmp
         await cluster.close()
 
 
-async def test_a_follower_refuses_a_compaction_point_no_compaction_makes(nats_url, tmp_path):
+async def test_a_follower_refuses_a_compaction_point_no_compaction_makes(nats_url, tmp_path,
+                                                                       caplog):
     """b follows a "leader" played by the test whose answers carry Riverlog-Compaction-Point
     values no compaction makes: not two decimal offsets, negative, past 2**64, or an end past
     upto + 1 ("50 4": applied, the records 5..49 whose keys also come at 0..4, the newest of
@@ -386,6 +387,8 @@ async def test_a_follower_refuses_a_compaction_point_no_compaction_makes(nats_ur
         assert len(b.partition().log._segments) > 2  # closed segments a point would compact
         assert b.partition().log.compaction_point is None
         assert chunk_bytes(b.partition()) == chunk_bytes(source)
+        # each value logged once in a row (every answer carries it): the 8 values, then "50 4"
+        assert len([r for r in caplog.records if COMPACTION_HEADER in r.getMessage()]) == 9
         await leader.close()
     finally:
         await cluster.close()
