@@ -237,8 +237,8 @@ def cluster_group() -> None:
               help="Address every door and the NATS routes listen on.")
 @click.option("--advertise", default=None,
               help="Host the servers reach each other at (Raft listens there) and tell "
-                   "clients to connect to.  [default: --host; 127.0.0.1 for 0.0.0.0, ::1 "
-                   "for ::]")
+                   "clients to connect to; an address of --host unless that is 0.0.0.0 "
+                   "or ::.  [default: --host; 127.0.0.1 for 0.0.0.0, ::1 for ::]")
 def cluster_up(servers: int, directory: str, host: str, advertise: str | None) -> None:
     """Start a cluster of SERVERS servers on free ports, wait until each is registered in
     the cluster metadata, print where each door of each server listens (and its process

@@ -230,7 +230,9 @@ class Broker:
             for partition in stream.partitions:
                 if self.streams.get(stream.name) is not stream:
                     return
-                if partition.log.follows_compaction:  # it applies its leader's compaction
+                # a follower's log applies its leader's compaction; one still compacting (a
+                # new leader's, applying its former leader's point) is done next time
+                if partition.log.follows_compaction or partition.log.compacting:
                     continue
                 result = await partition.log.compact(record_key)
                 if result.rewritten:

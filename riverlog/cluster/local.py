@@ -39,6 +39,22 @@ def advertised_host(host: str, advertise: str | None = None) -> str:
     return advertise or LOOPBACK.get(host, host)
 
 
+def check_advertise(host: str, advertise: str | None) -> None:
+    """Raise ValueError when the servers, listening on ``host``, cannot be reached at
+    ``advertise``: only a wildcard ``host`` listens on every address; any other must be
+    ``advertise`` or one it resolves to (socket.getaddrinfo)."""
+    if not advertise or host in LOOPBACK or advertise == host:
+        return
+    try:
+        resolved = {info[4][0] for info in socket.getaddrinfo(advertise, None)}
+    except OSError:
+        resolved = set()
+    if host not in resolved:
+        raise ValueError(f"--advertise {advertise} is no address of --host {host}: the doors and "
+                         f"the NATS routes listen on --host only (bind to 0.0.0.0 or :: to be "
+                         f"reached at another address)")
+
+
 def _address(host: str, port: int) -> str:
     """``host:port``, an IPv6 host in brackets."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -185,6 +201,7 @@ class LocalCluster:
                  advertise: str | None = None, members: list[Member] | None = None) -> None:
         if servers < 1:
             raise ValueError("--servers must be at least 1")
+        check_advertise(host, advertise)
         self.directory = os.path.abspath(directory)
         self.members = members or layout(self.directory, servers, host, advertise)
         self.procs: list[subprocess.Popen] = []

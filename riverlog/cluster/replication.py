@@ -160,7 +160,8 @@ class Replication:
         the log end when new), followers' fetches are answered and the high watermark is the
         lowest log end across the ISR. Follower: truncate the divergent tail (asking the
         leader for the end of this log's latest epoch), then fetch. No leader, or this
-        server not a replica: nothing runs. The same leader and epoch again only updates the
+        server not a replica: nothing runs. Only the leader's log compacts on its own
+        (``CommitLog.follows_compaction``). The same leader and epoch again only updates the
         ISR. The first assign of a partition restores its high watermark from the checkpoint.
         Raises ValueError for a partition whose log commits its own writes (not replicated).
         """
@@ -183,6 +184,9 @@ class Replication:
         else:
             self._stop_role(replica)
         replica.placement = placement
+        # only the leader compacts on its own; the others, even with no leader known, wait
+        # for its compaction point (a restarted server has no role until it caught up)
+        partition.log.follows_compaction = placement.leader != self.server_id
         subjects = [partition_subject(self.namespace, partition.stream, partition.index, kind)
                     for kind in ("replicate", "offset")]
         if placement.leader == self.server_id:

@@ -73,7 +73,7 @@ class Follower:
         self._loop = asyncio.get_running_loop()
         self._leader_seen = self._reported = self._loop.time()
         self._compaction: asyncio.Task | None = None
-        partition.log.follows_compaction = True
+        self._bad_point: str | None = None  # the last bad COMPACTION_HEADER logged
         self._task = self._loop.create_task(self._run())
 
     def stop(self) -> None:
@@ -180,11 +180,12 @@ class Follower:
         log_ = self.partition.log
         if value is None or (self._compaction is not None and not self._compaction.done()):
             return
-        try:
-            point = CompactionPoint(*(int(n) for n in value.split()))
-        except (TypeError, ValueError):
-            log.warning("%r: bad %s from %s: %r", self.partition, COMPACTION_HEADER,
-                        self.leader, value)
+        point = CompactionPoint.parse(value)
+        if point is None:  # no compaction makes it: applied, it could remove newer records
+            if value != self._bad_point:  # every answer carries it: logged once in a row
+                log.warning("%r: bad %s from %s: %r", self.partition, COMPACTION_HEADER,
+                            self.leader, value)
+            self._bad_point = value
             return
         if (log_.committed_offset < point.upto or log_.compacting
                 or (log_.compaction_point is not None and log_.compaction_point.covers(point))):

@@ -98,7 +98,6 @@ class Leader:
         self._max_bytes = min(settings.replication_max_bytes,
                               engine.nc.max_payload - 64 - HEADERS_ROOM)
         log_ = partition.log
-        log_.follows_compaction = False
         if self.epoch > log_.epochs.latest_epoch:
             log_.epochs.assign(self.epoch, log_.next_offset)
         log_.epoch = max(log_.epoch, self.epoch)
@@ -220,7 +219,9 @@ class Leader:
             return
         followed = (msg.headers or {}).get(EPOCH_HEADER)
         if followed is not None and followed != str(self.epoch):
-            return await self._refuse_epoch(msg, int(followed) if followed.isdigit() else -1)
+            # an epoch in decimal, no more than 20 digits ("²" is a digit, int() refuses it)
+            known = followed.isascii() and followed.isdigit() and len(followed) <= 20
+            return await self._refuse_epoch(msg, int(followed) if known else -1)
         log_ = self.partition.log
         found, end = log_.epochs.epoch_and_end_offset_for(req.leaderEpoch, log_.next_offset)
         await msg.respond(encode_message(api_pb2.LeaderEpochOffsetResponse(

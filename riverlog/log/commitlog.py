@@ -85,8 +85,9 @@ class CommitLog:
         (None before any); saved in the folder with it (``compaction-point``) and read back
         on open, so a restarted leader sends it to its followers at once."""
         self.follows_compaction = False
-        """True while replication follows a leader into this log: it then compacts only by
-        its leader's compaction point (``compact(key_of, point)``), never on its own."""
+        """True while this log is a replica its server does not lead (a follower's, or one
+        whose leader is unknown yet): it then compacts only by its leader's compaction point
+        (``compact(key_of, point)``), never on its own. Set by replication's assign."""
         os.makedirs(self.directory, exist_ok=True)
         self.report = RecoveryReport()
         self._segments: list[Segment] = []
@@ -732,8 +733,8 @@ class CommitLog:
         holds the follower's next offset: retention removed it there). The log is then empty
         with ``first_offset == next_offset == offset``, nothing committed below it matters
         (``committed_offset`` = ``offset - 1``), the leader-epoch checkpoint is empty (the
-        leader's chunks bring their epochs) and so is ``compaction_point``; writes waiting for their commit fail
-        (``UncommittedTruncatedError``). Fsyncs before returning."""
+        leader's chunks bring their epochs) and so is ``compaction_point``; writes waiting
+        for their commit fail (``UncommittedTruncatedError``). Fsyncs before returning."""
         if self._closed:
             raise LogClosedError(f"commit log {self.directory} is closed")
         if self._compacting is not None:

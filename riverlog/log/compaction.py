@@ -42,10 +42,23 @@ class CompactionPoint(NamedTuple):
         """Whether applying ``other`` after this one would remove nothing more."""
         return self.end >= other.end and self.upto >= other.upto
 
+    @classmethod
+    def parse(cls, text: str) -> "CompactionPoint | None":
+        """The point written ``"<end> <upto>"`` (the saved file, COMPACTION_HEADER): two
+        decimal offsets below 2**64 with ``end <= upto + 1``, as every compaction makes it
+        (a larger ``end`` would remove records above ``upto``, the newest of their keys);
+        None for anything else."""
+        fields = text.split()
+        if len(fields) != 2 or not all(n.isascii() and n.isdigit() and len(n) <= 20
+                                       for n in fields):
+            return None
+        end, upto = int(fields[0]), int(fields[1])
+        return cls(end, upto) if end <= upto + 1 and upto < 1 << 64 else None
+
 
 def load_point(directory: str) -> tuple[CompactionPoint | None, str | None]:
     """``(point, problem)``: the point saved in ``directory`` (None when there is none), and
-    why a file that exists was not read (it does not hold two offsets ``end <= upto + 1``;
+    why a file that exists was not read (it does not hold a point, ``CompactionPoint.parse``;
     the point is then None: a follower keeps more records until the next compaction, a
     leader sends its point after its next one). Raises OSError for I/O errors."""
     path = os.path.join(directory, POINT_NAME)
@@ -54,10 +67,9 @@ def load_point(directory: str) -> tuple[CompactionPoint | None, str | None]:
             raw = f.read(64)
     except FileNotFoundError:
         return None, None
-    fields = raw.decode("ascii", "replace").split()
-    if (raw.endswith(b"\n") and len(fields) == 2 and all(n.isdigit() for n in fields)
-            and int(fields[0]) <= int(fields[1]) + 1):
-        return CompactionPoint(int(fields[0]), int(fields[1])), None
+    point = CompactionPoint.parse(raw.decode("ascii", "replace"))
+    if raw.endswith(b"\n") and point is not None:
+        return point, None
     return None, f"{path}: not a compaction point ({raw[:32]!r}); read as none"
 
 

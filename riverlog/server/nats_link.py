@@ -6,7 +6,8 @@
 # the connection for good (nats-py reconnects by itself only after a lost socket, not after an
 # -ERR), a new one is made every RECONNECT_WAIT_S and every reconnect listener is called with
 # it, so its users subscribe again (the closed connection's subscriptions are gone); the state
-# is logged and counted (riverlog_nats_connected, riverlog_nats_reconnects_total).
+# is logged and counted (riverlog_nats_connected, riverlog_nats_reconnects_total); the answers
+# to its requests come under the namespace, out of every NATS user's reach (inbox_prefix).
 from __future__ import annotations
 
 import asyncio
@@ -56,6 +57,15 @@ class NatsLink:
         self._listeners: list[ReconnectListener] = []
         self._stopping = False
         self._reconnect_task: asyncio.Task | None = None
+
+    @property
+    def inbox_prefix(self) -> str:
+        """Where the answers to this connection's requests come (a follower's fetches, a
+        server's status requests): `<namespace>._INBOX`, which every NATS user of the
+        embedded server is denied (nats_auth.py) and riverlog's own user needs anyway on
+        other NATS servers; nats-py's default `_INBOX` lets a user read the answers and race
+        a forged one."""
+        return f"{self.config.namespace}._INBOX"
 
     @property
     def url(self) -> str:
@@ -115,7 +125,7 @@ class NatsLink:
             max_reconnect_attempts=-1, reconnect_time_wait=1,
             error_cb=self._error, disconnected_cb=self._disconnected,
             reconnected_cb=self._reconnected, closed_cb=self._closed,
-            pending_size=64 * 1024 * 1024,
+            pending_size=64 * 1024 * 1024, inbox_prefix=self.inbox_prefix,
             **connect_options(self.config, self.guard, self.auth)), FIRST_CONNECT_TIMEOUT_S)
 
     async def stop(self) -> None:

@@ -21,7 +21,7 @@ import pytest
 
 from _cluster import (WAIT_S, cluster_up, metadata, raft_leader, read_table, start_cluster_up,
                       stop_cluster_up, until, values, with_stream)
-from riverlog.cluster.local import Member, serve_command
+from riverlog.cluster.local import LocalCluster, Member, serve_command
 from riverlog.ops import scrape
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge import api_pb2_grpc
@@ -138,7 +138,6 @@ class _Restart:
     leader's id, ``index`` its place in ``cluster.procs``), ``others``."""
 
     def __init__(self, directory: str) -> None:
-        from riverlog.cluster.local import LocalCluster
         self.cluster = LocalCluster(directory, 3)
         self.grpc_of = {m.id: f"{m.advertised}:{m.ports['grpc']}"
                         for m in self.cluster.members}
@@ -286,3 +285,14 @@ def test_cluster_up_serves_metrics_where_its_table_says(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+
+
+def test_an_advertised_host_the_doors_do_not_listen_on_is_refused(tmp_path):
+    # the doors, the NATS routes and Raft would be told at an address nothing listens on
+    # (before: the servers started, never reached each other, and `cluster up` timed out)
+    with pytest.raises(ValueError, match="--advertise 10.1.2.3 .* --host 127.0.0.1"):
+        LocalCluster(str(tmp_path / "refused"), 3, "127.0.0.1", "10.1.2.3")
+    assert not (tmp_path / "refused").exists()
+    for host, advertise in [("0.0.0.0", "10.1.2.3"), ("127.0.0.1", "127.0.0.1")]:
+        (member,) = LocalCluster(str(tmp_path / host), 1, host, advertise).members
+        assert member.advertised == advertise

@@ -96,3 +96,33 @@ async def test_a_clustered_nats_server_holds_no_password_in_clear(caplog):
     logged = [r.getMessage() for r in caplog.records if "nats-server:" in r.getMessage()]
     assert any("Server is ready" in line for line in logged)
     assert not [line for line in logged if "plaintext" in line.lower()]
+
+
+async def test_answers_to_riverlogs_own_requests_are_out_of_users_reach():
+    """A cluster member's NATS connection gets the answers to its requests (a follower's
+    fetches: the leader's chunks, high watermark and Riverlog-Compaction-Point) on inboxes
+    under `<namespace>.`, which no NATS user may subscribe or publish to. Before, they came
+    on nats-py's `_INBOX.<random>.`, where a client without credentials (the no_auth_user)
+    saw every answer and could race a forged one."""
+    from riverlog.config import NatsConfig
+    from riverlog.server.nats_link import NatsLink
+
+    link = NatsLink(NatsConfig(host=HOST, port=0), name="n0", routes=route_settings(
+        "ns", HOST, free_port(), (f"{HOST}:{free_port()}",), "right"))
+    await link.start()
+    spy = None
+    try:
+        async def leader(msg):
+            await msg.respond(b"chunks")
+        await link.nc.subscribe("liftbridge-default.s.0.replicate", cb=leader)
+        spy = await nats.connect(link.url)  # no credentials
+        seen = await spy.subscribe("_INBOX.>")
+        await spy.flush()
+        reply = await link.nc.request("liftbridge-default.s.0.replicate", b"fetch", timeout=10)
+        assert reply.data == b"chunks"
+        await spy.publish("_INBOX.after", b"")  # reaches the spy after any earlier answer
+        assert (await seen.next_msg(timeout=10)).subject == "_INBOX.after"
+    finally:
+        if spy is not None:
+            await spy.close()
+        await link.stop()

@@ -232,9 +232,11 @@ async def _bad_requests(cluster):
         reply = await client.request(f"{NS}.s.0.offset", b"\x00" * 9, timeout=5)
         assert reply.headers[ERROR_HEADER].startswith("bad-request: ")
         offset_request = encode_message(api_pb2.LeaderEpochOffsetRequest(leaderEpoch=1))
-        reply = await client.request(f"{NS}.s.0.offset", offset_request, timeout=5,
-                                     headers={EPOCH_HEADER: "0"})
-        assert reply.headers[ERROR_HEADER].startswith("stale-epoch: ")
+        # "²" is a digit to str.isdigit, not to int(); int() refuses 4,301 digits or more
+        for followed in ("0", "²", "x", "1" * 5000):
+            reply = await client.request(f"{NS}.s.0.offset", offset_request, timeout=5,
+                                         headers={EPOCH_HEADER: followed})
+            assert reply.headers[ERROR_HEADER].startswith("stale-epoch: "), followed
         # a request for a newer epoch is left to that epoch's leader: no answer from a
         for subject, payload, headers in [
                 (subject, request("b", 0, 2), None),
@@ -288,14 +290,37 @@ async def test_requests_for_a_newer_epoch_are_logged_once_per_epoch(nats_url, tm
         await cluster.close()
 
 
-async def test_a_chunk_with_a_bad_crc_is_refused_and_fetched_again(nats_url, tmp_path):
-    """b follows a "leader" played by the test, which corrupts one byte of its first
-    answer: b appends nothing of it, fetches again and gets the same bytes as the real log."""
+async def play_leader(nats_url: str, source, answer):
+    """Lead partition s/0 from the test, from ``source`` (a partition whose engine never
+    runs): a nats-py connection answering each ReplicationRequest with leader epoch 1, the
+    source's high watermark and its chunks from the offset asked, after
+    ``answer(offset, chunk bytes)`` may change those bytes in place and returns the NATS
+    headers of the answer (or None); LeaderEpochOffsetRequests get end offset 0. Returns
+    the connection: close it."""
     import nats
     from riverlog.protocol.liftbridge import api_pb2
     from riverlog.protocol.liftbridge.envelope import (MsgType, decode_internal, encode_message,
                                                        encode_replication_response)
+    leader = await nats.connect(nats_url)
 
+    async def replicate(msg):
+        req = decode_internal(msg.data, MsgType.ReplicationRequest)
+        data = bytearray(b"".join(bytes(c.raw) for c in source.read_chunks(req.offset, 1 << 20)))
+        headers = answer(req.offset, data)
+        await leader.publish(msg.reply, encode_replication_response(
+            1, source.committed_offset, bytes(data)), headers=headers)
+
+    async def offset(msg):
+        await msg.respond(encode_message(api_pb2.LeaderEpochOffsetResponse(endOffset=0)))
+
+    await leader.subscribe(f"{NS}.s.0.replicate", cb=replicate)
+    await leader.subscribe(f"{NS}.s.0.offset", cb=offset)
+    return leader
+
+
+async def test_a_chunk_with_a_bad_crc_is_refused_and_fetched_again(nats_url, tmp_path):
+    """b follows a "leader" played by the test, which corrupts one byte of its first
+    answer: b appends nothing of it, fetches again and gets the same bytes as the real log."""
     cluster = Cluster(nats_url, tmp_path, ids=("a", "b"))
     try:
         cluster.create_stream(replication_factor=2)
@@ -304,22 +329,13 @@ async def test_a_chunk_with_a_bad_crc_is_refused_and_fetched_again(nats_url, tmp
             source.write_records([b"record %d" % i] * 4)
         source.log.commit(source.log.last_offset)
         answers = []
-        leader = await nats.connect(nats_url)
 
-        async def replicate(msg):
-            req = decode_internal(msg.data, MsgType.ReplicationRequest)
-            chunks = source.read_chunks(req.offset, 1 << 20)
-            data = bytearray(b"".join(bytes(c.raw) for c in chunks))
+        def corrupt_first(offset: int, data: bytearray) -> None:
             if data and not answers:
                 data[-5] ^= 0xFF  # in the last chunk's data: its CRC no longer matches
-            answers.append((req.offset, len(data)))
-            await msg.respond(encode_replication_response(1, source.committed_offset, bytes(data)))
+            answers.append((offset, len(data)))
 
-        async def offset(msg):
-            await msg.respond(encode_message(api_pb2.LeaderEpochOffsetResponse(endOffset=0)))
-
-        await leader.subscribe(f"{NS}.s.0.replicate", cb=replicate)
-        await leader.subscribe(f"{NS}.s.0.offset", cb=offset)
+        leader = await play_leader(nats_url, source, corrupt_first)
         b = cluster.nodes["b"]
         await b.start()
         await eventually(lambda: b.partition().committed_offset == source.committed_offset,
@@ -327,6 +343,52 @@ async def test_a_chunk_with_a_bad_crc_is_refused_and_fetched_again(nats_url, tmp
         assert answers[0][0] == 0 and answers[1][0] == 0  # the same fetch again
         assert b.replication.stats("s", 0)["refused_chunks"] == 1
         assert chunk_bytes(b.partition()) == chunk_bytes(source)
+        await leader.close()
+    finally:
+        await cluster.close()
+
+
+async def test_a_follower_refuses_a_compaction_point_no_compaction_makes(nats_url, tmp_path,
+                                                                       caplog):
+    """b follows a "leader" played by the test whose answers carry Riverlog-Compaction-Point
+    values no compaction makes: not two decimal offsets, negative, past 2**64, or an end past
+    upto + 1 ("50 4": applied, the records 5..49 whose keys also come at 0..4, the newest of
+    each key, would go and 0..4 stay). b keeps following and applies none of them: it holds
+    every record of the leader's log, byte for byte, and no compaction point."""
+    from riverlog.cluster.replication_leader import COMPACTION_HEADER
+    from riverlog.config import LogConfig
+    from riverlog.record import Record, encode_record
+
+    cluster = Cluster(nats_url, tmp_path, ids=("a", "b"),
+                      log_config=LogConfig(segment_max_bytes=4096, compact=True))
+    try:
+        cluster.create_stream(replication_factor=2)
+        source = cluster.nodes["a"].partition()  # a's engine never runs: the test leads
+        for i in range(0, 50, 5):
+            source.write_records([encode_record(Record(value=b"v%d" % j + b"x" * 300,
+                                                        key=b"k%d" % (j % 5)))
+                                  for j in range(i, i + 5)])
+        source.log.commit(source.log.last_offset)
+        values = iter(["50 4", "x", "1", "1 2 3", "-1 -1", "%d %d" % (2**64, 2**64), "4 ²",
+                       "1 " + "9" * 5000])
+        sent = []
+
+        def bad_point(offset: int, data: bytearray) -> dict[str, str]:
+            sent.append(next(values, "50 4"))
+            return {COMPACTION_HEADER: sent[-1]}
+
+        leader = await play_leader(nats_url, source, bad_point)
+        b = cluster.nodes["b"]
+        await b.start()
+        await eventually(lambda: len(sent) > 10 and b.partition().committed_offset == 49,
+                         what="b committing and getting every value")
+        await b.stop()  # no compaction of b's runs after this
+        await b.partition().log.compaction_finished()
+        assert len(b.partition().log._segments) > 2  # closed segments a point would compact
+        assert b.partition().log.compaction_point is None
+        assert chunk_bytes(b.partition()) == chunk_bytes(source)
+        # each value logged once in a row (every answer carries it): the 8 values, then "50 4"
+        assert len([r for r in caplog.records if COMPACTION_HEADER in r.getMessage()]) == 9
         await leader.close()
     finally:
         await cluster.close()
@@ -633,3 +695,41 @@ async def test_the_brokers_compaction_pass_compacts_only_the_leaders_log(compact
     await eventually(lambda: b.partition().log.compaction_point == point
                      and _records(b.partition()) == _records(a.partition()),
                      what="b applying the leader's compaction point")
+
+
+async def test_a_replica_without_a_leader_does_not_compact_on_its_own(compacting):
+    """b, restarted (its log opened again) while its partition has no leader (a server
+    replaying Raft, or every ISR member down), is assigned without a role: the broker's
+    compaction pass leaves its log alone, as a follower's (compacting by its own segments
+    and committed offset, it would hold other records than the leader's)."""
+    cluster = compacting
+    a, b = cluster.nodes["a"], cluster.nodes["b"]
+    last = await publish_keyed(a, 50, 200)
+    await eventually(lambda: b.partition().committed_offset == last, what="b following")
+    await b.stop()
+    await b.reopen()
+    cluster.set_placement(None, ("a", "b", "c"), 1)
+    await b.start()
+    assert b.partition().committed_offset == last  # the high watermark restored
+    before = _records(b.partition())
+    await b.broker._compact(b.broker.get("s"))
+    assert b.partition().log.compaction_point is None and _records(b.partition()) == before
+
+
+async def test_the_brokers_compaction_pass_skips_a_log_already_compacting(compacting, caplog):
+    """A new leader whose log still applies its former leader's compaction point (a
+    follower's, in the background) is skipped by the broker's compaction pass, which goes
+    on with the stream's other partitions; before, compact raised "a compaction is already
+    running", logged as the stream's compaction failing, and the pass ended there."""
+    import logging
+
+    from riverlog.broker.broker import record_key
+    a = compacting.nodes["a"]
+    await publish_keyed(a, 50, 200)
+    running = asyncio.create_task(a.partition().log.compact(record_key))
+    await asyncio.sleep(0)  # the task is in its rewrite, in a worker thread
+    assert a.partition().log.compacting
+    with caplog.at_level(logging.WARNING, logger="riverlog"):
+        await a.broker._compact(a.broker.get("s"))
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert (await running).point is not None
