@@ -77,6 +77,8 @@ def test_without_raft_address_the_single_server_is_unchanged(tmp_path):
     ({"clustering.server.id": ""}, "clustering.server.id: a cluster member needs an id"),
     ({"riverlog.raft.address": "7000"}, "riverlog.raft.address: could not parse"),
     ({"riverlog.raft.address": ":7000"}, "riverlog.raft.address: give host:port"),
+    ({"riverlog.raft.address": "0.0.0.0:7000"}, "riverlog.raft.address: 0.0.0.0 is no address"),
+    ({"riverlog.raft.address": "[::]:7000"}, "riverlog.raft.address: :: is no address"),
 ])
 def test_bad_cluster_settings_refused(tmp_path, extra, message):
     values = {**load(write(tmp_path, CLUSTER_FILE), {}), **extra}
