@@ -275,7 +275,7 @@ def _raft_peers(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(pairs))
 
 
-def _unspecified(host: str) -> bool:
+def unspecified_host(host: str) -> bool:
     """Whether ``host`` is a wildcard address (0.0.0.0, ::), not one to connect to."""
     try:
         return ipaddress.ip_address(host).is_unspecified
@@ -292,7 +292,7 @@ def _cluster(v: dict[str, Any]) -> ClusterConfig | None:
     if not host:
         raise ConfigError("riverlog.raft.address: give host:port (the address the other "
                           "servers reach this one's Raft at)")
-    if _unspecified(host):
+    if unspecified_host(host):
         raise ConfigError(f"riverlog.raft.address: {host} is no address the other servers "
                           f"can reach (it means every address of this machine); give this "
                           f"server's own address, which Raft listens on")

@@ -8,7 +8,12 @@
 # before pysyncobj opens them; a command is applied in pysyncobj's thread on every member in log order, and its
 # MetadataError is the command's result, not an exception in that thread; the event loop
 # never blocks on Raft (callbacks come back through loop.call_soon_threadsafe). Any member
-# accepts a command: pysyncobj forwards it to the Raft leader.
+# accepts a command: pysyncobj forwards it to the Raft leader. Membership is pysyncobj's
+# dynamic membership (on in every member, also bootstrapped ones, so any cluster can grow):
+# a change is one Raft log entry, in effect on each member as soon as it holds the entry (Raft
+# section 6's one-server-at-a-time change), one change at a time (pysyncobj refuses a second
+# until the first is committed), and replayed from the journal, or read from the snapshot,
+# when a member restarts; a member's own start partners are only where it starts from.
 from __future__ import annotations
 
 import asyncio
@@ -130,7 +135,8 @@ class RaftMetadata:
             fullDumpFile=os.path.join(settings.raft_dir, raft_files.SNAPSHOT),
             useFork=False,  # no fork() of a process running an event loop and threads
             raftMinTimeout=lo, raftMaxTimeout=hi, appendEntriesPeriod=lo / 10,
-            connectionTimeout=max(3.5, hi), maxBindRetries=settings.bind_retries)
+            connectionTimeout=max(3.5, hi), maxBindRetries=settings.bind_retries,
+            dynamicMembershipChange=True)
         self._raft = SyncObj(settings.address, list(settings.peers), conf,
                              consumers=[self._replicated])
         try:
@@ -155,6 +161,32 @@ class RaftMetadata:
     def is_leader(self) -> bool:
         return self._raft._isLeader()
 
+    @property
+    def address(self) -> str:
+        """This member's Raft address ("host:port")."""
+        return self._raft.selfNode.address
+
+    def members(self) -> tuple[str, ...]:
+        """The Raft addresses of every member as this one knows them (itself included),
+        sorted: its start partners changed by every membership entry it holds."""
+        return tuple(sorted({self.address} | {n.address for n in self._raft.otherNodes}))
+
+    async def add_member(self, address: str, timeout: float = 30.0) -> None:
+        """Make the member at ``address`` ("host:port") a voting member of the Raft
+        (pysyncobj's addNodeToCluster, forwarded to the Raft leader); returns once the change
+        is committed. The new member is then started with ``members()`` as its partners.
+        Raises RaftUnavailable (no leader, another change still in progress, ``address``
+        already a member: REQUEST_DENIED)."""
+        await self._outcome(lambda done: self._raft.addNodeToCluster(address, callback=done),
+                            f"adding Raft member {address}", timeout)
+
+    async def remove_member(self, address: str, timeout: float = 30.0) -> None:
+        """Take the member at ``address`` out of the Raft (removeNodeFromCluster); returns
+        once committed. Raises RaftUnavailable (also for an address that is no member)."""
+        await self._outcome(
+            lambda done: self._raft.removeNodeFromCluster(address, callback=done),
+            f"removing Raft member {address}", timeout)
+
     def status(self) -> dict[str, int]:
         """This member's Raft progress: ``term``, ``commit_index`` (of the Raft log) and
         ``last_applied`` (the index applied to ``state``). Cheap and non-blocking (reads
@@ -171,17 +203,24 @@ class RaftMetadata:
         KeyError for an unknown name."""
         if name not in TRANSITIONS:
             raise KeyError(f"unknown metadata command {name!r}")
+        return await self._outcome(
+            lambda done: self._replicated.apply(name, arguments, callback=done), name, timeout)
+
+    async def _outcome(self, start: Callable[[Callable[[object, int], None]], None],
+                       what: str, timeout: float) -> object:
+        """``start(callback)`` a pysyncobj command and await the callback's result on the
+        loop; raises as ``submit``."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[object] = loop.create_future()
 
         def done(result: object, error: int) -> None:  # in pysyncobj's thread
             loop.call_soon_threadsafe(_settle, future, result, error)
 
-        self._replicated.apply(name, arguments, callback=done)
+        start(done)
         try:
             return await asyncio.wait_for(future, timeout)
         except TimeoutError:
-            raise RaftUnavailable(f"{name}: no outcome from Raft within {timeout} s "
+            raise RaftUnavailable(f"{what}: no outcome from Raft within {timeout} s "
                                   f"(leader {self.leader})") from None
 
     def watch(self, loop: asyncio.AbstractEventLoop,

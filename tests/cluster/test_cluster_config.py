@@ -69,8 +69,7 @@ def test_without_raft_address_the_single_server_is_unchanged(tmp_path):
     ({"riverlog.raft.password": None}, "riverlog.raft.password: a Raft member needs a password"),
     ({"riverlog.raft.password": None, "clustering.raft.bootstrap.peers": None,
       "clustering.raft.bootstrap.seed": True}, "riverlog.raft.password: a Raft member needs"),
-    ({"clustering.raft.bootstrap.seed": True}, "give exactly one"),
-    ({"clustering.raft.bootstrap.peers": []}, "give exactly one"),
+    ({"clustering.raft.bootstrap.seed": True}, "give at most one"),
     ({"riverlog.raft.peers": {"a": "10.0.0.1:7000"}}, "no Raft address for server 'c'"),
     ({"riverlog.raft.peers": "a"}, "riverlog.raft.peers: expected server id to host:port"),
     ({"riverlog.raft.peers": {"a": "nowhere"}}, "riverlog.raft.peers: could not parse"),
@@ -84,6 +83,17 @@ def test_bad_cluster_settings_refused(tmp_path, extra, message):
     values = {**load(write(tmp_path, CLUSTER_FILE), {}), **extra}
     with pytest.raises(ConfigError, match=message):
         build(values, {})
+
+
+@pytest.mark.parametrize("peers", [None, []])
+def test_neither_seed_nor_peers_joins_a_running_cluster(tmp_path, peers):
+    """Liftbridge's rule: a server that does not bootstrap joins (riverlog.cluster.join)."""
+    values = {**load(write(tmp_path, CLUSTER_FILE), {}), "riverlog.raft.peers": None,
+              "clustering.raft.bootstrap.peers": peers}
+    config, _ = build(values, {})
+    assert config.cluster.joins and config.cluster.peer_addresses == ()
+    seeded, _ = build({**values, "clustering.raft.bootstrap.seed": True}, {})
+    assert not seeded.cluster.joins
 
 
 def test_seed_member_from_config_serves_metadata(tmp_path):

@@ -265,3 +265,23 @@ async def test_a_restarted_leader_acks_no_write_it_later_truncates(tmp_path):
         part = await until("every record committed", all_committed)
         stored = await values(r.grpc_of[leader], "orders", part.highWatermark + 1)
         assert [v for v in acked if v not in stored] == []
+
+
+def test_a_saved_layout_keeps_its_raft_ports(tmp_path):
+    """The Raft members know each other by address, and keep it in their journals and
+    snapshots (dynamic membership): a Raft port taken since the last `up` is a clear error,
+    never silently replaced (the others would wait for the old address); any other port
+    taken is replaced by a free one."""
+    import socket
+    from riverlog.cluster.local import layout
+    first = layout(str(tmp_path), 2, "127.0.0.1")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", first[0].ports["metrics"]))
+        again = layout(str(tmp_path), 2, "127.0.0.1")
+    assert again[0].ports["metrics"] != first[0].ports["metrics"]
+    assert [m.ports["raft"] for m in again] == [m.ports["raft"] for m in first]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", first[1].ports["raft"]))
+        with pytest.raises(ValueError, match=f"the Raft port {first[1].ports['raft']} of server "
+                                             f"s1 is taken"):
+            layout(str(tmp_path), 2, "127.0.0.1")

@@ -1,0 +1,101 @@
+# Adding a server to a running cluster (Liftbridge's Raft join, riverlog/cluster/join.py):
+# three real Apps bootstrapped with static peers, a fourth with neither seed nor peers that
+# asks to join on `<namespace>.raft.metadata.join` over the shared NATS cluster, becomes a
+# Raft member, holds a replica of a stream created afterwards with replicationFactor -1 and
+# receives its records; restarted, it starts from its journal and members file without
+# asking again. A join request that fails its authentication changes nothing. No mocks.
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from _apps import IDS, joiner_config, replica_bytes, stub_of, until
+from riverlog.cluster import join
+from riverlog.protocol.liftbridge import api_pb2 as pb
+from riverlog.protocol.liftbridge.envelope import decode_internal, encode_message, MsgType
+from riverlog.server.app import App
+
+NAMESPACE = "liftbridge-default"
+
+
+async def _publish_all(stub, stream: str, values: list[bytes]) -> list[int]:
+    """Publish ``values`` to partition 0 of ``stream`` with AckPolicy.ALL; their offsets."""
+    offsets = []
+    for value in values:
+        response = await stub.Publish(pb.PublishRequest(
+            stream=stream, value=value, ackPolicy=pb.AckPolicy.ALL), timeout=30)
+        offsets.append(response.ack.offset)
+    return offsets
+
+
+async def test_a_server_joins_a_running_cluster_and_rejoins_from_its_journal(cluster, tmp_path):
+    asked: list[bytes] = []  # join requests, as a member's own NATS connection sees them
+
+    async def seen(msg) -> None:
+        asked.append(msg.data)
+    await cluster[0].nats_link.nc.subscribe(join.subject(NAMESPACE), cb=seen)
+    config = joiner_config(tmp_path, cluster)
+    joiner = App(config)
+    await joiner.start()
+    try:
+        everyone = [*cluster, joiner]
+        await until("d registered on every server and caught up", lambda: all(
+            a.broker.placement.servers() == (*IDS, "d") for a in everyone)
+            and joiner.broker.placement.caught_up)
+        members = tuple(sorted(a.config.cluster.raft_address for a in everyone))
+        await until("four Raft members everywhere", lambda: all(
+            a.cluster.metadata.members() == members for a in everyone))
+        assert len(asked) >= 1
+        decoded = decode_internal(asked[-1], MsgType.RaftJoinRequest)
+        assert (decoded.nodeID, decoded.nodeAddr) == ("d", config.cluster.raft_address)
+
+        channel, stub = stub_of(cluster[1])
+        async with channel:
+            await stub.CreateStream(pb.CreateStreamRequest(
+                name="everywhere", subject="everywhere", replicationFactor=-1), timeout=30)
+            placed = cluster[0].broker.placement.of("everywhere", 0)
+            assert sorted(placed.replicas) == [*IDS, "d"]
+            await until("d holds its replica", lambda: "everywhere" in joiner.broker.streams)
+            assert await _publish_all(stub, "everywhere", [b"one", b"two"]) == [0, 1]
+            leader = everyone[[*IDS, "d"].index(placed.leader)]
+            await until("d committed both records", lambda: joiner.broker.streams[
+                "everywhere"].partitions[0].committed_offset == 1)
+            assert replica_bytes(joiner, "everywhere") == replica_bytes(leader, "everywhere")
+
+            # restarted, d starts from its journal and members file: no join request
+            await joiner.stop()
+            before = len(asked)
+            if placed.leader != "d":
+                assert await _publish_all(stub, "everywhere", [b"three"]) == [2]
+            joiner = App(config)
+            await joiner.start()
+            everyone[-1] = joiner
+            await until("d caught up again", lambda: joiner.broker.placement.caught_up)
+            assert joiner.cluster.metadata.members() == members
+            assert joiner.broker.placement.of("everywhere", 0).replicas == placed.replicas
+            leader = None
+            await until("one leader holds everything committed", lambda: all(
+                a.broker.placement.of("everywhere", 0).leader is not None for a in everyone))
+            leader_id = cluster[0].broker.placement.of("everywhere", 0).leader
+            leader = everyone[[*IDS, "d"].index(leader_id)]
+            end = leader.broker.streams["everywhere"].partitions[0].committed_offset
+            await until("d holds what the leader committed", lambda: joiner.broker.streams[
+                "everywhere"].partitions[0].committed_offset == end)
+            assert replica_bytes(joiner, "everywhere") == replica_bytes(leader, "everywhere")
+            assert len(asked) == before
+    finally:
+        await joiner.stop()
+
+
+async def test_an_unauthenticated_join_request_adds_no_member(cluster):
+    """A join request without the HMAC of the Raft password, or with a wrong one, is
+    dropped by the Raft leader: no answer, the membership stays the same."""
+    nc = cluster[0].nats_link.nc
+    request = encode_message(pb.RaftJoinRequest(nodeID="x", nodeAddr="127.0.0.1:1"))
+    members = cluster[0].cluster.metadata.members()
+    for headers in (None, {join.NONCE_HEADER: "n", join.AUTH_HEADER: "00" * 32}):
+        with pytest.raises(asyncio.TimeoutError):
+            await nc.request(join.subject(NAMESPACE), request, timeout=2, headers=headers)
+    assert all(a.cluster.metadata.members() == members for a in cluster)
+    assert len(members) == 3
