@@ -15,7 +15,8 @@
 # runs on the event loop after every applied change, never blocks it, and one local failure
 # (a stream folder that cannot be made) is logged without stopping the rest; the placement is
 # read synchronously from the latest applied state; leader changes are told to the doors
-# (Placement.leader_changed) after the local streams follow the new state, and counted in
+# (Placement.leader_changed; an ISR change under the same leader, Placement.isr_changed)
+# after the local streams follow the new state, and counted in
 # /metrics (riverlog.metrics: elections, ISR shrinks and expands of partitions held here).
 # A server configured to join a running cluster (neither bootstrap seed nor peers) asks to
 # join (join.py) before its Raft member first starts, and starts it with the members it was
@@ -388,6 +389,8 @@ class ClusterNode:
                     part.leader, part.leader_epoch)
                 if elected and caught_up:
                     self.placement.leader_changed(name, part.index)
+                elif caught_up and prior is not None and prior.isr != part.isr:
+                    self.placement.isr_changed(name, part.index)
                 if prior is not None and me in part.replicas:
                     _count_changes(prior.isr, part.isr, elected)
 
