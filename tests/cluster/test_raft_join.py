@@ -3,7 +3,8 @@
 # asks to join on `<namespace>.raft.metadata.join` over the shared NATS cluster, becomes a
 # Raft member, holds a replica of a stream created afterwards with replicationFactor -1 and
 # receives its records; restarted, it starts from its journal and members file without
-# asking again. A join request that fails its authentication changes nothing. No mocks.
+# asking again, and a bootstrapped member restarted with its static peers knows it from its
+# journal. A join request that fails its authentication changes nothing. No mocks.
 from __future__ import annotations
 
 import asyncio
@@ -84,6 +85,15 @@ async def test_a_server_joins_a_running_cluster_and_rejoins_from_its_journal(clu
                 "everywhere"].partitions[0].committed_offset == end)
             assert replica_bytes(joiner, "everywhere") == replica_bytes(leader, "everywhere")
             assert len(asked) == before
+
+            # a bootstrapped member restarted with its static peers learns of d from its
+            # own journal
+            member = cluster[2]
+            await member.stop()
+            cluster[2] = App(member.config)
+            await cluster[2].start()
+            await until("c caught up", lambda: cluster[2].broker.placement.caught_up)
+            assert cluster[2].cluster.metadata.members() == members
     finally:
         await joiner.stop()
 
