@@ -1,6 +1,7 @@
 # Cluster metadata replicated through Raft with pysyncobj (>= 0.3.17; docs/clustering.md).
 # Owns: the pysyncobj node of this server (its own TCP transport, journal and snapshot in
-# DATA/raft/), the replicated command that applies state.py's transitions, and the bridge
+# DATA/raft/), pysyncobj's admin request removing a member (sent to a running member), the
+# replicated command that applies state.py's transitions, and the bridge
 # between pysyncobj's tick thread and the asyncio event loop. Rules: pysyncobj's wire format
 # is pickle, so a member never starts without a password, even alone (its port would run any
 # pickle sent to it); pysyncobj encrypts and authenticates every message with Fernet, keyed
@@ -25,6 +26,7 @@ from typing import Any, Callable
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.syncobj import SyncObjException
+from pysyncobj.utility import TcpUtility, UtilityException
 
 from ..config import ClusterConfig
 from ..errors import ClusterUnavailableError
@@ -32,6 +34,9 @@ from . import raft_files
 from .state import TRANSITIONS, ClusterState, MetadataError
 
 log = logging.getLogger("riverlog.cluster.metadata")
+
+ADMIN_TIMEOUT_S = 30.0
+"""How long an admin request (remove_member_at) waits for its answer."""
 
 _FAIL_NAMES = {v: k for k, v in vars(FAIL_REASON).items() if k.isupper()}
 
@@ -180,13 +185,6 @@ class RaftMetadata:
         await self._outcome(lambda done: self._raft.addNodeToCluster(address, callback=done),
                             f"adding Raft member {address}", timeout)
 
-    async def remove_member(self, address: str, timeout: float = 30.0) -> None:
-        """Take the member at ``address`` out of the Raft (removeNodeFromCluster); returns
-        once committed. Raises RaftUnavailable (also for an address that is no member)."""
-        await self._outcome(
-            lambda done: self._raft.removeNodeFromCluster(address, callback=done),
-            f"removing Raft member {address}", timeout)
-
     def status(self) -> dict[str, int]:
         """This member's Raft progress: ``term``, ``commit_index`` (of the Raft log) and
         ``last_applied`` (the index applied to ``state``). Cheap and non-blocking (reads
@@ -249,6 +247,29 @@ class RaftMetadata:
     def close(self) -> None:
         """Stop pysyncobj's thread and close its connections and files (blocking)."""
         self._raft.destroy_synchronous()
+
+
+def remove_member_at(member: str, address: str, password: str,
+                     timeout: float = ADMIN_TIMEOUT_S) -> None:
+    """Ask the running member at ``member`` ("host:port", its Raft address) to take the
+    member at ``address`` out of the Raft: pysyncobj's admin request ("remove", encrypted
+    with ``password`` as all Raft traffic), forwarded to the Raft leader, answered once
+    committed. Blocking. Raises RaftUnavailable saying why (no connection, a wrong
+    password, ``address`` no member, the Raft leader's or ``member``'s own address, no
+    leader)."""
+    for where in (member, address):
+        host, sep, port = where.rpartition(":")
+        if not (sep and host and port.isdigit()):
+            raise RaftUnavailable(f"{where!r} is no Raft address (host:port)")
+    try:
+        answer = TcpUtility(password, timeout).executeCommand(member, ["remove", address])
+    except UtilityException as exc:
+        raise RaftUnavailable(f"no answer from the Raft member at {member} ({exc}; a wrong "
+                              f"password is disconnected without an answer)") from None
+    if answer != f"SUCCESS REMOVE {address}":
+        raise RaftUnavailable(f"the Raft did not remove {address}: {answer} (it must be a "
+                              f"member, neither the Raft leader nor {member} itself, and a "
+                              f"leader must be elected)")
 
 
 def _settle(future: asyncio.Future[object], result: object, error: int) -> None:

@@ -21,7 +21,9 @@
 # A server configured to join a running cluster (neither bootstrap seed nor peers) asks to
 # join (join.py) before its Raft member first starts, and starts it with the members it was
 # given (kept in DATA/raft/members, so a restart does not ask again); every member answers
-# join requests while it leads the Raft.
+# join requests while it leads the Raft. A server registers its Raft address as its `raft`
+# door; the Raft leader removes from the metadata a server whose Raft address is no longer
+# a Raft member (`riverlog cluster remove-server`), checking every MEMBERS_CHECK_S.
 from __future__ import annotations
 
 import asyncio
@@ -45,6 +47,10 @@ from .state import ClusterState, Door, MetadataError, NoSuchStream, Server, Stre
 log = logging.getLogger("riverlog.cluster")
 
 REGISTER_RETRY_S = 0.5
+MEMBERS_CHECK_S = 1.0
+"""How often the Raft leader looks for registered servers no longer Raft members."""
+RAFT_DOOR = "raft"
+"""The door a server registers its Raft address under (Door(host, port) of the address)."""
 STATUS_TRIES, STATUS_WAIT_S, STATUS_TIMEOUT_S = 5, 0.1, 2.0
 """Liftbridge's waitForPartitionLeader: 5 status requests, 100 ms apart (best effort)."""
 LEADER_TIMEOUT_S = 15.0
@@ -194,6 +200,7 @@ class ClusterNode:
         self._assigned: set[tuple[str, int]] = set()
         self._unwatch: Callable[[], None] | None = None
         self._register_task: asyncio.Task | None = None
+        self._forget_task: asyncio.Task | None = None
         self._joins: join.JoinAnswers | None = None
 
     async def start(self, doors: Mapping[str, tuple[str, int]], link=None) -> None:
@@ -214,9 +221,12 @@ class ClusterNode:
         loop = asyncio.get_running_loop()
         self._unwatch = self.metadata.watch(loop, self.apply)
         self.apply(self.metadata.state)
-        server = Server(self.server_id, {name: Door(host, port)
-                                         for name, (host, port) in doors.items()})
+        raft_host, _, raft_port = settings.address.rpartition(":")
+        server = Server(self.server_id, {RAFT_DOOR: Door(raft_host, int(raft_port)),
+                                         **{name: Door(host, port)
+                                            for name, (host, port) in doors.items()}})
         self._register_task = loop.create_task(self._register(server))
+        self._forget_task = loop.create_task(self._forget_removed())
         if self.link is not None:
             self._joins = join.JoinAnswers(self.metadata, self.link.config.namespace,
                                            settings.password)
@@ -270,6 +280,27 @@ class ClusterNode:
             self.placement.caught_up = True
             self._follow(self.placement.state, ClusterState())  # every leadership is news
             return
+
+    async def _forget_removed(self) -> None:
+        """While this member leads the Raft: a registered server whose Raft address is no
+        longer a Raft member (taken out with `riverlog cluster remove-server`, pysyncobj's
+        removeNodeFromCluster) is removed from the metadata (state.remove_server)."""
+        while True:
+            await asyncio.sleep(MEMBERS_CHECK_S)
+            metadata = self.metadata
+            if metadata is None or not metadata.is_leader:
+                continue
+            members = set(metadata.members())
+            for server in list(self.placement.state.servers.values()):
+                raft = server.doors.get(RAFT_DOOR)
+                if raft is None or f"{raft.host}:{raft.port}" in members:
+                    continue
+                log.info("server %s (Raft %s:%d) is no Raft member any more: removing it "
+                         "from the metadata", server.id, raft.host, raft.port)
+                try:
+                    await self.placement.submit("remove_server", server_id=server.id)
+                except (MetadataError, RaftUnavailable) as exc:
+                    log.info("removing server %s: %s", server.id, exc)
 
     def _status_subject(self, server_id: str) -> str:
         return f"{self.link.config.namespace}.raft.metadata.status.{server_id}"
@@ -325,8 +356,9 @@ class ClusterNode:
 
     async def stop(self) -> None:
         """Stop following the metadata, replication, and the Raft member."""
-        if self._register_task is not None:
-            self._register_task.cancel()
+        for task in (self._register_task, self._forget_task):
+            if task is not None:
+                task.cancel()
         if self._unwatch is not None:
             self._unwatch()
         if self.replication is not None:

@@ -4,14 +4,18 @@
 # Raft member, holds a replica of a stream created afterwards with replicationFactor -1 and
 # receives its records; restarted, it starts from its journal and members file without
 # asking again, and a bootstrapped member restarted with its static peers knows it from its
-# journal. A join request that fails its authentication changes nothing. No mocks.
+# journal. A join request that fails its authentication changes nothing. `riverlog cluster
+# remove-server` takes it out of the Raft and the metadata again. No mocks.
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 
 import pytest
 
 from _apps import IDS, joiner_config, replica_bytes, stub_of, until
+from riverlog.broker import StreamConfig
 from riverlog.cluster import join
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge.envelope import decode_internal, encode_message, MsgType
@@ -109,3 +113,46 @@ async def test_an_unauthenticated_join_request_adds_no_member(cluster):
             await nc.request(join.subject(NAMESPACE), request, timeout=2, headers=headers)
     assert all(a.cluster.metadata.members() == members for a in cluster)
     assert len(members) == 3
+
+
+async def _remove_server(address: str, member: str, password: str) -> tuple[int, str]:
+    """`riverlog cluster remove-server ADDRESS --member MEMBER`, the password in the
+    environment; (exit code, output)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "riverlog", "cluster", "remove-server", address, "--member",
+        member, env={**os.environ, "LIFTBRIDGE_RIVERLOG_RAFT_PASSWORD": password},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await proc.communicate()
+    return proc.returncode, out.decode()
+
+
+async def test_remove_server_takes_a_server_out_of_raft_and_metadata(cluster, tmp_path):
+    """`riverlog cluster remove-server` takes the joined server out of every member's Raft
+    (pysyncobj's admin request, with the Raft password) and the Raft leader takes it out of
+    the metadata: a stream made afterwards with replicationFactor -1 leaves it out. A wrong
+    password and the Raft leader's own address are refused with a clear error."""
+    joiner = App(joiner_config(tmp_path, cluster))
+    await joiner.start()
+    try:
+        await until("d registered on every server", lambda: all(
+            a.broker.placement.servers() == (*IDS, "d") for a in cluster))
+        d = joiner.config.cluster.raft_address
+        first = cluster[0].config.cluster.raft_address
+        code, out = await _remove_server(d, first, "wrong")
+        assert code != 0 and f"no answer from the Raft member at {first}" in out
+        leader = next(a for a in cluster if a.cluster.metadata.is_leader)
+        other = next(a for a in cluster if a is not leader)
+        code, out = await _remove_server(leader.config.cluster.raft_address,
+                                         other.config.cluster.raft_address, "pw")
+        assert code != 0 and "the Raft did not remove" in out
+        code, out = await _remove_server(d, other.config.cluster.raft_address, "pw")
+        assert code == 0, out
+        three = tuple(sorted(a.config.cluster.raft_address for a in cluster))
+        await until("d out of every member's Raft and metadata", lambda: all(
+            a.cluster.metadata.members() == three and a.broker.placement.servers() == IDS
+            for a in cluster))
+        await cluster[0].broker.placement.create_stream(
+            "after", StreamConfig(subject="after", replication_factor=-1))
+        assert sorted(cluster[0].broker.placement.of("after", 0).replicas) == list(IDS)
+    finally:
+        await joiner.stop()
