@@ -97,8 +97,10 @@ def main() -> None:
               help="Liftbridge cluster namespace.  [default: liftbridge-default]")
 @click.option("--raft-bootstrap-seed", is_flag=True, default=False,
               help="Start the metadata Raft with this server alone (clustering.raft.bootstrap."
-                   "seed; read with riverlog.raft.address, see docs/clustering.md). A single "
-                   "riverlog server always is its own metadata leader.")
+                   "seed; read with riverlog.raft.address, see docs/clustering.md). A cluster "
+                   "member with neither this nor clustering.raft.bootstrap.peers joins a "
+                   "running cluster. A single riverlog server always is its own metadata "
+                   "leader.")
 @click.option("--durability", type=click.Choice([d.value for d in Durability]), default=None,
               help="When appends are fsynced (see docs/durability.md).  [default: interval]")
 @click.option("--fsync-interval-ms", type=int, default=None,

@@ -16,9 +16,10 @@
 # RaftJoinResponse {error}, empty on success; Liftbridge asks 30 times. riverlog's additions,
 # as NATS headers: the answer's `Riverlog-Raft-Members`, the members' Raft addresses but the
 # joiner's, space-separated (pysyncobj's new member starts with them as partners: it accepts
-# connections only from members it knows); on both, `Riverlog-Raft-Nonce` (the request's,
-# random, echoed in the answer) and `Riverlog-Raft-Auth`, an HMAC-SHA256 under the Raft
-# password of the direction, nonce, payload and members. The namespace's subjects are
+# connections only from members it knows); on both, `Riverlog-Raft-Nonce` (the request's:
+# its Unix time in seconds, ".", random hex; echoed in the answer; the leader drops a request
+# whose time is more than JOIN_FRESH_S from its clock) and `Riverlog-Raft-Auth`, an
+# HMAC-SHA256 under the Raft password of the direction, nonce, payload and members. The namespace's subjects are
 # riverlog's own user's on an embedded nats-server (security/nats_auth.py), not on one given
 # with --nats-servers, and a voter added by anyone could keep the cluster from a majority.
 from __future__ import annotations
@@ -28,6 +29,7 @@ import hashlib
 import hmac
 import logging
 import secrets
+import time
 
 from ..config_file import unspecified_host
 from ..errors import ClusterUnavailableError
@@ -40,6 +42,9 @@ log = logging.getLogger("riverlog.cluster.join")
 JOIN_ATTEMPTS = 30  # Liftbridge's defaultRaftJoinAttempts
 JOIN_TIMEOUT_S = 5.0  # per request; the leader answers once the addition is committed
 JOIN_RETRY_S = 1.0  # Liftbridge waits a second between attempts
+JOIN_FRESH_S = 60.0
+"""A request whose nonce's time is further than this from the leader's clock is dropped (a
+recorded request replayed later, e.g. after its server was removed, adds nothing)."""
 MEMBERS_HEADER = "Riverlog-Raft-Members"
 NONCE_HEADER = "Riverlog-Raft-Nonce"
 AUTH_HEADER = "Riverlog-Raft-Auth"
@@ -59,6 +64,19 @@ def _mac(password: str, direction: bytes, nonce: str, payload: bytes,
     return hmac.new(password.encode(), b"\0".join((b"riverlog raft join", direction,
                                                    nonce.encode(), payload, members.encode())),
                     hashlib.sha256).hexdigest()
+
+
+def request_headers(password: str, payload: bytes, now: float | None = None) -> dict:
+    """The NATS headers authenticating join request ``payload``: a nonce of the time
+    (``now``, default the clock's) and random bytes, and the HMAC."""
+    nonce = f"{time.time() if now is None else now:.0f}.{secrets.token_hex(16)}"
+    return {NONCE_HEADER: nonce, AUTH_HEADER: _mac(password, b"request", nonce, payload)}
+
+
+def _stale(nonce: str) -> bool:
+    """Whether the time in a request's ``nonce`` is not within JOIN_FRESH_S of the clock."""
+    sent, _, _ = nonce.partition(".")
+    return not sent.isdigit() or abs(time.time() - int(sent)) > JOIN_FRESH_S
 
 
 def _authentic(headers: dict | None, password: str, direction: bytes, payload: bytes,
@@ -94,8 +112,8 @@ async def ask(nc, namespace: str, server_id: str, address: str, password: str,
     for attempt in range(attempts):
         if attempt:
             await asyncio.sleep(JOIN_RETRY_S)
-        nonce = secrets.token_hex(16)
-        headers = {NONCE_HEADER: nonce, AUTH_HEADER: _mac(password, b"request", nonce, request)}
+        headers = request_headers(password, request)
+        nonce = headers[NONCE_HEADER]
         try:
             reply = await nc.request(subject(namespace), request, timeout=JOIN_TIMEOUT_S,
                                      headers=headers)
@@ -148,6 +166,10 @@ class JoinAnswers:
         if not _authentic(msg.headers, self.password, b"request", msg.data):
             log.warning("a Raft join request failed its authentication (a server with a "
                         "different riverlog.raft.password?): dropped")
+            return
+        if _stale(msg.headers[NONCE_HEADER]):
+            log.warning("a Raft join request sent more than %.0f s from this server's clock "
+                        "(a replayed request, or clocks apart): dropped", JOIN_FRESH_S)
             return
         try:
             request = decode_internal(msg.data, MsgType.RaftJoinRequest)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 
 import pytest
 
@@ -103,12 +104,14 @@ async def test_a_server_joins_a_running_cluster_and_rejoins_from_its_journal(clu
 
 
 async def test_an_unauthenticated_join_request_adds_no_member(cluster):
-    """A join request without the HMAC of the Raft password, or with a wrong one, is
-    dropped by the Raft leader: no answer, the membership stays the same."""
+    """A join request without the HMAC of the Raft password, with a wrong one, or signed
+    right but sent too long ago (replayed) is dropped by the Raft leader: no answer, the
+    membership stays the same."""
     nc = cluster[0].nats_link.nc
     request = encode_message(pb.RaftJoinRequest(nodeID="x", nodeAddr="127.0.0.1:1"))
     members = cluster[0].cluster.metadata.members()
-    for headers in (None, {join.NONCE_HEADER: "n", join.AUTH_HEADER: "00" * 32}):
+    replayed = join.request_headers("pw", request, now=time.time() - 2 * join.JOIN_FRESH_S)
+    for headers in (None, {join.NONCE_HEADER: "n", join.AUTH_HEADER: "00" * 32}, replayed):
         with pytest.raises(asyncio.TimeoutError):
             await nc.request(join.subject(NAMESPACE), request, timeout=2, headers=headers)
     assert all(a.cluster.metadata.members() == members for a in cluster)
