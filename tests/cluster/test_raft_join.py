@@ -4,8 +4,9 @@
 # Raft member, holds a replica of a stream created afterwards with replicationFactor -1 and
 # receives its records; restarted, it starts from its journal and members file without
 # asking again, and a bootstrapped member restarted with its static peers knows it from its
-# journal. A join request that fails its authentication changes nothing. `riverlog cluster
-# remove-server` takes it out of the Raft and the metadata again. No mocks.
+# journal. A join request that fails its authentication changes nothing; a server no leader
+# answers stops with the reason. `riverlog cluster remove-server` takes a server out of the
+# Raft and the metadata again. No mocks.
 from __future__ import annotations
 
 import asyncio
@@ -159,3 +160,18 @@ async def test_remove_server_takes_a_server_out_of_raft_and_metadata(cluster, tm
         assert sorted(cluster[0].broker.placement.of("after", 0).replicas) == list(IDS)
     finally:
         await joiner.stop()
+
+
+async def test_a_server_that_cannot_join_stops_with_the_reason(cluster, tmp_path):
+    """With another Raft password its nats-server's routes are refused (their password
+    derives from it) and no leader hears it: after its attempts it stops with RaftJoinError
+    naming the subject and what to check; the cluster is unchanged."""
+    joiner = App(joiner_config(tmp_path, cluster, password="other"))
+    joiner.cluster.join_attempts = 2
+    with pytest.raises(join.RaftJoinError, match=r"could not join the cluster on "
+                       r"liftbridge-default\.raft\.metadata\.join after 2 attempts: no Raft "
+                       r"leader answered"):
+        await joiner.start()
+    assert not os.path.exists(tmp_path / "d" / "raft" / "members")
+    assert all(a.broker.placement.servers() == IDS and len(a.cluster.metadata.members()) == 3
+               for a in cluster)
