@@ -3,9 +3,11 @@
 # authentication, asking to join (``ask``: a server started with neither bootstrap seed nor
 # peers, before its Raft member first starts) and answering (``JoinAnswers``: every member
 # listens, only the Raft leader answers, as in Liftbridge, which drops the request elsewhere).
-# Rules: the leader answers once the new member's addition (pysyncobj's addNodeToCluster) is
-# committed, or at once when the address is a member already (a join whose answer was lost,
-# asked again: idempotent, as Liftbridge's AddVoter); joins are answered one at a time (Raft
+# Rules: the leader answers once it holds the new member's addition (pysyncobj's
+# addNodeToCluster, in effect on the leader from then on; a seed alone cannot commit it
+# before the new member runs: a majority of two is both), or at once when the address is a
+# member already (a join whose answer was lost, asked again: idempotent, as Liftbridge's
+# AddVoter); joins are answered one at a time (Raft
 # changes membership one server at a time); a request or answer that fails its
 # authentication is dropped and logged, never acted on; asking gives up after JOIN_ATTEMPTS
 # with RaftJoinError naming the last reason.
@@ -40,7 +42,7 @@ from .metadata import RaftMetadata, RaftUnavailable
 log = logging.getLogger("riverlog.cluster.join")
 
 JOIN_ATTEMPTS = 30  # Liftbridge's defaultRaftJoinAttempts
-JOIN_TIMEOUT_S = 5.0  # per request; the leader answers once the addition is committed
+JOIN_TIMEOUT_S = 2.0  # per request; the leader answers once it holds the addition
 JOIN_RETRY_S = 1.0  # Liftbridge waits a second between attempts
 JOIN_FRESH_S = 60.0
 """A request whose nonce's time is further than this from the leader's clock is dropped (a

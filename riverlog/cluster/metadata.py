@@ -35,6 +35,8 @@ from .state import TRANSITIONS, ClusterState, MetadataError
 
 log = logging.getLogger("riverlog.cluster.metadata")
 
+MEMBERS_POLL_S = 0.02
+"""How often add_member looks whether the leader holds the change."""
 ADMIN_TIMEOUT_S = 30.0
 """How long an admin request (remove_member_at) waits for its answer."""
 
@@ -178,12 +180,22 @@ class RaftMetadata:
 
     async def add_member(self, address: str, timeout: float = 30.0) -> None:
         """Make the member at ``address`` ("host:port") a voting member of the Raft
-        (pysyncobj's addNodeToCluster, forwarded to the Raft leader); returns once the change
-        is committed. The new member is then started with ``members()`` as its partners.
-        Raises RaftUnavailable (no leader, another change still in progress, ``address``
-        already a member: REQUEST_DENIED)."""
-        await self._outcome(lambda done: self._raft.addNodeToCluster(address, callback=done),
-                            f"adding Raft member {address}", timeout)
+        (pysyncobj's addNodeToCluster). Called on the Raft leader, it returns once the
+        leader holds the change, committed or not: the change is in effect there from then
+        on (Raft's one-server change, section 6), and a cluster of one cannot commit the
+        addition of its second member before that member runs. The new member is then
+        started with ``members()`` as its partners. Raises RaftUnavailable (no leader,
+        another change still in progress, ``address`` already a member: REQUEST_DENIED; no
+        outcome within ``timeout`` seconds)."""
+        outcome = asyncio.ensure_future(self._outcome(
+            lambda done: self._raft.addNodeToCluster(address, callback=done),
+            f"adding Raft member {address}", timeout))
+        outcome.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, if late
+        while address not in self.members():
+            if outcome.done():
+                outcome.result()  # raises the refusal; else committed, and removed since
+                return
+            await asyncio.wait({outcome}, timeout=MEMBERS_POLL_S)
 
     def status(self) -> dict[str, int]:
         """This member's Raft progress: ``term``, ``commit_index`` (of the Raft log) and

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 import time
@@ -175,3 +176,25 @@ async def test_a_server_that_cannot_join_stops_with_the_reason(cluster, tmp_path
     assert not os.path.exists(tmp_path / "d" / "raft" / "members")
     assert all(a.broker.placement.servers() == IDS and len(a.cluster.metadata.members()) == 3
                for a in cluster)
+
+
+async def test_servers_join_a_seed_alone(tmp_path):
+    """Liftbridge's usual start: one server with --raft-bootstrap-seed, the others join it.
+    The seed's Raft cannot commit the second member's addition without that member (a
+    majority of two is both), so the leader answers once it holds the addition, and the
+    joiner's start commits it; a third server then joins the two."""
+    seed_config = joiner_config(tmp_path, [], server_id="a")
+    seed_config = dataclasses.replace(seed_config, cluster=dataclasses.replace(
+        seed_config.cluster, bootstrap_seed=True))
+    apps = [App(seed_config)]
+    try:
+        await apps[0].start()
+        for server_id in ("b", "c"):
+            apps.append(App(joiner_config(tmp_path, apps, server_id=server_id)))
+            await apps[-1].start()
+        members = tuple(sorted(a.config.cluster.raft_address for a in apps))
+        await until("three members, registered and caught up everywhere", lambda: all(
+            a.cluster.metadata.members() == members and a.broker.placement.caught_up
+            and a.broker.placement.servers() == ("a", "b", "c") for a in apps))
+    finally:
+        await asyncio.gather(*(a.stop() for a in apps), return_exceptions=True)
