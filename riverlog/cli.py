@@ -97,8 +97,10 @@ def main() -> None:
               help="Liftbridge cluster namespace.  [default: liftbridge-default]")
 @click.option("--raft-bootstrap-seed", is_flag=True, default=False,
               help="Start the metadata Raft with this server alone (clustering.raft.bootstrap."
-                   "seed; read with riverlog.raft.address, see docs/clustering.md). A single "
-                   "riverlog server always is its own metadata leader.")
+                   "seed; read with riverlog.raft.address, see docs/clustering.md). A cluster "
+                   "member with neither this nor clustering.raft.bootstrap.peers joins a "
+                   "running cluster. A single riverlog server always is its own metadata "
+                   "leader.")
 @click.option("--durability", type=click.Choice([d.value for d in Durability]), default=None,
               help="When appends are fsynced (see docs/durability.md).  [default: interval]")
 @click.option("--fsync-interval-ms", type=int, default=None,
@@ -275,6 +277,37 @@ def cluster_up(servers: int, directory: str, host: str, advertise: str | None) -
         raise click.ClickException(f"{exc}; stopping the cluster") from None
     finally:
         cluster.stop()
+
+
+@cluster_group.command("remove-server")
+@click.argument("raft_address")
+@click.option("--member", required=True, metavar="HOST:PORT",
+              help="The Raft address of another member of the cluster, which takes the "
+                   "request (not the server removed).")
+@click.option("--password-file", type=click.Path(exists=True, dir_okay=False),
+              help="A file holding the Raft password (e.g. DIR/raft-password of `cluster "
+                   "up`).  [default: LIFTBRIDGE_RIVERLOG_RAFT_PASSWORD]")
+def cluster_remove_server(raft_address: str, member: str, password_file: str | None) -> None:
+    """Take the server whose Raft address is RAFT_ADDRESS out of a running cluster: out of
+    the metadata Raft (pysyncobj's removeNodeFromCluster, over --member's Raft port with
+    the Raft password), then, by the Raft leader, out of the cluster metadata (new streams
+    no longer place replicas on it; existing replicas stay). The Raft leader cannot be
+    removed: ask again once another member leads."""
+    from .cluster.metadata import RaftUnavailable, remove_member_at
+    if password_file:
+        with open(password_file) as f:
+            password = f.read().strip()
+    else:
+        password = os.environ.get("LIFTBRIDGE_RIVERLOG_RAFT_PASSWORD", "")
+    if not password:
+        raise click.ClickException("the Raft password: give --password-file or set "
+                                   "LIFTBRIDGE_RIVERLOG_RAFT_PASSWORD")
+    try:
+        remove_member_at(member, raft_address, password)
+    except RaftUnavailable as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"removed {raft_address} from the metadata Raft; the Raft leader removes its "
+               f"server from the metadata within a second")
 
 
 @main.group("log")

@@ -300,9 +300,11 @@ class ClusterConfig:
     ``server_id`` is ``clustering.server.id``; the initial members are either this server
     alone (``bootstrap_seed``, Liftbridge's ``clustering.raft.bootstrap.seed``) or the
     server ids of ``bootstrap_peers`` (``clustering.raft.bootstrap.peers``; this server's id
-    may be among them, as in Liftbridge). Until Raft runs over NATS, members reach each
-    other over TCP: ``raft_address`` ("host:port", ``riverlog.raft.address``) is this
-    server's, ``raft_peers`` (``riverlog.raft.peers``) maps the other ids to theirs.
+    may be among them, as in Liftbridge); with neither, this server joins a running cluster
+    (``joins``: Liftbridge's Raft join, riverlog.cluster.join). Until Raft runs over NATS,
+    members reach each other over TCP: ``raft_address`` ("host:port",
+    ``riverlog.raft.address``) is this server's, ``raft_peers`` (``riverlog.raft.peers``)
+    maps the other ids to theirs.
     ``raft_password`` (``riverlog.raft.password``, required) authenticates and encrypts Raft
     traffic. Raises ValueError naming the key."""
 
@@ -323,10 +325,10 @@ class ClusterConfig:
             raise ValueError("clustering.min.insync.replicas must be >= 1")
         if not self.server_id:
             raise ValueError("clustering.server.id: a cluster member needs an id")
-        if self.bootstrap_seed == bool(self.bootstrap_peers):
+        if self.bootstrap_seed and self.bootstrap_peers:
             raise ValueError("clustering.raft.bootstrap.seed or clustering.raft.bootstrap."
-                             "peers: give exactly one (joining a running cluster is not "
-                             "supported yet)")
+                             "peers: give at most one (neither: this server joins a running "
+                             "cluster)")
         known = dict(self.raft_peers)
         missing = [p for p in self.peer_ids if p not in known]
         if missing:
@@ -334,6 +336,12 @@ class ClusterConfig:
         if not self.raft_password:
             raise ValueError("riverlog.raft.password: a Raft member needs a password, even "
                              "alone (Raft messages are pickles)")
+
+    @property
+    def joins(self) -> bool:
+        """Whether this server joins a running cluster (neither seed nor peers) instead of
+        bootstrapping one."""
+        return not (self.bootstrap_seed or self.bootstrap_peers)
 
     @property
     def peer_ids(self) -> tuple[str, ...]:

@@ -12,6 +12,7 @@
 # and dots as underscores (LIFTBRIDGE_DATA_DIR) or kept (LIFTBRIDGE_DATA.DIR, Liftbridge's form).
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
 import re
@@ -274,6 +275,14 @@ def _raft_peers(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(pairs))
 
 
+def unspecified_host(host: str) -> bool:
+    """Whether ``host`` is a wildcard address (0.0.0.0, ::), not one to connect to."""
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:  # a host name
+        return False
+
+
 def _cluster(v: dict[str, Any]) -> ClusterConfig | None:
     """ClusterConfig when ``riverlog.raft.address`` is set (docs/clustering.md), else None."""
     if v.get("riverlog.raft.address") is None:
@@ -283,6 +292,10 @@ def _cluster(v: dict[str, Any]) -> ClusterConfig | None:
     if not host:
         raise ConfigError("riverlog.raft.address: give host:port (the address the other "
                           "servers reach this one's Raft at)")
+    if unspecified_host(host):
+        raise ConfigError(f"riverlog.raft.address: {host} is no address the other servers "
+                          f"can reach (it means every address of this machine); give this "
+                          f"server's own address, which Raft listens on")
     seed = v.get("clustering.raft.bootstrap.seed")
     peers = v.get("clustering.raft.bootstrap.peers")
     try:

@@ -71,7 +71,7 @@ class Placement:
 
     def __init__(self, server_id: str = "") -> None:
         self.server_id = server_id
-        self._listeners: list[LeaderListener] = []
+        self._listeners: list[tuple[LeaderListener, bool]] = []
         self._flag_listeners: list[FlagListener] = []
 
     def of(self, stream: str, index: int) -> PartitionPlacement | None:
@@ -158,15 +158,25 @@ class Placement:
         for listener in list(self._flag_listeners):
             listener(stream, index, flags)
 
-    def add_leader_listener(self, listener: LeaderListener) -> Callable[[], None]:
-        """Call ``listener`` after each leader change; returns a function that removes it."""
-        self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+    def add_leader_listener(self, listener: LeaderListener,
+                            isr: bool = False) -> Callable[[], None]:
+        """Call ``listener`` after each leader change (with ``isr``, also after each change of
+        the in-sync replicas under the same leader); returns a function that removes it."""
+        entry = (listener, isr)
+        self._listeners.append(entry)
+        return lambda: self._listeners.remove(entry) if entry in self._listeners else None
 
     def leader_changed(self, stream: str, index: int) -> None:
         """Tell the listeners (the implementation calls this, on the event loop)."""
-        for listener in list(self._listeners):
+        for listener, _ in list(self._listeners):
             listener(stream, index)
+
+    def isr_changed(self, stream: str, index: int) -> None:
+        """Tell the listeners that asked for ISR changes that the partition's in-sync
+        replicas changed, not its leader (the implementation calls this, on the loop)."""
+        for listener, isr in list(self._listeners):
+            if isr:
+                listener(stream, index)
 
 
 class LocalPlacement(Placement):

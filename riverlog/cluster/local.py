@@ -2,7 +2,8 @@
 # clustering and for tests (docs/clustering.md "Three servers on one machine"). Owns the
 # layout of DIR (one data folder per server, `DIR/<id>/`, its log in `DIR/<id>/riverlog.log`,
 # the Raft password in `DIR/raft-password`, mode 0600, generated once; the ports of every door
-# in `DIR/cluster.json`, reused by the next `up` when they are still free), starting the
+# in `DIR/cluster.json`, reused by the next `up` when they are still free; a Raft port must
+# be: the members know each other by it), starting the
 # servers, waiting until every one is registered in the cluster metadata, and stopping them.
 # Rules: every port is free when picked (never a fixed default), the password never appears on
 # a command line (it goes through the environment), a server that exits while starting stops
@@ -91,9 +92,9 @@ def _free(host: str, port: int = 0) -> int:
 def layout(directory: str, servers: int, host: str,
            advertise: str | None = None) -> list[Member]:
     """The members of the cluster in ``directory``: those of its LAYOUT_FILE (a port taken
-    since is replaced by a free one), else ``servers`` new ones with free ports, ids s0,
-    s1, ... The layout is saved. Raises ValueError when the saved layout has another server
-    count than ``servers``."""
+    since is replaced by a free one, except a Raft port), else ``servers`` new ones with
+    free ports, ids s0, s1, ... The layout is saved. Raises ValueError when the saved layout
+    has another server count than ``servers``, or a saved Raft port is taken."""
     path = os.path.join(directory, LAYOUT_FILE)
     saved: list[dict] = []
     if os.path.exists(path):
@@ -110,6 +111,11 @@ def layout(directory: str, servers: int, host: str,
         for name in PORTS:
             port = old.get(name, 0)
             port = _free(host, port) if port and port not in taken else 0
+            if not port and old.get(name) and name == "raft":
+                raise ValueError(
+                    f"the Raft port {old[name]} of server {saved[i]['id']} is taken: the "
+                    f"Raft members know each other by it (their journals and snapshots keep "
+                    f"it), so it cannot change; free it, or use another directory")
             while not port or port in taken:
                 port = _free(host)
             taken.add(port)

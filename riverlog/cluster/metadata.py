@@ -1,6 +1,7 @@
 # Cluster metadata replicated through Raft with pysyncobj (>= 0.3.17; docs/clustering.md).
 # Owns: the pysyncobj node of this server (its own TCP transport, journal and snapshot in
-# DATA/raft/), the replicated command that applies state.py's transitions, and the bridge
+# DATA/raft/), pysyncobj's admin request removing a member (sent to a running member), the
+# replicated command that applies state.py's transitions, and the bridge
 # between pysyncobj's tick thread and the asyncio event loop. Rules: pysyncobj's wire format
 # is pickle, so a member never starts without a password, even alone (its port would run any
 # pickle sent to it); pysyncobj encrypts and authenticates every message with Fernet, keyed
@@ -8,7 +9,12 @@
 # before pysyncobj opens them; a command is applied in pysyncobj's thread on every member in log order, and its
 # MetadataError is the command's result, not an exception in that thread; the event loop
 # never blocks on Raft (callbacks come back through loop.call_soon_threadsafe). Any member
-# accepts a command: pysyncobj forwards it to the Raft leader.
+# accepts a command: pysyncobj forwards it to the Raft leader. Membership is pysyncobj's
+# dynamic membership (on in every member, also bootstrapped ones, so any cluster can grow):
+# a change is one Raft log entry, in effect on each member as soon as it holds the entry (Raft
+# section 6's one-server-at-a-time change), one change at a time (pysyncobj refuses a second
+# until the first is committed), and replayed from the journal, or read from the snapshot,
+# when a member restarts; a member's own start partners are only where it starts from.
 from __future__ import annotations
 
 import asyncio
@@ -20,6 +26,7 @@ from typing import Any, Callable
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
 from pysyncobj.syncobj import SyncObjException
+from pysyncobj.utility import TcpUtility, UtilityException
 
 from ..config import ClusterConfig
 from ..errors import ClusterUnavailableError
@@ -27,6 +34,11 @@ from . import raft_files
 from .state import TRANSITIONS, ClusterState, MetadataError
 
 log = logging.getLogger("riverlog.cluster.metadata")
+
+MEMBERS_POLL_S = 0.02
+"""How often add_member looks whether the leader holds the change."""
+ADMIN_TIMEOUT_S = 30.0
+"""How long an admin request (remove_member_at) waits for its answer."""
 
 _FAIL_NAMES = {v: k for k, v in vars(FAIL_REASON).items() if k.isupper()}
 
@@ -130,7 +142,8 @@ class RaftMetadata:
             fullDumpFile=os.path.join(settings.raft_dir, raft_files.SNAPSHOT),
             useFork=False,  # no fork() of a process running an event loop and threads
             raftMinTimeout=lo, raftMaxTimeout=hi, appendEntriesPeriod=lo / 10,
-            connectionTimeout=max(3.5, hi), maxBindRetries=settings.bind_retries)
+            connectionTimeout=max(3.5, hi), maxBindRetries=settings.bind_retries,
+            dynamicMembershipChange=True)
         self._raft = SyncObj(settings.address, list(settings.peers), conf,
                              consumers=[self._replicated])
         try:
@@ -155,6 +168,35 @@ class RaftMetadata:
     def is_leader(self) -> bool:
         return self._raft._isLeader()
 
+    @property
+    def address(self) -> str:
+        """This member's Raft address ("host:port")."""
+        return self._raft.selfNode.address
+
+    def members(self) -> tuple[str, ...]:
+        """The Raft addresses of every member as this one knows them (itself included),
+        sorted: its start partners changed by every membership entry it holds."""
+        return tuple(sorted({self.address} | {n.address for n in self._raft.otherNodes}))
+
+    async def add_member(self, address: str, timeout: float = 30.0) -> None:
+        """Make the member at ``address`` ("host:port") a voting member of the Raft
+        (pysyncobj's addNodeToCluster). Called on the Raft leader, it returns once the
+        leader holds the change, committed or not: the change is in effect there from then
+        on (Raft's one-server change, section 6), and a cluster of one cannot commit the
+        addition of its second member before that member runs. The new member is then
+        started with ``members()`` as its partners. Raises RaftUnavailable (no leader,
+        another change still in progress, ``address`` already a member: REQUEST_DENIED; no
+        outcome within ``timeout`` seconds)."""
+        outcome = asyncio.ensure_future(self._outcome(
+            lambda done: self._raft.addNodeToCluster(address, callback=done),
+            f"adding Raft member {address}", timeout))
+        outcome.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, if late
+        while address not in self.members():
+            if outcome.done():
+                outcome.result()  # raises the refusal; else committed, and removed since
+                return
+            await asyncio.wait({outcome}, timeout=MEMBERS_POLL_S)
+
     def status(self) -> dict[str, int]:
         """This member's Raft progress: ``term``, ``commit_index`` (of the Raft log) and
         ``last_applied`` (the index applied to ``state``). Cheap and non-blocking (reads
@@ -171,17 +213,24 @@ class RaftMetadata:
         KeyError for an unknown name."""
         if name not in TRANSITIONS:
             raise KeyError(f"unknown metadata command {name!r}")
+        return await self._outcome(
+            lambda done: self._replicated.apply(name, arguments, callback=done), name, timeout)
+
+    async def _outcome(self, start: Callable[[Callable[[object, int], None]], None],
+                       what: str, timeout: float) -> object:
+        """``start(callback)`` a pysyncobj command and await the callback's result on the
+        loop; raises as ``submit``."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[object] = loop.create_future()
 
         def done(result: object, error: int) -> None:  # in pysyncobj's thread
             loop.call_soon_threadsafe(_settle, future, result, error)
 
-        self._replicated.apply(name, arguments, callback=done)
+        start(done)
         try:
             return await asyncio.wait_for(future, timeout)
         except TimeoutError:
-            raise RaftUnavailable(f"{name}: no outcome from Raft within {timeout} s "
+            raise RaftUnavailable(f"{what}: no outcome from Raft within {timeout} s "
                                   f"(leader {self.leader})") from None
 
     def watch(self, loop: asyncio.AbstractEventLoop,
@@ -210,6 +259,29 @@ class RaftMetadata:
     def close(self) -> None:
         """Stop pysyncobj's thread and close its connections and files (blocking)."""
         self._raft.destroy_synchronous()
+
+
+def remove_member_at(member: str, address: str, password: str,
+                     timeout: float = ADMIN_TIMEOUT_S) -> None:
+    """Ask the running member at ``member`` ("host:port", its Raft address) to take the
+    member at ``address`` out of the Raft: pysyncobj's admin request ("remove", encrypted
+    with ``password`` as all Raft traffic), forwarded to the Raft leader, answered once
+    committed. Blocking. Raises RaftUnavailable saying why (no connection, a wrong
+    password, ``address`` no member, the Raft leader's or ``member``'s own address, no
+    leader)."""
+    for where in (member, address):
+        host, sep, port = where.rpartition(":")
+        if not (sep and host and port.isdigit()):
+            raise RaftUnavailable(f"{where!r} is no Raft address (host:port)")
+    try:
+        answer = TcpUtility(password, timeout).executeCommand(member, ["remove", address])
+    except UtilityException as exc:
+        raise RaftUnavailable(f"no answer from the Raft member at {member} ({exc}; a wrong "
+                              f"password is disconnected without an answer)") from None
+    if answer != f"SUCCESS REMOVE {address}":
+        raise RaftUnavailable(f"the Raft did not remove {address}: {answer} (it must be a "
+                              f"member, neither the Raft leader nor {member} itself, and a "
+                              f"leader must be elected)")
 
 
 def _settle(future: asyncio.Future[object], result: object, error: int) -> None:

@@ -15,13 +15,21 @@
 # runs on the event loop after every applied change, never blocks it, and one local failure
 # (a stream folder that cannot be made) is logged without stopping the rest; the placement is
 # read synchronously from the latest applied state; leader changes are told to the doors
-# (Placement.leader_changed) after the local streams follow the new state, and counted in
+# (Placement.leader_changed; an ISR change under the same leader, Placement.isr_changed)
+# after the local streams follow the new state, and counted in
 # /metrics (riverlog.metrics: elections, ISR shrinks and expands of partitions held here).
+# A server configured to join a running cluster (neither bootstrap seed nor peers) asks to
+# join (join.py) before its Raft member first starts, and starts it with the members it was
+# given (kept in DATA/raft/members, so a restart does not ask again); every member answers
+# join requests while it leads the Raft. A server registers its Raft address as its `raft`
+# door; the Raft leader removes from the metadata a server whose Raft address is no longer
+# a Raft member (`riverlog cluster remove-server`), checking every MEMBERS_CHECK_S.
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import logging
+import os
 import time
 from typing import Awaitable, Callable, Mapping
 
@@ -32,6 +40,7 @@ from ..config import ClusterConfig
 from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge.envelope import EnvelopeError, MsgType, decode_internal, encode_message
+from . import join, raft_files
 from .agreed import Agreed
 from .metadata import RaftMetadata, RaftSettings, RaftUnavailable
 from .state import ClusterState, Door, MetadataError, NoSuchStream, Server, StreamExists
@@ -39,6 +48,10 @@ from .state import ClusterState, Door, MetadataError, NoSuchStream, Server, Stre
 log = logging.getLogger("riverlog.cluster")
 
 REGISTER_RETRY_S = 0.5
+MEMBERS_CHECK_S = 1.0
+"""How often the Raft leader looks for registered servers no longer Raft members."""
+RAFT_DOOR = "raft"
+"""The door a server registers its Raft address under (Door(host, port) of the address)."""
 STATUS_TRIES, STATUS_WAIT_S, STATUS_TIMEOUT_S = 5, 0.1, 2.0
 """Liftbridge's waitForPartitionLeader: 5 status requests, 100 ms apart (best effort)."""
 APPLIED_HEADER, APPLIED_POLL_S = "Riverlog-Raft-Applied", 0.01
@@ -188,32 +201,71 @@ class ClusterNode:
         self.metadata: RaftMetadata | None = None
         self.replication = None
         self.leader_timeout_s = LEADER_TIMEOUT_S  # report_leader's window (replication's)
+        self.join_attempts = join.JOIN_ATTEMPTS
         self._assigned: set[tuple[str, int]] = set()
         self._unwatch: Callable[[], None] | None = None
         self._register_task: asyncio.Task | None = None
+        self._forget_task: asyncio.Task | None = None
+        self._joins: join.JoinAnswers | None = None
 
     async def start(self, doors: Mapping[str, tuple[str, int]], link=None) -> None:
         """Start the Raft member (its thread; the Raft files are checked first), follow its
         metadata, register this server with ``doors`` (door name -> advertised host and
         port) in the background until Raft takes it, and answer partition status requests
-        on ``link`` (a started NatsLink). ``replication``, when set, is started first and
-        stopped by ``stop``. Raises RaftConfigError, RaftFileCorrupt, RaftBindError."""
+        on ``link`` (a started NatsLink), and join requests while this member leads the
+        Raft. A server configured to join (ClusterConfig.joins) asks to join first, unless it
+        has its members file (it joined before). ``replication``, when set, is started first
+        and stopped by ``stop``. Raises RaftConfigError, RaftFileCorrupt, RaftBindError,
+        join.RaftJoinError."""
         self.link = link
         if self.replication is not None:
             await self.replication.start()
-        self.metadata = await asyncio.to_thread(RaftMetadata, self.settings)
+        settings = await self._start_settings()
+        self.metadata = await asyncio.to_thread(RaftMetadata, settings)
         self.placement.metadata = self.metadata
         loop = asyncio.get_running_loop()
         self._unwatch = self.metadata.watch(loop, self.apply)
         self.apply(self.metadata.state)
-        server = Server(self.server_id, {name: Door(host, port)
-                                         for name, (host, port) in doors.items()})
+        raft_host, _, raft_port = settings.address.rpartition(":")
+        server = Server(self.server_id, {RAFT_DOOR: Door(raft_host, int(raft_port)),
+                                         **{name: Door(host, port)
+                                            for name, (host, port) in doors.items()}})
         self._register_task = loop.create_task(self._register(server))
+        self._forget_task = loop.create_task(self._forget_removed())
         if self.link is not None:
+            self._joins = join.JoinAnswers(self.metadata, self.link.config.namespace,
+                                           settings.password)
             await self._answer_status(self.link.nc)
             self.link.add_reconnect_listener(self._answer_status)
         log.info("cluster member %s: Raft on %s, peers %s", self.server_id,
-                 self.settings.address, ", ".join(self.settings.peers) or "none")
+                 settings.address, ", ".join(settings.peers) or "none")
+
+    async def _start_settings(self) -> RaftSettings:
+        """The Raft settings to start with: as configured; for a server that joins, with
+        the members it was given as partners (its members file, else asked for now and kept
+        in it). Raises join.RaftJoinError, RaftFileCorrupt."""
+        settings = self.settings
+        if not self.config.joins:
+            return settings
+        raft_dir = settings.raft_dir
+        members = await asyncio.to_thread(raft_files.read_members, raft_dir)
+        if members is None:
+            if raft_files.has_journal(raft_dir):
+                raise join.RaftJoinError(
+                    f"{raft_dir} holds the Raft files of a member that bootstrapped its "
+                    f"cluster: keep its clustering.raft.bootstrap.* settings, or remove "
+                    f"{raft_dir} to join the cluster afresh")
+            if self.link is None or self.link.nc is None:
+                raise join.RaftJoinError("joining a running cluster needs NATS")
+            members = await join.ask(self.link.nc, self.link.config.namespace,
+                                     self.server_id, settings.address, settings.password,
+                                     self.join_attempts)
+            os.makedirs(raft_dir, exist_ok=True)
+            await asyncio.to_thread(raft_files.write_members, raft_dir, members)
+        else:
+            log.info("server %s joined the cluster before: Raft starts from its journal and "
+                     "members %s", self.server_id, ", ".join(members))
+        return dataclasses.replace(settings, peers=members)
 
     async def _register(self, server: Server) -> None:
         """add_server until Raft applies it (no leader yet while the members start). Its
@@ -234,12 +286,36 @@ class ClusterNode:
             self._follow(self.placement.state, ClusterState())  # every leadership is news
             return
 
+    async def _forget_removed(self) -> None:
+        """While this member leads the Raft: a registered server whose Raft address is no
+        longer a Raft member (taken out with `riverlog cluster remove-server`, pysyncobj's
+        removeNodeFromCluster) is removed from the metadata (state.remove_server)."""
+        while True:
+            await asyncio.sleep(MEMBERS_CHECK_S)
+            metadata = self.metadata
+            if metadata is None or not metadata.is_leader:
+                continue
+            members = set(metadata.members())
+            for server in list(self.placement.state.servers.values()):
+                raft = server.doors.get(RAFT_DOOR)
+                if raft is None or f"{raft.host}:{raft.port}" in members:
+                    continue
+                log.info("server %s (Raft %s:%d) is no Raft member any more: removing it "
+                         "from the metadata", server.id, raft.host, raft.port)
+                try:
+                    await self.placement.submit("remove_server", server_id=server.id)
+                except (MetadataError, RaftUnavailable) as exc:
+                    log.info("removing server %s: %s", server.id, exc)
+
     def _status_subject(self, server_id: str) -> str:
         return f"{self.link.config.namespace}.raft.metadata.status.{server_id}"
 
     async def _answer_status(self, nc) -> None:
         """Answer PartitionStatusRequests on this server's status subject (Liftbridge's
-        handlePartitionStatusRequest) on connection ``nc``."""
+        handlePartitionStatusRequest) and, while this member leads the Raft, join requests
+        (join.JoinAnswers) on connection ``nc``."""
+        if nc is not None and self._joins is not None:
+            await self._joins.listen(nc)
         async def answer(msg) -> None:
             try:
                 req = decode_internal(msg.data, MsgType.PartitionStatusRequest)
@@ -302,8 +378,9 @@ class ClusterNode:
 
     async def stop(self) -> None:
         """Stop following the metadata, replication, and the Raft member."""
-        if self._register_task is not None:
-            self._register_task.cancel()
+        for task in (self._register_task, self._forget_task):
+            if task is not None:
+                task.cancel()
         if self._unwatch is not None:
             self._unwatch()
         if self.replication is not None:
@@ -367,6 +444,8 @@ class ClusterNode:
                     part.leader, part.leader_epoch)
                 if elected and caught_up:
                     self.placement.leader_changed(name, part.index)
+                elif caught_up and prior is not None and prior.isr != part.isr:
+                    self.placement.isr_changed(name, part.index)
                 if prior is not None and me in part.replicas:
                     _count_changes(prior.isr, part.isr, elected)
 

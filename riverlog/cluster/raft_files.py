@@ -9,9 +9,14 @@
 # records (u32 size, u64 index, u64 term, command, u32 size), little-endian, with no
 # checksum, so damage inside a command that still unpickles is not seen; journal.meta is a
 # pickled dict (term, vote, commit index); the snapshot is gzip (CRC-checked) of a pickle.
+# ``members`` is riverlog's: the Raft addresses a joining server was given by the Raft leader
+# (riverlog.cluster.join), a JSON list of "host:port" strings, written (atomically, fsynced)
+# before its Raft member first starts; a server that has it restarts from it and its journal
+# without asking to join again.
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import pickle
 import struct
@@ -21,6 +26,7 @@ from pysyncobj import journal as raft_journal
 JOURNAL = "journal"
 META = JOURNAL + ".meta"
 SNAPSHOT = "snapshot"
+MEMBERS = "members"
 
 
 class RaftFileCorrupt(RuntimeError):
@@ -40,6 +46,38 @@ def check(raft_dir: str) -> None:
     _check_journal(os.path.join(raft_dir, JOURNAL))
     _check_meta(os.path.join(raft_dir, META))
     _check_snapshot(os.path.join(raft_dir, SNAPSHOT))
+    read_members(raft_dir)
+
+
+def has_journal(raft_dir: str) -> bool:
+    """Whether a Raft member ran in ``raft_dir`` (its journal exists)."""
+    return os.path.exists(os.path.join(raft_dir, JOURNAL))
+
+
+def read_members(raft_dir: str) -> tuple[str, ...] | None:
+    """The members file's Raft addresses, None when there is none. Raises RaftFileCorrupt."""
+    path = os.path.join(raft_dir, MEMBERS)
+    try:
+        with open(path, "rb") as f:
+            members = json.loads(f.read())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise RaftFileCorrupt(path, f"unreadable ({exc})") from None
+    if not isinstance(members, list) or not all(isinstance(m, str) and ":" in m
+                                                for m in members):
+        raise RaftFileCorrupt(path, "not a list of host:port Raft addresses")
+    return tuple(members)
+
+
+def write_members(raft_dir: str, members: tuple[str, ...]) -> None:
+    """Keep ``members`` in the members file (replaced atomically, fsynced)."""
+    path = os.path.join(raft_dir, MEMBERS)
+    with open(path + ".tmp", "w") as f:
+        json.dump(list(members), f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
 
 
 def _check_journal(path: str) -> None:

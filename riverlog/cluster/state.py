@@ -165,6 +165,16 @@ def add_server(state: ClusterState, server: Server) -> tuple[ClusterState, Serve
     return dataclasses.replace(state, servers={**state.servers, server.id: server}), server
 
 
+def remove_server(state: ClusterState, server_id: str) -> tuple[ClusterState, None]:
+    """Take server ``server_id`` out of the cluster: new streams no longer place replicas on
+    it. Partitions keep it in their replicas (nothing is reassigned); the ISR loses it as it
+    stops fetching, as for any server that stopped. Raises NoSuchServer."""
+    if server_id not in state.servers:
+        raise NoSuchServer(f"no server {server_id!r}")
+    servers = {i: server for i, server in state.servers.items() if i != server_id}
+    return dataclasses.replace(state, servers=servers), None
+
+
 def create_stream(state: ClusterState, name: str, subject: str, partitions: int = 1,
                   replication_factor: int = 1,
                   config: Mapping[str, object] | None = None) -> tuple[ClusterState, Stream]:
@@ -465,5 +475,5 @@ def report_group_coordinator(state: ClusterState, group: str, consumer: str, coo
 TRANSITIONS: Mapping[str, Callable[..., tuple[ClusterState, object]]] = {
     f.__name__: f for f in (add_server, create_stream, delete_stream, change_leader,
                             report_leader, shrink_isr, expand_isr, set_partition_flags, join_group,
-                            leave_group, report_group_coordinator)}
+                            leave_group, report_group_coordinator, remove_server)}
 """The commands Raft replicates, by name: ``TRANSITIONS[name](state, **arguments)``."""

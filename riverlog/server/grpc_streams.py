@@ -16,7 +16,8 @@
 # In a cluster, Subscribe off the partition's leader is FailedPrecondition unless
 # readISRReplica; a running Subscribe whose server loses the partition's leadership ends with
 # Unavailable "Server not partition leader" (unless readISRReplica and this server is still in
-# the ISR), so the client resubscribes at the new leader; PublishAsync sends a request for a
+# the ISR; such a one also ends when this server leaves the ISR under the same leader), so the
+# client resubscribes at the new leader; PublishAsync sends a request for a
 # partition led elsewhere to its NATS subject, where the leader takes it, and answers with the
 # ack the leader sends back.
 from __future__ import annotations
@@ -202,7 +203,8 @@ async def subscribe(service: Liftbridge, raw: bytes, context: grpc.aio.ServicerC
         service.group_subscribers.setdefault(id(partition), {})[group] = (consumer, epoch, stop_me)
     key = id(partition)
     service.subscribers[key] = service.subscribers.get(key, 0) + 1
-    unlisten = placement.add_leader_listener(leader_changed) if placement.clustered else None
+    unlisten = placement.add_leader_listener(leader_changed, isr=True) \
+        if placement.clustered else None
     try:
         yield b""  # the empty Message: "subscription created"
         async for message in _messages(service, stream, partition, start, stop, stopped, context):

@@ -37,6 +37,20 @@ def configs(tmp_path, password: str = "pw", security: SecurityConfig | None = No
         security=security or SecurityConfig()) for i in IDS]
 
 
+def joiner_config(tmp_path, apps, server_id: str = "d", password: str = "pw") -> ServerConfig:
+    """The ServerConfig of a server that joins the running cluster of ``apps`` (neither
+    bootstrap seed nor peers): its nats-server routed to the first app's (no routes without
+    apps), its own Raft address, the cluster's Raft password."""
+    routes = (f"{HOST}:{apps[0].config.nats.cluster_port}",) if apps else ()
+    return ServerConfig(
+        data_dir=str(tmp_path / server_id),
+        rabbitmq_stream=RabbitStreamConfig(port=0, tls_port=0),
+        nats=NatsConfig(port=0, cluster_port=free_port(), routes=routes),
+        grpc=GrpcConfig(port=0), metrics=MetricsConfig(port=0),
+        cluster=ClusterConfig(server_id=server_id, raft_address=f"{HOST}:{free_port()}",
+                              raft_password=password))
+
+
 async def until(what: str, check):
     """Poll ``check`` (on the loop; a coroutine function is awaited) until it returns
     something true; return that."""

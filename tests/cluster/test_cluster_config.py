@@ -69,19 +69,31 @@ def test_without_raft_address_the_single_server_is_unchanged(tmp_path):
     ({"riverlog.raft.password": None}, "riverlog.raft.password: a Raft member needs a password"),
     ({"riverlog.raft.password": None, "clustering.raft.bootstrap.peers": None,
       "clustering.raft.bootstrap.seed": True}, "riverlog.raft.password: a Raft member needs"),
-    ({"clustering.raft.bootstrap.seed": True}, "give exactly one"),
-    ({"clustering.raft.bootstrap.peers": []}, "give exactly one"),
+    ({"clustering.raft.bootstrap.seed": True}, "give at most one"),
     ({"riverlog.raft.peers": {"a": "10.0.0.1:7000"}}, "no Raft address for server 'c'"),
     ({"riverlog.raft.peers": "a"}, "riverlog.raft.peers: expected server id to host:port"),
     ({"riverlog.raft.peers": {"a": "nowhere"}}, "riverlog.raft.peers: could not parse"),
     ({"clustering.server.id": ""}, "clustering.server.id: a cluster member needs an id"),
     ({"riverlog.raft.address": "7000"}, "riverlog.raft.address: could not parse"),
     ({"riverlog.raft.address": ":7000"}, "riverlog.raft.address: give host:port"),
+    ({"riverlog.raft.address": "0.0.0.0:7000"}, "riverlog.raft.address: 0.0.0.0 is no address"),
+    ({"riverlog.raft.address": "[::]:7000"}, "riverlog.raft.address: :: is no address"),
 ])
 def test_bad_cluster_settings_refused(tmp_path, extra, message):
     values = {**load(write(tmp_path, CLUSTER_FILE), {}), **extra}
     with pytest.raises(ConfigError, match=message):
         build(values, {})
+
+
+@pytest.mark.parametrize("peers", [None, []])
+def test_neither_seed_nor_peers_joins_a_running_cluster(tmp_path, peers):
+    """Liftbridge's rule: a server that does not bootstrap joins (riverlog.cluster.join)."""
+    values = {**load(write(tmp_path, CLUSTER_FILE), {}), "riverlog.raft.peers": None,
+              "clustering.raft.bootstrap.peers": peers}
+    config, _ = build(values, {})
+    assert config.cluster.joins and config.cluster.peer_addresses == ()
+    seeded, _ = build({**values, "clustering.raft.bootstrap.seed": True}, {})
+    assert not seeded.cluster.joins
 
 
 def test_seed_member_from_config_serves_metadata(tmp_path):

@@ -12,6 +12,7 @@ import itertools
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -21,7 +22,7 @@ import pytest
 
 from _cluster import (WAIT_S, cluster_up, metadata, raft_leader, read_table, start_cluster_up,
                       stop_cluster_up, until, values, with_stream)
-from riverlog.cluster.local import LocalCluster, Member, serve_command
+from riverlog.cluster.local import LocalCluster, Member, layout, serve_command
 from riverlog.ops import scrape
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge import api_pb2_grpc
@@ -296,3 +297,21 @@ def test_an_advertised_host_the_doors_do_not_listen_on_is_refused(tmp_path):
     for host, advertise in [("0.0.0.0", "10.1.2.3"), ("127.0.0.1", "127.0.0.1")]:
         (member,) = LocalCluster(str(tmp_path / host), 1, host, advertise).members
         assert member.advertised == advertise
+
+
+def test_a_saved_layout_keeps_its_raft_ports(tmp_path):
+    """The Raft members know each other by address, and keep it in their journals and
+    snapshots (dynamic membership): a Raft port taken since the last `up` is a clear error,
+    never silently replaced (the others would wait for the old address); any other port
+    taken is replaced by a free one."""
+    first = layout(str(tmp_path), 2, "127.0.0.1")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", first[0].ports["metrics"]))
+        again = layout(str(tmp_path), 2, "127.0.0.1")
+    assert again[0].ports["metrics"] != first[0].ports["metrics"]
+    assert [m.ports["raft"] for m in again] == [m.ports["raft"] for m in first]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", first[1].ports["raft"]))
+        with pytest.raises(ValueError, match=f"the Raft port {first[1].ports['raft']} of server "
+                                             f"s1 is taken"):
+            layout(str(tmp_path), 2, "127.0.0.1")

@@ -17,7 +17,7 @@ from _members import Member, wait_for
 from compat._servers import HOST, free_port
 from riverlog.cluster.metadata import (RaftBindError, RaftConfigError, RaftMetadata,
                                        RaftSettings)
-from riverlog.cluster.raft_files import JOURNAL, META, SNAPSHOT, RaftFileCorrupt
+from riverlog.cluster.raft_files import JOURNAL, MEMBERS, META, SNAPSHOT, RaftFileCorrupt
 from riverlog.cluster.state import Server
 
 FIRST_RECORD = 40  # pysyncobj 0.3.17's journal header size
@@ -99,8 +99,15 @@ def _bad_snapshot(raft_dir):
     return snapshot
 
 
+def _bad_members(raft_dir):
+    members = os.path.join(raft_dir, MEMBERS)
+    with open(members, "w") as f:
+        f.write('{"a": 1}')  # JSON, but no list of Raft addresses
+    return members
+
+
 @pytest.mark.parametrize("damage", [_bad_record_size, _bad_command, _short_journal, _bad_meta,
-                                    _bad_snapshot])
+                                    _bad_snapshot, _bad_members])
 def test_damaged_file_is_named_at_start(raft_dir, damage):
     path = damage(raft_dir)
     with pytest.raises(RaftFileCorrupt) as info:
@@ -126,10 +133,13 @@ def test_member_without_password_refused(tmp_path, peers):
 
 
 def test_snapshot_and_journal_restart_and_watchers(tmp_path):
+    """Restarted on the same Raft address: the snapshot keeps the members (pysyncobj's
+    dynamic membership), and a member is known by its address."""
     path = str(tmp_path / "raft")
+    same = settings(path)
 
     async def before() -> None:
-        metadata = await asyncio.to_thread(RaftMetadata, settings(path))
+        metadata = await asyncio.to_thread(RaftMetadata, same)
         seen: list[int] = []
         stop = metadata.watch(asyncio.get_running_loop(), lambda st: seen.append(len(st.streams)))
         await metadata.submit("add_server", server=Server("a"))
@@ -144,7 +154,7 @@ def test_snapshot_and_journal_restart_and_watchers(tmp_path):
         metadata.close()
     asyncio.run(before())
 
-    metadata = RaftMetadata(settings(path))
+    metadata = RaftMetadata(same)
     try:
         wait_for("snapshot and journal replayed", lambda: sorted(metadata.state.streams) == [
             "audit", "orders"])

@@ -261,6 +261,42 @@ async def test_a_running_subscribe_ends_when_its_server_stops_leading(cluster):
             await channel.close()
 
 
+async def test_a_read_isr_replica_subscribe_ends_when_its_server_leaves_the_isr(cluster):
+    """A readISRReplica Subscribe on a follower is served while the follower is in the ISR;
+    when it leaves the ISR (no leader change) the Subscribe ends with Unavailable "Server
+    not partition leader", where clients resubscribe where the partition is in sync; one on
+    the other follower, still in the ISR, goes on."""
+    placed = await created(cluster, "lagging", subject="lagging", replication_factor=3)
+    leader = cluster[IDS.index(placed.leader)]
+    leaving, staying = [x for x in cluster if x is not leader]
+    channels = {app: stub_of(app) for app in cluster}
+    try:
+        await channels[leader][1].Publish(pb.PublishRequest(
+            stream="lagging", value=b"first", ackPolicy=pb.AckPolicy.ALL), timeout=10)
+        subscriptions = []
+        for app in (leaving, staying):
+            call = channels[app][1].Subscribe(pb.SubscribeRequest(
+                stream="lagging", startPosition=pb.StartPosition.EARLIEST,
+                readISRReplica=True), timeout=20)
+            messages = call.__aiter__()
+            assert await anext(messages) == pb.Message()  # the handshake
+            assert (await anext(messages)).value == b"first"
+            subscriptions.append(messages)
+        ends, goes_on = subscriptions
+        await leader.cluster.shrink_isr("lagging", 0, leaving.config.cluster.server_id,
+                                        placed.leader_epoch)
+        with pytest.raises(grpc.aio.AioRpcError) as stopped:
+            await anext(ends)
+        assert (stopped.value.code(), stopped.value.details()) == (
+            grpc.StatusCode.UNAVAILABLE, "Server not partition leader")
+        await channels[leader][1].Publish(pb.PublishRequest(
+            stream="lagging", value=b"second", ackPolicy=pb.AckPolicy.ALL), timeout=10)
+        assert (await anext(goes_on)).value == b"second"
+    finally:
+        for channel, _ in channels.values():
+            await channel.close()
+
+
 async def test_a_member_without_its_raft_files_deletes_no_replica_while_catching_up(cluster):
     """The documented way back from a damaged Raft file: remove DATA/raft and restart; the
     member rejoins empty and replays the whole metadata. The states before a stream's

@@ -267,3 +267,15 @@ def test_report_leader_changes_it_once_a_majority_of_the_followers_reported():
     st4, _ = s.create_stream(cluster("a", "b"), "y", "y", replication_factor=2)
     _, part = s.report_leader(st4, "y", 0, "b", "a", 1, now=1.0, window=15.0)
     assert part.leader == "b"  # of two replicas, the one follower's report is enough
+
+
+def test_remove_server_leaves_new_streams_to_the_others():
+    st1, _ = s.create_stream(cluster("a", "b", "c"), "before", "before",
+                             replication_factor=s.ALL_SERVERS)
+    st2, _ = s.remove_server(st1, "c")
+    assert sorted(st2.servers) == ["a", "b"]
+    assert st2.streams["before"].partitions[0].replicas == ("a", "b", "c")  # not reassigned
+    _, after = s.create_stream(st2, "after", "after", replication_factor=s.ALL_SERVERS)
+    assert sorted(after.partitions[0].replicas) == ["a", "b"]
+    with pytest.raises(s.NoSuchServer, match="no server 'c'"):
+        s.remove_server(st2, "c")
