@@ -22,7 +22,6 @@ import tempfile
 import threading
 import time
 
-from ..security.users import hash_password
 
 log = logging.getLogger("riverlog.nats")
 
@@ -78,15 +77,14 @@ def route_settings(name: str, host: str, port: int, routes: tuple[str, ...],
     ``name`` is the NATS cluster's name (the same on every server); routes log in as
     ROUTE_USER with a password derived from ``secret`` (the Raft password, which every member
     has) by HMAC-SHA256, so no other secret needs sharing and nothing without it can join.
-    The authorization holds its bcrypt hash (nats-server compares a route's password as a
-    client's, bcrypt when the stored one is a hash: auth.go isRouterAuthorized /
-    comparePasswords); the route URLs, which this server logs in with, hold the password.
-    bcrypt's lowest cost: the password is 256 random-looking bits, no guessable word.
+    The authorization holds the password itself, not a bcrypt hash: nats-server logs in to
+    the routes it learns by gossip (implicit routes) with the authorization's credentials,
+    so a hash there was refused by a server joining through one member.
     Format: docs.nats.io "Clustering Configuration" (cluster: name, host, port, routes,
     authorization)."""
     password = hmac.new(secret.encode(), b"riverlog nats routes", hashlib.sha256).hexdigest()
     return {"name": name, "host": host, "port": port,
-            "authorization": {"user": ROUTE_USER, "password": hash_password(password, rounds=4)},
+            "authorization": {"user": ROUTE_USER, "password": password},
             "routes": [f"nats-route://{ROUTE_USER}:{password}@{route}" for route in routes]}
 
 

@@ -51,13 +51,13 @@ async def test_routes_join_only_with_the_raft_password(caplog):
 async def test_a_clustered_nats_server_holds_no_password_in_clear(caplog):
     """nats-server warns "Plaintext passwords detected" at start for any user whose password
     is no bcrypt hash: a cluster member's embedded nats-server (users, no_auth_user, routes)
-    starts without the warning, its configuration file holds bcrypt hashes only (the route
-    authorization's matches the password its route URLs log in with), and a client without
-    credentials still connects, kept out of riverlog's own subjects."""
+    starts without the warning, its users' passwords are bcrypt hashes only (the route
+    authorization holds the password its route URLs log in with: nats-server logs in to the
+    routes it learns by gossip with those credentials, so it cannot be a hash, and the warning
+    does not look at routes), and a client without credentials still connects, kept out of
+    riverlog's own subjects."""
     import json
     import re
-
-    import bcrypt
 
     from riverlog.config import NatsConfig
     from riverlog.server.nats_link import NatsLink
@@ -79,9 +79,7 @@ async def test_a_clustered_nats_server_holds_no_password_in_clear(caplog):
         assert all(re.match(r"\$2[abxy]\$", u["password"]) for u in users if "password" in u)
         assert {u["nkey"] for u in users if "nkey" in u} == {config["no_auth_user"]}
         (password,) = set(re.findall(r"nats-route://riverlog-route:(\w+)@", text))
-        assert bcrypt.checkpw(password.encode(),
-                              config["cluster"]["authorization"]["password"].encode())
-        assert password not in text.replace(f"riverlog-route:{password}@", "")
+        assert config["cluster"]["authorization"]["password"] == password
         nc = await nats.connect(link.url, error_cb=on_error)
         await nc.subscribe("liftbridge-default.notify.a")
         await nc.flush()
