@@ -37,6 +37,11 @@ class PartitionPlacement:
         return len(self.isr) < self.min_isr
 
 
+class OffsetsUnavailable(Exception):
+    """A partition's leader could not be asked for a stored offset (no leader, no answer, or
+    it no longer leads): RabbitMQ answers QueryOffset with STREAM_NOT_AVAILABLE then."""
+
+
 LeaderListener = Callable[[str, int], None]
 """Called with (stream name, partition index) after the partition's leader changed."""
 
@@ -85,6 +90,18 @@ class Placement:
     async def delete_stream(self, name: str) -> None:
         """Delete a stream on every server (cluster only). Raises ``StreamNotFoundError``."""
         raise NotImplementedError("a single server deletes streams with Broker.delete")
+
+    async def store_offset_at_leader(self, stream: str, index: int, reference: str,
+                                     offset: int) -> None:
+        """Pass a RabbitMQ StoreOffset to the partition's leader, another server (cluster
+        only: a single server leads every partition). Raises ``OffsetsUnavailable``."""
+        raise NotImplementedError("a single server stores offsets itself")
+
+    async def query_offset_at_leader(self, stream: str, index: int,
+                                     reference: str) -> int | None:
+        """The offset ``reference`` stored in the partition, as its leader (another server)
+        holds it; None when it stored none. Raises ``OffsetsUnavailable``."""
+        raise NotImplementedError("a single server answers stored offsets itself")
 
     def add_leader_listener(self, listener: LeaderListener) -> Callable[[], None]:
         """Call ``listener`` after each leader change; returns a function that removes it."""

@@ -22,12 +22,13 @@ from typing import Awaitable, Callable, Mapping
 
 from .. import metrics
 from ..broker import RESERVED_STREAMS, Broker, StreamConfig
-from ..broker.placement import PartitionPlacement, Placement
+from ..broker.placement import OffsetsUnavailable, PartitionPlacement, Placement
 from ..config import ClusterConfig
 from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge.envelope import EnvelopeError, MsgType, decode_internal, encode_message
 from .metadata import RaftMetadata, RaftSettings, RaftUnavailable
+from .offsets import OffsetForwarding
 from .state import ClusterState, Door, MetadataError, NoSuchStream, Server, StreamExists
 
 log = logging.getLogger("riverlog.cluster")
@@ -78,6 +79,8 @@ class ClusterPlacement(Placement):
         self.metadata: RaftMetadata | None = None
         self.created: Callable[[str], Awaitable[None]] | None = None
         """Awaited after a create_stream applied here (ClusterNode.wait_for_leaders)."""
+        self.offsets = None
+        """cluster.offsets.OffsetForwarding once the NATS link runs (stored offsets)."""
 
     def of(self, stream: str, index: int) -> PartitionPlacement | None:
         if stream in RESERVED_STREAMS:  # each server's own (cursors, activity): it leads them
@@ -140,6 +143,20 @@ class ClusterPlacement(Placement):
             raise StreamNotFoundError(str(exc)) from None
 
 
+    # -- stored consumer offsets at the leader (cluster/offsets.py) -----------------------
+    async def store_offset_at_leader(self, stream: str, index: int, reference: str,
+                                     offset: int) -> None:
+        if self.offsets is None:
+            raise OffsetsUnavailable("the cluster's NATS link is not running")
+        await self.offsets.store(stream, index, reference, offset)
+
+    async def query_offset_at_leader(self, stream: str, index: int,
+                                     reference: str) -> int | None:
+        if self.offsets is None:
+            raise OffsetsUnavailable("the cluster's NATS link is not running")
+        return await self.offsets.query(stream, index, reference)
+
+
 class ClusterNode:
     """This server's part of the cluster. ``await start(doors)``, ``await stop()``.
 
@@ -199,6 +216,9 @@ class ClusterNode:
         if self.link is not None:
             await self._answer_status(self.link.nc)
             self.link.add_reconnect_listener(self._answer_status)
+            self.placement.offsets = OffsetForwarding(self.link, self.broker, self.placement)
+            await self.placement.offsets.answer(self.link.nc)
+            self.link.add_reconnect_listener(self.placement.offsets.answer)
         log.info("cluster member %s: Raft on %s, peers %s", self.server_id,
                  self.settings.address, ", ".join(self.settings.peers) or "none")
 

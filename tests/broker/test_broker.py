@@ -2,15 +2,18 @@
 restarts and segment rolls, stored consumer offsets, deletion, and Create arguments."""
 import asyncio
 import dataclasses
+import json
+import os
 
 import pytest
 
 from riverlog.broker import Broker, StreamConfig
-from riverlog.broker.tracking import decode_writer_trailer, encode_writer_trailer
+from riverlog.broker.tracking import (OFFSETS_FILE, decode_offset_tracking,
+                                      decode_writer_trailer, encode_writer_trailer)
 from riverlog.config import MIN_SEGMENT_MAX_BYTES, LogConfig
 from riverlog.errors import (InvalidArgumentError, LogClosedError, StreamExistsError,
                              StreamNotFoundError)
-from riverlog.log.chunk import encode_entries
+from riverlog.log.chunk import CHUNK_TRACKING_DELTA, encode_entries, iter_entries
 from riverlog.server.rabbitmq_stream import stream_config_from_arguments
 
 
@@ -144,11 +147,41 @@ def test_consumer_offsets_persist(tmp_path):
     broker = open_broker(tmp_path)
     part = broker.create("s").partitions[0]
     assert part.offsets.query("app") is None
-    part.offsets.store("app", 41)
-    part.offsets.store("app", 42)
+    part.store_offset("app", 41)
+    part.store_offset("app", 42)
     close(broker)
     again = open_broker(tmp_path)
     assert again.get("s").partitions[0].offsets.query("app") == 42
+    close(again)
+
+
+def test_stored_offsets_are_tracking_chunks_of_the_log(tmp_path):
+    """As osiris: a StoreOffset is a tracking delta chunk (type 1, one offset of the log),
+    read back at open, also past a segment roll (the roll's snapshot), and over the
+    offsets.json an earlier version saved (upgrade)."""
+    broker = open_broker(tmp_path)
+    part = broker.create("s", StreamConfig(segment_max_bytes=MIN_SEGMENT_MAX_BYTES)
+                         ).partitions[0]
+    directory = part.log.directory
+    close(broker)
+    with open(os.path.join(directory, OFFSETS_FILE), "w") as f:
+        json.dump({"old": 5, "app": 1}, f)
+    broker = open_broker(tmp_path)
+    part = broker.get("s").partitions[0]
+    assert (part.offsets.query("old"), part.offsets.query("app")) == (5, 1)
+    part.write_records([b"x"])
+    assert part.store_offset("app", 0) == range(1, 2)
+    chunk = part.read_chunks(1)[0]
+    assert (chunk.header.chunk_type, chunk.header.num_records) == (CHUNK_TRACKING_DELTA, 1)
+    assert decode_offset_tracking(next(iter_entries(chunk.data)).payload) == [
+        ("app", 0)]
+    while len(part.log.segments) < 3:  # rolls: the offsets live on in the snapshots
+        part.write_records([b"y" * 1000] * 100)
+    part.store_offset("late", 9)
+    close(broker)
+    again = open_broker(tmp_path)
+    offsets = again.get("s").partitions[0].offsets
+    assert sorted(offsets.items()) == [("app", 0), ("late", 9), ("old", 5)]
     close(again)
 
 
