@@ -1,0 +1,77 @@
+# What consumers keep on the servers, in a cluster of three real Apps (the `cluster` fixture),
+# driven by real clients: RabbitMQ stored offsets (rstream store_offset / query_offset) are
+# tracking chunks replicated with the data, so a new leader after a failover answers them and
+# a consumer never receives them; a server that does not lead the partition passes them to the
+# leader, as RabbitMQ does. No mocks; waits are polls.
+from __future__ import annotations
+
+from rstream import (AMQPMessage, Consumer, ConsumerOffsetSpecification, OffsetType, Producer,
+                     amqp_decoder)
+
+from _apps import IDS, until
+from compat._servers import HOST
+from riverlog.log.chunk import CHUNK_TRACKING_DELTA
+
+GUEST = {"username": "guest", "password": "guest"}
+
+
+def door(app) -> tuple[str, int]:
+    return HOST, app.rabbitmq_stream.port
+
+
+async def test_stored_offsets_survive_a_leader_failover(cluster):
+    async with Producer(*door(cluster[0]), **GUEST) as producer:
+        await producer.create_stream("offs", arguments={"initial-cluster-size": 3})
+        for i in range(10):
+            await producer.send_wait("offs", AMQPMessage(body=b"m%d" % i))
+    leader_id = cluster[0].broker.placement.of("offs", 0).leader
+    leader = cluster[IDS.index(leader_id)]
+    followers = [app for app in cluster if app is not leader]
+
+    # stored through a follower's door: it goes to the leader, which writes it in its log
+    async with Consumer(*door(followers[0]), **GUEST) as consumer:
+        await consumer.store_offset("offs", "app", 4)
+        assert await until("the leader holds app's offset", lambda: leader.broker.streams[
+            "offs"].partitions[0].offsets.query("app") == 4)
+        assert await consumer.query_offset("offs", "app") == 4  # asked of the leader
+    async with Consumer(*door(leader), **GUEST) as consumer:
+        await consumer.store_offset("offs", "app", 7)
+        await consumer.store_offset("offs", "other", 2)
+        assert await consumer.query_offset("offs", "app") == 7
+    part = leader.broker.streams["offs"].partitions[0]
+    tracking = [c.header.first_offset for c in part.read_chunks(0, 1 << 20)
+                if c.header.chunk_type == CHUNK_TRACKING_DELTA]
+    assert len(tracking) == 3 and min(tracking) >= 10  # one offset each, after the data
+    await until("every replica holds the stored offsets", lambda: all(
+        (app.broker.streams["offs"].partitions[0].offsets.query("app"),
+         app.broker.streams["offs"].partitions[0].offsets.query("other")) == (7, 2)
+        for app in followers))
+
+    await leader.stop()
+    new_id = await until("a new leader", lambda: (lambda p: p.leader if p.leader not in (
+        None, leader_id) else None)(followers[0].broker.placement.of("offs", 0)))
+    new_leader = cluster[IDS.index(new_id)]
+    other = next(app for app in followers if app is not new_leader)
+    for app in (new_leader, other):  # through the new leader, and a follower asking it
+        async with Consumer(*door(app), **GUEST) as consumer:
+            assert await consumer.query_offset("offs", "app") == 7
+            assert await consumer.query_offset("offs", "other") == 2
+
+    # a consumer receives the messages, never a tracking chunk (those lie between them)
+    async with Consumer(*door(new_leader), **GUEST) as consumer:
+        await consumer.store_offset("offs", "app", 9)  # the new leader stores on
+        assert await consumer.query_offset("offs", "app") == 9
+    async with Producer(*door(other), **GUEST) as producer:
+        await producer.send_wait("offs", AMQPMessage(body=b"last"))
+    received: list[tuple[int, bytes]] = []
+
+    async def on_message(message, context):
+        received.append((context.offset, bytes(message.body)))
+
+    async with Consumer(*door(other), **GUEST) as consumer:
+        await consumer.start()
+        await consumer.subscribe("offs", on_message, decoder=amqp_decoder,
+                                 offset_specification=ConsumerOffsetSpecification(
+                                     OffsetType.FIRST))
+        await until("the last message", lambda: received and received[-1][1] == b"last")
+    assert received == [(i, b"m%d" % i) for i in range(10)] + [(14, b"last")]
