@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable, Mapping
 
 if TYPE_CHECKING:
     from .stream import StreamConfig
+    from .superstreams import SuperStream
 
 FIRST_LEADER_EPOCH = 1
 
@@ -90,6 +91,23 @@ class Placement:
     async def delete_stream(self, name: str) -> None:
         """Delete a stream on every server (cluster only). Raises ``StreamNotFoundError``."""
         raise NotImplementedError("a single server deletes streams with Broker.delete")
+
+    def super_streams(self) -> Mapping[str, "SuperStream"] | None:
+        """The RabbitMQ super streams every server agrees on, by name; None on a single
+        server, whose SuperStreams keeps its own (DATA/superstreams.json)."""
+        return None
+
+    async def create_super_stream(self, name: str, partitions: tuple[str, ...],
+                                  binding_keys: tuple[str, ...]) -> None:
+        """Record a super stream whose partition streams exist, on every server (cluster
+        only). Raises ``StreamExistsError``, ``StreamNotFoundError`` (a partition is no
+        stream), ``InvalidArgumentError``."""
+        raise NotImplementedError("a single server records super streams in SuperStreams")
+
+    async def delete_super_stream(self, name: str) -> None:
+        """Forget a super stream on every server (cluster only; its partition streams
+        stay). Raises ``StreamNotFoundError``."""
+        raise NotImplementedError("a single server forgets super streams in SuperStreams")
 
     async def store_offset_at_leader(self, stream: str, index: int, reference: str,
                                      offset: int) -> None:

@@ -23,13 +23,15 @@ from typing import Awaitable, Callable, Mapping
 from .. import metrics
 from ..broker import RESERVED_STREAMS, Broker, StreamConfig
 from ..broker.placement import OffsetsUnavailable, PartitionPlacement, Placement
+from ..broker.superstreams import SuperStream
 from ..config import ClusterConfig
 from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge.envelope import EnvelopeError, MsgType, decode_internal, encode_message
 from .metadata import RaftMetadata, RaftSettings, RaftUnavailable
 from .offsets import OffsetForwarding
-from .state import ClusterState, Door, MetadataError, NoSuchStream, Server, StreamExists
+from .state import (ClusterState, Door, MetadataError, NoSuchStream, Server, StreamExists,
+                    SuperStreamExists)
 
 log = logging.getLogger("riverlog.cluster")
 
@@ -142,6 +144,28 @@ class ClusterPlacement(Placement):
         except NoSuchStream as exc:
             raise StreamNotFoundError(str(exc)) from None
 
+
+    # -- RabbitMQ super streams, in the metadata ------------------------------------------
+    def super_streams(self) -> Mapping[str, SuperStream]:
+        return self.state.super_streams
+
+    async def create_super_stream(self, name: str, partitions: tuple[str, ...],
+                                  binding_keys: tuple[str, ...]) -> None:
+        try:
+            await self.submit("create_super_stream", name=name, partitions=tuple(partitions),
+                              binding_keys=tuple(binding_keys))
+        except SuperStreamExists as exc:
+            raise StreamExistsError(str(exc)) from None
+        except NoSuchStream as exc:
+            raise StreamNotFoundError(str(exc)) from None
+        except MetadataError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+
+    async def delete_super_stream(self, name: str) -> None:
+        try:
+            await self.submit("delete_super_stream", name=name)
+        except NoSuchStream as exc:
+            raise StreamNotFoundError(str(exc)) from None
 
     # -- stored consumer offsets at the leader (cluster/offsets.py) -----------------------
     async def store_offset_at_leader(self, stream: str, index: int, reference: str,

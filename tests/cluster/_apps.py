@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 
 import grpc
 
@@ -35,9 +36,12 @@ def configs(tmp_path, password: str = "pw",
 
 
 async def until(what: str, check):
-    """Poll ``check`` (on the loop) until it returns something true; return that."""
+    """Poll ``check`` (on the loop; its result awaited when it is awaitable) until it returns
+    something true; return that."""
     for _ in range(WAIT_S * 20):
         result = check()
+        if inspect.isawaitable(result):
+            result = await result
         if result:
             return result
         await asyncio.sleep(0.05)

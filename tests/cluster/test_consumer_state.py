@@ -2,11 +2,14 @@
 # driven by real clients: RabbitMQ stored offsets (rstream store_offset / query_offset) are
 # tracking chunks replicated with the data, so a new leader after a failover answers them and
 # a consumer never receives them; a server that does not lead the partition passes them to the
-# leader, as RabbitMQ does. No mocks; waits are polls.
+# leader, as RabbitMQ does. A super stream made through one server is in the Raft metadata: every
+# server lists its partitions and routes its keys alike. No mocks; waits are polls.
 from __future__ import annotations
 
+import pytest
 from rstream import (AMQPMessage, Consumer, ConsumerOffsetSpecification, OffsetType, Producer,
-                     amqp_decoder)
+                     SuperStreamProducer, amqp_decoder)
+from rstream import exceptions as rexc
 
 from _apps import IDS, until
 from compat._servers import HOST
@@ -75,3 +78,43 @@ async def test_stored_offsets_survive_a_leader_failover(cluster):
                                      OffsetType.FIRST))
         await until("the last message", lambda: received and received[-1][1] == b"last")
     assert received == [(i, b"m%d" % i) for i in range(10)] + [(14, b"last")]
+
+
+async def _key(message: bytes) -> str:
+    return message.decode()
+
+
+def super_producer(app) -> SuperStreamProducer:
+    return SuperStreamProducer(*door(app), **GUEST, super_stream="regions",
+                               routing_extractor=_key)
+
+
+async def test_a_super_stream_is_the_same_on_every_server(cluster):
+    keys = ["eu", "us", "asia"]
+    async with super_producer(cluster[0]) as producer:
+        await producer.create_super_stream("regions", binding_keys=keys,
+                                           arguments={"initial-cluster-size": 2})
+    partitions = [f"regions-{k}" for k in keys]
+    for app in cluster:
+        async with super_producer(app) as producer:
+            client = await producer.default_client
+
+            async def listed():
+                return await client.partitions("regions") == partitions
+            await until(f"{app.config.cluster.server_id} lists the partitions", listed)
+            for key in keys:
+                assert await client.route(key, "regions") == [f"regions-{key}"]
+            assert await client.route("mars", "regions") == []
+    async with super_producer(cluster[2]) as producer:
+        with pytest.raises(rexc.StreamAlreadyExists):  # made through another server
+            await producer.create_super_stream("regions", binding_keys=keys)
+    async with super_producer(cluster[1]) as producer:
+        await producer.delete_super_stream("regions")
+    for app in cluster:
+        async with super_producer(app) as producer:  # rstream: no partitions for 0x02
+            client = await producer.default_client
+
+            async def gone():
+                return await client.partitions("regions") == []
+            await until(f"regions gone from {app.config.cluster.server_id}", gone)
+        assert not any(p in app.broker.streams for p in partitions)

@@ -195,3 +195,27 @@ def test_report_leader_changes_it_once_a_majority_of_the_followers_reported():
     st4, _ = s.create_stream(cluster("a", "b"), "y", "y", replication_factor=2)
     _, part = s.report_leader(st4, "y", 0, "b", "a", 1, now=1.0, window=15.0)
     assert part.leader == "b"  # of two replicas, the one follower's report is enough
+
+
+def test_super_streams_are_in_the_metadata():
+    state = cluster("a")
+    for name in ("r-eu", "r-us", "other"):
+        state, _ = s.create_stream(state, name, name)
+    state, created = s.create_super_stream(state, "r", ("r-eu", "r-us"), ("eu", "us"))
+    assert created.route("us") == ["r-us"] and state.super_streams["r"] == created
+    with pytest.raises(s.SuperStreamExists):
+        s.create_super_stream(state, "r", ("other",), ("x",))
+    with pytest.raises(s.NoSuchStream):
+        s.create_super_stream(state, "q", ("missing",), ("x",))
+    with pytest.raises(s.MetadataError):
+        s.create_super_stream(state, "q", ("other", "other"), ("x", "y"))
+    with pytest.raises(s.MetadataError):
+        s.create_super_stream(state, "q", ("other",), ())
+    state, _ = s.delete_stream(state, "r-eu")  # its binding goes, as RabbitMQ's
+    assert (state.super_streams["r"].partitions, state.super_streams["r"].binding_keys) == (
+        ("r-us",), ("us",))
+    assert pickle.loads(pickle.dumps(state)) == state
+    state, _ = s.delete_super_stream(state, "r")
+    assert not state.super_streams and "r-us" in state.streams
+    with pytest.raises(s.NoSuchStream):
+        s.delete_super_stream(state, "r")
