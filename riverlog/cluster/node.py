@@ -68,9 +68,9 @@ def _count_changes(isr_before: tuple[str, ...], isr: tuple[str, ...], elected: b
 
 class ClusterPlacement(Placement):
     """Placement from the applied metadata (``state``, replaced by the reconcile loop);
-    creates and deletes streams through Raft (``metadata``, set once Raft runs). The
-    internal streams (``__cursors``, ``__activity``) are outside the metadata: each server
-    holds and leads its own, as a single server does."""
+    creates and deletes streams through Raft (``metadata``, set once Raft runs). An
+    internal stream outside the metadata (``__activity``; ``__cursors`` until it is made)
+    is each server's own: it holds and leads it, as a single server does."""
 
     clustered = True
 
@@ -85,10 +85,10 @@ class ClusterPlacement(Placement):
         """cluster.offsets.OffsetForwarding once the NATS link runs (stored offsets)."""
 
     def of(self, stream: str, index: int) -> PartitionPlacement | None:
-        if stream in RESERVED_STREAMS:  # each server's own (cursors, activity): it leads them
+        found = self.state.streams.get(stream)
+        if found is None and stream in RESERVED_STREAMS:  # this server's own: it leads it
             me = (self.server_id,)
             return PartitionPlacement(self.server_id, me, me)
-        found = self.state.streams.get(stream)
         if found is None or not 0 <= index < len(found.partitions):
             return None
         part = found.partitions[index]
@@ -217,6 +217,10 @@ class ClusterNode:
         self.replication = None
         self.leader_timeout_s = LEADER_TIMEOUT_S  # report_leader's window (replication's)
         self._assigned: set[tuple[str, int]] = set()
+        self.internal_streams: dict[str, StreamConfig] = {}
+        """Internal streams (``__cursors``) put in the metadata once every Raft member is
+        registered, by the Raft leader, as Liftbridge's metadata leader creates them."""
+        self._internal_task: asyncio.Task | None = None
         self._unwatch: Callable[[], None] | None = None
         self._register_task: asyncio.Task | None = None
 
@@ -358,6 +362,7 @@ class ClusterNode:
                 except Exception:
                     log.exception("cannot delete the local replica of stream %r", name)
         self._assign(state)
+        self._create_internal(state)
         for name, stream in state.streams.items():
             before = old.streams.get(name)
             for part in stream.partitions:
@@ -369,6 +374,26 @@ class ClusterNode:
                     self.placement.leader_changed(name, part.index)
                 if prior is not None and me in part.replicas:
                     _count_changes(prior.isr, part.isr, elected)
+
+    def _create_internal(self, state: ClusterState) -> None:
+        """On the Raft leader, once every member is registered: create the internal streams
+        missing from ``state`` (in the background; a failure is tried again at the next
+        change)."""
+        missing = [n for n in self.internal_streams if n not in state.streams]
+        if not missing or (self._internal_task is not None and not self._internal_task.done()) \
+                or self.metadata is None or not self.metadata.is_leader \
+                or len(state.servers) < len(self.settings.peers) + 1:
+            return
+
+        async def create() -> None:
+            for name in missing:
+                try:
+                    await self.placement.create_stream(name, self.internal_streams[name])
+                except StreamExistsError:
+                    pass
+                except Exception as exc:  # RaftUnavailable, ...: again at the next change
+                    log.warning("creating %s in the cluster metadata: %s", name, exc)
+        self._internal_task = asyncio.get_running_loop().create_task(create())
 
     def _assign(self, state: ClusterState) -> None:
         """Replication.assign for every partition held here, unassign for those no more."""

@@ -3,16 +3,22 @@
 # tracking chunks replicated with the data, so a new leader after a failover answers them and
 # a consumer never receives them; a server that does not lead the partition passes them to the
 # leader, as RabbitMQ does. A super stream made through one server is in the Raft metadata: every
-# server lists its partitions and routes its keys alike. No mocks; waits are polls.
+# server lists its partitions and routes its keys alike. Liftbridge cursors live in the
+# replicated `__cursors` stream of the metadata, and a new cursor leader serves them (gufo).
+# No mocks; waits are polls.
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+from gufo.liftbridge.client import LiftbridgeClient
 from rstream import (AMQPMessage, Consumer, ConsumerOffsetSpecification, OffsetType, Producer,
                      SuperStreamProducer, amqp_decoder)
 from rstream import exceptions as rexc
 
-from _apps import IDS, until
+from _apps import IDS, WAIT_S, until
 from compat._servers import HOST
+from riverlog.broker.broker import CURSORS_STREAM
 from riverlog.log.chunk import CHUNK_TRACKING_DELTA
 
 GUEST = {"username": "guest", "password": "guest"}
@@ -20,6 +26,15 @@ GUEST = {"username": "guest", "password": "guest"}
 
 def door(app) -> tuple[str, int]:
     return HOST, app.rabbitmq_stream.port
+
+
+async def new_leader_everywhere(apps, stream: str, old: str) -> str:
+    """The id of partition 0's new leader, once every one of ``apps`` names it (clients
+    connect to the leader a server names, and a server passes requests to it)."""
+    def named():
+        leaders = {app.broker.placement.of(stream, 0).leader for app in apps}
+        return len(leaders) == 1 and leaders.isdisjoint({None, old}) and leaders.pop()
+    return await until(f"one new leader of {stream} everywhere", named)
 
 
 async def test_stored_offsets_survive_a_leader_failover(cluster):
@@ -51,9 +66,7 @@ async def test_stored_offsets_survive_a_leader_failover(cluster):
         for app in followers))
 
     await leader.stop()
-    new_id = await until("a new leader", lambda: (lambda p: p.leader if p.leader not in (
-        None, leader_id) else None)(followers[0].broker.placement.of("offs", 0)))
-    new_leader = cluster[IDS.index(new_id)]
+    new_leader = cluster[IDS.index(await new_leader_everywhere(followers, "offs", leader_id))]
     other = next(app for app in followers if app is not new_leader)
     for app in (new_leader, other):  # through the new leader, and a follower asking it
         async with Consumer(*door(app), **GUEST) as consumer:
@@ -118,3 +131,30 @@ async def test_a_super_stream_is_the_same_on_every_server(cluster):
                 return await client.partitions("regions") == []
             await until(f"regions gone from {app.config.cluster.server_id}", gone)
         assert not any(p in app.broker.streams for p in partitions)
+
+
+async def test_liftbridge_cursors_survive_a_cursor_leader_change(cluster):
+    """``__cursors`` is a stream of the metadata with a replica on every server; gufo sets
+    and fetches a cursor at its partition's leader, and after that leader stops, the new
+    leader answers the same cursor and takes new ones."""
+    async with LiftbridgeClient([f"{HOST}:{cluster[0].grpc.port}"]) as client:
+        await client.wait_for_cursors()
+        await asyncio.wait_for(client.set_cursor("orders", 0, "reader", 41), WAIT_S)
+        assert await asyncio.wait_for(client.get_cursor("orders", 0, "reader"), WAIT_S) == 42
+    placed = cluster[0].broker.placement.of(CURSORS_STREAM, 0)
+    assert sorted(placed.replicas) == list(IDS)
+    leader = cluster[IDS.index(placed.leader)]
+    survivors = [app for app in cluster if app is not leader]
+    await until("every replica holds the cursor", lambda: all(
+        app.broker.streams[CURSORS_STREAM].partitions[0].committed_offset == 0
+        for app in survivors))
+
+    await leader.stop()
+    await new_leader_everywhere(survivors, CURSORS_STREAM, placed.leader)
+    for app in survivors:  # each asks the new leader
+        async with LiftbridgeClient([f"{HOST}:{app.grpc.port}"]) as client:
+            assert await asyncio.wait_for(client.get_cursor("orders", 0, "reader"),
+                                          WAIT_S) == 42
+    async with LiftbridgeClient([f"{HOST}:{survivors[1].grpc.port}"]) as client:
+        await asyncio.wait_for(client.set_cursor("orders", 0, "reader", 99), WAIT_S)
+        assert await asyncio.wait_for(client.get_cursor("orders", 0, "reader"), WAIT_S) == 100
