@@ -114,9 +114,14 @@ class Partition:
     def append_replicated(self, raw: bytes | memoryview) -> range:
         """Append whole chunks as the partition's leader sent them (``CommitLog.append_chunks``:
         raises ``ChunkRefusedError``, appending nothing, when one fails its checks) and note
-        the publisher sequences they carry. Returns the offsets appended."""
-        offsets = self.log.append_chunks(raw)
-        self.publishers.replicated(raw)
+        the publisher sequences and stored offsets they carry. Returns the offsets appended."""
+        self.publishers.appending(raw)
+        try:
+            offsets = self.log.append_chunks(raw)
+        except BaseException:
+            self.publishers.appending(None)
+            raise
+        self.publishers.appended()
         return offsets
 
     def truncate(self, offset: int) -> None:

@@ -120,6 +120,8 @@ class PublisherSequences:
         self._log = log
         self._offsets = offsets if offsets is not None else ConsumerOffsets(log.directory)
         self._seqs: dict[str, int] = {}
+        self._appending: memoryview | None = None  # a follower's chunks being appended
+        self._appending_pos = 0
         self._load()
         log.on_roll = self._snapshot
 
@@ -142,6 +144,7 @@ class PublisherSequences:
         return os.path.join(self._log.directory, segment_name(base_offset) + suffix)
 
     def _snapshot(self, base_offset: int) -> None:
+        self._note_appending(base_offset)
         _write_json(self._snapshot_path(base_offset), self._seqs)
         _write_json(self._snapshot_path(base_offset, OFFSETS_SNAPSHOT_SUFFIX),
                     dict(self._offsets.items()))
@@ -196,15 +199,31 @@ class PublisherSequences:
             for reference, sequence in found or ():
                 self._raise(reference, sequence)
 
-    def replicated(self, raw: bytes | memoryview) -> None:
-        """Note the sequences and stored offsets of whole chunks a follower appended as its
-        leader sent them (``CommitLog.append_chunks``, which checked them), so
-        deduplication holds and QueryOffset answers the same when this replica leads."""
-        view, pos = memoryview(raw), 0
-        while pos < len(view):
+    def appending(self, raw: bytes | memoryview | None) -> None:
+        """Whole chunks a follower is about to append as its leader sent them
+        (``CommitLog.append_chunks``, which checks them; None: the append failed): a segment
+        roll among them first notes the chunks before it, so the roll's snapshot holds
+        exactly what precedes the new segment."""
+        self._appending, self._appending_pos = (None if raw is None else memoryview(raw)), 0
+
+    def appended(self) -> None:
+        """The chunks given to ``appending`` are in the log: note the sequences and stored
+        offsets they carry (those a roll has not), so deduplication holds and QueryOffset
+        answers the same when this replica leads."""
+        self._note_appending(None)
+        self._appending = None
+
+    def _note_appending(self, upto: int | None) -> None:
+        """Note the chunks being appended, from the first not noted yet to the one starting
+        at offset ``upto`` (None: to the end)."""
+        view, pos = self._appending, self._appending_pos
+        while view is not None and pos < len(view):
             h = parse_header(view, pos)
+            if upto is not None and h.first_offset >= upto:
+                break
             self._note(h, view[pos:pos + h.size])
             pos += h.size
+        self._appending_pos = pos
 
     def reload(self) -> None:
         """Read the sequences and offsets again from the log (after a truncation removed

@@ -7,13 +7,13 @@ import os
 
 import pytest
 
-from riverlog.broker import Broker, StreamConfig
+from riverlog.broker import Broker, Partition, StreamConfig
 from riverlog.broker.tracking import (OFFSETS_FILE, decode_offset_tracking,
                                       decode_writer_trailer, encode_writer_trailer)
 from riverlog.config import MIN_SEGMENT_MAX_BYTES, LogConfig
 from riverlog.errors import (InvalidArgumentError, LogClosedError, StreamExistsError,
                              StreamNotFoundError)
-from riverlog.log.chunk import CHUNK_TRACKING_DELTA, encode_entries, iter_entries
+from riverlog.log.chunk import CHUNK_TRACKING_DELTA, encode_entries, iter_entries, parse_header
 from riverlog.server.rabbitmq_stream import stream_config_from_arguments
 
 
@@ -183,6 +183,34 @@ def test_stored_offsets_are_tracking_chunks_of_the_log(tmp_path):
     offsets = again.get("s").partitions[0].offsets
     assert sorted(offsets.items()) == [("app", 0), ("late", 9), ("old", 5)]
     close(again)
+
+
+def test_a_follower_rolling_inside_a_batch_keeps_its_tracking_across_a_restart(tmp_path):
+    """A follower appends its leader's chunks in one batch that rolls a segment: the roll's
+    snapshot holds what the chunks before the roll carried (publisher sequence, stored
+    offset), so a restart, which reads only the newest segment, still knows them."""
+    config = LogConfig(segment_max_bytes=MIN_SEGMENT_MAX_BYTES)
+    leader = Partition("s", 0, str(tmp_path / "leader"), config)
+    leader.write_entries([encode_entries([b"a"])], writers={"pub": 7})
+    leader.store_offset("app", 0)
+    for _ in range(3):  # enough for the follower to roll after the first two chunks
+        leader.write_records([b"x" * 1000] * 100)
+    chunks, offset = [], 0
+    while offset < leader.next_offset:  # each read stops at its segment's end
+        chunks += [bytes(c.raw) for c in leader.log.read_chunks(offset, 1 << 24)]
+        offset = parse_header(chunks[-1]).next_offset
+    batch = b"".join(chunks)
+
+    async def follow():
+        follower = Partition("s", 0, str(tmp_path / "follower"), config, auto_commit=False)
+        follower.append_replicated(batch)
+        assert len(follower.log.segments) > 1
+        await follower.close()
+        again = Partition("s", 0, str(tmp_path / "follower"), config, auto_commit=False)
+        assert (again.publishers.get("pub"), again.offsets.query("app")) == (7, 0)
+        await again.close()
+        await leader.close()
+    asyncio.run(follow())
 
 
 def test_delete_wakes_readers_and_tells_listeners(tmp_path):
