@@ -212,6 +212,12 @@ class Partition:
     def last_chunk_offset(self) -> int:
         return self.log.last_chunk_offset
 
+    @property
+    def last_user_chunk_offset(self) -> int:
+        """The newest committed chunk of messages (RabbitMQ's offset spec "last"; see
+        ``CommitLog.last_user_chunk_offset``)."""
+        return self.log.last_user_chunk_offset
+
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         return self.log.offset_for_timestamp(timestamp_ms)
 

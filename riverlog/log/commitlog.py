@@ -186,6 +186,18 @@ class CommitLog:
         return self.next_offset
 
     @property
+    def last_user_chunk_offset(self) -> int:
+        """First offset of the newest committed user chunk, tracking chunks (stored consumer
+        offsets) passed over, as osiris' offset spec "last" (last_user_chunk_location), or
+        ``next_offset`` when there is none. Reads two bytes of each chunk header it looks at."""
+        for seg in reversed(self._segments):
+            idx = seg.index
+            for i in range(bisect_right(idx.offsets, self.committed_offset) - 1, -1, -1):
+                if seg.chunk_type(i) == chunkfmt.CHUNK_USER:
+                    return idx.offsets[i]
+        return self.next_offset
+
+    @property
     def size_bytes(self) -> int:
         """Bytes on disk in segment files (indexes excluded)."""
         return sum(s.size for s in self._segments)

@@ -1338,8 +1338,8 @@ def resolve_offset(partition: Partition, kind: int, value: int | None) -> int | 
     ``partition``; None for a type that names no position."""
     if kind == OffsetType.FIRST:
         return partition.first_offset
-    if kind == OffsetType.LAST:
-        return partition.last_chunk_offset
+    if kind == OffsetType.LAST:  # osiris: the last chunk of messages, not of tracking
+        return partition.last_user_chunk_offset
     if kind == OffsetType.NEXT:
         return partition.next_offset
     if kind == OffsetType.OFFSET:
