@@ -124,6 +124,18 @@ class ClusterState:
     super_streams: Mapping[str, SuperStream] = dataclasses.field(default_factory=dict)
     """RabbitMQ super streams by name (their own namespace: a stream may share a name)."""
 
+    def __setstate__(self, state: list) -> None:
+        """Unpickle (pysyncobj's snapshot), also a state pickled by an earlier version with
+        fewer fields: the fields it lacks take their defaults."""
+        for i, field in enumerate(dataclasses.fields(self)):
+            if i < len(state):
+                value = state[i]
+            elif field.default is not dataclasses.MISSING:
+                value = field.default
+            else:
+                value = field.default_factory()
+            object.__setattr__(self, field.name, value)
+
     def partition(self, stream: str, index: int) -> Partition:
         """The partition; raises NoSuchStream / NoSuchPartition."""
         found = self.streams.get(stream)

@@ -3,6 +3,7 @@
 # consumer groups, and properties over random command sequences (hypothesis).
 from __future__ import annotations
 
+import copyreg
 import pickle
 
 import pytest
@@ -219,3 +220,17 @@ def test_super_streams_are_in_the_metadata():
     assert not state.super_streams and "r-us" in state.streams
     with pytest.raises(s.NoSuchStream):
         s.delete_super_stream(state, "r")
+
+
+def test_a_snapshot_of_an_earlier_version_loads():
+    """pysyncobj's snapshot pickles the state: one written before super streams were in it
+    (three fields) loads with none, instead of a state that fails on first use."""
+    state, _ = s.add_server(s.ClusterState(), s.Server("a"))
+
+    class Older:  # pickles as a ClusterState of the first three fields
+        def __reduce_ex__(self, protocol):
+            return (copyreg._reconstructor, (s.ClusterState, object, None),
+                    s.ClusterState.__getstate__(state)[:3])
+    loaded = pickle.loads(pickle.dumps(Older()))
+    assert type(loaded) is s.ClusterState
+    assert loaded.servers == state.servers and loaded.super_streams == {}
