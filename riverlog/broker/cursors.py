@@ -9,8 +9,8 @@
 # <partition>, compacted"); the value layout and partition choice from liftbridge's
 # server/cursors.go and server/protocol/internal.proto (liftbridge-io/liftbridge 50ac358).
 # In a cluster (as Liftbridge's cursorManager): ``__cursors`` is a replicated stream of the
-# metadata, created once every Raft member is registered with a replica on every server
-# (cursors.stream.replication.factor -1, Liftbridge's default); only a cursor partition's
+# metadata, created once every Raft member is registered, with cursors.stream.replication.factor
+# replicas (-1, Liftbridge's default: every server); only a cursor partition's
 # leader sets and fetches its cursors (others: FailedPrecondition "Server not leader for
 # cursors partition N", clients ask the leader), and a server that becomes a cursor
 # partition's leader reads that partition's cursors again from its log (Liftbridge purges
@@ -132,10 +132,11 @@ class Cursors:
     """The cursor store over ``__cursors``. ``open()`` after the broker is open."""
 
     def __init__(self, broker: Broker, appenders: Appenders, partitions: int,
-                 subject: str) -> None:
+                 subject: str, replication_factor: int = -1) -> None:
         self.broker = broker
         self.appenders = appenders
         self.partitions = partitions
+        self.replication_factor = replication_factor  # in a cluster; -1: every server
         self.subject = subject
         self._cache: dict[bytes, int] = {}
 
@@ -145,9 +146,10 @@ class Cursors:
 
     def stream_config(self) -> StreamConfig:
         """The settings of ``__cursors``: compacted, ``partitions`` partitions; in a cluster
-        a replica on every server (Liftbridge's cursors.stream.replication.factor -1)."""
+        ``replication_factor`` replicas each (cursors.stream.replication.factor; -1, the
+        default as Liftbridge's: every server)."""
         return StreamConfig(subject=self.subject, partitions=self.partitions, compact=True,
-                            replication_factor=-1)
+                            replication_factor=self.replication_factor)
 
     def open(self) -> Stream | None:
         """Create ``__cursors`` if cursors are on and it does not exist, then load every
