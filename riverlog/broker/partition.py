@@ -213,6 +213,12 @@ class Partition:
         return self.log.last_chunk_offset
 
     @property
+    def last_message_offset(self) -> int:
+        """Offset of the newest committed message, stored-offset chunks passed over (-1:
+        none; see ``CommitLog.last_message_offset``)."""
+        return self.log.last_message_offset
+
+    @property
     def last_user_chunk_offset(self) -> int:
         """The newest committed chunk of messages (RabbitMQ's offset spec "last"; see
         ``CommitLog.last_user_chunk_offset``)."""

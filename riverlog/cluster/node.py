@@ -1,8 +1,9 @@
 # This server as a member of a riverlog cluster (docs/clustering.md): the Raft metadata member
 # (metadata.py) started inside `riverlog serve`, the cluster Placement every door asks ("who
 # leads this partition", "where are that server's doors"), the reconcile loop that makes the
-# local Broker follow the metadata, and the metadata changes the replication engine asks for
-# (ReplicationEvents: ISR shrink/expand, a leader reported unresponsive).
+# local Broker follow the metadata (and, on the Raft leader, puts the internal `__cursors` in
+# it), and the metadata changes the replication engine asks for (ReplicationEvents: ISR
+# shrink/expand, a leader reported unresponsive).
 # Rules: the metadata is the truth: a stream with a replica here exists locally with the
 # settings the metadata carries (the same on every replica), a stream gone from the metadata is
 # deleted here, but only once this member has caught up with the Raft log (a member restarting
@@ -143,7 +144,6 @@ class ClusterPlacement(Placement):
             await self.submit("delete_stream", name=name)
         except NoSuchStream as exc:
             raise StreamNotFoundError(str(exc)) from None
-
 
     # -- RabbitMQ super streams, in the metadata ------------------------------------------
     def super_streams(self) -> Mapping[str, SuperStream]:
@@ -313,8 +313,9 @@ class ClusterNode:
 
     async def stop(self) -> None:
         """Stop following the metadata, replication, and the Raft member."""
-        if self._register_task is not None:
-            self._register_task.cancel()
+        for task in (self._register_task, self._internal_task):
+            if task is not None:
+                task.cancel()
         if self._unwatch is not None:
             self._unwatch()
         if self.replication is not None:

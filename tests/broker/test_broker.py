@@ -171,6 +171,9 @@ def test_stored_offsets_are_tracking_chunks_of_the_log(tmp_path):
     assert (part.offsets.query("old"), part.offsets.query("app")) == (5, 1)
     part.write_records([b"x"])
     assert part.store_offset("app", 0) == range(1, 2)
+    # the newest chunk is no message: "last" and the consumer lag pass over it
+    assert (part.last_chunk_offset, part.last_user_chunk_offset,
+            part.last_message_offset) == (1, 0, 0)
     chunk = part.read_chunks(1)[0]
     assert (chunk.header.chunk_type, chunk.header.num_records) == (CHUNK_TRACKING_DELTA, 1)
     assert decode_offset_tracking(next(iter_entries(chunk.data)).payload) == [
