@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from gufo.liftbridge.client import LiftbridgeClient
@@ -19,6 +20,7 @@ from rstream import exceptions as rexc
 from _apps import IDS, WAIT_S, until
 from compat._servers import HOST
 from riverlog.broker.broker import CURSORS_STREAM
+from riverlog.cluster.offsets import tracking_subject
 from riverlog.log.chunk import CHUNK_TRACKING_DELTA
 
 GUEST = {"username": "guest", "password": "guest"}
@@ -72,6 +74,18 @@ async def test_stored_offsets_survive_a_leader_failover(cluster):
         async with Consumer(*door(app), **GUEST) as consumer:
             assert await consumer.query_offset("offs", "app") == 7
             assert await consumer.query_offset("offs", "other") == 2
+
+    # bad requests between servers get an error answer and change nothing
+    nc, ns = new_leader.nats_link.nc, new_leader.nats_link.config.namespace
+    for server, request, error in (
+            (new_leader.config.cluster.server_id, b"not json", "bad-request"),
+            (other.config.cluster.server_id, b'{"stream": "offs", "partition": 0, '
+             b'"reference": "app", "offset": 1}', "not-leader"),
+            (new_leader.config.cluster.server_id, b'{"stream": "offs", "partition": 0, '
+             b'"reference": "app", "offset": -1}', "refused")):
+        reply = await nc.request(tracking_subject(ns, server), request, timeout=10)
+        assert json.loads(reply.data) == {"error": error}
+    assert new_leader.broker.streams["offs"].partitions[0].offsets.query("app") == 7
 
     # a consumer receives the messages, never a tracking chunk (those lie between them)
     async with Consumer(*door(new_leader), **GUEST) as consumer:
