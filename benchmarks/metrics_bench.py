@@ -50,7 +50,7 @@ async def scrapes(streams: int, consumers: int) -> None:
                 partition = app.broker.create(f"s{i}").partitions[0]
                 partition.write_records([b"x" * 100] * 10)
                 for c in range(consumers):
-                    partition.offsets.store(f"c{c}", 5)
+                    partition.store_offset(f"c{c}", 5)
                 counters(f"s{i}", RABBITMQ_STREAM).published(10, 1000)
             collector_ms = []  # the part of a scrape that runs on the event loop
             state = StateCollector(app, asyncio.get_running_loop())

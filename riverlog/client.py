@@ -456,19 +456,20 @@ class AsyncClient:
 
     async def offset_range(self, name: str) -> tuple[int, int]:
         """``(first, end)``: the oldest offset kept and the offset after the newest committed
-        record, so ``[first, end)`` is what a reader can get now. One StreamStats, then (when
-        the stream is not empty) a one-chunk subscription at the last committed chunk to
-        learn its record count."""
+        message, so ``[first, end)`` is what a reader can get now. One StreamStats, then (when
+        the stream is not empty) a one-chunk subscription at offset spec LAST, the last chunk
+        of messages (stored consumer offsets after it are chunks no reader is given), to
+        learn where it ends."""
         stats = await self.stream_stats(name)
         first, last = stats.get("first_chunk_id", -1), stats.get("committed_chunk_id", -1)
         if last < 0:
             return max(first, 0), max(first, 0)
-        sub = await self.subscribe(name, OffsetType.OFFSET, last, credit=1)
+        sub = await self.subscribe(name, OffsetType.LAST, None, credit=1)
         try:
             chunk = await sub.next_chunk(timeout=min(self.timeout, 5.0))
         finally:
             await sub.close()
-        end = chunk.next_offset if chunk is not None else last
+        end = chunk.next_offset if chunk is not None else first  # none: offsets stored only
         return min(first, end), end
 
     async def offset_for_timestamp(self, name: str, timestamp_ms: int) -> int | None:

@@ -159,7 +159,9 @@ class GrpcConfig:
     Sizes in bytes, durations in ms; names follow Liftbridge's keys: ``replication_max_bytes``
     (``clustering.replication.max.bytes``: bigger NATS messages get a TOO_LARGE ack),
     ``cursors_partitions`` (``cursors.stream.partitions``; Liftbridge's default 0 turns cursors
-    off, riverlog's 1 keeps them on), ``activity_enabled`` (``activity.stream.enabled``),
+    off, riverlog's 1 keeps them on), ``cursors_replication_factor``
+    (``cursors.stream.replication.factor``: replicas of ``__cursors`` in a cluster, -1 every
+    server, as Liftbridge), ``activity_enabled`` (``activity.stream.enabled``),
     ``consumer_timeout_ms``/``coordinator_timeout_ms`` (``groups.*.timeout``),
     ``auto_pause_time_ms``/``auto_pause_disable_if_subscribers`` and
     ``concurrency_control`` (stream defaults, ``streams.*``), ``batch_max_messages``
@@ -173,6 +175,7 @@ class GrpcConfig:
     server_id: str | None = None
     replication_max_bytes: int = 1024 * 1024
     cursors_partitions: int = 1
+    cursors_replication_factor: int = -1
     activity_enabled: bool = False
     activity_publish_timeout_ms: int = 5000
     consumer_timeout_ms: int = 15_000
@@ -199,6 +202,8 @@ class GrpcConfig:
             raise ValueError("clustering.replication.max.bytes must be > 0")
         if self.cursors_partitions < 0:
             raise ValueError("cursors.stream.partitions must be >= 0")
+        if self.cursors_replication_factor == 0 or self.cursors_replication_factor < -1:
+            raise ValueError("cursors.stream.replication.factor must be >= 1 or -1")
         if not 1 <= self.batch_max_messages <= 0xFFFF:
             raise ValueError("batch.max.messages must be between 1 and 65535")
         if self.transport not in GRPC_TRANSPORTS:

@@ -41,6 +41,7 @@ USED_KEYS = {
     "clustering.replication.max.bytes", "clustering.min.insync.replicas",
     "activity.stream.enabled", "activity.stream.publish.timeout",
     "activity.stream.publish.ack.policy", "cursors.stream.partitions",
+    "cursors.stream.replication.factor",
     "groups.consumer.timeout", "groups.coordinator.timeout",
     # riverlog's own
     "riverlog.durability", "riverlog.fsync.interval", "riverlog.stream.host",
@@ -55,8 +56,7 @@ IGNORED_KEYS = {
     "metadata.cache.max.age", "logging.recovery", "logging.raft", "logging.nats",
     "batch.max.time", "streams.compact.max.goroutines", "clustering.raft.snapshot.retain",
     "clustering.raft.snapshot.threshold", "clustering.raft.cache.size",
-    "clustering.raft.max.quorum.size", "cursors.stream.replication.factor",
-    "cursors.stream.auto.pause.time", "telemetry.enabled", "telemetry.interval.seconds",
+    "clustering.raft.max.quorum.size", "cursors.stream.auto.pause.time", "telemetry.enabled", "telemetry.interval.seconds",
 }
 # Security (docs/security.md): Liftbridge's TLS, authorization and NATS credential keys, and
 # riverlog's users, authorization rules and RabbitMQ Stream TLS port.
@@ -415,6 +415,7 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
             ("clustering.replication.max.bytes", "replication_max_bytes", _int),
             ("batch.max.messages", "batch_max_messages", _int),
             ("cursors.stream.partitions", "cursors_partitions", _int),
+            ("cursors.stream.replication.factor", "cursors_replication_factor", _int),
             ("activity.stream.enabled", "activity_enabled", _bool),
             ("activity.stream.publish.timeout", "activity_publish_timeout_ms", _ms),
             ("groups.consumer.timeout", "consumer_timeout_ms", _ms),

@@ -8,6 +8,13 @@
 # Wire facts: reference/liftbridge.md ("FetchCursor returns -1 ...; key <cursorId>,<stream>,
 # <partition>, compacted"); the value layout and partition choice from liftbridge's
 # server/cursors.go and server/protocol/internal.proto (liftbridge-io/liftbridge 50ac358).
+# In a cluster (as Liftbridge's cursorManager): ``__cursors`` is a replicated stream of the
+# metadata, created once every Raft member is registered, with cursors.stream.replication.factor
+# replicas (-1, Liftbridge's default: every server); only a cursor partition's
+# leader sets and fetches its cursors (others: FailedPrecondition "Server not leader for
+# cursors partition N", clients ask the leader), and a server that becomes a cursor
+# partition's leader reads that partition's cursors again from its log (Liftbridge purges
+# its cache then), which holds every cursor its leader committed.
 from __future__ import annotations
 
 import asyncio
@@ -16,10 +23,11 @@ import time
 import zlib
 
 from ..errors import LogError, OffsetOutOfRangeError
-from ..log.chunk import log_unreadable
+from ..log.chunk import CHUNK_USER, log_unreadable
 from ..record import Record, decode_record, encode_record
 from .appender import Appenders
 from .broker import CURSORS_STREAM, Broker
+from .partition import Partition
 from .stream import Stream, StreamConfig
 
 log = logging.getLogger("riverlog.broker")
@@ -97,6 +105,11 @@ class CursorsDisabledError(LogError):
     """Cursors are off (``cursors.stream.partitions`` is 0)."""
 
 
+class NotCursorLeaderError(LogError):
+    """In a cluster: this server does not lead the cursor partition that holds the cursor
+    (Liftbridge answers FailedPrecondition; the client asks the leader)."""
+
+
 class _CommitWaiter:
     __slots__ = ("future",)
 
@@ -119,10 +132,11 @@ class Cursors:
     """The cursor store over ``__cursors``. ``open()`` after the broker is open."""
 
     def __init__(self, broker: Broker, appenders: Appenders, partitions: int,
-                 subject: str) -> None:
+                 subject: str, replication_factor: int = -1) -> None:
         self.broker = broker
         self.appenders = appenders
         self.partitions = partitions
+        self.replication_factor = replication_factor  # in a cluster; -1: every server
         self.subject = subject
         self._cache: dict[bytes, int] = {}
 
@@ -130,46 +144,82 @@ class Cursors:
     def enabled(self) -> bool:
         return self.partitions > 0
 
+    def stream_config(self) -> StreamConfig:
+        """The settings of ``__cursors``: compacted, ``partitions`` partitions; in a cluster
+        ``replication_factor`` replicas each (cursors.stream.replication.factor; -1, the
+        default as Liftbridge's: every server)."""
+        return StreamConfig(subject=self.subject, partitions=self.partitions, compact=True,
+                            replication_factor=self.replication_factor)
+
     def open(self) -> Stream | None:
         """Create ``__cursors`` if cursors are on and it does not exist, then load every
-        stored cursor. Returns the stream (None when cursors are off)."""
+        stored cursor. Returns the stream (None when cursors are off, or in a cluster, where
+        the metadata makes it). A cluster member drops a ``__cursors`` it holds from a life
+        alone: the cluster's replicated one replaces it."""
         if not self.enabled:
             return None
         stream = self.broker.streams.get(CURSORS_STREAM)
+        placement = self.broker.placement
+        if placement.clustered:
+            placement.add_leader_listener(self._leader_changed)
+            if stream is not None and not stream.config.replicated:
+                log.warning("%s of this server alone (%d cursor partition(s)) dropped: the "
+                            "cluster's replicated one replaces it", CURSORS_STREAM,
+                            len(stream.partitions))
+                self.broker.delete(CURSORS_STREAM)
+            return None
         if stream is None:
-            stream = self.broker.create(CURSORS_STREAM, StreamConfig(
-                subject=self.subject, partitions=self.partitions, compact=True), internal=True)
-        self._load(stream)
+            stream = self.broker.create(CURSORS_STREAM, self.stream_config(), internal=True)
+        for partition in stream.partitions:
+            self._load(partition)
+        log.info("loaded %d cursor(s)", len(self._cache))
         return stream
 
-    def _load(self, stream: Stream) -> None:
+    def _leader_changed(self, stream: str, index: int) -> None:
+        """This server took over cursor partition ``index``: read its cursors from its log
+        again (what this cache holds of it may be older than what other leaders set)."""
+        local = self.broker.streams.get(CURSORS_STREAM)
+        if stream != CURSORS_STREAM or local is None or index >= len(local.partitions) or \
+                not self.broker.placement.leads(stream, index):
+            return
+        for key in [k for k in self._cache if zlib.crc32(k) % len(local.partitions) == index]:
+            del self._cache[key]
+        self._load(local.partitions[index], committed_only=False)
+        log.info("leading cursor partition %d: its cursors read from its log", index)
+
+    def _load(self, partition: Partition, committed_only: bool = True) -> None:
+        """Take every cursor record of ``partition`` into the cache, the newest per key
+        wins. ``committed_only`` False: also what a new leader holds beyond its high
+        watermark (all of it is committed once its followers caught up with it)."""
         unreadable = log_unreadable(log, CURSORS_STREAM)
-        for partition in stream.partitions:
-            offset = partition.first_offset
-            while True:
-                try:
-                    chunks = partition.read_chunks(offset)
-                except OffsetOutOfRangeError:
-                    offset = partition.first_offset
+        offset = partition.first_offset
+        while True:
+            try:
+                chunks = partition.log.read_chunks(offset, 1024 * 1024,
+                                                   committed_only=committed_only)
+            except OffsetOutOfRangeError:
+                offset = partition.first_offset
+                continue
+            except LogError as exc:
+                log.error("reading %s: %s (cursors after it are not loaded)", partition, exc)
+                break
+            if not chunks:
+                break
+            for chunk in chunks:
+                offset = chunk.header.next_offset
+                if chunk.header.chunk_type != CHUNK_USER:
                     continue
-                except LogError as exc:
-                    log.error("reading %s: %s (cursors after it are not loaded)", partition, exc)
-                    break
-                if not chunks:
-                    break
-                for chunk in chunks:
-                    offset = chunk.header.next_offset
-                    try:
-                        records = list(chunk.records(unreadable))
-                    except ValueError as exc:
-                        log.error("cursor chunk at %d unreadable: %s", chunk.header.first_offset, exc)
-                        continue
-                    for _, raw in records:
-                        record = decode_record(raw)
-                        value = decode_cursor_offset(record.value)
-                        if record.key is not None and value is not None:
-                            self._cache[record.key] = value
-        log.info("loaded %d cursor(s)", len(self._cache))
+                try:
+                    records = list(chunk.records(unreadable))
+                except ValueError as exc:
+                    log.error("cursor chunk at %d unreadable: %s", chunk.header.first_offset,
+                              exc)
+                    continue
+                for _, raw in records:
+                    record = decode_record(raw)
+                    value = decode_cursor_offset(record.value)
+                    if record.key is not None and value is not None:
+                        self._cache[record.key] = value
 
     def _stream(self) -> Stream:
         if not self.enabled:
@@ -195,18 +245,28 @@ class Cursors:
                 out.append((cursor_id, stream, int(partition), offset))
         return out
 
+    def _led(self, key: bytes) -> tuple[int, Partition]:
+        """The index and partition of ``__cursors`` holding ``key``, which this server must
+        lead. Raises ``CursorsDisabledError``, ``NotCursorLeaderError``."""
+        cursors = self._stream()
+        index = zlib.crc32(key) % len(cursors.partitions)
+        if not self.broker.placement.leads(CURSORS_STREAM, index):
+            raise NotCursorLeaderError(f"Server not leader for cursors partition {index}")
+        return index, cursors.partitions[index]
+
     def get(self, cursor_id: str, stream: str, partition: int) -> int:
-        """The stored offset, or -1 when never set. Raises ``CursorsDisabledError``."""
-        self._stream()
-        return self._cache.get(cursor_key(cursor_id, stream, partition), -1)
+        """The stored offset, or -1 when never set. Raises ``CursorsDisabledError``,
+        ``NotCursorLeaderError``."""
+        key = cursor_key(cursor_id, stream, partition)
+        self._led(key)
+        return self._cache.get(key, -1)
 
     async def set(self, cursor_id: str, stream: str, partition: int, offset: int) -> None:
         """Store ``offset`` and return once the record is committed. Raises
-        ``CursorsDisabledError``, ``LogClosedError`` or ``OSError``."""
-        cursors = self._stream()
+        ``CursorsDisabledError``, ``NotCursorLeaderError``, ``LogClosedError`` or
+        ``OSError``."""
         key = cursor_key(cursor_id, stream, partition)
-        index = zlib.crc32(key) % len(cursors.partitions)
-        part = cursors.partitions[index]
+        index, part = self._led(key)
         subject = self.subject if index == 0 else f"{self.subject}.{index}"
         record = encode_record(Record(
             value=encode_cursor(stream, partition, cursor_id, offset), key=key,

@@ -1,5 +1,6 @@
 # One partition of a stream: its commit log plus its tracking state (publisher sequences for
-# deduplication, stored consumer offsets). The only way front doors write and read data.
+# deduplication, stored consumer offsets, both carried by the log: broker/tracking.py). The
+# only way front doors write and read data.
 # Rules: writes happen synchronously on the event loop, in arrival order; "committed" is one
 # event, the high watermark passing an offset, and every door's confirm or ALL ack waits for
 # it through ``when_committed`` (the commit pipeline; LEADER acks wait only for the write);
@@ -13,8 +14,9 @@ from typing import Callable, Collection, Mapping, Sequence
 from ..config import LogConfig
 from ..log import ChunkSlice, CommitLog
 from ..log.bloom import build_bloom
-from ..log.chunk import encode_entries
-from .tracking import ConsumerOffsets, PublisherSequences, encode_writer_trailer
+from ..log.chunk import CHUNK_TRACKING_DELTA, encode_entries
+from .tracking import (ConsumerOffsets, PublisherSequences, encode_offset_tracking,
+                       encode_writer_trailer)
 
 log = logging.getLogger("riverlog.broker")
 
@@ -37,8 +39,8 @@ class Partition:
         self.stream = stream
         self.index = index
         self.log = CommitLog(directory, config, auto_commit=auto_commit)
-        self.publishers = PublisherSequences(self.log)
         self.offsets = ConsumerOffsets(directory)
+        self.publishers = PublisherSequences(self.log, self.offsets)
         # Liftbridge partition flags, saved in the stream's metadata (Stream.save_metadata):
         # a paused partition takes no NATS messages until resumed; a read-only one takes no
         # writes from the Liftbridge doors. ``events`` maps "pause"/"readonly"/"received" to
@@ -96,13 +98,30 @@ class Partition:
         return self.log.write_entries(encode_entries(records), len(records), len(records),
                                       timestamp_ms=timestamp_ms)
 
+    def store_offset(self, reference: str, offset: int) -> range:
+        """Store consumer ``reference``'s ``offset`` (RabbitMQ StoreOffset) as osiris does: a
+        tracking delta chunk written now, one offset of the log that no consumer is given,
+        replicated and committed like any chunk; QueryOffset answers it at once
+        (``offsets``). Only the partition's leader stores. Raises ``ValueError`` for a
+        reference over 255 bytes or a negative offset, ``LogClosedError``."""
+        body = encode_offset_tracking([(reference, offset)])
+        offsets = self.log.write_entries(encode_entries([body]), 1, 1,
+                                         chunk_type=CHUNK_TRACKING_DELTA)
+        self.offsets.apply(reference, offset)
+        return offsets
+
     # -- replication (a follower's side) ------------------------------------------------
     def append_replicated(self, raw: bytes | memoryview) -> range:
         """Append whole chunks as the partition's leader sent them (``CommitLog.append_chunks``:
         raises ``ChunkRefusedError``, appending nothing, when one fails its checks) and note
-        the publisher sequences they carry. Returns the offsets appended."""
-        offsets = self.log.append_chunks(raw)
-        self.publishers.replicated(raw)
+        the publisher sequences and stored offsets they carry. Returns the offsets appended."""
+        self.publishers.appending(raw)
+        try:
+            offsets = self.log.append_chunks(raw)
+        except BaseException:
+            self.publishers.appending(None)
+            raise
+        self.publishers.appended()
         return offsets
 
     def truncate(self, offset: int) -> None:
@@ -193,6 +212,18 @@ class Partition:
     def last_chunk_offset(self) -> int:
         return self.log.last_chunk_offset
 
+    @property
+    def last_message_offset(self) -> int:
+        """Offset of the newest committed message, stored-offset chunks passed over (-1:
+        none; see ``CommitLog.last_message_offset``)."""
+        return self.log.last_message_offset
+
+    @property
+    def last_user_chunk_offset(self) -> int:
+        """The newest committed chunk of messages (RabbitMQ's offset spec "last"; see
+        ``CommitLog.last_user_chunk_offset``)."""
+        return self.log.last_user_chunk_offset
+
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         return self.log.offset_for_timestamp(timestamp_ms)
 
@@ -223,12 +254,10 @@ class Partition:
 
     # -- lifecycle ----------------------------------------------------------------------
     def housekeeping(self) -> None:
-        """Periodic work: save stored offsets, apply age-based retention."""
-        self.offsets.save()
+        """Periodic work: apply age-based retention."""
         self.log.enforce_retention()
 
     async def close(self) -> None:
-        self.offsets.save()
         await self.log.aclose()
 
     def delete(self) -> None:

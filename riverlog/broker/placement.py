@@ -22,6 +22,7 @@ from .groups import ConsumerGroups
 
 if TYPE_CHECKING:
     from .stream import Stream, StreamConfig
+    from .superstreams import SuperStream
 
 FIRST_LEADER_EPOCH = 1
 
@@ -54,6 +55,11 @@ class PartitionFlags:
 
     paused: bool = False
     read_only: bool = False
+
+
+class OffsetsUnavailable(Exception):
+    """A partition's leader could not be asked for a stored offset (no leader, no answer, or
+    it no longer leads): RabbitMQ answers QueryOffset with STREAM_NOT_AVAILABLE then."""
 
 
 LeaderListener = Callable[[str, int], None]
@@ -108,6 +114,35 @@ class Placement:
     async def delete_stream(self, name: str) -> None:
         """Delete a stream on every server (cluster only). Raises ``StreamNotFoundError``."""
         raise NotImplementedError("a single server deletes streams with Broker.delete")
+
+    def super_streams(self) -> Mapping[str, "SuperStream"] | None:
+        """The RabbitMQ super streams every server agrees on, by name; None on a single
+        server, whose SuperStreams keeps its own (DATA/superstreams.json)."""
+        return None
+
+    async def create_super_stream(self, name: str, partitions: tuple[str, ...],
+                                  binding_keys: tuple[str, ...]) -> None:
+        """Record a super stream whose partition streams exist, on every server (cluster
+        only). Raises ``StreamExistsError``, ``StreamNotFoundError`` (a partition is no
+        stream), ``InvalidArgumentError``."""
+        raise NotImplementedError("a single server records super streams in SuperStreams")
+
+    async def delete_super_stream(self, name: str) -> None:
+        """Forget a super stream on every server (cluster only; its partition streams
+        stay). Raises ``StreamNotFoundError``."""
+        raise NotImplementedError("a single server forgets super streams in SuperStreams")
+
+    async def store_offset_at_leader(self, stream: str, index: int, reference: str,
+                                     offset: int) -> None:
+        """Pass a RabbitMQ StoreOffset to the partition's leader, another server (cluster
+        only: a single server leads every partition). Raises ``OffsetsUnavailable``."""
+        raise NotImplementedError("a single server stores offsets itself")
+
+    async def query_offset_at_leader(self, stream: str, index: int,
+                                     reference: str) -> int | None:
+        """The offset ``reference`` stored in the partition, as its leader (another server)
+        holds it; None when it stored none. Raises ``OffsetsUnavailable``."""
+        raise NotImplementedError("a single server answers stored offsets itself")
 
     def flags(self, stream: str, index: int) -> PartitionFlags | None:
         """The partition's agreed flags; None when the partition is unknown."""

@@ -8,6 +8,8 @@
 # partitions exist and before they are deleted, so a crash leaves at worst partitions
 # without a super stream, never a super stream without partitions it names; a partition
 # stream deleted on its own leaves its super stream (RabbitMQ drops the binding).
+# In a cluster the registry is the cluster metadata's (``Placement.super_streams``, agreed
+# through Raft), so every server answers the same; the file is a single server's.
 # A broker stream with several partitions (made through Liftbridge) is a super stream too,
 # derived, never stored: partition i is the stream `<name>-<i>` bound with key "i", as
 # RabbitMQ names the partitions of a super stream made with a partition count; its name is
@@ -18,6 +20,7 @@ import dataclasses
 import json
 import logging
 import os
+from typing import Mapping
 
 from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
 from .broker import MAX_NAME_BYTES, Broker
@@ -48,6 +51,13 @@ class SuperStream:
             return self.partitions.index(stream)
         except ValueError:
             return -1
+
+    def without(self, stream: str) -> "SuperStream":
+        """This super stream with partition ``stream`` unbound (itself when it is none)."""
+        if stream not in self.partitions:
+            return self
+        kept = [(p, k) for p, k in zip(self.partitions, self.binding_keys) if p != stream]
+        return SuperStream(self.name, tuple(p for p, _ in kept), tuple(k for _, k in kept))
 
 
 def member_name(stream: str, index: int) -> str:
@@ -83,7 +93,7 @@ class SuperStreams:
     def get(self, name: str) -> SuperStream:
         """The super stream ``name``: a stored one, else the one derived from a broker
         stream with several partitions. Raises ``StreamNotFoundError`` when neither."""
-        found = self.super_streams.get(name)
+        found = self._registry().get(name)
         stream = self.broker.streams.get(name) if found is None else None
         if stream is not None and len(stream.partitions) > 1:
             found = SuperStream(name, tuple(self.door_names(stream)),
@@ -91,6 +101,11 @@ class SuperStreams:
         if found is None:
             raise StreamNotFoundError(f"super stream {name!r} does not exist")
         return found
+
+    def _registry(self) -> Mapping[str, SuperStream]:
+        """The stored super streams: the cluster's, else this server's own."""
+        shared = self.broker.placement.super_streams()
+        return self.super_streams if shared is None else shared
 
     def find(self, name: str) -> SuperStream | None:
         """``get``, None instead of the error."""
@@ -143,9 +158,10 @@ class SuperStreams:
                                 binding_keys: list[str] | tuple[str, ...],
                                 config: StreamConfig) -> SuperStream:
         """``create`` in a cluster: each partition stream through
-        ``broker.placement.create_stream`` (on the servers holding its replicas), and those
-        made deleted again when one fails. The super stream itself is recorded on this
-        server only. Raises as ``create`` and as ``Placement.create_stream``."""
+        ``broker.placement.create_stream`` (on the servers holding its replicas), then the
+        super stream through ``Placement.create_super_stream`` (the metadata every server
+        reads); the partitions made are deleted again when a step fails. Raises as
+        ``create`` and as ``Placement.create_stream``."""
         self._check_new(name, partitions, binding_keys)
         placement = self.broker.placement
         created: list[str] = []
@@ -153,7 +169,9 @@ class SuperStreams:
             for partition in partitions:
                 await placement.create_stream(partition, config)
                 created.append(partition)
-            return self._record(name, partitions, binding_keys)
+            await placement.create_super_stream(name, tuple(partitions), tuple(binding_keys))
+            log.info("created super stream %r with %d partition(s)", name, len(partitions))
+            return self.get(name)
         except BaseException:
             for partition in created:
                 try:
@@ -200,9 +218,17 @@ class SuperStreams:
                 self.broker.delete(stream)
 
     async def delete_in_cluster(self, name: str) -> None:
-        """``delete`` in a cluster: the streams go through ``broker.placement.delete_stream``
-        (a partition stream already gone is skipped). Raises ``StreamNotFoundError``."""
-        for stream in self._forget(name):
+        """``delete`` in a cluster: the super stream goes through
+        ``Placement.delete_super_stream``, then its streams through
+        ``Placement.delete_stream`` (a partition stream already gone is skipped). Raises
+        ``StreamNotFoundError``."""
+        super_stream = self.get(name)
+        streams = [name]  # a derived one: its broker stream
+        if name in self._registry():
+            await self.broker.placement.delete_super_stream(name)
+            log.info("deleted super stream %r", name)
+            streams = list(super_stream.partitions)
+        for stream in streams:
             try:
                 await self.broker.placement.delete_stream(stream)
             except StreamNotFoundError:
@@ -229,9 +255,7 @@ class SuperStreams:
         changed = False
         for name, s in list(self.super_streams.items()):
             if stream.name in s.partitions:
-                kept = [(p, k) for p, k in zip(s.partitions, s.binding_keys) if p != stream.name]
-                self.super_streams[name] = SuperStream(
-                    name, tuple(p for p, _ in kept), tuple(k for _, k in kept))
+                self.super_streams[name] = s.without(stream.name)
                 changed = True
         if changed:
             self._save()

@@ -1,10 +1,14 @@
 # Tracking state of one partition: publisher sequences (deduplication) and stored consumer
-# offsets. Rules: the highest publishing id of every named publisher with entries in a chunk
-# travels in that chunk's trailer, so it is exactly as durable as the data; at every segment
-# roll a snapshot of all publisher sequences is written next to the new segment, so opening
-# only scans the newest segment's trailers. A reference never seen has no sequence (not 0):
-# its publishing id 0 is new, as in osiris. Consumer offsets are kept in memory and saved to
-# one file (atomically) at most every second and on close.
+# offsets, both carried by the log itself so they replicate with the data (osiris does so).
+# Rules: the highest publishing id of every named publisher with entries in a chunk travels
+# in that chunk's trailer; a stored consumer offset is a tracking delta chunk (chunk type 1,
+# one simple entry of osiris tracking records, one offset of the log, never delivered to a
+# consumer); at every segment roll a snapshot of all sequences and offsets is written next to
+# the new segment, so opening only scans the newest segment. A reference never seen has no
+# sequence (not 0): its publishing id 0 is new, as in osiris. The ``offsets.json`` of
+# earlier versions is read once as the offsets before anything the log carries (upgrade).
+# Wire facts: osiris_log.erl (chunk types, "Tracking format") and osiris_tracking.erl
+# (record 1 = offset: type u8 | id size u8 | id | offset u64), rabbitmq/osiris 1.10.3.
 from __future__ import annotations
 
 import json
@@ -16,14 +20,19 @@ from typing import Iterable, Mapping
 
 from ..errors import LogError
 from ..log import CommitLog
-from ..log.chunk import HEADER_SIZE, ChunkHeader, parse_header
+from ..log.chunk import (CHUNK_TRACKING_DELTA, CHUNK_USER, HEADER_SIZE, ChunkHeader,
+                         iter_entries, parse_header)
 from ..log.segment import segment_name
 
 log = logging.getLogger("riverlog.broker")
 _CRC = struct.Struct(">I")
 WRITER_TAG = b"W"
 SNAPSHOT_SUFFIX = ".writers"
+OFFSETS_SNAPSHOT_SUFFIX = ".offsets"
 OFFSETS_FILE = "offsets.json"
+TRACKING_OFFSET = 1
+"""osiris_tracking's record type of a stored consumer offset."""
+_U64 = struct.Struct(">Q")
 
 
 def encode_writer_trailer(writers: Iterable[tuple[str, int]]) -> bytes:
@@ -61,17 +70,58 @@ def decode_writer_trailer(trailer: bytes | memoryview) -> list[tuple[str, int]] 
     return out or None
 
 
+def encode_offset_tracking(offsets: Iterable[tuple[str, int]]) -> bytes:
+    """The body of a tracking delta chunk's one entry storing each ``(reference, offset)``:
+    osiris tracking records ``1 | id size u8 | reference (UTF-8) | offset u64``. Raises
+    ``ValueError`` for a reference longer than 255 bytes or a negative offset."""
+    out = []
+    for reference, offset in offsets:
+        ref = reference.encode()
+        if len(ref) > 255:
+            raise ValueError("a consumer reference is at most 255 bytes")
+        if offset < 0:
+            raise ValueError(f"a stored offset is not negative: {offset}")
+        out.append(bytes((TRACKING_OFFSET, len(ref))) + ref + _U64.pack(offset))
+    return b"".join(out)
+
+
+def decode_offset_tracking(body: bytes | memoryview) -> list[tuple[str, int]] | None:
+    """The ``(reference, offset)`` records of a tracking entry body, in order (records of
+    other tracking types are skipped); None when it is not a sequence of osiris tracking
+    records (sequence records carry 8 bytes, offset and timestamp records 8)."""
+    out = []
+    pos, size = 0, len(body)
+    while pos < size:
+        if size - pos < 2 or body[pos] > 2:
+            return None
+        end = pos + 2 + body[pos + 1]
+        if end + 8 > size:
+            return None
+        if body[pos] == TRACKING_OFFSET:
+            try:
+                ref = bytes(body[pos + 2:end]).decode()
+            except UnicodeDecodeError:
+                return None
+            out.append((ref, _U64.unpack_from(body, end)[0]))
+        pos = end + 8
+    return out
+
+
 class PublisherSequences:
-    """Highest publishing id per publisher reference, for deduplication.
+    """Highest publishing id per publisher reference, for deduplication; it also reads the
+    stored consumer offsets the log carries into ``offsets`` (one scan, one snapshot).
 
     RabbitMQ semantics (reference/rabbitmq-stream-protocol.md, "Deduplication"; osiris_writer
     ``is_duplicate``): with a named publisher, a publishing id at or below the highest stored
     one is dropped and confirmed; a reference with none stored takes any id, 0 included.
     """
 
-    def __init__(self, log: CommitLog) -> None:
+    def __init__(self, log: CommitLog, offsets: "ConsumerOffsets | None" = None) -> None:
         self._log = log
+        self._offsets = offsets if offsets is not None else ConsumerOffsets(log.directory)
         self._seqs: dict[str, int] = {}
+        self._appending: memoryview | None = None  # a follower's chunks being appended
+        self._appending_pos = 0
         self._load()
         log.on_roll = self._snapshot
 
@@ -90,31 +140,29 @@ class PublisherSequences:
         if sequence > self._seqs.get(reference, -1):
             self._seqs[reference] = sequence
 
-    def _snapshot_path(self, base_offset: int) -> str:
-        return os.path.join(self._log.directory, segment_name(base_offset) + SNAPSHOT_SUFFIX)
+    def _snapshot_path(self, base_offset: int, suffix: str = SNAPSHOT_SUFFIX) -> str:
+        return os.path.join(self._log.directory, segment_name(base_offset) + suffix)
 
     def _snapshot(self, base_offset: int) -> None:
-        path = self._snapshot_path(base_offset)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self._seqs, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        self._note_appending(base_offset)
+        _write_json(self._snapshot_path(base_offset), self._seqs)
+        _write_json(self._snapshot_path(base_offset, OFFSETS_SNAPSHOT_SUFFIX),
+                    dict(self._offsets.items()))
 
     def _load(self) -> None:
         segments = self._log.segments
         start = 0
         for i in range(len(segments) - 1, -1, -1):
-            try:
-                with open(self._snapshot_path(segments[i].base_offset)) as f:
-                    seqs = json.load(f)
-            except (OSError, ValueError):
-                continue
-            if isinstance(seqs, dict):
-                self._seqs = {str(k): int(v) for k, v in seqs.items() if isinstance(v, int)}
+            seqs = _read_json(self._snapshot_path(segments[i].base_offset))
+            if seqs is not None:
+                self._seqs = seqs
+                offsets = _read_json(self._snapshot_path(segments[i].base_offset,
+                                                         OFFSETS_SNAPSHOT_SUFFIX))
+                self._offsets.restart(offsets or {})  # None: written before offsets were
                 start = i
                 break
+        else:
+            self._offsets.restart({})
         if start >= len(segments):
             return
         offset = max(segments[start].first_offset, self._log.first_offset)
@@ -131,46 +179,98 @@ class PublisherSequences:
             offset = chunks[-1].header.next_offset
 
     def _note(self, h: ChunkHeader, raw: bytes | memoryview) -> None:
-        """Raise the sequences the writer trailer of chunk ``raw`` (header ``h``) records."""
-        if h.trailer_length > h.bloom_size:
+        """Take in what chunk ``raw`` (header ``h``) tracks: the sequences of a user chunk's
+        writer trailer, the consumer offsets of a tracking delta chunk."""
+        if h.chunk_type == CHUNK_TRACKING_DELTA:
+            data = memoryview(raw)[HEADER_SIZE:HEADER_SIZE + h.data_length]
+            try:
+                bodies = [entry.payload for entry in iter_entries(data)]
+            except ValueError:
+                bodies = [b""]
+            for body in bodies:
+                found = decode_offset_tracking(body)
+                if found is None:
+                    log.error("%s: the tracking chunk at offset %d is not osiris tracking "
+                              "records (skipped)", self._log.directory, h.first_offset)
+                for reference, offset in found or ():
+                    self._offsets.apply(reference, offset)
+        elif h.chunk_type == CHUNK_USER and h.trailer_length > h.bloom_size:
             found = decode_writer_trailer(raw[HEADER_SIZE + h.data_length + h.bloom_size:])
             for reference, sequence in found or ():
                 self._raise(reference, sequence)
 
-    def replicated(self, raw: bytes | memoryview) -> None:
-        """Note the sequences of whole chunks a follower appended as its leader sent them
-        (``CommitLog.append_chunks``, which checked them), so deduplication holds when this
-        replica leads."""
-        view, pos = memoryview(raw), 0
-        while pos < len(view):
+    def appending(self, raw: bytes | memoryview | None) -> None:
+        """Whole chunks a follower is about to append as its leader sent them
+        (``CommitLog.append_chunks``, which checks them; None: the append failed): a segment
+        roll among them first notes the chunks before it, so the roll's snapshot holds
+        exactly what precedes the new segment."""
+        self._appending, self._appending_pos = (None if raw is None else memoryview(raw)), 0
+
+    def appended(self) -> None:
+        """The chunks given to ``appending`` are in the log: note the sequences and stored
+        offsets they carry (those a roll has not), so deduplication holds and QueryOffset
+        answers the same when this replica leads."""
+        self._note_appending(None)
+        self._appending = None
+
+    def _note_appending(self, upto: int | None) -> None:
+        """Note the chunks being appended, from the first not noted yet to the one starting
+        at offset ``upto`` (None: to the end)."""
+        view, pos = self._appending, self._appending_pos
+        while view is not None and pos < len(view):
             h = parse_header(view, pos)
+            if upto is not None and h.first_offset >= upto:
+                break
             self._note(h, view[pos:pos + h.size])
             pos += h.size
+        self._appending_pos = pos
 
     def reload(self) -> None:
-        """Read the sequences again from the log (after a truncation removed chunks)."""
+        """Read the sequences and offsets again from the log (after a truncation removed
+        chunks)."""
         self._seqs = {}
         self._load()
 
 
+def _write_json(path: str, data: dict) -> None:
+    """Write ``data`` to ``path`` atomically (a temporary file, fsynced, renamed)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _read_json(path: str) -> dict[str, int] | None:
+    """The ``{str: int}`` map of a snapshot file; None when missing or unreadable."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    return {str(k): v for k, v in data.items() if isinstance(v, int)}
+
+
 class ConsumerOffsets:
-    """Offsets stored by consumers (RabbitMQ StoreOffset/QueryOffset), by reference."""
+    """Offsets stored by consumers (RabbitMQ StoreOffset/QueryOffset), by reference: what
+    the log's tracking chunks say (``PublisherSequences`` reads them in), over the
+    ``offsets.json`` an earlier version saved in ``directory`` (read once, never written)."""
 
     def __init__(self, directory: str) -> None:
-        self._path = os.path.join(directory, OFFSETS_FILE)
-        self._offsets: dict[str, int] = {}
-        self._dirty = False
-        try:
-            with open(self._path) as f:
-                data = json.load(f)
-            if isinstance(data, dict):
-                self._offsets = {str(k): int(v) for k, v in data.items() if isinstance(v, int)}
-        except (OSError, ValueError):
-            pass
+        self._legacy = _read_json(os.path.join(directory, OFFSETS_FILE)) or {}
+        self._offsets: dict[str, int] = dict(self._legacy)
 
-    def store(self, reference: str, offset: int) -> None:
+    def restart(self, snapshot: Mapping[str, int]) -> None:
+        """Start again from ``snapshot`` (a segment's offsets snapshot, or {}) over the
+        legacy file's offsets, before the log's tracking chunks after it are applied."""
+        self._offsets = {**self._legacy, **snapshot}
+
+    def apply(self, reference: str, offset: int) -> None:
+        """``reference`` stored ``offset`` (a tracking record of the log)."""
         self._offsets[reference] = offset
-        self._dirty = True
 
     def query(self, reference: str) -> int | None:
         """The stored offset, or None when ``reference`` never stored one."""
@@ -179,15 +279,3 @@ class ConsumerOffsets:
     def items(self) -> list[tuple[str, int]]:
         """Every (reference, stored offset), a copy."""
         return list(self._offsets.items())
-
-    def save(self) -> None:
-        """Write the offsets to disk (atomically) if they changed since the last save."""
-        if not self._dirty:
-            return
-        tmp = self._path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(self._offsets, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._path)
-        self._dirty = False

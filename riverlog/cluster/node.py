@@ -1,8 +1,9 @@
 # This server as a member of a riverlog cluster (docs/clustering.md): the Raft metadata member
 # (metadata.py) started inside `riverlog serve`, the cluster Placement every door asks ("who
 # leads this partition", "where are that server's doors"), the reconcile loop that makes the
-# local Broker follow the metadata, and the metadata changes the replication engine asks for
-# (ReplicationEvents: ISR shrink/expand, a leader reported unresponsive).
+# local Broker follow the metadata (and, on the Raft leader, puts the internal `__cursors` in
+# it), and the metadata changes the replication engine asks for (ReplicationEvents: ISR
+# shrink/expand, a leader reported unresponsive).
 # Rules: the metadata is the truth: a stream with a replica here exists locally with the
 # settings the metadata carries (the same on every replica), a stream gone from the metadata is
 # deleted here, but only once this member has caught up with the Raft log (a member restarting
@@ -35,7 +36,8 @@ from typing import Awaitable, Callable, Mapping
 
 from .. import metrics
 from ..broker import RESERVED_STREAMS, Broker, StreamConfig
-from ..broker.placement import PartitionPlacement, Placement
+from ..broker.placement import OffsetsUnavailable, PartitionPlacement, Placement
+from ..broker.superstreams import SuperStream
 from ..config import ClusterConfig
 from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
 from ..protocol.liftbridge import api_pb2 as pb
@@ -43,7 +45,9 @@ from ..protocol.liftbridge.envelope import EnvelopeError, MsgType, decode_intern
 from . import join, raft_files
 from .agreed import Agreed
 from .metadata import RaftMetadata, RaftSettings, RaftUnavailable
-from .state import ClusterState, Door, MetadataError, NoSuchStream, Server, StreamExists
+from .offsets import OffsetForwarding
+from .state import (ClusterState, Door, MetadataError, NoSuchStream, Server, StreamExists,
+                    SuperStreamExists)
 
 log = logging.getLogger("riverlog.cluster")
 
@@ -87,9 +91,9 @@ def _count_changes(isr_before: tuple[str, ...], isr: tuple[str, ...], elected: b
 class ClusterPlacement(Agreed, Placement):
     """Placement from the applied metadata (``state``, replaced by the reconcile loop);
     creates and deletes streams, changes flags and consumer groups (Agreed) through Raft
-    (``metadata``, set once Raft runs). The internal streams (``__cursors``,
-    ``__activity``) are outside the metadata: each server holds and leads its own, as a
-    single server does."""
+    (``metadata``, set once Raft runs). An internal stream outside the metadata
+    (``__activity``; ``__cursors`` until it is made) is each server's own: it holds and
+    leads it, as a single server does."""
 
     clustered = True
 
@@ -103,12 +107,14 @@ class ClusterPlacement(Agreed, Placement):
         self.metadata: RaftMetadata | None = None
         self.created: Callable[[str], Awaitable[None]] | None = None
         """Awaited after a create_stream applied here (ClusterNode.wait_for_leaders)."""
+        self.offsets = None
+        """cluster.offsets.OffsetForwarding once the NATS link runs (stored offsets)."""
 
     def of(self, stream: str, index: int) -> PartitionPlacement | None:
-        if stream in RESERVED_STREAMS:  # each server's own (cursors, activity): it leads them
+        found = self.state.streams.get(stream)
+        if found is None and stream in RESERVED_STREAMS:  # this server's own: it leads it
             me = (self.server_id,)
             return PartitionPlacement(self.server_id, me, me)
-        found = self.state.streams.get(stream)
         if found is None or not 0 <= index < len(found.partitions):
             return None
         part = found.partitions[index]
@@ -164,6 +170,41 @@ class ClusterPlacement(Agreed, Placement):
         except NoSuchStream as exc:
             raise StreamNotFoundError(str(exc)) from None
 
+    # -- RabbitMQ super streams, in the metadata ------------------------------------------
+    def super_streams(self) -> Mapping[str, SuperStream]:
+        return self.state.super_streams
+
+    async def create_super_stream(self, name: str, partitions: tuple[str, ...],
+                                  binding_keys: tuple[str, ...]) -> None:
+        try:
+            await self.submit("create_super_stream", name=name, partitions=tuple(partitions),
+                              binding_keys=tuple(binding_keys))
+        except SuperStreamExists as exc:
+            raise StreamExistsError(str(exc)) from None
+        except NoSuchStream as exc:
+            raise StreamNotFoundError(str(exc)) from None
+        except MetadataError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+
+    async def delete_super_stream(self, name: str) -> None:
+        try:
+            await self.submit("delete_super_stream", name=name)
+        except NoSuchStream as exc:
+            raise StreamNotFoundError(str(exc)) from None
+
+    # -- stored consumer offsets at the leader (cluster/offsets.py) -----------------------
+    async def store_offset_at_leader(self, stream: str, index: int, reference: str,
+                                     offset: int) -> None:
+        if self.offsets is None:
+            raise OffsetsUnavailable("the cluster's NATS link is not running")
+        await self.offsets.store(stream, index, reference, offset)
+
+    async def query_offset_at_leader(self, stream: str, index: int,
+                                     reference: str) -> int | None:
+        if self.offsets is None:
+            raise OffsetsUnavailable("the cluster's NATS link is not running")
+        return await self.offsets.query(stream, index, reference)
+
 
 class ClusterNode:
     """This server's part of the cluster. ``await start(doors)``, ``await stop()``.
@@ -203,6 +244,10 @@ class ClusterNode:
         self.leader_timeout_s = LEADER_TIMEOUT_S  # report_leader's window (replication's)
         self.join_attempts = join.JOIN_ATTEMPTS
         self._assigned: set[tuple[str, int]] = set()
+        self.internal_streams: dict[str, StreamConfig] = {}
+        """Internal streams (``__cursors``) put in the metadata once every Raft member is
+        registered, by the Raft leader, as Liftbridge's metadata leader creates them."""
+        self._internal_task: asyncio.Task | None = None
         self._unwatch: Callable[[], None] | None = None
         self._register_task: asyncio.Task | None = None
         self._forget_task: asyncio.Task | None = None
@@ -237,6 +282,9 @@ class ClusterNode:
                                            settings.password)
             await self._answer_status(self.link.nc)
             self.link.add_reconnect_listener(self._answer_status)
+            self.placement.offsets = OffsetForwarding(self.link, self.broker, self.placement)
+            await self.placement.offsets.answer(self.link.nc)
+            self.link.add_reconnect_listener(self.placement.offsets.answer)
         log.info("cluster member %s: Raft on %s, peers %s", self.server_id,
                  settings.address, ", ".join(settings.peers) or "none")
 
@@ -378,7 +426,7 @@ class ClusterNode:
 
     async def stop(self) -> None:
         """Stop following the metadata, replication, and the Raft member."""
-        for task in (self._register_task, self._forget_task):
+        for task in (self._register_task, self._forget_task, self._internal_task):
             if task is not None:
                 task.cancel()
         if self._unwatch is not None:
@@ -435,6 +483,7 @@ class ClusterNode:
                     log.exception("cannot delete the local replica of stream %r", name)
         self._assign(state)
         self.placement.follow_agreed(state)
+        self._create_internal(state)
         for name, stream in state.streams.items():
             before = old.streams.get(name)
             for part in stream.partitions:
@@ -448,6 +497,26 @@ class ClusterNode:
                     self.placement.isr_changed(name, part.index)
                 if prior is not None and me in part.replicas:
                     _count_changes(prior.isr, part.isr, elected)
+
+    def _create_internal(self, state: ClusterState) -> None:
+        """On the Raft leader, once every member is registered: create the internal streams
+        missing from ``state`` (in the background; a failure is tried again at the next
+        change)."""
+        missing = [n for n in self.internal_streams if n not in state.streams]
+        if not missing or (self._internal_task is not None and not self._internal_task.done()) \
+                or self.metadata is None or not self.metadata.is_leader \
+                or len(state.servers) < len(self.settings.peers) + 1:
+            return
+
+        async def create() -> None:
+            for name in missing:
+                try:
+                    await self.placement.create_stream(name, self.internal_streams[name])
+                except StreamExistsError:
+                    pass
+                except Exception as exc:  # RaftUnavailable, ...: again at the next change
+                    log.warning("creating %s in the cluster metadata: %s", name, exc)
+        self._internal_task = asyncio.get_running_loop().create_task(create())
 
     def _assign(self, state: ClusterState) -> None:
         """Replication.assign for every partition held here, unassign for those no more."""

@@ -1,6 +1,7 @@
 # Cluster metadata and its transitions, as pure functions (docs/clustering.md). Owns: the
 # servers of the cluster and the doors each advertises, streams and their partitions (replicas,
-# leader, in-sync replicas, leader epoch, paused/read-only) and consumer groups. Rules: a
+# leader, in-sync replicas, leader epoch, paused/read-only), consumer groups and RabbitMQ
+# super streams (each a name for an ordered list of partition streams). Rules: a
 # transition takes a ClusterState and returns a new one (the old one is never changed) or
 # raises a MetadataError naming what is wrong, and it is deterministic (no clock, no
 # randomness, no I/O), because every Raft member applies it on its own copy and all copies
@@ -13,6 +14,7 @@ from typing import Callable, Mapping
 
 from ..broker.groups import (ALREADY_MEMBER, GROUP_NOT_FOUND, NOT_MEMBER, STREAM_NOT_FOUND,
                              balance)
+from ..broker.superstreams import SuperStream
 
 FIRST_LEADER_EPOCH = 1
 ALL_SERVERS = -1
@@ -45,6 +47,10 @@ class NotEnoughServers(MetadataError):
 
 class NotAReplica(MetadataError):
     """A server named as leader or in-sync replica that does not hold a replica."""
+
+
+class SuperStreamExists(MetadataError):
+    """create_super_stream of a super stream name that is taken."""
 
 
 class StaleLeaderEpoch(MetadataError):
@@ -145,6 +151,8 @@ class ClusterState:
     group_epoch: int = 0
     """The newest consumer group epoch given (a group's later epochs are above it, so a
     group made again never reuses one: riverlog's single server does the same)."""
+    super_streams: Mapping[str, SuperStream] = dataclasses.field(default_factory=dict)
+    """RabbitMQ super streams by name (their own namespace: a stream may share a name)."""
     __setstate__ = _load_with_defaults
 
     def partition(self, stream: str, index: int) -> Partition:
@@ -208,13 +216,15 @@ def create_stream(state: ClusterState, name: str, subject: str, partitions: int 
 
 
 def delete_stream(state: ClusterState, name: str) -> tuple[ClusterState, Stream]:
-    """Remove stream ``name`` (and from the consumer groups reading it: a new epoch, their
-    other streams balanced again); returns the removed stream. Raises NoSuchStream."""
+    """Remove stream ``name``: from the consumer groups reading it (a new epoch, their
+    other streams balanced again) and its binding from any super stream it is a partition of
+    (as RabbitMQ drops the binding); returns the removed stream. Raises NoSuchStream."""
     if name not in state.streams:
         raise NoSuchStream(f"no stream {name!r}")
     streams = dict(state.streams)
     removed = streams.pop(name)
-    state = dataclasses.replace(state, streams=streams)
+    supers = {key: s.without(name) for key, s in state.super_streams.items()}
+    state = dataclasses.replace(state, streams=streams, super_streams=supers)
     for group in list(state.groups.values()):  # Liftbridge's StreamDeleted: a new epoch
         if any(name in s for s in group.members.values()):
             members = {c: tuple(x for x in s if x != name) for c, s in group.members.items()}
@@ -472,8 +482,39 @@ def report_group_coordinator(state: ClusterState, group: str, consumer: str, coo
     return state, state.groups[group]
 
 
+def create_super_stream(state: ClusterState, name: str, partitions: tuple[str, ...],
+                        binding_keys: tuple[str, ...]) -> tuple[ClusterState, SuperStream]:
+    """Record super stream ``name``: ``partitions[i]`` (streams that exist) bound with
+    ``binding_keys[i]``, in that order. Raises SuperStreamExists, NoSuchStream (a partition
+    that is no stream), MetadataError (counts differ, a partition named twice)."""
+    if not name:
+        raise MetadataError("a super stream needs a name")
+    if name in state.super_streams:
+        raise SuperStreamExists(f"super stream {name!r} exists")
+    if len(partitions) != len(binding_keys) or len(set(partitions)) != len(partitions):
+        raise MetadataError(f"super stream {name!r}: as many distinct partitions as binding "
+                            f"keys are needed, got {list(partitions)} and {list(binding_keys)}")
+    for partition in partitions:
+        if partition not in state.streams:
+            raise NoSuchStream(f"super stream {name!r}: no stream {partition!r}")
+    created = SuperStream(name, tuple(partitions), tuple(binding_keys))
+    return dataclasses.replace(state, super_streams={**state.super_streams,
+                                                     name: created}), created
+
+
+def delete_super_stream(state: ClusterState, name: str) -> tuple[ClusterState, SuperStream]:
+    """Forget super stream ``name`` (its partition streams stay: delete_stream them).
+    Raises NoSuchStream."""
+    if name not in state.super_streams:
+        raise NoSuchStream(f"no super stream {name!r}")
+    supers = dict(state.super_streams)
+    removed = supers.pop(name)
+    return dataclasses.replace(state, super_streams=supers), removed
+
+
 TRANSITIONS: Mapping[str, Callable[..., tuple[ClusterState, object]]] = {
     f.__name__: f for f in (add_server, create_stream, delete_stream, change_leader,
                             report_leader, shrink_isr, expand_isr, set_partition_flags, join_group,
-                            leave_group, report_group_coordinator, remove_server)}
+                            leave_group, report_group_coordinator, remove_server,
+                            create_super_stream, delete_super_stream)}
 """The commands Raft replicates, by name: ``TRANSITIONS[name](state, **arguments)``."""

@@ -205,6 +205,34 @@ class CommitLog:
         return self.next_offset
 
     @property
+    def last_user_chunk_offset(self) -> int:
+        """First offset of the newest committed user chunk, tracking chunks (stored consumer
+        offsets) passed over, as osiris' offset spec "last" (last_user_chunk_location), or
+        ``next_offset`` when there is none."""
+        found = self._last_user_chunk()
+        return self.next_offset if found is None else found[0].index.offsets[found[1]]
+
+    @property
+    def last_message_offset(self) -> int:
+        """Offset of the newest committed message: the last record of the newest committed
+        user chunk (tracking chunks passed over); -1 when there is none."""
+        found = self._last_user_chunk()
+        if found is None:
+            return -1
+        idx, i = found[0].index, found[1]
+        return min(idx.offsets[i] + idx.records[i] - 1, self.committed_offset)
+
+    def _last_user_chunk(self) -> tuple[Segment, int] | None:
+        """(segment, index position) of the newest committed user chunk, None when none.
+        Reads two bytes of each chunk header it looks at, from the newest back."""
+        for seg in reversed(self._segments):
+            idx = seg.index
+            for i in range(bisect_right(idx.offsets, self.committed_offset) - 1, -1, -1):
+                if seg.chunk_type(i) == chunkfmt.CHUNK_USER:
+                    return seg, i
+        return None
+
+    @property
     def size_bytes(self) -> int:
         """Bytes on disk in segment files (indexes excluded)."""
         return sum(s.size for s in self._segments)

@@ -218,6 +218,10 @@ class Segment:
                     pass
 
     # -- reads --------------------------------------------------------------------------
+    def chunk_type(self, i: int) -> int:
+        """The chunk type of chunk ``i`` (index position), read from its header alone."""
+        return os.pread(self.fd, 2, self.index.positions[i])[1]
+
     def read_chunks(self, start: int, stop: int, verify: bool,
                     buffer: bytearray | None = None) -> list[ChunkSlice]:
         """Chunks ``start`` .. ``stop - 1`` (index positions), read with one pread.

@@ -16,7 +16,8 @@ import os
 from urllib.parse import urlsplit
 
 from .. import __version__
-from ..broker import Broker
+from ..broker import RESERVED_STREAMS, Broker
+from ..broker.broker import CURSORS_STREAM
 from ..config import ServerConfig
 from ..security.guard import Guard
 from ..security.users import listens_on_loopback
@@ -52,8 +53,11 @@ class App:
                 self._create_local, self._delete_local, doors_synced=self._doors_synced)
 
     def _create_local(self, name: str, stream_config) -> None:
-        """The cluster's way to make a stream's local replica: as the doors make one."""
-        if self.liftbridge is not None:
+        """The cluster's way to make a stream's local replica: as the doors make one (an
+        internal stream, ``__cursors``, as the server's own)."""
+        if name in RESERVED_STREAMS:
+            self.broker.create(name, stream_config, internal=True)
+        elif self.liftbridge is not None:
             self.liftbridge.add_stream(name, stream_config)
         else:
             self.broker.create(name, stream_config)
@@ -81,6 +85,9 @@ class App:
             if self.cluster is not None:
                 await self.nats_link.start()
                 self.cluster.replication = self._replication()
+                if self.liftbridge is not None and self.liftbridge.cursors.enabled:
+                    cursors = self.liftbridge.cursors
+                    self.cluster.internal_streams[CURSORS_STREAM] = cursors.stream_config()
                 self.nats_link.add_reconnect_listener(self.cluster.reconnected)
                 await self.cluster.start(self.doors(), self.nats_link)
             if self.config.metrics is not None:

@@ -24,7 +24,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from ..broker import Partition, StreamConfig
-from ..broker.cursors import CursorsDisabledError
+from ..broker.cursors import CursorsDisabledError, NotCursorLeaderError
 from ..broker.groups import GroupError
 from ..config import GrpcConfig
 from ..errors import ClusterUnavailableError, LogClosedError
@@ -204,6 +204,8 @@ class GrpcApi:
                 code = (grpc.StatusCode.NOT_FOUND if exc.kind == "not_found"
                         else grpc.StatusCode.FAILED_PRECONDITION)
                 await context.abort(code, str(exc))
+            except NotCursorLeaderError as exc:  # Liftbridge's cursors.go
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             except CursorsDisabledError as exc:
                 await context.abort(grpc.StatusCode.INTERNAL, str(exc))
             except LogClosedError as exc:

@@ -188,9 +188,10 @@ class StateCollector(Collector):
                                       "Offset of the newest committed record (-1: none).",
                                       labels=["stream", "partition"])
         lag = GaugeMetricFamily(
-            "riverlog_consumer_lag_messages", "Committed offset minus a named consumer's "
-            "stored position: RabbitMQ StoreOffset (source=offset) or Liftbridge cursor "
-            "(source=cursor).", labels=["stream", "partition", "consumer", "source"])
+            "riverlog_consumer_lag_messages", "Offset of the newest committed message minus "
+            "a named consumer's stored position: RabbitMQ StoreOffset (source=offset) or "
+            "Liftbridge cursor (source=cursor).",
+            labels=["stream", "partition", "consumer", "source"])
         for stream in list(app.broker.streams.values()):
             disk.add_metric([stream.name], sum(p.log.size_bytes for p in stream.partitions))
             segments.add_metric([stream.name], sum(len(p.log.segments)
@@ -199,14 +200,15 @@ class StateCollector(Collector):
                 labels = [stream.name, str(p.index)]
                 first.add_metric(labels, p.first_offset)
                 committed.add_metric(labels, p.committed_offset)
-                for consumer, offset in p.offsets.items():
-                    lag.add_metric(labels + [consumer, "offset"],
-                                   max(p.committed_offset - offset, 0))
+                stored = p.offsets.items()
+                newest = p.last_message_offset if stored else -1  # stored offsets pass over
+                for consumer, offset in stored:
+                    lag.add_metric(labels + [consumer, "offset"], max(newest - offset, 0))
         if app.liftbridge is not None:
             for cursor_id, name, index, offset in app.liftbridge.cursors.items():
                 stream = app.broker.streams.get(name)
                 if stream is not None and 0 <= index < len(stream.partitions):
-                    end = stream.partitions[index].committed_offset
+                    end = stream.partitions[index].last_message_offset
                     lag.add_metric([name, str(index), cursor_id, "cursor"], max(end - offset, 0))
         return [disk, segments, first, committed, lag] + self._table_families()
 

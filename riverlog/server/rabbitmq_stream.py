@@ -25,7 +25,7 @@ from typing import Awaitable, Callable, Collection
 from .. import __version__
 from ..broker import (RESERVED_STREAMS, Broker, Notification, Partition, SingleActiveConsumers,
                       Stream, StreamConfig, SuperStreams, check_writable)
-from ..broker.placement import PartitionPlacement
+from ..broker.placement import OffsetsUnavailable, PartitionPlacement
 from ..broker.superstreams import split_member_name
 from ..config import MIN_SEGMENT_MAX_BYTES, RabbitStreamConfig, SecurityConfig
 from ..errors import (CorruptChunkError, InvalidArgumentError, LogClosedError, LogError,
@@ -163,6 +163,11 @@ async def _deleted(delete: Awaitable[None]) -> int:
     except StreamNotFoundError:
         return ResponseCode.STREAM_DOES_NOT_EXIST
     return OK
+
+
+def _offset_answer(respond: Callable[[int, int], f.Frame], offset: int | None) -> f.Frame:
+    """The QueryOffset response for a stored ``offset`` (None: NO_OFFSET, 0x13)."""
+    return respond(ResponseCode.NO_OFFSET, 0) if offset is None else respond(OK, offset)
 
 
 def _negotiate(ours: int, theirs: int) -> int:
@@ -763,10 +768,14 @@ class RabbitStreamConnection(asyncio.Protocol):
         handles nothing else, as RabbitMQ's reader waits for the stream coordinator."""
         self._held = []
         self.transport.pause_reading()
-        task = asyncio.ensure_future(change)
+        self._background(change).add_done_callback(partial(self._cluster_change_done, respond))
+
+    def _background(self, work: Awaitable[object]) -> asyncio.Future:
+        """Run ``work`` as a task kept in ``_pending`` while it runs (shutdown waits for it)."""
+        task = asyncio.ensure_future(work)
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
-        task.add_done_callback(partial(self._cluster_change_done, respond))
+        return task
 
     def _cluster_change_done(self, respond: Callable[[int], f.Frame], done: asyncio.Future) -> None:
         if done.cancelled():
@@ -1171,25 +1180,62 @@ class RabbitStreamConnection(asyncio.Protocol):
         self.send(f.UnsubscribeResponse(frame.correlation_id, code))
 
     def on_store_offset(self, frame: f.StoreOffset) -> None:
+        """Stored by the partition's leader (a tracking chunk of its log, replicated with
+        the data); a server that does not lead it passes it to the leader, as RabbitMQ's
+        reader does. No response (RabbitMQ's is a cast); a refused one is logged."""
         found = self._resolve(frame.stream)
-        if found is not None and frame.reference and self._may(frame.stream, CONSUME, found):
-            found[1].offsets.store(frame.reference, frame.offset)
+        place = self._place(frame.stream, found)
+        if place is None or not frame.reference or not self._may(frame.stream, CONSUME, found):
+            return
+        name, index, _ = place
+        placement = self.broker.placement
+        if found is None or not placement.leads(name, index):
+            self._forward(placement.store_offset_at_leader(name, index, frame.reference,
+                                                           frame.offset), frame.stream)
+            return
+        try:
+            found[1].store_offset(frame.reference, frame.offset)
+        except (ValueError, LogError) as exc:  # RabbitMQ logs a reference too long
+            log.warning("StoreOffset %r on %r not stored: %s", frame.reference, frame.stream,
+                        exc)
+
+    def _forward(self, request: Awaitable[object], stream: str) -> None:
+        """Run a request to a partition's leader in the background; its failure is logged."""
+        async def run() -> None:
+            try:
+                await request
+            except OffsetsUnavailable as exc:
+                log.warning("StoreOffset on %r: the leader could not take it: %s", stream, exc)
+        self._background(run())
 
     def on_query_offset(self, frame: f.QueryOffset) -> None:
+        """Answered from the partition's leader, as RabbitMQ's reader reads the leader's
+        tracking: here when this server leads it, else asked of the leader
+        (STREAM_NOT_AVAILABLE when it cannot be)."""
         found = self._resolve(frame.stream)
+        respond = partial(f.QueryOffsetResponse, frame.correlation_id)
         if not self._may(frame.stream, CONSUME, found):
-            self.send(f.QueryOffsetResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED,
-                                            0))
+            self.send(respond(ResponseCode.ACCESS_REFUSED, 0))
             return
-        if found is None:
-            self.send(f.QueryOffsetResponse(frame.correlation_id,
-                                            self._missing(frame.stream), 0))
+        place = self._place(frame.stream, found)
+        if place is None:
+            self.send(respond(self._missing(frame.stream), 0))
             return
-        offset = found[1].offsets.query(frame.reference)
-        if offset is None:
-            self.send(f.QueryOffsetResponse(frame.correlation_id, ResponseCode.NO_OFFSET, 0))
-        else:
-            self.send(f.QueryOffsetResponse(frame.correlation_id, OK, offset))
+        name, index, _ = place
+        placement = self.broker.placement
+        if found is not None and placement.leads(name, index):
+            self.send(_offset_answer(respond, found[1].offsets.query(frame.reference)))
+            return
+
+        async def ask() -> None:
+            try:
+                offset = await placement.query_offset_at_leader(name, index, frame.reference)
+            except OffsetsUnavailable as exc:
+                log.info("QueryOffset on %r: %s", frame.stream, exc)
+                self.send(respond(ResponseCode.STREAM_NOT_AVAILABLE, 0))
+                return
+            self.send(_offset_answer(respond, offset))
+        self._background(ask())
 
     # -- single active consumer (sans-IO groups in broker/sac.py) --------------------------
     def _join_group(self, frame: f.Subscribe, group: str, index: int) -> None:
@@ -1292,8 +1338,8 @@ def resolve_offset(partition: Partition, kind: int, value: int | None) -> int | 
     ``partition``; None for a type that names no position."""
     if kind == OffsetType.FIRST:
         return partition.first_offset
-    if kind == OffsetType.LAST:
-        return partition.last_chunk_offset
+    if kind == OffsetType.LAST:  # osiris: the last chunk of messages, not of tracking
+        return partition.last_user_chunk_offset
     if kind == OffsetType.NEXT:
         return partition.next_offset
     if kind == OffsetType.OFFSET:

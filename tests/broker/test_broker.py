@@ -2,15 +2,18 @@
 restarts and segment rolls, stored consumer offsets, deletion, and Create arguments."""
 import asyncio
 import dataclasses
+import json
+import os
 
 import pytest
 
-from riverlog.broker import Broker, StreamConfig
-from riverlog.broker.tracking import decode_writer_trailer, encode_writer_trailer
+from riverlog.broker import Broker, Partition, StreamConfig
+from riverlog.broker.tracking import (OFFSETS_FILE, decode_offset_tracking,
+                                      decode_writer_trailer, encode_writer_trailer)
 from riverlog.config import MIN_SEGMENT_MAX_BYTES, LogConfig
 from riverlog.errors import (InvalidArgumentError, LogClosedError, StreamExistsError,
                              StreamNotFoundError)
-from riverlog.log.chunk import encode_entries
+from riverlog.log.chunk import CHUNK_TRACKING_DELTA, encode_entries, iter_entries, parse_header
 from riverlog.server.rabbitmq_stream import stream_config_from_arguments
 
 
@@ -144,12 +147,73 @@ def test_consumer_offsets_persist(tmp_path):
     broker = open_broker(tmp_path)
     part = broker.create("s").partitions[0]
     assert part.offsets.query("app") is None
-    part.offsets.store("app", 41)
-    part.offsets.store("app", 42)
+    part.store_offset("app", 41)
+    part.store_offset("app", 42)
     close(broker)
     again = open_broker(tmp_path)
     assert again.get("s").partitions[0].offsets.query("app") == 42
     close(again)
+
+
+def test_stored_offsets_are_tracking_chunks_of_the_log(tmp_path):
+    """As osiris: a StoreOffset is a tracking delta chunk (type 1, one offset of the log),
+    read back at open, also past a segment roll (the roll's snapshot), and over the
+    offsets.json an earlier version saved (upgrade)."""
+    broker = open_broker(tmp_path)
+    part = broker.create("s", StreamConfig(segment_max_bytes=MIN_SEGMENT_MAX_BYTES)
+                         ).partitions[0]
+    directory = part.log.directory
+    close(broker)
+    with open(os.path.join(directory, OFFSETS_FILE), "w") as f:
+        json.dump({"old": 5, "app": 1}, f)
+    broker = open_broker(tmp_path)
+    part = broker.get("s").partitions[0]
+    assert (part.offsets.query("old"), part.offsets.query("app")) == (5, 1)
+    part.write_records([b"x"])
+    assert part.store_offset("app", 0) == range(1, 2)
+    # the newest chunk is no message: "last" and the consumer lag pass over it
+    assert (part.last_chunk_offset, part.last_user_chunk_offset,
+            part.last_message_offset) == (1, 0, 0)
+    chunk = part.read_chunks(1)[0]
+    assert (chunk.header.chunk_type, chunk.header.num_records) == (CHUNK_TRACKING_DELTA, 1)
+    assert decode_offset_tracking(next(iter_entries(chunk.data)).payload) == [
+        ("app", 0)]
+    while len(part.log.segments) < 3:  # rolls: the offsets live on in the snapshots
+        part.write_records([b"y" * 1000] * 100)
+    part.store_offset("late", 9)
+    close(broker)
+    again = open_broker(tmp_path)
+    offsets = again.get("s").partitions[0].offsets
+    assert sorted(offsets.items()) == [("app", 0), ("late", 9), ("old", 5)]
+    close(again)
+
+
+def test_a_follower_rolling_inside_a_batch_keeps_its_tracking_across_a_restart(tmp_path):
+    """A follower appends its leader's chunks in one batch that rolls a segment: the roll's
+    snapshot holds what the chunks before the roll carried (publisher sequence, stored
+    offset), so a restart, which reads only the newest segment, still knows them."""
+    config = LogConfig(segment_max_bytes=MIN_SEGMENT_MAX_BYTES)
+    leader = Partition("s", 0, str(tmp_path / "leader"), config)
+    leader.write_entries([encode_entries([b"a"])], writers={"pub": 7})
+    leader.store_offset("app", 0)
+    for _ in range(3):  # enough for the follower to roll after the first two chunks
+        leader.write_records([b"x" * 1000] * 100)
+    chunks, offset = [], 0
+    while offset < leader.next_offset:  # each read stops at its segment's end
+        chunks += [bytes(c.raw) for c in leader.log.read_chunks(offset, 1 << 24)]
+        offset = parse_header(chunks[-1]).next_offset
+    batch = b"".join(chunks)
+
+    async def follow():
+        follower = Partition("s", 0, str(tmp_path / "follower"), config, auto_commit=False)
+        follower.append_replicated(batch)
+        assert len(follower.log.segments) > 1
+        await follower.close()
+        again = Partition("s", 0, str(tmp_path / "follower"), config, auto_commit=False)
+        assert (again.publishers.get("pub"), again.offsets.query("app")) == (7, 0)
+        await again.close()
+        await leader.close()
+    asyncio.run(follow())
 
 
 def test_delete_wakes_readers_and_tells_listeners(tmp_path):

@@ -99,9 +99,10 @@ async def with_stream(address: str, stream: str):
     return meta if stream in names else None
 
 
-async def values(address: str, stream: str, count: int) -> list[bytes]:
-    """The first ``count`` values of partition 0 of ``stream``, read from ``address``
-    (readISRReplica, so any replica serves them)."""
+async def values(address: str, stream: str, last: int) -> list[bytes]:
+    """The values of partition 0 of ``stream`` up to offset ``last``, read from ``address``
+    (readISRReplica, so any replica serves them; a stored RabbitMQ offset takes an offset
+    and is no message)."""
     got: list[bytes] = []
     async with grpc.aio.insecure_channel(address) as channel:
         call = api_pb2_grpc.APIStub(channel).Subscribe(pb.SubscribeRequest(
@@ -112,7 +113,7 @@ async def values(address: str, stream: str, count: int) -> list[bytes]:
                 first = False
                 continue
             got.append(message.value)
-            if len(got) == count:
+            if message.offset >= last:
                 call.cancel()
                 break
     return got

@@ -5,7 +5,8 @@
 # (an enveloped publish with ALL acks and a plain one, each on any server's NATS, each stored
 # once), then a SIGKILL of a partition leader while two publishers seeded at a follower run
 # (gRPC Publish with ALL acks, rstream with confirms): every acknowledged message is on the new
-# leader exactly once. Waits are generous polls, never timed assertions.
+# leader exactly once, and an offset stored through a follower before the kill is the new
+# leader's. Waits are generous polls, never timed assertions.
 from __future__ import annotations
 
 import asyncio
@@ -19,7 +20,7 @@ from gufo.liftbridge.client import LiftbridgeClient
 from gufo.liftbridge.types import AckPolicy, StartPosition
 from rstream import (AMQPMessage, Consumer, ConsumerOffsetSpecification, OffsetType,
                      Producer, amqp_decoder)
-from rstream.exceptions import ServerError
+from rstream.exceptions import OffsetNotFound, ServerError
 
 from _cluster import WAIT_S, cluster_up, read_table, until, values, with_stream
 from riverlog.protocol.liftbridge import api_pb2 as pb
@@ -109,10 +110,18 @@ async def test_rstream_gufo_and_nats_py_against_three_servers(cluster_up):
     async def stored():
         return (await partition(grpc_of["s0"], "orders")).highWatermark == total - 1
     await until("every NATS publish committed", stored)
-    stored_values = await values(grpc_of["s2"], "orders", total)
+    stored_values = await values(grpc_of["s2"], "orders", total - 1)
     for server_id in rows:  # each stored once
         assert stored_values.count(b"n-" + server_id.encode()) == 1
         assert stored_values.count(b"plain-" + server_id.encode()) == 1
+
+
+async def stored_offset(consumer: Consumer, stream: str, reference: str) -> int | None:
+    """QueryOffset (rstream raises for "no offset"): None when none is stored."""
+    try:
+        return await consumer.query_offset(stream, reference)
+    except OffsetNotFound:
+        return None
 
 
 async def test_nothing_acknowledged_is_lost_when_the_leader_is_killed(cluster_up):
@@ -162,8 +171,17 @@ async def test_nothing_acknowledged_is_lost_when_the_leader_is_killed(cluster_up
         return asyncio.sleep(0, all(len(acked[k]) >= n for k, n in at_least.items()))
 
     tasks = [asyncio.create_task(publish_grpc()), asyncio.create_task(publish_rstream())]
+    reader = Consumer(*host_port(rows[publisher_id]["RabbitMQ Stream"]), **GUEST)
+    await reader.start()
     try:
         await until("acks before the kill", lambda: counts({"grpc": 50, "rstream": 50}))
+        # a stored offset, through a follower: the leader writes it in its log; the acks
+        # after it (committed, so on the ISR) say it is committed too
+        await reader.store_offset("kill", "reader", 42)
+        await until("the leader holds the offset", lambda: stored_offset(reader, "kill",
+                                                                         "reader"))
+        stored = {k: len(v) + 10 for k, v in acked.items()}
+        await until("acks after the offset", lambda: counts(stored))
         os.kill(int(rows[leader]["pid"]), signal.SIGKILL)
         after = {k: len(v) + 50 for k, v in acked.items()}
 
@@ -175,7 +193,18 @@ async def test_nothing_acknowledged_is_lost_when_the_leader_is_killed(cluster_up
     finally:
         stop.set()
         await asyncio.gather(*tasks)
+        await reader.close()
+    survivors = [s for s in rows if s != leader]
+
+    async def named_everywhere():
+        return [(await partition(grpc_of[s], "kill")).leader for s in survivors] == [
+            elected] * len(survivors)
+    await until("the new leader named by both survivors", named_everywhere)
+    for server_id in survivors:  # the new leader's log answers, through either
+        async with Consumer(*host_port(rows[server_id]["RabbitMQ Stream"]),
+                            **GUEST) as consumer:
+            assert await consumer.query_offset("kill", "reader") == 42
     part = await partition(grpc_of[elected], "kill")
-    stored = await values(grpc_of[elected], "kill", part.highWatermark + 1)
+    stored = await values(grpc_of[elected], "kill", part.highWatermark)
     for value in acked["grpc"] + acked["rstream"]:
         assert stored.count(value) == 1, value

@@ -239,7 +239,8 @@ def test_a_snapshot_of_an_earlier_version_loads_with_the_fields_added_since():
     state.__setstate__([st1.servers, st1.streams, {}])  # before group_epoch
     stream = s.Stream.__new__(s.Stream)
     stream.__setstate__(["x", "x", st1.streams["x"].partitions, {}])  # before resume_all
-    assert (state.group_epoch, state.streams, stream.resume_all) == (0, st1.streams, False)
+    assert (state.group_epoch, state.streams, stream.resume_all, state.super_streams) == (
+        0, st1.streams, False, {})
     group = s.ConsumerGroup.__new__(s.ConsumerGroup)
     group.__setstate__(["g", "a", 3, {"c": ("x",)}])
     assert (group.assignments, group.witnesses) == ({}, ())
@@ -279,3 +280,27 @@ def test_remove_server_leaves_new_streams_to_the_others():
     assert sorted(after.partitions[0].replicas) == ["a", "b"]
     with pytest.raises(s.NoSuchServer, match="no server 'c'"):
         s.remove_server(st2, "c")
+
+
+def test_super_streams_are_in_the_metadata():
+    state = cluster("a")
+    for name in ("r-eu", "r-us", "other"):
+        state, _ = s.create_stream(state, name, name)
+    state, created = s.create_super_stream(state, "r", ("r-eu", "r-us"), ("eu", "us"))
+    assert created.route("us") == ["r-us"] and state.super_streams["r"] == created
+    with pytest.raises(s.SuperStreamExists):
+        s.create_super_stream(state, "r", ("other",), ("x",))
+    with pytest.raises(s.NoSuchStream):
+        s.create_super_stream(state, "q", ("missing",), ("x",))
+    with pytest.raises(s.MetadataError):
+        s.create_super_stream(state, "q", ("other", "other"), ("x", "y"))
+    with pytest.raises(s.MetadataError):
+        s.create_super_stream(state, "q", ("other",), ())
+    state, _ = s.delete_stream(state, "r-eu")  # its binding goes, as RabbitMQ's
+    assert (state.super_streams["r"].partitions, state.super_streams["r"].binding_keys) == (
+        ("r-us",), ("us",))
+    assert pickle.loads(pickle.dumps(state)) == state
+    state, _ = s.delete_super_stream(state, "r")
+    assert not state.super_streams and "r-us" in state.streams
+    with pytest.raises(s.NoSuchStream):
+        s.delete_super_stream(state, "r")

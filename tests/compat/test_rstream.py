@@ -244,6 +244,19 @@ async def test_offset_spec_last_starts_at_the_last_chunk(stream_server, stream):
     assert got.messages == messages[first:] + [b"after-1", b"after-2"]
 
 
+async def test_offset_spec_last_passes_over_stored_offsets(stream_server, stream):
+    """A stored offset is a tracking chunk after the messages (osiris); "last" is the last
+    chunk of messages (osiris' last_user_chunk_location), not that tracking chunk."""
+    messages, _ = await publish_batches(stream_server, stream, [50])
+    got = Collector()
+    async with consumer(stream_server) as c:
+        await c.store_offset(stream, "app", 10)
+        await wait_until_offset(c, stream, "app", 10)
+        await c.subscribe(stream, got, offset_specification=LAST)
+        await got.wait_for(50)
+    assert got.offsets == list(range(50)) and got.messages == messages
+
+
 async def test_offset_spec_last_on_an_empty_stream_gets_the_first_message(stream_server, stream):
     got = Collector()
     async with consumer(stream_server) as c:

@@ -16,6 +16,7 @@ from compat._helpers import wait_until
 from compat._raw import RawPeer
 from riverlog.broker import StreamConfig
 from riverlog.broker.placement import PartitionPlacement, Placement
+from riverlog.broker.superstreams import SuperStream
 from riverlog.errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
 from riverlog.log.chunk import iter_records
 from riverlog.protocol.rabbitmq_stream import ResponseCode, encode, simple_entry
@@ -30,11 +31,12 @@ NO_LEADER = 0xFFFF
 
 
 class Cluster:
-    """What every server of the scripted cluster agrees on: each partition's placement and
-    each server's doors (server id -> door name -> (host, port))."""
+    """What every server of the scripted cluster agrees on: each partition's placement,
+    each server's doors (server id -> door name -> (host, port)) and the super streams."""
 
     def __init__(self) -> None:
         self.partitions: dict[tuple[str, int], PartitionPlacement] = {}
+        self.super_streams: dict[str, SuperStream] = {}
         self.doors: dict[str, dict[str, tuple[str, int]]] = {}
         self.members: list[ScriptedPlacement] = []
         self.created: list[tuple[str, StreamConfig]] = []
@@ -103,6 +105,19 @@ class ScriptedPlacement(Placement):
             del self.cluster.partitions[key]
         for member in self.cluster.members:
             member.broker.delete(name)
+
+    def super_streams(self) -> dict[str, SuperStream]:
+        return self.cluster.super_streams
+
+    async def create_super_stream(self, name: str, partitions: tuple[str, ...],
+                                  binding_keys: tuple[str, ...]) -> None:
+        if name in self.cluster.super_streams:
+            raise StreamExistsError(name)
+        self.cluster.super_streams[name] = SuperStream(name, partitions, binding_keys)
+
+    async def delete_super_stream(self, name: str) -> None:
+        if self.cluster.super_streams.pop(name, None) is None:
+            raise StreamNotFoundError(name)
 
 
 @pytest.fixture
@@ -290,6 +305,7 @@ async def test_create_and_delete_go_through_the_placement(app, cluster):
     assert r.response_code == OK
     assert [(name, config.replication_factor) for name, config in cluster.created[3:]] == [
         ("super-0", 2), ("super-1", 2)]
+    assert cluster.super_streams["super"].partitions == ("super-0", "super-1")  # the cluster's
 
     # frames behind a Create wait for it: the Metadata is answered after the stream exists
     placement.hold = asyncio.Event()

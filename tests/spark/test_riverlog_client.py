@@ -41,6 +41,10 @@ def test_publish_confirm_and_read_chunks(client, new_stream):
     s = new_stream()
     publish(client, s, [record(i) for i in range(250)], batch=100)
     assert client.offset_range(s) == (0, 250)
+    client.store_offset("app", s, 120)  # tracking chunks at 250 and 251: no message
+    client.store_offset("app", s, 130)
+    assert client.query_offset("app", s) == 130
+    assert client.offset_range(s) == (0, 250)
     chunks = list(read_range(client, s, 120, 250))
     assert chunks[0].first_offset == 100 and chunks[-1].next_offset == 250
     offsets = [o for c in chunks for o, _ in c.records()]
