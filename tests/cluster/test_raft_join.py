@@ -62,7 +62,8 @@ async def test_a_server_joins_a_running_cluster_and_rejoins_from_its_journal(clu
         async with channel:
             await stub.CreateStream(pb.CreateStreamRequest(
                 name="everywhere", subject="everywhere", replicationFactor=-1), timeout=30)
-            placed = cluster[0].broker.placement.of("everywhere", 0)
+            placed = await until("the stream applied on the first member",
+                                 lambda: cluster[0].broker.placement.of("everywhere", 0))
             assert sorted(placed.replicas) == [*IDS, "d"]
             await until("d holds its replica", lambda: "everywhere" in joiner.broker.streams)
             assert await _publish_all(stub, "everywhere", [b"one", b"two"]) == [0, 1]
