@@ -228,3 +228,18 @@ async def test_activity_stream(server_factory):
         assert ids == sorted(ids) and len(set(ids)) == len(ids) and ids[0] > 0
     finally:
         await channel.close()
+
+
+async def test_group_and_consumer_ids_are_bounded(stub):
+    """A group id or consumer id longer than a stream name (255 bytes) is refused: each is
+    kept by the server (in a cluster, in the Raft metadata every server holds and
+    snapshots), so one client must not make them as large as a gRPC message."""
+    await create(stub, "a")
+    long_id = "g" * 256
+    for request in (pb.JoinConsumerGroupRequest(groupId=long_id, consumerId="c", streams=["a"]),
+                    pb.JoinConsumerGroupRequest(groupId="g", consumerId=long_id, streams=["a"])):
+        await expect_error(stub.JoinConsumerGroup(request, timeout=5), Code.INVALID_ARGUMENT,
+                           "255 bytes")
+    joined = await stub.JoinConsumerGroup(pb.JoinConsumerGroupRequest(
+        groupId="g" * 255, consumerId="c" * 255, streams=["a"]), timeout=5)
+    assert joined.epoch == 0
