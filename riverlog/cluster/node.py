@@ -191,6 +191,7 @@ class ClusterNode:
         self._assigned: set[tuple[str, int]] = set()
         self._unwatch: Callable[[], None] | None = None
         self._register_task: asyncio.Task | None = None
+        self._answering: set[asyncio.Task] = set()  # partition status requests being answered
 
     async def start(self, doors: Mapping[str, tuple[str, int]], link=None) -> None:
         """Start the Raft member (its thread; the Raft files are checked first), follow its
@@ -239,8 +240,15 @@ class ClusterNode:
 
     async def _answer_status(self, nc) -> None:
         """Answer PartitionStatusRequests on this server's status subject (Liftbridge's
-        handlePartitionStatusRequest) on connection ``nc``."""
-        async def answer(msg) -> None:
+        handlePartitionStatusRequest) on connection ``nc``, each in a task of its own: one
+        waiting for its Raft index (``_applied``, up to STATUS_TIMEOUT_S) holds up no other
+        (nats-py runs a subscription's callbacks one after the other)."""
+        async def answer(msg) -> None:  # nats-py takes coroutine functions only
+            task = asyncio.get_running_loop().create_task(answer_one(msg))
+            self._answering.add(task)  # held until done (the loop keeps weak references)
+            task.add_done_callback(self._answering.discard)
+
+        async def answer_one(msg) -> None:
             try:
                 req = decode_internal(msg.data, MsgType.PartitionStatusRequest)
             except EnvelopeError as exc:
@@ -304,6 +312,8 @@ class ClusterNode:
         """Stop following the metadata, replication, and the Raft member."""
         if self._register_task is not None:
             self._register_task.cancel()
+        for task in list(self._answering):
+            task.cancel()
         if self._unwatch is not None:
             self._unwatch()
         if self.replication is not None:

@@ -17,7 +17,9 @@ from rstream import AMQPMessage, Producer
 
 from _apps import IDS, created, started, stopped, stub_of, until
 from compat._servers import HOST
+from riverlog.cluster.node import APPLIED_HEADER
 from riverlog.protocol.liftbridge import api_pb2 as pb
+from riverlog.protocol.liftbridge.envelope import encode_message
 from riverlog.protocol.rabbitmq_stream.constants import ResponseCode
 
 GUEST = {"username": "guest", "password": "guest"}
@@ -335,3 +337,21 @@ async def test_the_coordinator_removes_a_silent_member_through_raft(tmp_path):
         for channel, _ in channels.values():
             await channel.close()
         await stopped(cluster)
+
+
+async def test_a_status_request_waiting_for_raft_holds_up_no_other(cluster):
+    """A partition status request names the Raft index its asker applied; the server asked
+    waits until it applied it too (up to its timeout). Another request meanwhile, e.g. a
+    new stream's leader check from a third server, is answered without waiting for it."""
+    asker, asked = cluster[0].cluster, cluster[1].cluster
+    subject = f"{asker.link.config.namespace}.raft.metadata.status.{asked.server_id}"
+    request = encode_message(pb.PartitionStatusRequest(stream="none", partition=0))
+    answered = []
+
+    async def ask(name, headers):
+        await asker.link.nc.request(subject, request, timeout=10, headers=headers)
+        answered.append(name)
+    await asyncio.gather(ask("ahead", {APPLIED_HEADER: str(10**9)}),
+                         ask("plain", {APPLIED_HEADER: "0"}))
+    assert answered == ["plain", "ahead"]
+
