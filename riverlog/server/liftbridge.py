@@ -226,6 +226,8 @@ class Liftbridge:
         self.subscribers: dict[int, int] = {}
         self.group_subscribers: dict[int, dict[str, tuple[str, int, Callable[[], None]]]] = {}
         self._interrupts: dict[int, set[asyncio.Future]] = {}
+        self._resuming: dict[tuple[str, tuple[int, ...]], asyncio.Future] = {}
+        """Resumes under way for publishes: (stream, partition indexes) -> resume's future."""
         self._auto_pause_task: asyncio.Task | None = None
         self._activity_task: asyncio.Task | None = None
         self._activity_queue: list[pb.ActivityStreamEvent] = []
@@ -440,14 +442,23 @@ class Liftbridge:
     def resume_for_publish(self, name: str, index: int) -> asyncio.Future | None:
         """A publish to partition ``index`` resumes it when paused (every paused one when
         the stream was paused with resumeAll, as Liftbridge's resumeStream). Returns None
-        when nothing is paused, else ``resume``'s future."""
+        when nothing is paused, else a future of ``resume``'s: publishes arriving while a
+        resume of the same partitions is under way share it (one Raft command in a cluster,
+        however many publishes)."""
         placement = self.broker.placement
         if placement.resumes_all(name):
             targets = [i for i in range(self.partition_count(name) or 0)
                        if (placement.flags(name, i) or _RUNNING).paused]
         else:
             targets = [index] if (placement.flags(name, index) or _RUNNING).paused else []
-        return self.resume(name, targets) if targets else None
+        if not targets:
+            return None
+        key = (name, tuple(targets))
+        running = self._resuming.get(key)
+        if running is None:
+            running = self._resuming[key] = self.resume(name, targets)
+            running.add_done_callback(lambda _: self._resuming.pop(key, None))
+        return asyncio.shield(running)  # a cancelled publish leaves the others' resume
 
     def resume(self, name: str, partitions: list[int]) -> asyncio.Future:
         """Resume the paused ``partitions`` of stream ``name`` (and forget its resumeAll):

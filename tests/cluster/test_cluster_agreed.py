@@ -355,3 +355,20 @@ async def test_a_status_request_waiting_for_raft_holds_up_no_other(cluster):
                          ask("plain", {APPLIED_HEADER: "0"}))
     assert answered == ["plain", "ahead"]
 
+
+
+async def test_a_flood_of_publishes_to_a_paused_partition_resumes_it_through_raft_once(
+        cluster, stubs):
+    """Each publish to a paused partition resumes it, a Raft command; publishes arriving
+    while that resume is under way wait for it instead of adding a command each."""
+    placed = await created(cluster, "flood", subject="flood", replication_factor=3)
+    _, asker, publisher = roles(placed)
+    await stubs[asker].PauseStream(pb.PauseStreamRequest(name="flood"), timeout=30)
+    await until("paused on every server", lambda: everywhere(stubs, "flood", (True, False)))
+    raft = cluster[IDS.index(publisher)].cluster.metadata
+    before = raft.status()["last_applied"]
+    acks = await asyncio.gather(*(stubs[publisher].Publish(pb.PublishRequest(
+        stream="flood", value=b"%d" % i, ackPolicy=pb.AckPolicy.LEADER), timeout=30)
+        for i in range(20)))
+    assert sorted(a.ack.offset for a in acks) == list(range(20))
+    assert raft.status()["last_applied"] - before == 1
