@@ -227,7 +227,7 @@ class Liftbridge:
         self.group_subscribers: dict[int, dict[str, tuple[str, int, Callable[[], None]]]] = {}
         self._interrupts: dict[int, set[asyncio.Future]] = {}
         self._resuming: dict[tuple[str, tuple[int, ...]], asyncio.Future] = {}
-        """Resumes under way for publishes: (stream, partition indexes) -> resume's future."""
+        """Resumes under way (``resume``): (stream, partition indexes) -> their future."""
         self._auto_pause_task: asyncio.Task | None = None
         self._activity_task: asyncio.Task | None = None
         self._activity_queue: list[pb.ActivityStreamEvent] = []
@@ -442,31 +442,30 @@ class Liftbridge:
     def resume_for_publish(self, name: str, index: int) -> asyncio.Future | None:
         """A publish to partition ``index`` resumes it when paused (every paused one when
         the stream was paused with resumeAll, as Liftbridge's resumeStream). Returns None
-        when nothing is paused, else a future of ``resume``'s: publishes arriving while a
-        resume of the same partitions is under way share it (one Raft command in a cluster,
-        however many publishes)."""
+        when nothing is paused, else ``resume``'s future."""
         placement = self.broker.placement
         if placement.resumes_all(name):
             targets = [i for i in range(self.partition_count(name) or 0)
                        if (placement.flags(name, i) or _RUNNING).paused]
         else:
             targets = [index] if (placement.flags(name, index) or _RUNNING).paused else []
-        if not targets:
-            return None
-        key = (name, tuple(targets))
-        running = self._resuming.get(key)
-        if running is None:
-            running = self._resuming[key] = self.resume(name, targets)
-            running.add_done_callback(lambda _: self._resuming.pop(key, None))
-        return asyncio.shield(running)  # a cancelled publish leaves the others' resume
+        return self.resume(name, targets) if targets else None
 
     def resume(self, name: str, partitions: list[int]) -> asyncio.Future:
         """Resume the paused ``partitions`` of stream ``name`` (and forget its resumeAll):
         started now (on a single server applied before this returns); the future raises
-        LiftbridgeError NOT_FOUND, INTERNAL."""
-        change = self.broker.placement.set_flags(name, partitions, paused=False,
-                                                 resume_all=False)
-        return asyncio.ensure_future(self._resumed(name, partitions, change))
+        LiftbridgeError NOT_FOUND, INTERNAL. Publishes and subscribes arriving while a
+        resume of the same partitions is under way share it (one Raft command in a
+        cluster, however many of them); cancelling one's future leaves the others'."""
+        key = (name, tuple(partitions))
+        running = self._resuming.get(key)
+        if running is None:
+            change = self.broker.placement.set_flags(name, partitions, paused=False,
+                                                     resume_all=False)
+            running = self._resuming[key] = asyncio.ensure_future(
+                self._resumed(name, partitions, change))
+            running.add_done_callback(lambda _: self._resuming.pop(key, None))
+        return asyncio.shield(running)
 
     async def _resumed(self, name: str, partitions: list[int], change: Awaitable[None]) -> None:
         await self._agreed(change)

@@ -372,3 +372,20 @@ async def test_a_flood_of_publishes_to_a_paused_partition_resumes_it_through_raf
         for i in range(20)))
     assert sorted(a.ack.offset for a in acks) == list(range(20))
     assert raft.status()["last_applied"] - before == 1
+
+    # so do subscribes asking to resume it (Liftbridge's SubscribeRequest.resume)
+    leader = cluster[IDS.index(placed.leader)]
+    await stubs[asker].PauseStream(pb.PauseStreamRequest(name="flood"), timeout=30)
+    await until("paused again on every server", lambda: everywhere(stubs, "flood",
+                                                                   (True, False)))
+    raft = leader.cluster.metadata
+    before = raft.status()["last_applied"]
+
+    async def first_message():
+        call = stubs[placed.leader].Subscribe(pb.SubscribeRequest(
+            stream="flood", resume=True), timeout=30)
+        async for message in call:
+            call.cancel()
+            return message
+    assert await asyncio.gather(*(first_message() for _ in range(20))) == [pb.Message()] * 20
+    assert raft.status()["last_applied"] - before == 1
