@@ -23,8 +23,9 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Awaitable, Callable, Mapping, Sequence
 
 from ..broker import RESERVED_STREAMS
-from ..broker.groups import (GROUP_NOT_FOUND, NOT_COORDINATOR, NOT_MEMBER, WRONG_EPOCH,
-                             GroupError, consumer_left)
+from ..broker.broker import MAX_NAME_BYTES
+from ..broker.groups import (GROUP_NOT_FOUND, NOT_COORDINATOR, NOT_MEMBER, STREAM_NOT_FOUND,
+                             WRONG_EPOCH, GroupError, consumer_left)
 from ..broker.placement import PartitionFlags, set_local_flags
 from ..errors import ClusterUnavailableError, StreamNotFoundError
 from .state import (ClusterState, ConsumerGroup, GroupNotFound, MetadataError, NoSuchPartition,
@@ -153,9 +154,14 @@ class ClusterGroups:
     # -- the doors' requests ---------------------------------------------------------------
     async def join(self, group_id: str, consumer_id: str,
                    streams: list[str]) -> tuple[str, int]:
-        """Raises GroupError, ClusterUnavailableError."""
+        """Raises GroupError, ClusterUnavailableError. A stream name no stream can have
+        (over MAX_NAME_BYTES) is refused here, and the names go to Raft once each: the
+        command is in every server's journal."""
+        streams = tuple(dict.fromkeys(streams))
+        if any(len(name.encode()) > MAX_NAME_BYTES for name in streams):
+            raise GroupError("precondition", STREAM_NOT_FOUND)
         group = await self._submit("join_group", group=group_id, consumer=consumer_id,
-                                   streams=tuple(streams))
+                                   streams=streams)
         return group.coordinator, group.epoch
 
     async def leave(self, group_id: str, consumer_id: str) -> None:

@@ -389,3 +389,19 @@ async def test_a_flood_of_publishes_to_a_paused_partition_resumes_it_through_raf
             return message
     assert await asyncio.gather(*(first_message() for _ in range(20))) == [pb.Message()] * 20
     assert raft.status()["last_applied"] - before == 1
+
+
+async def test_a_join_naming_a_stream_no_server_can_have_is_refused_before_raft(cluster,
+                                                                               stubs):
+    """A stream name over 255 bytes cannot exist: such a join is refused as Liftbridge
+    refuses any unknown stream, without a Raft command carrying the names to every
+    server's journal (a gRPC message may be 64 MiB)."""
+    await created(cluster, "known", subject="known")
+    raft = cluster[1].cluster.metadata
+    before = raft.status()["last_applied"]
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stubs["b"].JoinConsumerGroup(pb.JoinConsumerGroupRequest(
+            groupId="g", consumerId="c", streams=["known"] * 1000 + ["s" * 256]), timeout=30)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert refused.value.details() == "stream does not exist"
+    assert raft.status()["last_applied"] == before
