@@ -28,8 +28,8 @@ from ..broker.groups import (GROUP_NOT_FOUND, NOT_COORDINATOR, NOT_MEMBER, STREA
                              WRONG_EPOCH, GroupError, consumer_left)
 from ..broker.placement import PartitionFlags, set_local_flags
 from ..errors import ClusterUnavailableError, StreamNotFoundError
-from .state import (ClusterState, ConsumerGroup, GroupNotFound, MetadataError, NoSuchPartition,
-                    NoSuchStream)
+from .state import (TRANSITIONS, ClusterState, ConsumerGroup, GroupNotFound, MetadataError,
+                    NoSuchPartition, NoSuchStream)
 
 if TYPE_CHECKING:
     from ..broker import Stream
@@ -142,9 +142,13 @@ class ClusterGroups:
     def _group(self, group_id: str) -> ConsumerGroup | None:
         return self.placement.state.groups.get(group_id)
 
-    async def _submit(self, command: str, **arguments) -> object:
-        """A group command through Raft; its refusals as GroupError (Liftbridge's codes)."""
+    async def _submit(self, command: str, *, here: bool = False, **arguments) -> object:
+        """A group command through Raft (``here``: applied to this server's metadata only,
+        for a command refused wherever it is applied); its refusals as GroupError
+        (Liftbridge's codes)."""
         try:
+            if here:
+                return TRANSITIONS[command](self.placement.state, **arguments)[1]
             return await self.placement.submit(command, **arguments)
         except GroupNotFound as exc:
             raise GroupError("not_found", str(exc)) from None
@@ -192,10 +196,13 @@ class ClusterGroups:
 
     async def report_coordinator(self, group_id: str, consumer_id: str, coordinator: str,
                                  epoch: int) -> None:
-        """Raises GroupError (precondition, Liftbridge's messages), ClusterUnavailableError."""
+        """Raises GroupError (precondition, Liftbridge's messages), ClusterUnavailableError.
+        A ``coordinator`` that is no server of the cluster is the group's coordinator
+        nowhere: refused here, not sent to every server's journal."""
         await self._submit("report_group_coordinator", group=group_id, consumer=consumer_id,
                            coordinator=coordinator, epoch=epoch, now=time.time(),
-                           window=self.coordinator_timeout_s)
+                           window=self.coordinator_timeout_s,
+                           here=coordinator not in self.placement.state.servers)
 
     def coordinator_of(self, group_id: str) -> tuple[str, int] | None:
         group = self._group(group_id)

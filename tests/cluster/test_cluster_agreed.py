@@ -405,3 +405,25 @@ async def test_a_join_naming_a_stream_no_server_can_have_is_refused_before_raft(
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert refused.value.details() == "stream does not exist"
     assert raft.status()["last_applied"] == before
+
+
+async def test_a_report_naming_no_server_as_coordinator_is_refused_before_raft(cluster,
+                                                                              stubs):
+    """ReportConsumerGroupCoordinator names the coordinator a member was told, a server of
+    the cluster; any other name is Liftbridge's generation mismatch, refused without a Raft
+    command carrying it to every server's journal."""
+    await created(cluster, "known", subject="known")
+    join = await stubs["a"].JoinConsumerGroup(pb.JoinConsumerGroupRequest(
+        groupId="g", consumerId="c", streams=["known"]), timeout=30)
+    await until("the group on b", lambda: cluster[1].liftbridge.groups.is_member("g", "c"))
+    raft = cluster[1].cluster.metadata
+    before = raft.status()["last_applied"]
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stubs["b"].ReportConsumerGroupCoordinator(pb.ReportConsumerGroupCoordinatorRequest(
+            groupId="g", consumerId="c", coordinator="x" * 1000, epoch=join.epoch),
+            timeout=30)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert refused.value.details().startswith(
+        f"Coordinator generation mismatch, current coordinator: {join.coordinator} epoch: "
+        f"{join.epoch}, got coordinator: xxx")
+    assert raft.status()["last_applied"] == before
