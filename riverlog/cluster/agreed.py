@@ -46,10 +46,10 @@ class Agreed:
     local: Mapping[str, "Stream"] = MappingProxyType({})
     """This server's streams (the Broker's), set by ClusterNode: the internal streams' flags
     are theirs, and the reconcile loop compares the agreed flags with them."""
-    settled: Callable[[str], Awaitable[None]] | None = None
-    """Awaited after a flag change applied here (ClusterNode.wait_for_leaders): best effort,
-    the partitions' leaders applied it too and listen as it says (Liftbridge waits so after
-    a resume, waitForPartitionLeader)."""
+    settled: Callable[[str, Sequence[int]], Awaitable[None]] | None = None
+    """Awaited with (stream, the partitions changed) after a flag change applied here
+    (ClusterNode.wait_for_leaders): best effort, those partitions' leaders applied it too
+    and listen as it says (Liftbridge waits so after a resume, waitForPartitionLeader)."""
     groups: "ClusterGroups | None" = None
 
     def consumer_groups(self, data_dir: str, consumer_timeout_ms: int,
@@ -103,7 +103,7 @@ class Agreed:
         except (NoSuchStream, NoSuchPartition) as exc:
             raise StreamNotFoundError(str(exc)) from None
         if self.settled is not None:
-            await self.settled(stream)
+            await self.settled(stream, partitions)
 
     def follow_agreed(self, state: ClusterState) -> None:
         """The reconcile loop's step: every local replica of a partition of ``state`` takes

@@ -23,7 +23,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Awaitable, Callable, Mapping
+from typing import Awaitable, Callable, Mapping, Sequence
 
 from .. import metrics
 from ..broker import RESERVED_STREAMS, Broker, StreamConfig
@@ -279,9 +279,11 @@ class ClusterNode:
             await asyncio.sleep(APPLIED_POLL_S)
         await asyncio.sleep(0)  # the reconcile step of that change was queued before
 
-    async def wait_for_leaders(self, name: str) -> None:
-        """Best effort, as Liftbridge's waitForPartitionLeader: ask each partition's leader
-        (another server) whether it leads it, up to STATUS_TRIES times, until it says so;
+    async def wait_for_leaders(self, name: str,
+                               partitions: Sequence[int] | None = None) -> None:
+        """Best effort, as Liftbridge's waitForPartitionLeader: ask the leader (another
+        server) of each partition of ``partitions`` (indexes; None: every partition) whether
+        it leads it, up to STATUS_TRIES times, until it says so;
         it answers once it applied what this member has (header APPLIED_HEADER), so a
         change made here (a new stream, a resume) is in effect on the leaders too."""
         stream = self.placement.state.streams.get(name)
@@ -290,7 +292,8 @@ class ClusterNode:
             return
         applied = {APPLIED_HEADER: str(self.metadata.status()["last_applied"])}
         for part in stream.partitions:
-            if part.leader is None or part.leader == self.server_id:
+            if part.leader in (None, self.server_id) or (
+                    partitions is not None and part.index not in partitions):
                 continue
             request = encode_message(pb.PartitionStatusRequest(stream=name,
                                                                partition=part.index))

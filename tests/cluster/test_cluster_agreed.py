@@ -19,7 +19,7 @@ from _apps import IDS, created, started, stopped, stub_of, until
 from compat._servers import HOST
 from riverlog.cluster.node import APPLIED_HEADER
 from riverlog.protocol.liftbridge import api_pb2 as pb
-from riverlog.protocol.liftbridge.envelope import encode_message
+from riverlog.protocol.liftbridge.envelope import MsgType, decode_internal, encode_message
 from riverlog.protocol.rabbitmq_stream.constants import ResponseCode
 
 GUEST = {"username": "guest", "password": "guest"}
@@ -427,3 +427,28 @@ async def test_a_report_naming_no_server_as_coordinator_is_refused_before_raft(c
         f"Coordinator generation mismatch, current coordinator: {join.coordinator} epoch: "
         f"{join.epoch}, got coordinator: xxx")
     assert raft.status()["last_applied"] == before
+
+
+async def test_a_flag_change_waits_for_the_leaders_of_its_partitions_only(cluster, stubs):
+    """A pause or resume returns once the leaders of the partitions it changed applied it:
+    it asks no other partition's leader (one that does not answer held up every resume of
+    its stream's other partitions, 5 tries of 2 s)."""
+    await stubs["a"].CreateStream(pb.CreateStreamRequest(
+        name="two", subject="two", partitions=2, replicationFactor=1), timeout=30)
+    placement = cluster[0].broker.placement
+    other_leader = placement.of("two", 1).leader
+    asker = next(s for s in IDS if s not in (other_leader, placement.of("two", 0).leader))
+    spy = cluster[IDS.index(other_leader)].cluster
+    asked = []
+
+    async def count(msg):
+        asked.append(decode_internal(msg.data, MsgType.PartitionStatusRequest).partition)
+    subscription = await spy.link.nc.subscribe(
+        f"{spy.link.config.namespace}.raft.metadata.status.{other_leader}", cb=count)
+    try:
+        await stubs[asker].PauseStream(pb.PauseStreamRequest(name="two", partitions=[0]),
+                                       timeout=30)
+        await spy.link.nc.flush()
+    finally:
+        await subscription.unsubscribe()
+    assert 1 not in asked
