@@ -6,7 +6,10 @@
 # resumes a paused partition everywhere, a read-only partition refuses publishes on every
 # door and every server, a group joined through different servers has one coordinator and
 # one assignment, and all of it outlives the Raft leader (a server restarted from its files
-# catches up with what changed meanwhile).
+# catches up with what changed meanwhile). What one client can cost the Raft metadata and the
+# status requests is bounded: concurrent resumes share one Raft command, a flag change asks
+# only its partitions' leaders, a status request waiting for Raft holds up no other, and
+# joins and coordinator reports no server can accept are refused before Raft.
 from __future__ import annotations
 
 import asyncio
