@@ -243,3 +243,18 @@ async def test_group_and_consumer_ids_are_bounded(stub):
     joined = await stub.JoinConsumerGroup(pb.JoinConsumerGroupRequest(
         groupId="g" * 255, consumerId="c" * 255, streams=["a"]), timeout=5)
     assert joined.epoch == 0
+
+
+async def test_a_coordinator_report_naming_a_long_coordinator_is_refused_as_any_other(stub):
+    """Liftbridge's generation mismatch names the coordinator reported; a name too long for
+    gRPC's status details (16 KiB of metadata) is shortened, so the client gets the refusal
+    and not a RESOURCE_EXHAUSTED of its own."""
+    await create(stub, "a")
+    join = await stub.JoinConsumerGroup(pb.JoinConsumerGroupRequest(
+        groupId="g", consumerId="c", streams=["a"]), timeout=5)
+    await expect_error(stub.ReportConsumerGroupCoordinator(
+        pb.ReportConsumerGroupCoordinatorRequest(groupId="g", consumerId="c",
+                                                 coordinator="x" * 100_000, epoch=join.epoch),
+        timeout=5), Code.FAILED_PRECONDITION,
+        f"Coordinator generation mismatch, current coordinator: {join.coordinator} epoch: "
+        f"{join.epoch}, got coordinator: xxx")
