@@ -43,6 +43,18 @@ STREAM_NOT_FOUND = "stream does not exist"
 
 
 NOT_COORDINATOR = "broker is not the consumer group coordinator"
+_ECHOED_CHARS = 255
+
+
+def generation_mismatch(coordinator: str, epoch: int, reported: str,
+                        reported_epoch: int) -> str:
+    """Liftbridge's refusal of a coordinator report under another coordinator or epoch
+    (server/groups.go); a ``reported`` name over 255 characters is cut there ("..."): the
+    message goes to the client in gRPC's status details, which must fit 16 KiB."""
+    if len(reported) > _ECHOED_CHARS:
+        reported = reported[:_ECHOED_CHARS] + "..."
+    return (f"Coordinator generation mismatch, current coordinator: {coordinator} epoch: "
+            f"{epoch}, got coordinator: {reported} epoch: {reported_epoch}")
 
 
 def balance(assignments: dict[str, dict[str, list[int]]], stream: str,
@@ -233,9 +245,8 @@ class ConsumerGroups:
         if group is None:
             raise GroupError("precondition", f"No such consumer group {group_id}")
         if coordinator != group.coordinator or epoch != group.epoch:
-            raise GroupError("precondition", (
-                f"Coordinator generation mismatch, current coordinator: {group.coordinator} "
-                f"epoch: {group.epoch}, got coordinator: {coordinator} epoch: {epoch}"))
+            raise GroupError("precondition", generation_mismatch(
+                group.coordinator, group.epoch, coordinator, epoch))
         if consumer_id not in group.members:
             raise GroupError("precondition", (
                 f"Consumer {consumer_id} is not a member of consumer group {group_id}"))

@@ -23,12 +23,13 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Awaitable, Callable, Mapping, Sequence
 
 from ..broker import RESERVED_STREAMS
-from ..broker.groups import (GROUP_NOT_FOUND, NOT_COORDINATOR, NOT_MEMBER, WRONG_EPOCH,
-                             GroupError, consumer_left)
+from ..broker.broker import MAX_NAME_BYTES
+from ..broker.groups import (GROUP_NOT_FOUND, NOT_COORDINATOR, NOT_MEMBER, STREAM_NOT_FOUND,
+                             WRONG_EPOCH, GroupError, consumer_left)
 from ..broker.placement import PartitionFlags, set_local_flags
 from ..errors import ClusterUnavailableError, StreamNotFoundError
-from .state import (ClusterState, ConsumerGroup, GroupNotFound, MetadataError, NoSuchPartition,
-                    NoSuchStream)
+from .state import (TRANSITIONS, ClusterState, ConsumerGroup, GroupNotFound, MetadataError,
+                    NoSuchPartition, NoSuchStream)
 
 if TYPE_CHECKING:
     from ..broker import Stream
@@ -45,10 +46,10 @@ class Agreed:
     local: Mapping[str, "Stream"] = MappingProxyType({})
     """This server's streams (the Broker's), set by ClusterNode: the internal streams' flags
     are theirs, and the reconcile loop compares the agreed flags with them."""
-    settled: Callable[[str], Awaitable[None]] | None = None
-    """Awaited after a flag change applied here (ClusterNode.wait_for_leaders): best effort,
-    the partitions' leaders applied it too and listen as it says (Liftbridge waits so after
-    a resume, waitForPartitionLeader)."""
+    settled: Callable[[str, Sequence[int]], Awaitable[None]] | None = None
+    """Awaited with (stream, the partitions changed) after a flag change applied here
+    (ClusterNode.wait_for_leaders): best effort, those partitions' leaders applied it too
+    and listen as it says (Liftbridge waits so after a resume, waitForPartitionLeader)."""
     groups: "ClusterGroups | None" = None
 
     def consumer_groups(self, data_dir: str, consumer_timeout_ms: int,
@@ -102,7 +103,7 @@ class Agreed:
         except (NoSuchStream, NoSuchPartition) as exc:
             raise StreamNotFoundError(str(exc)) from None
         if self.settled is not None:
-            await self.settled(stream)
+            await self.settled(stream, partitions)
 
     def follow_agreed(self, state: ClusterState) -> None:
         """The reconcile loop's step: every local replica of a partition of ``state`` takes
@@ -141,9 +142,13 @@ class ClusterGroups:
     def _group(self, group_id: str) -> ConsumerGroup | None:
         return self.placement.state.groups.get(group_id)
 
-    async def _submit(self, command: str, **arguments) -> object:
-        """A group command through Raft; its refusals as GroupError (Liftbridge's codes)."""
+    async def _submit(self, command: str, *, here: bool = False, **arguments) -> object:
+        """A group command through Raft (``here``: applied to this server's metadata only,
+        for a command refused wherever it is applied); its refusals as GroupError
+        (Liftbridge's codes)."""
         try:
+            if here:
+                return TRANSITIONS[command](self.placement.state, **arguments)[1]
             return await self.placement.submit(command, **arguments)
         except GroupNotFound as exc:
             raise GroupError("not_found", str(exc)) from None
@@ -153,9 +158,14 @@ class ClusterGroups:
     # -- the doors' requests ---------------------------------------------------------------
     async def join(self, group_id: str, consumer_id: str,
                    streams: list[str]) -> tuple[str, int]:
-        """Raises GroupError, ClusterUnavailableError."""
+        """Raises GroupError, ClusterUnavailableError. A stream name no stream can have
+        (over MAX_NAME_BYTES) is refused here, and the names go to Raft once each: the
+        command is in every server's journal."""
+        streams = tuple(dict.fromkeys(streams))
+        if any(len(name.encode()) > MAX_NAME_BYTES for name in streams):
+            raise GroupError("precondition", STREAM_NOT_FOUND)
         group = await self._submit("join_group", group=group_id, consumer=consumer_id,
-                                   streams=tuple(streams))
+                                   streams=streams)
         return group.coordinator, group.epoch
 
     async def leave(self, group_id: str, consumer_id: str) -> None:
@@ -186,10 +196,13 @@ class ClusterGroups:
 
     async def report_coordinator(self, group_id: str, consumer_id: str, coordinator: str,
                                  epoch: int) -> None:
-        """Raises GroupError (precondition, Liftbridge's messages), ClusterUnavailableError."""
+        """Raises GroupError (precondition, Liftbridge's messages), ClusterUnavailableError.
+        A ``coordinator`` that is no server of the cluster is the group's coordinator
+        nowhere: refused here, not sent to every server's journal."""
         await self._submit("report_group_coordinator", group=group_id, consumer=consumer_id,
                            coordinator=coordinator, epoch=epoch, now=time.time(),
-                           window=self.coordinator_timeout_s)
+                           window=self.coordinator_timeout_s,
+                           here=coordinator not in self.placement.state.servers)
 
     def coordinator_of(self, group_id: str) -> tuple[str, int] | None:
         group = self._group(group_id)

@@ -32,7 +32,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Awaitable, Callable, Mapping
+from typing import Awaitable, Callable, Mapping, Sequence
 
 from .. import metrics
 from ..broker import RESERVED_STREAMS, Broker, StreamConfig
@@ -252,6 +252,7 @@ class ClusterNode:
         self._register_task: asyncio.Task | None = None
         self._forget_task: asyncio.Task | None = None
         self._joins: join.JoinAnswers | None = None
+        self._answering: set[asyncio.Task] = set()  # partition status requests being answered
 
     async def start(self, doors: Mapping[str, tuple[str, int]], link=None) -> None:
         """Start the Raft member (its thread; the Raft files are checked first), follow its
@@ -360,11 +361,19 @@ class ClusterNode:
 
     async def _answer_status(self, nc) -> None:
         """Answer PartitionStatusRequests on this server's status subject (Liftbridge's
-        handlePartitionStatusRequest) and, while this member leads the Raft, join requests
-        (join.JoinAnswers) on connection ``nc``."""
+        handlePartitionStatusRequest) on connection ``nc``, each in a task of its own: one
+        waiting for its Raft index (``_applied``, up to STATUS_TIMEOUT_S) holds up no other
+        (nats-py runs a subscription's callbacks one after the other); and, while this member
+        leads the Raft, join requests (join.JoinAnswers)."""
         if nc is not None and self._joins is not None:
             await self._joins.listen(nc)
-        async def answer(msg) -> None:
+
+        async def answer(msg) -> None:  # nats-py takes coroutine functions only
+            task = asyncio.get_running_loop().create_task(answer_one(msg))
+            self._answering.add(task)  # held until done (the loop keeps weak references)
+            task.add_done_callback(self._answering.discard)
+
+        async def answer_one(msg) -> None:
             try:
                 req = decode_internal(msg.data, MsgType.PartitionStatusRequest)
             except EnvelopeError as exc:
@@ -395,9 +404,11 @@ class ClusterNode:
             await asyncio.sleep(APPLIED_POLL_S)
         await asyncio.sleep(0)  # the reconcile step of that change was queued before
 
-    async def wait_for_leaders(self, name: str) -> None:
-        """Best effort, as Liftbridge's waitForPartitionLeader: ask each partition's leader
-        (another server) whether it leads it, up to STATUS_TRIES times, until it says so;
+    async def wait_for_leaders(self, name: str,
+                               partitions: Sequence[int] | None = None) -> None:
+        """Best effort, as Liftbridge's waitForPartitionLeader: ask the leader (another
+        server) of each partition of ``partitions`` (indexes; None: every partition) whether
+        it leads it, up to STATUS_TRIES times, until it says so;
         it answers once it applied what this member has (header APPLIED_HEADER), so a
         change made here (a new stream, a resume) is in effect on the leaders too."""
         stream = self.placement.state.streams.get(name)
@@ -406,7 +417,8 @@ class ClusterNode:
             return
         applied = {APPLIED_HEADER: str(self.metadata.status()["last_applied"])}
         for part in stream.partitions:
-            if part.leader is None or part.leader == self.server_id:
+            if part.leader in (None, self.server_id) or (
+                    partitions is not None and part.index not in partitions):
                 continue
             request = encode_message(pb.PartitionStatusRequest(stream=name,
                                                                partition=part.index))
@@ -426,7 +438,8 @@ class ClusterNode:
 
     async def stop(self) -> None:
         """Stop following the metadata, replication, and the Raft member."""
-        for task in (self._register_task, self._forget_task, self._internal_task):
+        for task in (self._register_task, self._forget_task, self._internal_task,
+                     *self._answering):
             if task is not None:
                 task.cancel()
         if self._unwatch is not None:

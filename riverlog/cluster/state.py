@@ -13,7 +13,7 @@ import dataclasses
 from typing import Callable, Mapping
 
 from ..broker.groups import (ALREADY_MEMBER, GROUP_NOT_FOUND, NOT_MEMBER, STREAM_NOT_FOUND,
-                             balance)
+                             balance, generation_mismatch)
 from ..broker.superstreams import SuperStream
 
 FIRST_LEADER_EPOCH = 1
@@ -464,9 +464,7 @@ def report_group_coordinator(state: ClusterState, group: str, consumer: str, coo
     if old is None:
         raise GroupRefused(f"No such consumer group {group}")
     if (coordinator, epoch) != (old.coordinator, old.epoch):
-        raise GroupRefused(f"Coordinator generation mismatch, current coordinator: "
-                           f"{old.coordinator} epoch: {old.epoch}, got coordinator: "
-                           f"{coordinator} epoch: {epoch}")
+        raise GroupRefused(generation_mismatch(old.coordinator, old.epoch, coordinator, epoch))
     if consumer not in old.members:
         raise GroupRefused(f"Consumer {consumer} is not a member of consumer group {group}")
     witnesses = tuple((c, t) for c, t in old.witnesses if c != consumer and now - t <= window)

@@ -24,6 +24,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from ..broker import Partition, StreamConfig
+from ..broker.broker import MAX_NAME_BYTES
 from ..broker.cursors import CursorsDisabledError, NotCursorLeaderError
 from ..broker.groups import GroupError
 from ..config import GrpcConfig
@@ -531,10 +532,17 @@ class GrpcApi:
     # -- consumer groups ----------------------------------------------------------------
     @staticmethod
     def _ids(req) -> None:
+        """Liftbridge's checks of a consumer group request's ids, and riverlog's bound on
+        them (as on a stream name: they are kept, in a cluster in the Raft metadata every
+        server holds). Raises LiftbridgeError INVALID_ARGUMENT."""
         if not req.groupId:
             raise LiftbridgeError("INVALID_ARGUMENT", "No groupId provided")
         if not req.consumerId:
             raise LiftbridgeError("INVALID_ARGUMENT", "No consumerId provided")
+        for what, value in (("groupId", req.groupId), ("consumerId", req.consumerId)):
+            if len(value.encode()) > MAX_NAME_BYTES:
+                raise LiftbridgeError("INVALID_ARGUMENT",
+                                      f"{what} longer than {MAX_NAME_BYTES} bytes")
 
     async def JoinConsumerGroup(self, raw: bytes, context) -> pb.JoinConsumerGroupResponse:
         req = await _parse(pb.JoinConsumerGroupRequest, raw, context)

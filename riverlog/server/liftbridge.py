@@ -226,6 +226,8 @@ class Liftbridge:
         self.subscribers: dict[int, int] = {}
         self.group_subscribers: dict[int, dict[str, tuple[str, int, Callable[[], None]]]] = {}
         self._interrupts: dict[int, set[asyncio.Future]] = {}
+        self._resuming: dict[tuple[str, tuple[int, ...]], asyncio.Future] = {}
+        """Resumes under way (``resume``): (stream, partition indexes) -> their future."""
         self._auto_pause_task: asyncio.Task | None = None
         self._activity_task: asyncio.Task | None = None
         self._activity_queue: list[pb.ActivityStreamEvent] = []
@@ -452,10 +454,18 @@ class Liftbridge:
     def resume(self, name: str, partitions: list[int]) -> asyncio.Future:
         """Resume the paused ``partitions`` of stream ``name`` (and forget its resumeAll):
         started now (on a single server applied before this returns); the future raises
-        LiftbridgeError NOT_FOUND, INTERNAL."""
-        change = self.broker.placement.set_flags(name, partitions, paused=False,
-                                                 resume_all=False)
-        return asyncio.ensure_future(self._resumed(name, partitions, change))
+        LiftbridgeError NOT_FOUND, INTERNAL. Publishes and subscribes arriving while a
+        resume of the same partitions is under way share it (one Raft command in a
+        cluster, however many of them); cancelling one's future leaves the others'."""
+        key = (name, tuple(partitions))
+        running = self._resuming.get(key)
+        if running is None:
+            change = self.broker.placement.set_flags(name, partitions, paused=False,
+                                                     resume_all=False)
+            running = self._resuming[key] = asyncio.ensure_future(
+                self._resumed(name, partitions, change))
+            running.add_done_callback(lambda _: self._resuming.pop(key, None))
+        return asyncio.shield(running)
 
     async def _resumed(self, name: str, partitions: list[int], change: Awaitable[None]) -> None:
         await self._agreed(change)

@@ -6,7 +6,10 @@
 # resumes a paused partition everywhere, a read-only partition refuses publishes on every
 # door and every server, a group joined through different servers has one coordinator and
 # one assignment, and all of it outlives the Raft leader (a server restarted from its files
-# catches up with what changed meanwhile).
+# catches up with what changed meanwhile). What one client can cost the Raft metadata and the
+# status requests is bounded: concurrent resumes share one Raft command, a flag change asks
+# only its partitions' leaders, a status request waiting for Raft holds up no other, and
+# joins and coordinator reports no server can accept are refused before Raft.
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +20,9 @@ from rstream import AMQPMessage, Producer
 
 from _apps import IDS, created, started, stopped, stub_of, until
 from compat._servers import HOST
+from riverlog.cluster.node import APPLIED_HEADER
 from riverlog.protocol.liftbridge import api_pb2 as pb
+from riverlog.protocol.liftbridge.envelope import MsgType, decode_internal, encode_message
 from riverlog.protocol.rabbitmq_stream.constants import ResponseCode
 
 GUEST = {"username": "guest", "password": "guest"}
@@ -237,6 +242,12 @@ async def _equal(seen, expected) -> bool:
     return await seen == expected
 
 
+async def _at_epoch(seen, epoch: int):
+    """The one (coordinator, epoch) of awaited set ``seen`` when its epoch is ``epoch``."""
+    found = await _one(seen)
+    return found if found is not None and found[1] == epoch else None
+
+
 async def _one(seen):
     """The one element of awaited set ``seen``; None when the servers disagree."""
     found = await seen
@@ -260,8 +271,10 @@ async def test_flags_and_groups_outlive_the_raft_leader(cluster, stubs):
     left = {s: stub for s, stub in stubs.items() if s != lost_id}
     await until("the flags on both servers left", lambda: everywhere(
         left, "kept", (True, False), (False, True)))
-    group = await until("one group on both", lambda: _one(group_everywhere(left, "kg")))
-    assert group[1] == 1  # two joins: epochs 0 and 1
+    # two joins: epochs 0 and 1 (the second join, applied by the server asked, reaches the
+    # others with the next Raft leader's commit index when the lost server was the leader)
+    group = await until("one group at epoch 1 on both", lambda: _at_epoch(
+        group_everywhere(left, "kg"), 1))
 
     # changes through the servers left, once they elected another Raft leader
     survivors = [app for app in cluster if app is not lost]
@@ -335,3 +348,118 @@ async def test_the_coordinator_removes_a_silent_member_through_raft(tmp_path):
         for channel, _ in channels.values():
             await channel.close()
         await stopped(cluster)
+
+
+async def test_a_status_request_waiting_for_raft_holds_up_no_other(cluster):
+    """A partition status request names the Raft index its asker applied; the server asked
+    waits until it applied it too (up to its timeout). Another request meanwhile, e.g. a
+    new stream's leader check from a third server, is answered without waiting for it."""
+    asker, asked = cluster[0].cluster, cluster[1].cluster
+    subject = f"{asker.link.config.namespace}.raft.metadata.status.{asked.server_id}"
+    request = encode_message(pb.PartitionStatusRequest(stream="none", partition=0))
+    answered = []
+
+    async def ask(name, headers):
+        await asker.link.nc.request(subject, request, timeout=10, headers=headers)
+        answered.append(name)
+    await asyncio.gather(ask("ahead", {APPLIED_HEADER: str(10**9)}),
+                         ask("plain", {APPLIED_HEADER: "0"}))
+    assert answered == ["plain", "ahead"]
+
+
+
+async def test_a_flood_of_publishes_to_a_paused_partition_resumes_it_through_raft_once(
+        cluster, stubs):
+    """Each publish to a paused partition resumes it, a Raft command; publishes arriving
+    while that resume is under way wait for it instead of adding a command each."""
+    placed = await created(cluster, "flood", subject="flood", replication_factor=3)
+    _, asker, publisher = roles(placed)
+    await stubs[asker].PauseStream(pb.PauseStreamRequest(name="flood"), timeout=30)
+    await until("paused on every server", lambda: everywhere(stubs, "flood", (True, False)))
+    raft = cluster[IDS.index(publisher)].cluster.metadata
+    before = raft.status()["last_applied"]
+    acks = await asyncio.gather(*(stubs[publisher].Publish(pb.PublishRequest(
+        stream="flood", value=b"%d" % i, ackPolicy=pb.AckPolicy.LEADER), timeout=30)
+        for i in range(20)))
+    assert sorted(a.ack.offset for a in acks) == list(range(20))
+    assert raft.status()["last_applied"] - before == 1
+
+    # so do subscribes asking to resume it (Liftbridge's SubscribeRequest.resume)
+    leader = cluster[IDS.index(placed.leader)]
+    await stubs[asker].PauseStream(pb.PauseStreamRequest(name="flood"), timeout=30)
+    await until("paused again on every server", lambda: everywhere(stubs, "flood",
+                                                                   (True, False)))
+    raft = leader.cluster.metadata
+    before = raft.status()["last_applied"]
+
+    async def first_message():
+        call = stubs[placed.leader].Subscribe(pb.SubscribeRequest(
+            stream="flood", resume=True), timeout=30)
+        async for message in call:
+            call.cancel()
+            return message
+    assert await asyncio.gather(*(first_message() for _ in range(20))) == [pb.Message()] * 20
+    assert raft.status()["last_applied"] - before == 1
+
+
+async def test_a_join_naming_a_stream_no_server_can_have_is_refused_before_raft(cluster,
+                                                                               stubs):
+    """A stream name over 255 bytes cannot exist: such a join is refused as Liftbridge
+    refuses any unknown stream, without a Raft command carrying the names to every
+    server's journal (a gRPC message may be 64 MiB)."""
+    await created(cluster, "known", subject="known")
+    raft = cluster[1].cluster.metadata
+    before = raft.status()["last_applied"]
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stubs["b"].JoinConsumerGroup(pb.JoinConsumerGroupRequest(
+            groupId="g", consumerId="c", streams=["known"] * 1000 + ["s" * 256]), timeout=30)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert refused.value.details() == "stream does not exist"
+    assert raft.status()["last_applied"] == before
+
+
+async def test_a_report_naming_no_server_as_coordinator_is_refused_before_raft(cluster,
+                                                                              stubs):
+    """ReportConsumerGroupCoordinator names the coordinator a member was told, a server of
+    the cluster; any other name is Liftbridge's generation mismatch, refused without a Raft
+    command carrying it to every server's journal."""
+    await created(cluster, "known", subject="known")
+    join = await stubs["a"].JoinConsumerGroup(pb.JoinConsumerGroupRequest(
+        groupId="g", consumerId="c", streams=["known"]), timeout=30)
+    await until("the group on b", lambda: cluster[1].liftbridge.groups.is_member("g", "c"))
+    raft = cluster[1].cluster.metadata
+    before = raft.status()["last_applied"]
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stubs["b"].ReportConsumerGroupCoordinator(pb.ReportConsumerGroupCoordinatorRequest(
+            groupId="g", consumerId="c", coordinator="x" * 1000, epoch=join.epoch),
+            timeout=30)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert refused.value.details().startswith(
+        f"Coordinator generation mismatch, current coordinator: {join.coordinator} epoch: "
+        f"{join.epoch}, got coordinator: xxx")
+    assert raft.status()["last_applied"] == before
+
+
+async def test_a_flag_change_waits_for_the_leaders_of_its_partitions_only(cluster, stubs):
+    """A pause or resume returns once the leaders of the partitions it changed applied it:
+    it asks no other partition's leader (one that does not answer held up every resume of
+    its stream's other partitions, 5 tries of 2 s)."""
+    await stubs["a"].CreateStream(pb.CreateStreamRequest(
+        name="two", subject="two", partitions=2, replicationFactor=1), timeout=30)
+    placement = cluster[0].broker.placement
+    other_leader = placement.of("two", 1).leader
+    asker = next(s for s in IDS if s not in (other_leader, placement.of("two", 0).leader))
+    spy = cluster[IDS.index(other_leader)].cluster
+    asked = []
+
+    async def count(msg):
+        asked.append(decode_internal(msg.data, MsgType.PartitionStatusRequest).partition)
+    subscription = await spy.link.nc.subscribe(
+        f"{spy.link.config.namespace}.raft.metadata.status.{other_leader}", cb=count)
+    try:
+        await stubs[asker].PauseStream(pb.PauseStreamRequest(name="two", partitions=[0]),
+                                       timeout=30)
+        await spy.link.nc.flush()
+    finally:
+        await subscription.unsubscribe()
+    assert 1 not in asked

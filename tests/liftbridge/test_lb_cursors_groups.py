@@ -228,3 +228,33 @@ async def test_activity_stream(server_factory):
         assert ids == sorted(ids) and len(set(ids)) == len(ids) and ids[0] > 0
     finally:
         await channel.close()
+
+
+async def test_group_and_consumer_ids_are_bounded(stub):
+    """A group id or consumer id longer than a stream name (255 bytes) is refused: each is
+    kept by the server (in a cluster, in the Raft metadata every server holds and
+    snapshots), so one client must not make them as large as a gRPC message."""
+    await create(stub, "a")
+    long_id = "g" * 256
+    for request in (pb.JoinConsumerGroupRequest(groupId=long_id, consumerId="c", streams=["a"]),
+                    pb.JoinConsumerGroupRequest(groupId="g", consumerId=long_id, streams=["a"])):
+        await expect_error(stub.JoinConsumerGroup(request, timeout=5), Code.INVALID_ARGUMENT,
+                           "255 bytes")
+    joined = await stub.JoinConsumerGroup(pb.JoinConsumerGroupRequest(
+        groupId="g" * 255, consumerId="c" * 255, streams=["a"]), timeout=5)
+    assert joined.epoch == 0
+
+
+async def test_a_coordinator_report_naming_a_long_coordinator_is_refused_as_any_other(stub):
+    """Liftbridge's generation mismatch names the coordinator reported; a name too long for
+    gRPC's status details (16 KiB of metadata) is shortened, so the client gets the refusal
+    and not a RESOURCE_EXHAUSTED of its own."""
+    await create(stub, "a")
+    join = await stub.JoinConsumerGroup(pb.JoinConsumerGroupRequest(
+        groupId="g", consumerId="c", streams=["a"]), timeout=5)
+    await expect_error(stub.ReportConsumerGroupCoordinator(
+        pb.ReportConsumerGroupCoordinatorRequest(groupId="g", consumerId="c",
+                                                 coordinator="x" * 100_000, epoch=join.epoch),
+        timeout=5), Code.FAILED_PRECONDITION,
+        f"Coordinator generation mismatch, current coordinator: {join.coordinator} epoch: "
+        f"{join.epoch}, got coordinator: xxx")
