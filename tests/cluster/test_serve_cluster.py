@@ -198,6 +198,19 @@ async def test_a_new_leader_takes_the_nats_subject_over(cluster):
         await channel.close()
 
 
+async def subscribed(stub, stream: str, first: bytes, read_isr: bool):
+    """A Subscribe to partition 0 of ``stream`` from the earliest offset (``read_isr``:
+    readISRReplica), past Liftbridge's empty handshake message and its first record, which
+    must be ``first``; the async iterator of the messages after it."""
+    call = stub.Subscribe(pb.SubscribeRequest(
+        stream=stream, startPosition=pb.StartPosition.EARLIEST, readISRReplica=read_isr),
+        timeout=20)
+    messages = call.__aiter__()
+    assert await anext(messages) == pb.Message()  # the handshake
+    assert (await anext(messages)).value == first
+    return messages
+
+
 async def test_a_running_subscribe_ends_when_its_server_stops_leading(cluster):
     """A leader change ends the Subscribes its old leader serves with Unavailable "Server
     not partition leader" (where Liftbridge clients resubscribe at the leader), a
@@ -216,15 +229,6 @@ async def test_a_running_subscribe_ends_when_its_server_stops_leading(cluster):
         await channels[leader][1].Publish(pb.PublishRequest(
             stream="moving", value=value, ackPolicy=pb.AckPolicy.ALL), timeout=10)
 
-    async def subscribed(app, read_isr: bool):
-        call = channels[app][1].Subscribe(pb.SubscribeRequest(
-            stream="moving", startPosition=pb.StartPosition.EARLIEST,
-            readISRReplica=read_isr), timeout=20)
-        messages = call.__aiter__()
-        assert await anext(messages) == pb.Message()  # the handshake
-        assert (await anext(messages)).value == b"before"
-        return messages
-
     got: list[bytes] = []
 
     async def gufo() -> None:
@@ -234,9 +238,9 @@ async def test_a_running_subscribe_ends_when_its_server_stops_leading(cluster):
                 got.append(message.value)
     try:
         await publish(b"before")
-        on_leader = await subscribed(old, False)
-        isr_on_leader = await subscribed(old, True)
-        isr_on_follower = await subscribed(stays, True)
+        on_leader = await subscribed(channels[old][1], "moving", b"before", False)
+        isr_on_leader = await subscribed(channels[old][1], "moving", b"before", True)
+        isr_on_follower = await subscribed(channels[stays][1], "moving", b"before", True)
         reader = asyncio.create_task(gufo())
         await until("gufo read the first record", lambda: got == [b"before"])
         await old.broker.placement.submit("change_leader", stream="moving", index=0,
@@ -273,16 +277,8 @@ async def test_a_read_isr_replica_subscribe_ends_when_its_server_leaves_the_isr(
     try:
         await channels[leader][1].Publish(pb.PublishRequest(
             stream="lagging", value=b"first", ackPolicy=pb.AckPolicy.ALL), timeout=10)
-        subscriptions = []
-        for app in (leaving, staying):
-            call = channels[app][1].Subscribe(pb.SubscribeRequest(
-                stream="lagging", startPosition=pb.StartPosition.EARLIEST,
-                readISRReplica=True), timeout=20)
-            messages = call.__aiter__()
-            assert await anext(messages) == pb.Message()  # the handshake
-            assert (await anext(messages)).value == b"first"
-            subscriptions.append(messages)
-        ends, goes_on = subscriptions
+        ends, goes_on = [await subscribed(channels[app][1], "lagging", b"first", True)
+                         for app in (leaving, staying)]
         await leader.cluster.shrink_isr("lagging", 0, leaving.config.cluster.server_id,
                                         placed.leader_epoch)
         with pytest.raises(grpc.aio.AioRpcError) as stopped:
