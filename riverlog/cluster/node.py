@@ -409,13 +409,15 @@ class ClusterNode:
         """Best effort, as Liftbridge's waitForPartitionLeader: ask the leader (another
         server) of each partition of ``partitions`` (indexes; None: every partition) whether
         it leads it, up to STATUS_TRIES times, until it says so;
-        it answers once it applied what this member has (header APPLIED_HEADER), so a
-        change made here (a new stream, a resume) is in effect on the leaders too."""
+        it answers once it applied what this member knows committed (header APPLIED_HEADER:
+        the commit index, not last applied: pysyncobj calls a command back before it counts
+        it applied, so last applied read then can be one short), so a change made here (a
+        new stream, a resume) is in effect on the leaders too."""
         stream = self.placement.state.streams.get(name)
         nc = self.link.nc if self.link is not None else None
         if stream is None or nc is None:
             return
-        applied = {APPLIED_HEADER: str(self.metadata.status()["last_applied"])}
+        applied = {APPLIED_HEADER: str(self.metadata.status()["commit_index"])}
         for part in stream.partitions:
             if part.leader in (None, self.server_id) or (
                     partitions is not None and part.index not in partitions):
