@@ -23,13 +23,15 @@ import struct
 
 from pysyncobj import journal as raft_journal
 
+from ..errors import RiverlogError
+
 JOURNAL = "journal"
 META = JOURNAL + ".meta"
 SNAPSHOT = "snapshot"
 MEMBERS = "members"
 
 
-class RaftFileCorrupt(RuntimeError):
+class RaftFileCorrupt(RiverlogError, RuntimeError):
     """A Raft file that cannot be read as written; ``path`` names it. Restore the file, or
     remove the server's raft folder so it rejoins empty and copies the metadata from the
     other servers (a single server then starts with empty metadata)."""

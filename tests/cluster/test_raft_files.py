@@ -1,8 +1,9 @@
 # Starting a Raft member from its files (riverlog.cluster.raft_files, metadata): damaged
-# files stop the start with RaftFileCorrupt naming the file, in process and as the exit of
-# a member process, never a crash loop in pysyncobj's thread; an intact journal and a
-# snapshot restart with their metadata; watchers see changes until stopped; a multi-server
-# Raft without a password and a taken Raft port are refused with clear errors.
+# files stop the start with RaftFileCorrupt naming the file, in process, as the exit of a
+# member process and as `riverlog serve`'s one-line error, never a crash loop in pysyncobj's
+# thread; an intact journal and a snapshot restart with their metadata; watchers see changes
+# until stopped; a multi-server Raft without a password and a taken Raft port are refused
+# with clear errors.
 from __future__ import annotations
 
 import asyncio
@@ -170,3 +171,23 @@ def test_taken_raft_port_is_a_clear_error(tmp_path):
         with pytest.raises(RaftBindError, match=f"cannot listen for Raft on {address}"):
             RaftMetadata(RaftSettings(address, str(tmp_path / "raft"), password="secret",
                                       bind_retries=1))
+
+
+def test_riverlog_serve_with_a_damaged_journal_says_so_and_exits(raft_dir, tmp_path):
+    # `riverlog serve` (one member of `cluster up`'s layout) whose DATA/raft holds a damaged
+    # journal: a one-line error naming the file and exit status 1, no traceback, no retries
+    import shutil
+    import subprocess
+
+    from riverlog.cluster.local import layout, serve_command
+    journal = _bad_command(raft_dir)
+    directory = str(tmp_path / "cluster")
+    (member,) = layout(directory, 1, HOST)
+    shutil.copytree(raft_dir, os.path.join(directory, member.id, "raft"))
+    command, env = serve_command(member, [member], directory)
+    done = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("Error:")]
+    assert os.path.basename(journal) in line and "raft" in line
