@@ -8,8 +8,9 @@
 #   (comparing with the local partition, so a restarted server converges too); a change
 #   returns once, best effort, the partitions' leaders applied it too (so a publish right
 #   after a resume or the end of read-only is not dropped by a leader that has not heard of
-#   it yet); an internal stream outside the metadata (``__cursors``, ``__activity``) is each
-#   server's own: its flags change on the server asked only;
+#   it yet); an internal stream outside the metadata (``__activity``, and ``__cursors``
+#   until the Raft leader puts it there) is each server's own: its flags change on the
+#   server asked only;
 # - groups: membership, epochs, coordinator and assignments are the metadata's (state.py);
 #   only the coordinator answers FetchConsumerGroupAssignments and keeps each member's
 #   consumer timeout (armed when it becomes coordinator or a member joins), and removes a
