@@ -1,0 +1,326 @@
+# The connection core of the RabbitMQ Stream door: one asyncio Protocol per TCP (or TLS)
+# connection. Owns the socket, the frame decoder (and the choice of dialect: the current
+# protocol or the 2020 draft), the dispatch table from frame type to handler, flow control
+# (flow.py), the connection state machine (state.py), output, and the frames held back while a
+# cluster change runs. The commands themselves are handled by one object per family:
+# session.py, streams.py, publishing.py, consuming.py, single_active.py, each given the
+# connection's Link (link.py), never the connection.
+# Rules: frames are handled in arrival order; a bad frame closes only its own connection (a
+# Close with the protocol's code); a handler's exception is a server bug that closes its
+# connection with INTERNAL_ERROR and nothing else; before any command but a Publish the
+# staged publishes are written, so later commands see them; a peer that does not read its
+# answers is not read either once OUTPUT_PAUSE_BYTES wait for it.
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Awaitable, Callable, Collection
+
+from ...broker import Partition
+from ...metrics import RABBITMQ_STREAM, error as count_error
+from ...protocol.rabbitmq_stream import (FrameDecoder, FrameError, ResponseCode, deliver_prefix,
+                                         encode)
+from ...protocol.rabbitmq_stream import frames as f
+from ...protocol.rabbitmq_stream.constants import INITIAL_FRAME_MAX
+from ...protocol.rabbitmq_stream.draft import opens_draft
+from .consuming import Consuming, Subscription
+from .draft import DraftAdapter
+from .flow import CLUSTER, OUTPUT, UNCONFIRMED, FlowControl
+from .link import DoorServer, Link
+from .publishing import Publisher, Publishing
+from .session import Session
+from .single_active import SingleActive
+from .state import CLOSE, ConnectionState
+from .streams import Streams
+
+log = logging.getLogger("riverlog.rabbitmq_stream")
+
+OK = ResponseCode.OK
+# A peer that sends requests but does not read the answers is not read either once this much
+# output waits for it (benchmarks/load_bench.py, "deaf" client: unbounded before).
+OUTPUT_PAUSE_BYTES = 4 * 1024 * 1024
+PRE_OPEN_FRAME_MAX = max(INITIAL_FRAME_MAX, 65536)
+_PUBLISH = frozenset({f.Publish, f.PublishV2})
+
+
+def _dispatch_table(session: Session, streams: Streams, publishing: Publishing,
+                    consuming: Consuming, single_active: SingleActive) -> dict[type, Callable]:
+    """Frame type -> the handler of one connection's families."""
+    return {
+        f.PeerProperties: session.on_peer_properties,
+        f.SaslHandshake: session.on_sasl_handshake,
+        f.SaslAuthenticate: session.on_sasl_authenticate,
+        f.Tune: session.on_tune,
+        f.TuneResponse: session.on_tune,
+        f.Open: session.on_open,
+        f.Close: session.on_close,
+        f.CloseResponse: session.on_close_response,
+        f.Heartbeat: session.on_heartbeat,
+        f.ExchangeCommandVersions: session.on_exchange_command_versions,
+        f.Create: streams.on_create,
+        f.Delete: streams.on_delete,
+        f.Metadata: streams.on_metadata,
+        f.StreamStats: streams.on_stream_stats,
+        f.Partitions: streams.on_partitions,
+        f.CreateSuperStream: streams.on_create_super_stream,
+        f.DeleteSuperStream: streams.on_delete_super_stream,
+        f.Route: streams.on_route,
+        f.DeclarePublisher: publishing.on_declare_publisher,
+        f.Publish: publishing.on_publish,
+        f.PublishV2: publishing.on_publish,
+        f.QueryPublisherSequence: publishing.on_query_publisher_sequence,
+        f.DeletePublisher: publishing.on_delete_publisher,
+        f.Subscribe: consuming.on_subscribe,
+        f.ResolveOffsetSpec: consuming.on_resolve_offset_spec,
+        f.Credit: consuming.on_credit,
+        f.Unsubscribe: consuming.on_unsubscribe,
+        f.StoreOffset: consuming.on_store_offset,
+        f.QueryOffset: consuming.on_query_offset,
+        f.ConsumerUpdateResponse: single_active.on_consumer_update_response,
+    }
+
+
+class RabbitStreamConnection(asyncio.Protocol):
+    """One client connection: handshake, then commands until Close or disconnect."""
+
+    def __init__(self, server: DoorServer, tls: bool = False) -> None:
+        self.server = server
+        self.tls = tls
+        self.decoder = FrameDecoder(max_frame_size=PRE_OPEN_FRAME_MAX)
+        self.draft: DraftAdapter | None = None  # set when the first frame is the 2020 draft's
+        self._head: bytearray | None = bytearray()  # first bytes, until the first key is known
+        self.transport: asyncio.Transport | None = None
+        self.state = ConnectionState()
+        self.flow = FlowControl(self.state)
+        self.link = Link(server, tls, self.flow, send=self.send, send_chunk=self.send_chunk,
+                         fail=self.fail, hold_for=self._hold_for, hang_up=self._hang_up,
+                         abort=self._abort, peer_certificate=self._peer_certificate)
+        self.session = Session(self.link, self.state, self.decoder)
+        self.publishing = Publishing(self.link)
+        self.consuming = Consuming(self.link)
+        self.single_active = SingleActive(self.link, self.consuming)
+        self.consuming.groups = self.single_active
+        self._handlers = _dispatch_table(self.session, Streams(self.link), self.publishing,
+                                         self.consuming, self.single_active)
+        # while a cluster change (Create, Delete) runs: the frames that came after it
+        self._held: list[f.Frame] | None = None
+
+    # -- what the server, metrics and tests read ----------------------------------------
+    @property
+    def peer(self) -> str:
+        return self.link.peer
+
+    @property
+    def pending(self) -> set[asyncio.Future]:
+        """Background work (confirms waiting for a commit, requests to a leader)."""
+        return self.link.pending
+
+    @property
+    def publishers(self) -> dict[int, Publisher]:
+        return self.publishing.publishers
+
+    @property
+    def subscriptions(self) -> dict[int, Subscription]:
+        return self.consuming.subscriptions
+
+    @property
+    def unconfirmed(self) -> int:
+        return self.publishing.unconfirmed
+
+    @property
+    def reading_paused(self) -> bool:
+        """Whether too many unconfirmed publishes hold reading."""
+        return self.flow.holds(UNCONFIRMED)
+
+    # -- transport callbacks ------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = self.flow.transport = transport  # type: ignore[assignment]
+        self.link.last_received = self.link.last_sent = time.monotonic()
+        peer = transport.get_extra_info("peername")
+        if peer:
+            self.link.peer_host = peer[0]
+            self.link.peer = f"{peer[0]}:{peer[1]}"
+        self.server.connections.add(self)
+        log.debug("connection from %s", self.peer)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+        self.single_active.close()
+        self.consuming.close()
+        self.publishing.publishers.clear()
+        self.session.close()
+        self.flow.lost()
+        log.debug("connection from %s closed", self.peer)
+
+    def pause_writing(self) -> None:
+        self.flow.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.flow.resume_writing()
+
+    def data_received(self, data: bytes) -> None:
+        self.link.last_received = time.monotonic()
+        if self._head is not None:  # the first frame's key tells the dialect apart
+            self._head += data
+            draft = opens_draft(self._head)
+            if draft is None:
+                return
+            data, self._head = bytes(self._head), None
+            if draft:
+                self.draft = DraftAdapter(self.decoder, self.publishing, self.state)
+        try:
+            frames = self.decoder.feed(data)
+        except FrameError as exc:
+            for frame in exc.frames:
+                self._handle(frame)
+            if self.publishing.staged:
+                self.publishing.flush()
+            self.fail(exc.code, exc.message)
+            return
+        if self._dispatch(frames):
+            self._after_frames()
+
+    def _dispatch(self, frames: list[f.Frame]) -> bool:
+        """Handle ``frames`` in order. While a cluster change runs they wait in ``_held``;
+        False when the connection is closing (then only a Close is still answered)."""
+        state = self.state
+        for i, frame in enumerate(frames):
+            if self._held is not None:
+                self._held += frames[i:]
+                return True
+            if state.closing and type(frame) is not f.Close:
+                return False
+            self._handle(frame)
+        return True
+
+    def _after_frames(self) -> None:
+        """After a batch of frames: stop reading a peer that does not read, and write the
+        staged publishes once this turn's reads are done."""
+        if self.transport.get_write_buffer_size() > OUTPUT_PAUSE_BYTES and \
+                not self.state.closing:
+            self.flow.hold(OUTPUT)  # until resume_writing: the peer reads again
+        self.publishing.after_frames()
+
+    def _handle(self, frame: f.Frame) -> None:
+        if self.draft is not None:  # the draft's own frames become the door's (None: answered)
+            frame = self.draft.translate(frame)
+            if frame is None:
+                return
+        kind = type(frame)
+        handler = self._handlers.get(kind)
+        if self.publishing.staged and kind not in _PUBLISH:
+            self.publishing.flush()  # later commands see every earlier publish written
+        if handler is None:
+            self.fail(ResponseCode.UNKNOWN_FRAME, f"unexpected {kind.__name__} frame")
+            return
+        accepts = self.state.accepts
+        if accepts is not None and kind not in accepts:
+            self.fail(ResponseCode.ACCESS_REFUSED, self.state.refusal(kind))
+            return
+        try:
+            handler(frame)
+        except Exception as exc:  # a server bug: this connection only
+            log.exception("error handling %s from %s", kind.__name__, self.peer)
+            self.fail(ResponseCode.INTERNAL_ERROR, f"internal error: {exc}")
+
+    # -- output -------------------------------------------------------------------------
+    def send(self, frame: f.Frame) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(encode(frame, self.decoder.dialect))
+            self.link.last_sent = time.monotonic()
+
+    def send_chunk(self, sub_id: int, partition: Partition, chunk: memoryview) -> None:
+        """Deliver a stored chunk (header and data) to subscription ``sub_id`` of
+        ``partition``: Deliver v2 (with the committed chunk id) once the client announced
+        it, the draft's Deliver on a draft connection, else Deliver v1."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        if self.draft is not None:
+            self.transport.writelines(self.draft.deliver(sub_id, chunk))
+        else:
+            committed = max(partition.last_chunk_offset, 0) if self.session.deliver_v2 else None
+            self.transport.writelines((deliver_prefix(sub_id, len(chunk), committed), chunk))
+        self.link.last_sent = time.monotonic()
+
+    # -- closing ------------------------------------------------------------------------
+    def fail(self, code: int, reason: str, linger: float = 0.0, send_close: bool = True) -> None:
+        """Close this connection because of the peer: a Close frame with ``code`` (none
+        when not ``send_close``), then the socket (after what is buffered is sent;
+        ``linger`` s later when given)."""
+        if self.state.closing:
+            return
+        log.warning("closing connection from %s: %s (code 0x%02x)", self.peer, reason, code)
+        if code != OK:
+            count_error(RABBITMQ_STREAM, code)
+        if send_close:
+            self.send(f.Close(0, code, reason[:200]))
+        self.state.on(CLOSE)
+        self._hang_up(linger)
+
+    def _hang_up(self, delay: float) -> None:
+        """Close the socket after what is buffered is sent (``delay`` s later when given)."""
+        if self.transport is not None:
+            if delay:
+                asyncio.get_running_loop().call_later(delay, self.transport.close)
+            else:
+                self.transport.close()
+
+    def _abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _peer_certificate(self) -> dict | None:
+        """The verified client certificate of a TLS connection (None: none or plain TCP)."""
+        ssl_object = self.transport.get_extra_info("ssl_object") if self.tls else None
+        return ssl_object.getpeercert() if ssl_object is not None else None
+
+    def stop_reading(self) -> None:
+        """Shutdown, first step: read no more frames and write the publishes already
+        received (their confirms follow as usual)."""
+        self.flow.stop()
+        if self.publishing.staged:
+            self.publishing.flush()
+
+    def close_for_shutdown(self) -> None:
+        """Shutdown, last step: end the subscriptions and ask the client to close. Reading
+        resumes only to see the client hang up; frames that come are ignored."""
+        self.consuming.stop()
+        self.send(f.Close(0, OK, "server shutting down"))
+        self.flow.read_to_the_end()
+
+    def drop(self, partitions: Collection[Partition]) -> None:
+        """Drop this connection's publishers and subscriptions on ``partitions`` (a stream
+        deleted, a partition's leader changed) and tell the client with MetadataUpdate
+        (0x06), once per name they used, as rabbit_stream_reader does when a stream member
+        goes down (clean_state_after_stream_deletion_or_failure)."""
+        touched = dict.fromkeys(self.consuming.drop(partitions) +
+                                self.publishing.drop(partitions))
+        for name in touched:
+            self.send(f.MetadataUpdate(ResponseCode.STREAM_NOT_AVAILABLE, name))
+
+    # -- cluster changes ----------------------------------------------------------------
+    def _hold_for(self, change: Awaitable[int], respond: Callable[[int], f.Frame]) -> None:
+        """Run a cluster change (Create, Delete) and answer ``respond(code)`` when it ends
+        (INTERNAL_ERROR when it fails unexpectedly). Meanwhile this connection reads and
+        handles nothing else, as RabbitMQ's reader waits for the stream coordinator."""
+        self._held = []
+        self.flow.hold(CLUSTER)
+        self.link.background(change).add_done_callback(
+            lambda done: self._cluster_change_done(respond, done))
+
+    def _cluster_change_done(self, respond: Callable[[int], f.Frame], done: asyncio.Future) -> None:
+        if done.cancelled():
+            code = ResponseCode.INTERNAL_ERROR
+        elif done.exception() is not None:
+            log.error("cluster change for %s failed: %s", self.peer, done.exception())
+            code = ResponseCode.INTERNAL_ERROR
+        else:
+            code = done.result()
+        self.send(respond(code))
+        held, self._held = self._held or [], None
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.flow.release(CLUSTER)
+        if self._dispatch(held):
+            self._after_frames()

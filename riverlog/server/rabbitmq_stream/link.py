@@ -1,0 +1,127 @@
+# What a command handler of the RabbitMQ Stream door may reach of its connection and server:
+# the small interface every handler family (session, streams, publishing, consuming, single
+# active consumer) is given instead of the connection itself. It owns the resolution of the
+# stream names clients use (a stream, or ``<stream>-<i>`` for partition i of a stream with
+# several) and the authorization check on them.
+# Rules: handlers send, fail, hold reading and run background work only through this; each
+# command resolves its stream name once (``resolve``) and hands the result to ``place``,
+# ``missing`` and ``may``; nothing here decodes or encodes frames.
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable, Protocol
+
+from ...broker import Broker, Partition, SingleActiveConsumers, Stream, SuperStreams
+from ...broker.placement import PartitionPlacement
+from ...broker.superstreams import split_member_name
+from ...config import RabbitStreamConfig
+from ...protocol.rabbitmq_stream import ResponseCode
+from ...protocol.rabbitmq_stream import frames as f
+from ...security.guard import Guard
+from .flow import FlowControl
+
+
+class DoorServer(Protocol):
+    """What connections use of the door's server (RabbitStreamServer)."""
+
+    broker: Broker
+    config: RabbitStreamConfig
+    guard: Guard
+    super_streams: SuperStreams
+    sac: SingleActiveConsumers
+    connections: set
+
+    def advertised_for(self, tls: bool) -> tuple[str, int]: ...
+
+
+class Link:
+    """One connection as its handlers see it. ``send(frame)`` writes a frame;
+    ``send_chunk(subscription_id, partition, chunk)`` a Deliver of a stored chunk;
+    ``fail(code, reason, linger=0.0, send_close=True)`` closes the connection because of the
+    peer; ``hold_for(change, respond)`` runs a cluster change, the connection reading and
+    handling nothing else meanwhile, and sends ``respond(code)`` when it ends;
+    ``hang_up(delay)`` closes the socket (``delay`` s later, after what is buffered);
+    ``abort()`` drops it; ``peer_certificate()`` is the verified client certificate of a TLS
+    connection (None: none, or plain TCP). ``user`` is the authenticated user (None before)."""
+
+    __slots__ = ("server", "broker", "config", "guard", "tls", "flow", "peer", "peer_host",
+                 "user", "pending", "last_received", "last_sent", "send", "send_chunk",
+                 "fail", "hold_for", "hang_up", "abort", "peer_certificate")
+
+    def __init__(self, server: DoorServer, tls: bool, flow: FlowControl, *,
+                 send: Callable[[f.Frame], None],
+                 send_chunk: Callable[[int, Partition, memoryview], None],
+                 fail: Callable[..., None],
+                 hold_for: Callable[[Awaitable[int], Callable[[int], f.Frame]], None],
+                 hang_up: Callable[[float], None], abort: Callable[[], None],
+                 peer_certificate: Callable[[], dict | None]) -> None:
+        self.server = server
+        self.broker = server.broker
+        self.config = server.config
+        self.guard = server.guard
+        self.tls = tls
+        self.flow = flow
+        self.peer = "?"
+        self.peer_host: str | None = None
+        self.user: str | None = None
+        self.pending: set[asyncio.Future] = set()  # background work; shutdown waits for it
+        self.last_received = self.last_sent = 0.0  # time.monotonic() of the last frame
+        self.send = send
+        self.send_chunk = send_chunk
+        self.fail = fail
+        self.hold_for = hold_for
+        self.hang_up = hang_up
+        self.abort = abort
+        self.peer_certificate = peer_certificate
+
+    def background(self, work: Awaitable[object]) -> asyncio.Future:
+        """Run ``work`` as a task kept in ``pending`` while it runs (shutdown waits for it)."""
+        task = asyncio.ensure_future(work)
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+        return task
+
+    # -- stream names -----------------------------------------------------------------------
+    def resolve(self, name: str) -> tuple[Stream, Partition] | None:
+        """The stream and partition the name ``name`` serves on this door; partition i of a
+        stream with several partitions is ``<stream>-<i>`` (broker/superstreams.py)."""
+        return self.server.super_streams.resolve(name)
+
+    def place(self, name: str, found: tuple[Stream, Partition] | None
+              ) -> tuple[str, int, PartitionPlacement | None] | None:
+        """The broker stream, partition index and placement the name ``name`` stands for,
+        whether or not this server holds a replica: a local stream as ``resolve`` found it
+        (``found``: ``resolve(name)``, each command resolves its stream once), else, in a
+        cluster, the partition the placement knows (``<stream>-<i>`` for partition i of a
+        stream with several; a real stream's name wins). None when neither knows the name;
+        the placement None when it does not know a local stream."""
+        placement = self.broker.placement
+        if found is not None:
+            stream, index = found[0].name, found[1].index
+        elif not placement.clustered:
+            return None
+        elif placement.of(name, 0) is not None and placement.of(name, 1) is None:
+            stream, index = name, 0
+        else:
+            member = split_member_name(name)
+            if member is None or placement.of(member[0], 1) is None:
+                return None
+            stream, index = member
+            if placement.of(stream, index) is None:
+                return None
+        return stream, index, placement.of(stream, index)
+
+    def missing(self, name: str) -> int:
+        """The code for a name this server holds no replica of (``resolve`` found none):
+        STREAM_NOT_AVAILABLE when the cluster has it on other servers (RabbitMQ's code for a
+        stream it cannot reach from here), STREAM_DOES_NOT_EXIST otherwise."""
+        return (ResponseCode.STREAM_DOES_NOT_EXIST if self.place(name, None) is None
+                else ResponseCode.STREAM_NOT_AVAILABLE)
+
+    def may(self, stream: str, action: str, found: tuple[Stream, Partition] | None) -> bool:
+        """Authorization (riverlog.security.authz): False answers ACCESS_REFUSED (0x10), as
+        RabbitMQ does for Create, Delete, DeclarePublisher, Subscribe and QueryOffset when the
+        user lacks the configure, write or read permission. ``found``: ``resolve(stream)``
+        (each command resolves its stream once); a partition ``<stream>-<i>`` is checked as
+        its stream."""
+        return self.guard.allowed(self.user, found[0].name if found else stream, action)

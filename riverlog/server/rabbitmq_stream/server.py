@@ -1,0 +1,120 @@
+# The listening side of the RabbitMQ Stream door: the TCP (and TLS) listeners and the set of
+# connections (connection.py), the door-wide registries they share (super streams, single
+# active consumer groups), and what the broker tells every connection: a stream deleted, a
+# partition's leader changed.
+# Rules: a taken port is a clear OSError; a deleted stream or a moved leader ends the
+# publishers and subscriptions on it with MetadataUpdate, as RabbitMQ does when a stream member
+# goes down (docs/rabbitmq-stream.md, "Cluster"); shutdown writes what was received and sends
+# its confirms before it asks clients to close.
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from ...broker import Broker, SingleActiveConsumers, Stream, SuperStreams
+from ...config import RabbitStreamConfig, SecurityConfig
+from ...security.guard import Guard
+from .connection import RabbitStreamConnection
+
+log = logging.getLogger("riverlog.rabbitmq_stream")
+
+
+class RabbitStreamServer:
+    """The listening socket and its connections. ``await start()``, ``await stop()``."""
+
+    def __init__(self, broker: Broker, config: RabbitStreamConfig,
+                 guard: Guard | None = None) -> None:
+        self.broker = broker
+        self.config = config
+        self.guard = guard or Guard(SecurityConfig())
+        self.connections: set[RabbitStreamConnection] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._tls_server: asyncio.AbstractServer | None = None
+        self.port = config.port
+        self.tls_port = config.tls_port
+        self.super_streams = SuperStreams(broker)
+        self.sac = SingleActiveConsumers()
+        broker.deletion_listeners.append(self._stream_deleted)
+        broker.leader_listeners.append(self._leader_changed)
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        host = self.config.advertised_host or (
+            "localhost" if self.config.host in ("0.0.0.0", "::", "") else self.config.host)
+        return host, self.config.advertised_port or self.port
+
+    def advertised_for(self, tls: bool) -> tuple[str, int]:
+        """What Open and Metadata tell a client: the TLS listener's port on TLS connections."""
+        host, port = self.advertised
+        return (host, self.tls_port) if tls else (host, port)
+
+    async def start(self) -> None:
+        """Listen (and for TLS on ``tls_port`` when TLS is configured). Raises ``OSError``
+        with a clear message when a port is taken."""
+        self._server = await self._listen(self.config.port, None)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("RabbitMQ Stream door listening on %s:%d", self.config.host, self.port)
+        context = self.guard.ssl_context()
+        if context is not None:
+            try:
+                self._tls_server = await self._listen(self.config.tls_port, context)
+            except OSError:
+                self._server.close()
+                raise
+            self.tls_port = self._tls_server.sockets[0].getsockname()[1]
+            log.info("RabbitMQ Stream door listening for TLS on %s:%d", self.config.host,
+                     self.tls_port)
+
+    async def _listen(self, port: int, context) -> asyncio.AbstractServer:
+        try:
+            return await asyncio.get_running_loop().create_server(
+                lambda: RabbitStreamConnection(self, tls=context is not None), self.config.host,
+                port, reuse_address=True, ssl=context)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot listen for RabbitMQ Stream clients on "
+                                     f"{self.config.host}:{port}: {exc.strerror}") from None
+
+    def _stream_deleted(self, stream: Stream) -> None:
+        for name in self.super_streams.door_names(stream):
+            self.sac.drop_stream(name)  # its subscriptions end with MetadataUpdate
+        for conn in list(self.connections):
+            conn.drop(stream.partitions)
+
+    def _leader_changed(self, stream: str, index: int) -> None:
+        """Placement callback: the publishers and subscriptions on the partition end with
+        MetadataUpdate (0x06), as RabbitMQ's do when a new leader restarts the stream's
+        members; clients ask Metadata and come back (publishers to the new leader)."""
+        found = self.broker.streams.get(stream)
+        if found is None or not 0 <= index < len(found.partitions):
+            return  # no replica here: nobody publishes or reads it on this server
+        self.sac.drop_stream(self.super_streams.door_names(found)[index])
+        partition = (found.partitions[index],)
+        for conn in list(self.connections):
+            conn.drop(partition)
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Stop accepting; stop reading, write what was received and send its confirms
+        (waiting up to 5 s for fsyncs); end subscriptions; send every client Close (code OK,
+        "server shutting down") and give them ``grace`` seconds to hang up before the
+        sockets are closed."""
+        for server in (self._server, self._tls_server):
+            if server is not None:
+                server.close()
+        connections = list(self.connections)
+        for conn in connections:
+            conn.stop_reading()
+        pending = [t for c in connections for t in c.pending]
+        if pending:
+            await asyncio.wait(pending, timeout=5)
+        for conn in connections:
+            conn.close_for_shutdown()
+        deadline = time.monotonic() + grace
+        while self.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.close()
+        for server in (self._server, self._tls_server):
+            if server is not None:
+                await server.wait_closed()

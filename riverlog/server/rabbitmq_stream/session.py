@@ -1,0 +1,194 @@
+# The session commands of the RabbitMQ Stream door: PeerProperties, SaslHandshake,
+# SaslAuthenticate (PLAIN, EXTERNAL), Tune, Open, ExchangeCommandVersions, Heartbeat, Close and
+# CloseResponse, and the heartbeats the server sends.
+# Owns what a connection negotiated: frame_max, heartbeat period, Deliver v2.
+# Rules: a refused login or Open is answered, then the socket closes a little later without a
+# Close frame (as rabbit_stream_reader); a password check runs off the event loop with the
+# connection's reading held (flow.LOGIN); the state machine (state.py) moves on LOGGED_IN,
+# OPENED and CLOSE here; a peer silent for more than 2.25 heartbeat periods is dropped.
+# Wire facts: ../shared/reference/rabbitmq-stream-protocol.md.
+from __future__ import annotations
+
+import asyncio
+import time
+
+from ... import __version__
+from ...protocol.rabbitmq_stream import FrameDecoder, ResponseCode
+from ...protocol.rabbitmq_stream import frames as f
+from .flow import LOGIN
+from .link import Link
+from .state import CLOSE, LOGGED_IN, OPENED, ConnectionState
+
+OK = ResponseCode.OK
+# After Open a Publish frame may exceed the negotiated frame_max, as RabbitMQ 3.9 to 4.2 allow
+# (rstream's send_batch sends any batch as one frame), up to this bound on what one frame
+# may make the server buffer (and decode: ~130 bytes of Python objects per message).
+PUBLISH_FRAME_MAX = 16 * 1024 * 1024
+LOGIN_REFUSED_LINGER_S = 0.2
+# after a client's Close, how long a Close sent behind it is still answered (unless the client
+# hangs up first, as clients do once answered)
+CLOSE_LINGER_S = 1.0
+
+# ExchangeCommandVersions: [key, min, max] in key order (Publish and Deliver go to 2).
+SERVER_COMMAND_VERSIONS = tuple(
+    f.CommandVersion(key, 1, 2 if key in (0x02, 0x08) else 1)
+    for key in range(0x01, 0x20) if key not in (0x03, 0x04, 0x08, 0x10, 0x1A))
+
+
+def _negotiate(ours: int, theirs: int) -> int:
+    """Tune: the smaller of two limits where 0 means "no limit"."""
+    return min(ours, theirs) if ours and theirs else ours or theirs
+
+
+class Session:
+    """The session commands of one connection (``link``), moving its ``state``; ``decoder``
+    is the connection's frame decoder, whose limits Open raises."""
+
+    def __init__(self, link: Link, state: ConnectionState, decoder: FrameDecoder) -> None:
+        self.link = link
+        self.state = state
+        self.decoder = decoder
+        self.send = link.send
+        self.config = link.config
+        self.frame_max = self.config.frame_max
+        self.heartbeat_s = self.config.heartbeat_s
+        self.deliver_v2 = False
+        self._heartbeat_task: asyncio.Task | None = None
+        self._close_timer: asyncio.TimerHandle | None = None  # set by the client's Close
+
+    def on_peer_properties(self, frame: f.PeerProperties) -> None:
+        self.send(f.PeerPropertiesResponse(frame.correlation_id, OK, {
+            "product": "riverlog", "version": "3.13.0", "riverlog_version": __version__,
+            "cluster_name": "riverlog", "platform": "Python",
+            "copyright": "riverlog contributors", "information": "https://riverlog.invalid/",
+        }))
+
+    def on_sasl_handshake(self, frame: f.SaslHandshake) -> None:
+        mechanisms = ("PLAIN", "EXTERNAL") if self.link.peer_certificate() else ("PLAIN",)
+        self.send(f.SaslHandshakeResponse(frame.correlation_id, OK, mechanisms))
+
+    def _refuse(self, response: f.SaslAuthenticateResponse | f.OpenResponse, reason: str) -> None:
+        """Answer SaslAuthenticate or Open with ``response`` (an error code) and close the
+        socket a little later, without a Close frame: RabbitMQ's reader stops the connection
+        there and sends nothing more (rabbit_stream_reader, handle_frame_pre_auth: steps
+        ``failure``/``silent_close``), and a client that reads a Close there fails (the Node
+        client cannot decode one). The delay lets a client that reads its last frames and the
+        end of the stream together (rstream over TLS drops them) see the refusal, and slows
+        password guessing down."""
+        self.send(response)
+        self.link.fail(response.response_code, reason, linger=LOGIN_REFUSED_LINGER_S,
+                       send_close=False)
+
+    def on_sasl_authenticate(self, frame: f.SaslAuthenticate) -> None:
+        """PLAIN (NUL user NUL password, checked against the bcrypt hashes) or, on a TLS
+        connection with a verified client certificate, EXTERNAL: the user is the certificate
+        subject's CN and must be configured (its password is not checked); RabbitMQ's
+        rabbitmq_auth_mechanism_ssl with ``ssl_cert_login_from = common_name``. A password
+        not checked before runs bcrypt in a worker thread (Guard.login_async), this
+        connection's reading paused meanwhile, so other connections are not held up."""
+        link = self.link
+        corr = frame.correlation_id
+        certificate = link.peer_certificate() if frame.mechanism == "EXTERNAL" else None
+        if certificate:
+            user = link.guard.certificate_user(certificate)
+            if user is None:
+                self._refuse(f.SaslAuthenticateResponse(corr, ResponseCode.AUTHENTICATION_FAILURE),
+                             "no configured user for the client certificate")
+            else:
+                self._logged_in(corr, user, None)
+        elif frame.mechanism == "PLAIN":
+            parts = (frame.data or b"").split(b"\0")
+            if len(parts) != 3:
+                self._refuse(f.SaslAuthenticateResponse(corr, ResponseCode.SASL_ERROR),
+                             "malformed PLAIN response")
+                return
+            user, password = parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
+            link.flow.hold(LOGIN)
+            checked = asyncio.ensure_future(link.guard.login_async(user, password,
+                                                                   link.peer_host))
+            checked.add_done_callback(lambda done: self._logged_in(corr, user, done.result()))
+        else:
+            self.send(f.SaslAuthenticateResponse(corr, ResponseCode.SASL_MECHANISM_NOT_SUPPORTED))
+
+    def _logged_in(self, corr: int, user: str, refused: str | None) -> None:
+        """Finish SaslAuthenticate: ``refused`` is None (then Tune follows), "password" or
+        "loopback" (riverlog.security.guard.Guard.login)."""
+        link = self.link
+        if link.flow.gone():
+            return
+        link.flow.release(LOGIN)
+        if refused == "password":
+            self._refuse(f.SaslAuthenticateResponse(corr, ResponseCode.AUTHENTICATION_FAILURE),
+                         f"authentication failed for {user!r}")
+        elif refused == "loopback":
+            self._refuse(f.SaslAuthenticateResponse(
+                corr, ResponseCode.SASL_AUTHENTICATION_FAILURE_LOOPBACK),
+                f"user {user!r} may only connect from loopback")
+        else:
+            link.user = user
+            self.state.on(LOGGED_IN)
+            self.send(f.SaslAuthenticateResponse(corr, OK))
+            self.send(f.Tune(self.config.frame_max, self.config.heartbeat_s))
+
+    def on_tune(self, frame: f.Tune | f.TuneResponse) -> None:
+        self.frame_max = _negotiate(self.config.frame_max, frame.frame_max)
+        self.heartbeat_s = _negotiate(self.config.heartbeat_s, frame.heartbeat)
+
+    def on_open(self, frame: f.Open) -> None:
+        if frame.virtual_host not in ("/", ""):
+            self._refuse(f.OpenResponse(frame.correlation_id,
+                                        ResponseCode.VIRTUAL_HOST_ACCESS_FAILURE),
+                         f"no virtual host {frame.virtual_host!r}")
+            return
+        self.state.on(OPENED)
+        self.decoder.max_frame_size = self.frame_max
+        self.decoder.max_publish_frame_size = PUBLISH_FRAME_MAX
+        host, port = self.link.server.advertised_for(self.link.tls)
+        self.send(f.OpenResponse(frame.correlation_id, OK, {
+            "advertised_host": host, "advertised_port": str(port)}))
+        if self.heartbeat_s:
+            self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeats())
+
+    def on_exchange_command_versions(self, frame: f.ExchangeCommandVersions) -> None:
+        for version in frame.versions:
+            if version.key == 0x08 and version.max_version >= 2:
+                self.deliver_v2 = True
+        self.send(f.ExchangeCommandVersionsResponse(frame.correlation_id, OK,
+                                                    SERVER_COMMAND_VERSIONS))
+
+    def on_heartbeat(self, frame: f.Heartbeat) -> None:
+        pass  # receiving it already refreshed link.last_received
+
+    def on_close(self, frame: f.Close) -> None:
+        """CloseResponse; the socket closes when the client hangs up, at the latest
+        CLOSE_LINGER_S after its first Close. Meanwhile other frames are ignored but a Close
+        sent behind the first one is answered too: RabbitMQ 3.10 answers every Close of the
+        read it closes in, and the Node client sends a second Close when a consumer closes
+        during client.close() and waits for both answers (its two writes may arrive apart)."""
+        self.send(f.CloseResponse(frame.correlation_id, OK))
+        self.state.on(CLOSE)
+        if self._close_timer is None:
+            self._close_timer = asyncio.get_running_loop().call_later(
+                CLOSE_LINGER_S, self.link.hang_up, 0.0)
+
+    def on_close_response(self, frame: f.CloseResponse) -> None:
+        self.link.hang_up(0.0)
+
+    async def _heartbeats(self) -> None:
+        link = self.link
+        period = self.heartbeat_s
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            # timers may fire a little early or late: judge with a quarter period of slack
+            if now - link.last_received > 2.25 * period:
+                link.fail(ResponseCode.OK, "missed heartbeats: the peer is gone")
+                link.abort()
+                return
+            if now - link.last_sent >= 0.75 * period:
+                self.send(f.Heartbeat())
+
+    def close(self) -> None:
+        """The connection is gone: stop the heartbeats."""
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()

@@ -1,0 +1,249 @@
+# Stream administration on the RabbitMQ Stream door: Create, Delete, Metadata, StreamStats,
+# and super streams (CreateSuperStream, DeleteSuperStream, Partitions, Route).
+# Rules: in a cluster, Create and Delete (and the super stream ones) go through the placement
+# (``Broker.placement``) and are answered once this server applied them, the connection
+# reading nothing else meanwhile (``Link.hold_for``), as RabbitMQ's reader waits for the
+# stream coordinator; reserved amq.* names are refused with 0x11; a partition of a stream
+# with several partitions is named ``<stream>-<i>`` and cannot be deleted alone; Metadata
+# lists the servers as rabbit_stream_reader does. Registry and routing of super streams live
+# in broker/superstreams.py; Create arguments in arguments.py.
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import Awaitable, Callable
+
+from ...broker import RESERVED_STREAMS, StreamConfig
+from ...errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
+from ...protocol.rabbitmq_stream import ResponseCode
+from ...protocol.rabbitmq_stream import frames as f
+from ...security.authz import CONSUME, CREATE, DELETE
+from .arguments import stream_config_from_arguments
+from .link import Link
+
+log = logging.getLogger("riverlog.rabbitmq_stream")
+
+OK = ResponseCode.OK
+# the names of this door's listeners in Placement.door (Metadata answers with the one of the
+# connection's kind, as rabbit_stream_reader's advertised_host_fun/advertised_port_fun)
+DOOR = "rabbitmq-stream"
+TLS_DOOR = "rabbitmq-stream-tls"
+NO_LEADER = 0xFFFF  # StreamMetadata leader reference when there is none
+
+
+def _create_refused(name: str, exc: StreamExistsError | InvalidArgumentError) -> int:
+    """The Create (and CreateSuperStream) code for ``exc``: 0x05 when the stream exists, 0x11
+    for bad arguments or names."""
+    if isinstance(exc, StreamExistsError):
+        return ResponseCode.STREAM_ALREADY_EXISTS
+    log.info("creating %r refused: %s", name, exc)
+    return ResponseCode.PRECONDITION_FAILED
+
+
+async def _deleted(delete: Awaitable[None]) -> int:
+    """The Delete (and DeleteSuperStream) code of a deletion through the cluster."""
+    try:
+        await delete
+    except StreamNotFoundError:
+        return ResponseCode.STREAM_DOES_NOT_EXIST
+    return OK
+
+
+def _create(name: str, arguments: dict[str, str] | None,
+            create: Callable[[StreamConfig], object]) -> int:
+    """Run ``create`` with the StreamConfig of Create ``arguments``; the response code
+    (0x05 when it exists, 0x11 for bad arguments or names)."""
+    try:
+        create(stream_config_from_arguments(dict(arguments or {})))
+        return OK
+    except (StreamExistsError, InvalidArgumentError) as exc:
+        return _create_refused(name, exc)
+
+
+class Streams:
+    """The stream administration commands of one connection (``link``)."""
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.broker = link.broker
+        self.send = link.send
+
+    def on_create(self, frame: f.Create) -> None:
+        """In a cluster through ``Placement.create_stream`` (``x-initial-cluster-size``: the
+        replication factor), answered once this server has applied it."""
+        link = self.link
+        found = link.resolve(frame.stream)
+        if not link.may(frame.stream, CREATE, found):
+            self.send(f.CreateResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED))
+            return
+        respond = partial(f.CreateResponse, frame.correlation_id)
+        if frame.stream in RESERVED_STREAMS:  # as RabbitMQ answers its reserved amq.* names
+            self.send(respond(ResponseCode.PRECONDITION_FAILED))
+        elif link.place(frame.stream, found) is not None:  # the partitions of a stream too
+            self.send(respond(ResponseCode.STREAM_ALREADY_EXISTS))
+        elif self.broker.placement.clustered:
+            link.hold_for(self._create_in_cluster(
+                frame.stream, frame.arguments, self.broker.placement.create_stream), respond)
+        else:
+            self.send(respond(_create(frame.stream, frame.arguments,
+                                      partial(self.broker.create, frame.stream))))
+
+    async def _create_in_cluster(self, name: str, arguments: dict[str, str] | None,
+                                 create: Callable[[str, StreamConfig], Awaitable[object]]) -> int:
+        """``_create`` in a cluster: ``await create(name, config)``, the replication factor
+        from ``initial-cluster-size`` over the cluster's servers."""
+        try:
+            config = stream_config_from_arguments(dict(arguments or {}),
+                                                  len(self.broker.placement.servers()))
+            await create(name, config)
+            return OK
+        except (StreamExistsError, InvalidArgumentError) as exc:
+            return _create_refused(name, exc)
+
+    def on_delete(self, frame: f.Delete) -> None:
+        """A stream with several partitions is no stream here (0x02; DeleteSuperStream
+        deletes it); one of its partitions cannot go alone (0x11). In a cluster through
+        ``Placement.delete_stream``."""
+        link = self.link
+        found = link.resolve(frame.stream)
+        if not link.may(frame.stream, DELETE, found):
+            self.send(f.DeleteResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED))
+            return
+        respond = partial(f.DeleteResponse, frame.correlation_id)
+        placed = link.place(frame.stream, found)
+        if frame.stream in RESERVED_STREAMS:  # as RabbitMQ answers its reserved amq.* names
+            code = ResponseCode.PRECONDITION_FAILED
+        elif placed is None:
+            code = ResponseCode.STREAM_DOES_NOT_EXIST
+        elif placed[0] != frame.stream:
+            log.info("Delete %r refused: a partition of stream %r", frame.stream, placed[0])
+            code = ResponseCode.PRECONDITION_FAILED
+        elif self.broker.placement.clustered:
+            link.hold_for(_deleted(self.broker.placement.delete_stream(frame.stream)), respond)
+            return
+        else:
+            self.broker.delete(frame.stream)
+            code = OK
+        self.send(respond(code))
+
+    def on_metadata(self, frame: f.Metadata) -> None:
+        """Metadata (0x0f) as rabbit_stream_reader builds it: the brokers are the servers
+        leading or following the asked streams that advertise this connection's kind of
+        listener (``Placement.door``), sorted by (host, port) and numbered from 0, and this
+        server, always (RabbitMQ lists no broker when no asked stream exists); a
+        stream's replicas are its in-sync followers, the leader not among them (RabbitMQ
+        lists the members whose replica runs); a partition without a leader is OK with
+        leader 0xFFFF (clients ask again); 0x06 when the placement of a local stream is
+        unknown, 0x02 for a name no server has."""
+        link = self.link
+        placement = self.broker.placement
+        door = TLS_DOOR if link.tls else DOOR
+        endpoints: dict[str, tuple[str, int] | None] = {}
+
+        def endpoint(server: str) -> tuple[str, int] | None:
+            if server not in endpoints:
+                endpoints[server] = (link.server.advertised_for(link.tls)
+                                     if server == placement.server_id
+                                     else placement.door(server, door))
+            return endpoints[server]
+
+        endpoint(placement.server_id)
+        asked = []
+        for name in frame.streams:
+            placed = link.place(name, link.resolve(name))
+            where = placed[2] if placed else None
+            if where is None:
+                asked.append((name, placed, None, ()))
+                continue
+            leader = endpoint(where.leader) if where.leader is not None else None
+            followers = [endpoint(s) for s in where.replicas
+                         if s != where.leader and s in where.isr]
+            asked.append((name, placed, leader, [ep for ep in followers if ep is not None]))
+        brokers = sorted({ep for ep in endpoints.values() if ep is not None})
+        reference = {ep: i for i, ep in enumerate(brokers)}
+        streams = []
+        for name, placed, leader, followers in asked:
+            if placed is None or placed[2] is None:
+                code = (ResponseCode.STREAM_DOES_NOT_EXIST if placed is None
+                        else ResponseCode.STREAM_NOT_AVAILABLE)
+                streams.append(f.StreamMetadata(name, code, NO_LEADER, ()))
+            else:
+                streams.append(f.StreamMetadata(
+                    name, OK, NO_LEADER if leader is None else reference[leader],
+                    tuple(reference[ep] for ep in followers)))
+        self.send(f.MetadataResponse(frame.correlation_id, tuple(
+            f.Broker(i, host, port) for i, (host, port) in enumerate(brokers)), tuple(streams)))
+
+    def on_stream_stats(self, frame: f.StreamStats) -> None:
+        link = self.link
+        found = link.resolve(frame.stream)
+        if not link.may(frame.stream, CONSUME, found):
+            self.send(f.StreamStatsResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED,
+                                            {}))
+            return
+        if found is None:
+            self.send(f.StreamStatsResponse(frame.correlation_id,
+                                            link.missing(frame.stream), {}))
+            return
+        partition = found[1]
+        committed = partition.committed_offset
+        stats = {
+            "first_chunk_id": partition.first_offset if committed >= 0 else -1,
+            "committed_chunk_id": partition.last_chunk_offset if committed >= 0 else -1,
+            "last_chunk_id": partition.last_chunk_offset if committed >= 0 else -1,
+        }
+        self.send(f.StreamStatsResponse(frame.correlation_id, OK, stats))
+
+    # -- super streams (registry and routing in broker/superstreams.py) -------------------
+    def on_create_super_stream(self, frame: f.CreateSuperStream) -> None:
+        """Partitions are ordinary streams made with the Create arguments (in a cluster each
+        through ``Placement.create_stream``); 0x05 when the super stream or a partition
+        exists, 0x11 for a bad list (reference doc)."""
+        link = self.link
+        respond = partial(f.CreateSuperStreamResponse, frame.correlation_id)
+        super_streams = link.server.super_streams
+        if not all(link.may(name, CREATE, link.resolve(name))
+                   for name in (frame.name, *frame.partitions)):
+            self.send(respond(ResponseCode.ACCESS_REFUSED))
+        elif self.broker.placement.clustered:
+            link.hold_for(self._create_in_cluster(
+                frame.name, frame.arguments, lambda name, config: super_streams.create_in_cluster(
+                    name, frame.partitions, frame.binding_keys, config)), respond)
+        else:
+            self.send(respond(_create(frame.name, frame.arguments, lambda config: (
+                super_streams.create(frame.name, frame.partitions, frame.binding_keys,
+                                     config)))))
+
+    def on_delete_super_stream(self, frame: f.DeleteSuperStream) -> None:
+        link = self.link
+        super_streams = link.server.super_streams
+        found = super_streams.find(frame.name)
+        if found is None:
+            code = ResponseCode.STREAM_DOES_NOT_EXIST
+        elif not all(link.may(name, DELETE, link.resolve(name))
+                     for name in (frame.name, *found.partitions)):
+            code = ResponseCode.ACCESS_REFUSED
+        elif self.broker.placement.clustered:
+            link.hold_for(_deleted(super_streams.delete_in_cluster(frame.name)),
+                          partial(f.DeleteSuperStreamResponse, frame.correlation_id))
+            return
+        else:
+            super_streams.delete(frame.name)
+            code = OK
+        self.send(f.DeleteSuperStreamResponse(frame.correlation_id, code))
+
+    def on_partitions(self, frame: f.Partitions) -> None:
+        """Partitions of a super stream; a stream with several partitions answers
+        ``<stream>-0`` .. ``<stream>-<n-1>``."""
+        found = self.link.server.super_streams.find(frame.super_stream)
+        self.send(f.PartitionsResponse(
+            frame.correlation_id, OK if found else ResponseCode.STREAM_DOES_NOT_EXIST,
+            found.partitions if found else ()))
+
+    def on_route(self, frame: f.Route) -> None:
+        """Streams bound with the routing key; OK with none when nothing matches (partition
+        i of a stream with several partitions is bound with key "i")."""
+        found = self.link.server.super_streams.find(frame.super_stream)
+        self.send(f.RouteResponse(
+            frame.correlation_id, OK if found else ResponseCode.STREAM_DOES_NOT_EXIST,
+            tuple(found.route(frame.routing_key)) if found else ()))
