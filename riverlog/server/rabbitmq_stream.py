@@ -1112,8 +1112,10 @@ class RabbitStreamConnection(asyncio.Protocol):
             self._resume_reading()
 
     def on_query_publisher_sequence(self, frame: f.QueryPublisherSequence) -> None:
+        """Needs the read (consume) permission, as rabbit_stream_reader checks it
+        (check_read_permitted), not write: a publish-only user cannot name its publisher."""
         found = self._resolve(frame.stream)
-        if not self._may(frame.stream, PUBLISH, found):
+        if not self._may(frame.stream, CONSUME, found):
             self.send(f.QueryPublisherSequenceResponse(
                 frame.correlation_id, ResponseCode.ACCESS_REFUSED, 0))
             return
