@@ -132,8 +132,21 @@ func permissions(a Args) (Result, error) {
 	name := a.str("stream", "")
 	out := Result{}
 	out["declare"] = codeOf(env.DeclareStream(name+"-new", nil))
-	_, err = env.NewProducer(name, nil)
+	producer, err := env.NewProducer(name, nil)
 	out["new_producer"] = codeOf(err)
+	if err == nil {
+		c := newConfirms()
+		c.watch(producer.NotifyPublishConfirmation())
+		out["send"] = codeOf(producer.Send(amqp.NewMessage([]byte("from " + a.str("username", "")))))
+		c.wait(1, 10*time.Second)
+		out["confirmed"], _ = c.counts()
+		_ = producer.Close()
+	}
+	// a named producer asks QueryPublisherSequence first (read permission in RabbitMQ)
+	_, err = env.NewProducer(name, stream.NewProducerOptions().SetProducerName("named"))
+	out["new_named_producer"] = codeOf(err)
+	_, err = env.QuerySequence("named", name)
+	out["query_sequence"] = codeOf(err)
 	r := &Received{}
 	consumer, err := env.NewConsumer(name, r.handler, stream.NewConsumerOptions().
 		SetOffset(stream.OffsetSpecification{}.First()))
