@@ -6,7 +6,9 @@ consumer, super streams, filtering, stream declare/delete with arguments and Str
 input (unknown stream, wrong password, frame too large), and the reliable producer and
 consumer (pkg/ha) across a restart. What each scenario does: tests/compat/go/*.go. The
 expectations are RabbitMQ's behaviour as the Go client's own tests and RabbitMQ's stream
-plugin source state it; docs/compatibility.md lists what is covered and what is not.
+plugin source state it; docs/compatibility.md lists what is covered and what is not. With
+RIVERLOG_TEST_PEER=rabbitmq:PORT the tests that RabbitMQ 3.10 can serve run against it
+(riverlog_only marks the others, with the version that brought what they need).
 TLS and permissions: tests/security/test_go_security.py; a cluster:
 tests/cluster/test_go_cluster.py."""
 from __future__ import annotations
@@ -22,6 +24,7 @@ STREAM_DOES_NOT_EXIST, AUTHENTICATION_FAILURE, FRAME_TOO_LARGE = 0x02, 0x08, 0x0
 PRECONDITION_FAILED, NO_OFFSET, OK, UNKNOWN_FRAME = 0x11, 0x13, 0x01, 0x0D
 
 
+@pytest.mark.riverlog_only  # StreamStats: RabbitMQ 3.11
 async def test_publish_with_confirms_and_consume(stream_server, go_client):
     name = stream_name("go-pub")
     r = await go_client.run("publish_consume", stream_server.host, stream_server.port,
@@ -93,6 +96,7 @@ async def test_manual_and_automatic_offset_tracking(stream_server, go_client):
     assert r["unknown_reference_code"] == NO_OFFSET
 
 
+@pytest.mark.riverlog_only  # single active consumer: RabbitMQ 3.11
 async def test_single_active_consumer(stream_server, go_client):
     r = await go_client.run("sac", stream_server.host, stream_server.port,
                             stream=stream_name("go-sac"))
@@ -109,6 +113,7 @@ def partition_of(key: str, partitions: list[str]) -> str:
     return partitions[mmh3.hash(key, 104729, signed=False) % len(partitions)]
 
 
+@pytest.mark.riverlog_only  # CreateSuperStream: RabbitMQ 3.13
 async def test_super_stream(stream_server, go_client):
     name = stream_name("go-super")
     r = await go_client.run("superstream", stream_server.host, stream_server.port,
@@ -144,6 +149,7 @@ async def test_super_stream(stream_server, go_client):
     assert r["delete_keys"] == OK
 
 
+@pytest.mark.riverlog_only  # filtering: RabbitMQ 3.13
 async def test_filtering(stream_server, go_client):
     r = await go_client.run("filter", stream_server.host, stream_server.port,
                             stream=stream_name("go-filter"), debug=True)
@@ -161,6 +167,7 @@ async def test_filtering(stream_server, go_client):
     assert r["empty_value_confirmed"] == 0 and r["stored_after"] == 65
 
 
+@pytest.mark.riverlog_only  # StreamStats: RabbitMQ 3.11
 async def test_declare_and_delete_with_arguments(stream_server, go_client):
     r = await go_client.run("declare", stream_server.host, stream_server.port,
                             stream=stream_name("go-declare"))
@@ -175,6 +182,7 @@ async def test_declare_and_delete_with_arguments(stream_server, go_client):
     assert r["declare_bad_segment"] == PRECONDITION_FAILED
 
 
+@pytest.mark.riverlog_only  # StreamStats: RabbitMQ 3.11
 async def test_unknown_stream(stream_server, go_client):
     r = await go_client.run("unknown_stream", stream_server.host, stream_server.port,
                             stream=stream_name("go-missing"))
@@ -191,6 +199,7 @@ async def test_wrong_password(stream_server, go_client):
     assert r["code"] == AUTHENTICATION_FAILURE, r
 
 
+@pytest.mark.riverlog_only  # frame_max on incoming frames: RabbitMQ 4.x
 async def test_frame_too_large(stream_server, go_client):
     """The client refuses a message above the negotiated frame_max itself (0x0e in its
     confirm); a StoreOffset frame (unchecked by the client) of frame_max bytes after the size
