@@ -21,6 +21,7 @@ def login(user: str, password: str | None = None) -> dict:
 
 
 async def test_go_client_over_tls(tmp_path, users, pki, go_client):
+    """Publish and consume over TLS (PLAIN), a refused login, SASL EXTERNAL."""
     async with running(tmp_path, security(users, pki), liftbridge=False) as app:
         port = app.rabbitmq_stream.tls_port
         r = await go_client.run("publish_consume", "127.0.0.1", port, tls_ca=pki.ca,
@@ -32,6 +33,16 @@ async def test_go_client_over_tls(tmp_path, users, pki, go_client):
         r = await go_client.run("login", "127.0.0.1", port, tls_ca=pki.ca,
                                 **login("alice", "wrong"))
         assert r["code"] == AUTHENTICATION_FAILURE
+        # SASL EXTERNAL: alice's client certificate makes her alice (her permissions apply)
+        alice = {"tls_ca": pki.ca, "tls_cert": pki.alice.cert, "tls_key": pki.alice.key,
+                 "sasl": "EXTERNAL", "username": "ignored", "password": "ignored"}
+        r = await go_client.run("permissions", "127.0.0.1", port, stream="orders.tls",
+                                **alice)
+        assert (r["new_producer"], r["send"], r["confirmed"]) == (OK, OK, 1)
+        assert r["declare"] == r["new_consumer"] == ACCESS_REFUSED
+        # no client certificate: the server offers no EXTERNAL, the client finds no mechanism
+        r = await go_client.run("login", "127.0.0.1", port, **{**alice, "tls_cert": ""})
+        assert r["code"] == -1 and r["error"] == "no matching mechanism found"
 
 
 async def test_go_client_without_permission(tmp_path, users, go_client):

@@ -4,8 +4,9 @@
 //	riverlog-go-compat SCENARIO 'JSON'
 //
 // JSON holds host, port, username, password (or uris: a list of rabbitmq-stream:// URIs),
-// optional tls_ca (a PEM file: then the connection is TLS), max_frame_size, and the
-// scenario's own fields. The program prints exactly one JSON object, its last line on
+// optional tls_ca (a PEM file: then the connection is TLS; tls_cert and tls_key: a client
+// certificate), sasl (PLAIN or EXTERNAL), max_frame_size, debug (the client's debug log, where
+// it reports a Close from the server), and the scenario's own fields. The program prints exactly one JSON object, its last line on
 // stdout, and exits 0; an unexpected failure exits 1 with the reason on stderr. Scenarios
 // that wait for the test (reliable_*) print {"phase": ...} lines first and read one line on
 // stdin to go on. Errors the client returns are reported as the protocol's response code
@@ -156,8 +157,18 @@ func options(a Args) (*stream.EnvironmentOptions, error) {
 		if !pool.AppendCertsFromPEM(pem) {
 			return nil, fmt.Errorf("no certificate in %s", ca)
 		}
-		o.IsTLS(true).SetTLSConfig(&tls.Config{RootCAs: pool, ServerName: "localhost",
-			MinVersion: tls.VersionTLS12})
+		config := &tls.Config{RootCAs: pool, ServerName: "localhost", MinVersion: tls.VersionTLS12}
+		if cert := a.str("tls_cert", ""); cert != "" {
+			pair, err := tls.LoadX509KeyPair(cert, a.str("tls_key", ""))
+			if err != nil {
+				return nil, err
+			}
+			config.Certificates = []tls.Certificate{pair}
+		}
+		o.IsTLS(true).SetTLSConfig(config)
+	}
+	if mechanism := a.str("sasl", ""); mechanism != "" {
+		o.SetSaslConfiguration(mechanism)
 	}
 	return o, nil
 }
