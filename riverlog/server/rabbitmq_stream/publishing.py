@@ -22,7 +22,7 @@ from ...log.chunk import ChunkFormatError, check_entry
 from ...metrics import CONFIRM_RABBITMQ, RABBITMQ_STREAM, counters, error as count_error
 from ...protocol.rabbitmq_stream import ResponseCode
 from ...protocol.rabbitmq_stream import frames as f
-from ...security.authz import PUBLISH
+from ...security.authz import CONSUME, PUBLISH
 from .flow import UNCONFIRMED
 from .link import Link
 
@@ -290,9 +290,11 @@ class Publishing:
             flow.release(UNCONFIRMED)
 
     def on_query_publisher_sequence(self, frame: f.QueryPublisherSequence) -> None:
+        """Needs the read (consume) permission, as rabbit_stream_reader checks it
+        (check_read_permitted), not write: a publish-only user cannot name its publisher."""
         link = self.link
         found = link.resolve(frame.stream)
-        if not link.may(frame.stream, PUBLISH, found):
+        if not link.may(frame.stream, CONSUME, found):
             self.send(f.QueryPublisherSequenceResponse(
                 frame.correlation_id, ResponseCode.ACCESS_REFUSED, 0))
             return

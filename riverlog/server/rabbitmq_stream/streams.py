@@ -13,7 +13,7 @@ import logging
 from functools import partial
 from typing import Awaitable, Callable
 
-from ...broker import RESERVED_STREAMS, StreamConfig
+from ...broker import RESERVED_STREAMS, Partition, Stream, StreamConfig
 from ...errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
 from ...protocol.rabbitmq_stream import ResponseCode
 from ...protocol.rabbitmq_stream import frames as f
@@ -38,6 +38,30 @@ def _create_refused(name: str, exc: StreamExistsError | InvalidArgumentError) ->
         return ResponseCode.STREAM_ALREADY_EXISTS
     log.info("creating %r refused: %s", name, exc)
     return ResponseCode.PRECONDITION_FAILED
+
+
+# the settings a Create on an existing stream must ask again: RabbitMQ's assert_equivalence
+# on the queue's x-max-length-bytes, x-max-age and x-stream-max-segment-size-bytes
+_EQUIVALENT_SETTINGS = ("retention_max_bytes", "retention_max_age_ms", "segment_max_bytes")
+
+
+def _existing_create(name: str, found: tuple[Stream, Partition] | None,
+                     arguments: dict[str, str] | None) -> int:
+    """The Create code for ``name``, which exists (``found``: its stream on this server):
+    0x11 (precondition failed) for invalid arguments or other retention or segment settings
+    than the stream has, else 0x05, as rabbit_stream_manager:create answers
+    (validation, then rabbit_amqqueue:assert_equivalence). RabbitMQ compares the arguments as
+    given (``1h`` is not ``3600s``, and also x-initial-cluster-size, x-queue-leader-locator,
+    x-stream-filter-size-bytes); riverlog compares the settings it keeps."""
+    try:
+        wanted = stream_config_from_arguments(dict(arguments or {}))
+    except InvalidArgumentError as exc:
+        return _create_refused(name, exc)
+    if found is not None and any(getattr(wanted, key) != getattr(found[0].config, key)
+                                 for key in _EQUIVALENT_SETTINGS):
+        log.info("creating %r refused: it exists with other settings", name)
+        return ResponseCode.PRECONDITION_FAILED
+    return ResponseCode.STREAM_ALREADY_EXISTS
 
 
 async def _deleted(delete: Awaitable[None]) -> int:
@@ -80,7 +104,7 @@ class Streams:
         if frame.stream in RESERVED_STREAMS:  # as RabbitMQ answers its reserved amq.* names
             self.send(respond(ResponseCode.PRECONDITION_FAILED))
         elif link.place(frame.stream, found) is not None:  # the partitions of a stream too
-            self.send(respond(ResponseCode.STREAM_ALREADY_EXISTS))
+            self.send(respond(_existing_create(frame.stream, found, frame.arguments)))
         elif self.broker.placement.clustered:
             link.hold_for(self._create_in_cluster(
                 frame.stream, frame.arguments, self.broker.placement.create_stream), respond)
