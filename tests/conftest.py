@@ -5,6 +5,8 @@
 #   node_client            the Node.js RabbitMQ Stream client, installed with npm once per
 #                          session (tests/compat/_node.py; used by tests/compat and
 #                          tests/liftbridge)
+#   java_client            RabbitMQ's Java stream client, built with Maven once per session
+#                          (tests/compat/_java.py; used by tests/compat and tests/cluster)
 # With RIVERLOG_TEST_PEER=rabbitmq:PORT both point at an already-running RabbitMQ on
 # 127.0.0.1:PORT instead, to check the tests themselves against the real thing. Markers:
 #   riverlog_only  needs something RabbitMQ 3.10 lacks: skipped against the peer
@@ -16,6 +18,7 @@ import os
 
 import pytest
 
+from compat._java import JavaClient, JavaUnavailable, build
 from compat._node import NodeClient, NodeUnavailable, install
 from compat._servers import PeerServer, RiverlogServer
 
@@ -120,3 +123,13 @@ def node_client() -> NodeClient:
     except NodeUnavailable as exc:
         pytest.skip(f"Node.js client tests: {exc}")
     return NodeClient()
+
+
+@pytest.fixture(scope="session")
+def java_client() -> JavaClient:
+    """RabbitMQ's Java stream client (tests/compat/_java.py), built with Maven once per
+    session. Skips only when java/mvn is missing or Maven Central is unreachable."""
+    try:
+        return JavaClient(build())
+    except JavaUnavailable as exc:
+        pytest.skip(f"Java client tests: {exc}")
