@@ -501,13 +501,15 @@ class RabbitStreamConnection(asyncio.Protocol):
             self._flush_publishes()
 
     def close_for_shutdown(self) -> None:
-        """Shutdown, last step: end the subscriptions and ask the client to close. Reading
-        resumes only to see the client hang up; frames that come are ignored."""
+        """Shutdown, last step: end the subscriptions and close the socket once what was
+        queued for it (the confirms) is written, with no Close frame, as RabbitMQ's reader
+        does when its node stops (rabbit_stream_reader:close/3 shuts the socket down). A
+        server Close tells clients the connection was ended on purpose: the Java client
+        then never recovers its producers and consumers (ShutdownReason.SERVER_CLOSE)."""
         for sub in self.subscriptions.values():
             sub.cancel()
-        self.send(f.Close(0, OK, "server shutting down"))
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
+            self.transport.close()  # asyncio writes the buffered frames first
 
     # -- dispatch -----------------------------------------------------------------------
     def _handle(self, frame: f.Frame) -> None:
@@ -1470,9 +1472,9 @@ class RabbitStreamServer:
 
     async def stop(self, grace: float = 1.0) -> None:
         """Stop accepting; stop reading, write what was received and send its confirms
-        (waiting up to 5 s for fsyncs); end subscriptions; send every client Close (code OK,
-        "server shutting down") and give them ``grace`` seconds to hang up before the
-        sockets are closed."""
+        (waiting up to 5 s for fsyncs); end subscriptions; close every socket once its
+        confirms are written (no Close frame: see ``close_for_shutdown``), waiting up to
+        ``grace`` seconds for that, then closing what is left at once."""
         for server in (self._server, self._tls_server):
             if server is not None:
                 server.close()
@@ -1487,9 +1489,9 @@ class RabbitStreamServer:
         deadline = time.monotonic() + grace
         while self.connections and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        for conn in list(self.connections):
+        for conn in list(self.connections):  # peers that did not take their confirms
             if conn.transport is not None:
-                conn.transport.close()
+                conn.transport.abort()
         for server in (self._server, self._tls_server):
             if server is not None:
                 await server.wait_closed()
