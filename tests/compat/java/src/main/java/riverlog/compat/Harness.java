@@ -180,11 +180,20 @@ final class Harness {
     return GSON.toJsonTree(value);
   }
 
-  /** The simple class name and, for a StreamException, its code: {"error": ..., "code": ...}. */
+  /**
+   * {"error": simple class name, "message", "causes": [class names of the causes], "code":
+   * for a StreamException}.
+   */
   static JsonObject error(Throwable e) {
     JsonObject out = new JsonObject();
     out.addProperty("error", e.getClass().getSimpleName());
     out.addProperty("message", String.valueOf(e.getMessage()));
+    List<String> causes = new ArrayList<>();
+    for (Throwable cause = e.getCause(); cause != null && causes.size() < 10; ) {
+      causes.add(cause.getClass().getSimpleName());
+      cause = cause.getCause();
+    }
+    out.add("causes", json(causes));
     if (e instanceof com.rabbitmq.stream.StreamException) {
       out.addProperty("code", ((com.rabbitmq.stream.StreamException) e).getCode());
     }
