@@ -164,3 +164,18 @@ class Session:
         if self.proc.returncode is None:
             self.proc.kill()
             await self.proc.wait()
+
+
+def assert_recovered(r: dict) -> None:
+    """Every confirmed message read back, in offset order, by a consumer and a producer that
+    went through RECOVERING back to OPEN and confirmed 300 more after the fault. The client
+    subscribes again at the last offset it received, not the next (ConsumersCoordinator:
+    OffsetSpecification.offset(tracker.offset)), so each consumer recovery may deliver that
+    one message twice, against RabbitMQ too."""
+    assert r["missing"] == [], f"confirmed but never consumed: {r['missing']}"
+    assert r["confirmed_after_fault"] >= 300
+    for states in (r["producer_states"], r["consumer_states"]):
+        assert "RECOVERING" in states, states
+        assert "OPEN" in states[states.index("RECOVERING"):], states
+    recoveries = r["consumer_states"].count("RECOVERING")
+    assert r["duplicate_offsets"] <= recoveries and r["out_of_order"] <= recoveries, r

@@ -18,6 +18,7 @@ from riverlog.protocol.rabbitmq_stream import OffsetType
 from riverlog.record import decode_record
 
 from ._helpers import stream_name
+from ._java import assert_recovered
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -220,18 +221,3 @@ async def test_producer_and_consumer_recover_from_a_server_restart(stream_server
     finally:
         await session.close()
     assert_recovered(r)
-
-
-def assert_recovered(r: dict) -> None:
-    """Every confirmed message read back, in offset order, by a consumer and a producer that
-    went through RECOVERING back to OPEN and confirmed 300 more after the fault. The client
-    subscribes again at the last offset it received, not the next (ConsumersCoordinator:
-    OffsetSpecification.offset(tracker.offset)), so each consumer recovery may deliver that
-    one message twice, against RabbitMQ too."""
-    assert r["missing"] == [], f"confirmed but never consumed: {r['missing']}"
-    assert r["confirmed_after_fault"] >= 300
-    for states in (r["producer_states"], r["consumer_states"]):
-        assert "RECOVERING" in states, states
-        assert "OPEN" in states[states.index("RECOVERING"):], states
-    recoveries = r["consumer_states"].count("RECOVERING")
-    assert r["duplicate_offsets"] <= recoveries and r["out_of_order"] <= recoveries, r

@@ -58,7 +58,8 @@ final class Harness {
 
   /**
    * An EnvironmentBuilder for the server in the argument (host, port, username, password,
-   * vhost; tls_ca: a PEM CA file to trust, which turns TLS on), recovery and topology update
+   * vhost; addresses: ["host:port", ...] of several servers instead of host and port;
+   * tls_ca: a PEM CA file to trust, which turns TLS on), recovery and topology update
    * retried every 500 ms (the client's defaults are 5 s), every resolved address recorded.
    */
   EnvironmentBuilder builder() {
@@ -73,6 +74,21 @@ final class Harness {
         .recoveryBackOffDelayPolicy(BackOffDelayPolicy.fixed(RECOVERY_DELAY))
         .topologyUpdateBackOffDelayPolicy(BackOffDelayPolicy.fixed(RECOVERY_DELAY))
         .addressResolver(this::resolve);
+    if (args.has("addresses")) { // several servers: the locator may use any of them
+      List<String> uris = new ArrayList<>();
+      args.getAsJsonArray("addresses")
+          .forEach(
+              address ->
+                  uris.add(
+                      "rabbitmq-stream://"
+                          + str("username", "guest")
+                          + ":"
+                          + str("password", "guest")
+                          + "@"
+                          + address.getAsString()
+                          + "/%2f"));
+      builder.uris(uris);
+    }
     if (args.has("tls_ca")) {
       try {
         builder

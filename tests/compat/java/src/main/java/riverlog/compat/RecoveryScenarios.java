@@ -137,13 +137,12 @@ final class RecoveryScenarios {
               "publisher");
       publisher.start();
       Harness.until(() -> confirmed.size() >= 300, 60, "300 confirmed before the fault");
+      int mark = h.resolved.size(); // the fault comes after the event
+      out.add("addresses_before", Harness.json(h.resolvedSince(0).subList(0, mark)));
       JsonObject ready = new JsonObject();
       ready.addProperty("confirmed", confirmed.size());
       Harness.event("publishing", ready);
-      String command = Harness.command();
-      int mark = h.resolved.size();
-      out.add("addresses_before", Harness.json(h.resolvedSince(0).subList(0, mark)));
-      out.addProperty("command", command);
+      out.addProperty("command", Harness.command());
       int atFault = confirmed.size();
       Harness.until(
           () -> confirmed.size() >= atFault + 300, 120, "300 more confirmed after the fault");
