@@ -8,6 +8,8 @@
 #   go_client              the Go RabbitMQ Stream client's scenario program, built with
 #                          `go build` once per session (tests/compat/_go.py; used by
 #                          tests/compat, tests/cluster and tests/security)
+#   java_client            RabbitMQ's Java stream client, built with Maven once per session
+#                          (tests/compat/_java.py; used by tests/compat and tests/cluster)
 # With RIVERLOG_TEST_PEER=rabbitmq:PORT both point at an already-running RabbitMQ on
 # 127.0.0.1:PORT instead, to check the tests themselves against the real thing. Markers:
 #   riverlog_only  needs something RabbitMQ 3.10 lacks: skipped against the peer
@@ -19,7 +21,8 @@ import os
 
 import pytest
 
-from compat._go import GoClient, GoUnavailable, build
+from compat._go import GoClient, GoUnavailable, build as build_go
+from compat._java import JavaClient, JavaUnavailable, build as build_java
 from compat._node import NodeClient, NodeUnavailable, install
 from compat._servers import PeerServer, RiverlogServer
 
@@ -131,6 +134,16 @@ def go_client() -> GoClient:
     """The Go RabbitMQ Stream client's scenario program (tests/compat/_go.py), built once per
     session. Skips only when `go` is missing or the Go module proxy is unreachable."""
     try:
-        return GoClient(build())
+        return GoClient(build_go())
     except GoUnavailable as exc:
         pytest.skip(f"Go client tests: {exc}")
+
+
+@pytest.fixture(scope="session")
+def java_client() -> JavaClient:
+    """RabbitMQ's Java stream client (tests/compat/_java.py), built with Maven once per
+    session. Skips only when java/mvn is missing or Maven Central is unreachable."""
+    try:
+        return JavaClient(build_java())
+    except JavaUnavailable as exc:
+        pytest.skip(f"Java client tests: {exc}")

@@ -283,11 +283,14 @@ class RabbitStreamConnection(asyncio.Protocol):
             self.publishing.flush()
 
     def close_for_shutdown(self) -> None:
-        """Shutdown, last step: end the subscriptions and ask the client to close. Reading
-        resumes only to see the client hang up; frames that come are ignored."""
+        """Shutdown, last step: end the subscriptions and close the socket once what was
+        queued for it (the confirms) is written, with no Close frame, as RabbitMQ's reader
+        does when its node stops (rabbit_stream_reader:close/3 shuts the socket down). A
+        server Close tells clients the connection was ended on purpose: the Java client
+        then never recovers its producers and consumers (ShutdownReason.SERVER_CLOSE)."""
         self.consuming.stop()
-        self.send(f.Close(0, OK, "server shutting down"))
-        self.flow.read_to_the_end()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()  # asyncio writes the buffered frames first
 
     def drop(self, partitions: Collection[Partition]) -> None:
         """Drop this connection's publishers and subscriptions on ``partitions`` (a stream

@@ -95,9 +95,9 @@ class RabbitStreamServer:
 
     async def stop(self, grace: float = 1.0) -> None:
         """Stop accepting; stop reading, write what was received and send its confirms
-        (waiting up to 5 s for fsyncs); end subscriptions; send every client Close (code OK,
-        "server shutting down") and give them ``grace`` seconds to hang up before the
-        sockets are closed."""
+        (waiting up to 5 s for fsyncs); end subscriptions; close every socket once its
+        confirms are written (no Close frame: see ``close_for_shutdown``), waiting up to
+        ``grace`` seconds for that, then closing what is left at once."""
         for server in (self._server, self._tls_server):
             if server is not None:
                 server.close()
@@ -112,9 +112,9 @@ class RabbitStreamServer:
         deadline = time.monotonic() + grace
         while self.connections and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        for conn in list(self.connections):
+        for conn in list(self.connections):  # peers that did not take their confirms
             if conn.transport is not None:
-                conn.transport.close()
+                conn.transport.abort()
         for server in (self._server, self._tls_server):
             if server is not None:
                 await server.wait_closed()

@@ -211,10 +211,11 @@ class Streams:
             return
         partition = found[1]
         committed = partition.committed_offset
-        stats = {
+        stats = {  # osiris:get_stats; committed_offset (the last committed offset): RabbitMQ 4.3
             "first_chunk_id": partition.first_offset if committed >= 0 else -1,
             "committed_chunk_id": partition.last_chunk_offset if committed >= 0 else -1,
             "last_chunk_id": partition.last_chunk_offset if committed >= 0 else -1,
+            "committed_offset": committed if committed >= 0 else -1,
         }
         self.send(f.StreamStatsResponse(frame.correlation_id, OK, stats))
 
