@@ -39,7 +39,8 @@ from ..security.tls import grpc_server_credentials, server_context
 from ..security.users import listens_on_loopback
 from .grpc_streams import (ack_error_to_async, exact_nats_size, nats_size, publish_async,
                            subscribe)
-from .liftbridge import NONE, Liftbridge, LiftbridgeError, new_id, partition_subject
+from .liftbridge import NONE, Liftbridge, LiftbridgeError, partition_subject
+from .server_id import new_id
 
 log = logging.getLogger("riverlog.grpc")
 

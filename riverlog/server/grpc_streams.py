@@ -38,8 +38,8 @@ from ..protocol.liftbridge import envelope
 from ..protocol.liftbridge.envelope import varint
 from ..record import Record, decode_record, encode_records
 from .memory import release_soon
-from .liftbridge import (ACK_OK, NONE, Liftbridge, LiftbridgeError, RunSink, new_id,
-                         partition_subject)
+from .liftbridge import ACK_OK, NONE, Liftbridge, LiftbridgeError, RunSink, partition_subject
+from .server_id import new_id
 
 log = logging.getLogger("riverlog.grpc")
 
