@@ -25,7 +25,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from ..broker import Partition, StreamConfig
-from ..broker.broker import MAX_NAME_BYTES
+from ..broker.stream import MAX_NAME_BYTES
 from ..broker.cursors import CursorsDisabledError, NotCursorLeaderError
 from ..broker.groups import GroupError
 from ..config import GrpcConfig
