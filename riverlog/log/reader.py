@@ -1,10 +1,11 @@
 # Reads across the segments of one commit log: finding the chunk that holds an offset (or a
-# timestamp, or the newest one) and cutting the run of chunks one read returns, with or without a bloom filter.
-# Owns no state: the commit log hands in its segments, their base offsets and the limit
-# readers may see (the committed offset, or the last one). Rules: a read never goes past the
-# limit nor past the end of one segment; it returns at least one chunk when there is one to
-# read, at most ``max_bytes`` (but one chunk always) and ``max_chunks`` (0: no limit); an
-# offset in a gap left by compaction starts at the next chunk.
+# timestamp, or the newest one) and cutting the run of chunks one read returns, with or
+# without a bloom filter. Owns no state: the commit log hands in its segments, their base
+# offsets and the limit readers may see (the committed offset, or the last one).
+# Rules: a read never goes past the limit nor past the end of one segment; it returns at
+# least one chunk when there is one to read, at most ``max_bytes`` (but one chunk always)
+# and ``max_chunks`` (0: no limit); an offset in a gap left by compaction starts at the next
+# chunk.
 from __future__ import annotations
 
 from bisect import bisect_right
