@@ -19,6 +19,7 @@ from .errors import RiverlogError
 from .log.recovery import verify_partition
 from .security.users import DEFAULT_ROUNDS, hash_password
 from .server.app import App
+from .spark.demo import demo
 
 log = logging.getLogger("riverlog")
 
@@ -197,6 +198,7 @@ def _announce(app: App) -> None:
 
 for _command in OPS_COMMANDS:  # stream, publish, tail, stats (riverlog/cli_ops.py)
     main.add_command(_command)
+main.add_command(demo)  # riverlog demo ... (riverlog/spark/demo.py)
 
 
 @main.group("user")
@@ -331,5 +333,3 @@ def verify(partition_dir: str) -> None:
     click.echo(f"{partition_dir}: {report.truncated_bytes} bytes would be cut on open")
     sys.exit(1)
 
-
-from .spark import demo as _demo  # noqa: E402,F401  registers `riverlog demo` (riverlog/spark/demo.py)

@@ -4,8 +4,8 @@
 from .broker import RESERVED_STREAMS, Broker, check_writable
 from .partition import Partition
 from .sac import Notification, SingleActiveConsumers
-from .stream import Stream, StreamConfig
-from .superstreams import SuperStream, SuperStreams
+from .stream import Stream, StreamConfig, SuperStream
+from .superstreams import SuperStreams
 
 __all__ = ["RESERVED_STREAMS", "Broker", "Notification", "Partition", "SingleActiveConsumers",
            "Stream", "StreamConfig", "SuperStream", "SuperStreams", "check_writable"]

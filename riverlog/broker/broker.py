@@ -26,13 +26,12 @@ from ..errors import (InvalidArgumentError, ReservedStreamError, StreamExistsErr
 from ..record import decode_record
 from .partition import Partition
 from .placement import LeaderListener, LocalPlacement, PartitionFlags, Placement
-from .stream import METADATA_FILE, Stream, StreamConfig
+from .stream import MAX_NAME_BYTES, METADATA_FILE, Stream, StreamConfig
 
 log = logging.getLogger("riverlog.broker")
 
 STREAMS_DIR = "streams"
 HOUSEKEEPING_INTERVAL_S = 1.0
-MAX_NAME_BYTES = 255
 CURSORS_STREAM = "__cursors"
 ACTIVITY_STREAM = "__activity"
 RESERVED_STREAMS = frozenset((ACTIVITY_STREAM, CURSORS_STREAM))

@@ -21,8 +21,7 @@ from ..errors import StreamNotFoundError
 from .groups import ConsumerGroups
 
 if TYPE_CHECKING:
-    from .stream import Stream, StreamConfig
-    from .superstreams import SuperStream
+    from .stream import Stream, StreamConfig, SuperStream
 
 FIRST_LEADER_EPOCH = 1
 

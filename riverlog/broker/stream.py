@@ -1,5 +1,7 @@
-# A stream: a name, its settings, and its partitions. Owns the stream's metadata file
-# (stream.json) and how per-stream settings override the server's log defaults.
+# A stream: a name, its settings, and its partitions; and a super stream's value (its name,
+# partitions and binding keys; the registry is superstreams.py's). Owns the stream's metadata
+# file (stream.json), the name rule and how per-stream settings override the server's log
+# defaults.
 # Rules: settings are protocol-neutral (each door translates its own arguments); a setting
 # left as None takes the server default; the metadata file is written atomically.
 from __future__ import annotations
@@ -14,6 +16,8 @@ from ..config import LogConfig
 from .partition import Partition
 
 METADATA_FILE = "stream.json"
+MAX_NAME_BYTES = 255
+"""The longest stream (and super stream) name, in UTF-8 bytes (RabbitMQ's limit)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -106,3 +110,31 @@ class Stream:
 
     def __repr__(self) -> str:
         return f"Stream({self.name!r}, partitions={len(self.partitions)})"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SuperStream:
+    """``partitions[i]`` is bound with ``binding_keys[i]``; the order is the partition order."""
+
+    name: str
+    partitions: tuple[str, ...]
+    binding_keys: tuple[str, ...]
+
+    def route(self, routing_key: str) -> list[str]:
+        """The partitions whose binding key equals ``routing_key`` (exact match, as a
+        direct exchange), in partition order; empty when none matches."""
+        return [p for p, k in zip(self.partitions, self.binding_keys) if k == routing_key]
+
+    def partition_index(self, stream: str) -> int:
+        """Position of ``stream`` among the partitions, -1 when it is not one."""
+        try:
+            return self.partitions.index(stream)
+        except ValueError:
+            return -1
+
+    def without(self, stream: str) -> "SuperStream":
+        """This super stream with partition ``stream`` unbound (itself when it is none)."""
+        if stream not in self.partitions:
+            return self
+        kept = [(p, k) for p, k in zip(self.partitions, self.binding_keys) if p != stream]
+        return SuperStream(self.name, tuple(p for p, _ in kept), tuple(k for _, k in kept))

@@ -23,41 +23,13 @@ import os
 from typing import Mapping
 
 from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
-from .broker import MAX_NAME_BYTES, Broker
+from .broker import Broker
 from .partition import Partition
-from .stream import Stream, StreamConfig
+from .stream import MAX_NAME_BYTES, Stream, StreamConfig, SuperStream
 
 log = logging.getLogger("riverlog.broker")
 
 SUPER_STREAMS_FILE = "superstreams.json"
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SuperStream:
-    """``partitions[i]`` is bound with ``binding_keys[i]``; the order is the partition order."""
-
-    name: str
-    partitions: tuple[str, ...]
-    binding_keys: tuple[str, ...]
-
-    def route(self, routing_key: str) -> list[str]:
-        """The partitions whose binding key equals ``routing_key`` (exact match, as a
-        direct exchange), in partition order; empty when none matches."""
-        return [p for p, k in zip(self.partitions, self.binding_keys) if k == routing_key]
-
-    def partition_index(self, stream: str) -> int:
-        """Position of ``stream`` among the partitions, -1 when it is not one."""
-        try:
-            return self.partitions.index(stream)
-        except ValueError:
-            return -1
-
-    def without(self, stream: str) -> "SuperStream":
-        """This super stream with partition ``stream`` unbound (itself when it is none)."""
-        if stream not in self.partitions:
-            return self
-        kept = [(p, k) for p, k in zip(self.partitions, self.binding_keys) if p != stream]
-        return SuperStream(self.name, tuple(p for p, _ in kept), tuple(k for _, k in kept))
 
 
 def member_name(stream: str, index: int) -> str:

@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Awaitable, Callable, Mapping, Sequence
 
 from ..broker import RESERVED_STREAMS
-from ..broker.broker import MAX_NAME_BYTES
+from ..broker.stream import MAX_NAME_BYTES
 from ..broker.groups import (GROUP_NOT_FOUND, NOT_COORDINATOR, NOT_MEMBER, STREAM_NOT_FOUND,
                              WRONG_EPOCH, GroupError, consumer_left)
 from ..broker.placement import PartitionFlags, set_local_flags

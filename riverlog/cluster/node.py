@@ -37,7 +37,7 @@ from typing import Awaitable, Callable, Mapping, Sequence
 from .. import metrics
 from ..broker import RESERVED_STREAMS, Broker, StreamConfig
 from ..broker.placement import OffsetsUnavailable, PartitionPlacement, Placement
-from ..broker.superstreams import SuperStream
+from ..broker.stream import SuperStream
 from ..config import ClusterConfig
 from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
 from ..protocol.liftbridge import api_pb2 as pb

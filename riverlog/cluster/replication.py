@@ -3,7 +3,8 @@
 # its followers' fetches and advances the high watermark; follower: truncates its divergent
 # tail, then fetches its leader's chunks), the NATS subjects of that traffic, the notification
 # subscription `<ns>.notify.<server id>` and the high-watermark checkpoints. The leader side is
-# replication_leader.py, the follower side replication_follower.py.
+# replication_leader.py, the follower side replication_follower.py; what both see of this
+# engine, and its settings, replication_context.py.
 # Rules: everything runs on the event loop that owns the partitions' logs; ``assign`` is called
 # after every metadata change and switches roles synchronously (a follower's fetch is cancelled
 # before the same log starts taking writes as a leader, so no chunk of an old leader lands in a
@@ -15,13 +16,13 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from ..broker.placement import PartitionPlacement
 from ..log.high_watermark import HighWatermarkCheckpoint
 from ..protocol.liftbridge.envelope import EnvelopeError, MsgType, decode_internal
+from .replication_context import ReplicationEvents, ReplicationSettings
 from .replication_follower import Follower
 from .replication_leader import Leader
 from .replication_subjects import notify_subject, partition_subject
@@ -34,56 +35,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("riverlog.replication")
 
 __all__ = ["ReplicationEvents", "ReplicationSettings", "Replication"]
-
-
-class ReplicationEvents(Protocol):
-    """What replication asks of the cluster metadata (each call submits one Raft change and
-    returns once it is applied; a refused change, e.g. a stale ``leader_epoch``, raises)."""
-
-    async def shrink_isr(self, stream: str, index: int, replica: str,
-                         leader_epoch: int) -> None: ...
-
-    async def expand_isr(self, stream: str, index: int, replica: str,
-                         leader_epoch: int) -> None: ...
-
-    async def report_leader(self, stream: str, index: int, leader: str,
-                            leader_epoch: int) -> None:
-        """A follower has not heard from ``leader`` for replica_max_leader_timeout."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ReplicationSettings:
-    """Liftbridge's ``clustering.*`` replication keys, in milliseconds and bytes.
-
-    The defaults are riverlog's, chosen for a leader failover within 3 s (Liftbridge's 15 s
-    lag time and leader timeout take 15 s or more): a follower reports a silent leader after
-    ``replica_max_leader_timeout_ms`` (1.5 s), a follower that fetched nothing new for
-    ``replica_max_lag_time_ms`` (3 s) leaves the ISR (ALL acks wait at most that long for a
-    dead follower), an idle follower checks in every ``replica_max_idle_wait_ms`` (0.5 s:
-    less than both, so an idle follower is never taken for a dead one or a dead leader),
-    a fetch waits ``replica_fetch_timeout_ms`` (1 s) for its answer (the minimum ISR is
-    the stream's: PartitionPlacement.min_isr); ``replication_max_bytes`` caps a
-    fetch answer (at least one whole chunk is sent; also capped by the NATS max payload).
-    ``high_watermark_checkpoint_ms``: how often changed high watermarks are saved
-    (riverlog's own). Raises ValueError for values out of range.
-    """
-
-    replica_max_lag_time_ms: int = 3000
-    replica_max_leader_timeout_ms: int = 1500
-    replica_max_idle_wait_ms: int = 500
-    replica_fetch_timeout_ms: int = 1000
-    replication_max_bytes: int = 1024 * 1024
-    high_watermark_checkpoint_ms: int = 1000
-
-    def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            if getattr(self, field.name) < 1:
-                raise ValueError(f"replication setting {field.name} must be >= 1")
-        if self.replica_max_idle_wait_ms >= min(self.replica_max_lag_time_ms,
-                                                self.replica_max_leader_timeout_ms):
-            raise ValueError("clustering.replica.max.idle.wait must be less than "
-                             "clustering.replica.max.lag.time and "
-                             "clustering.replica.max.leader.timeout")
 
 
 class _Replica:

@@ -34,6 +34,7 @@ from ..log import CompactionPoint
 from ..protocol.liftbridge import api_pb2
 from ..protocol.liftbridge.envelope import (EnvelopeError, MsgType, decode_internal,
                                             encode_message)
+from .replication_context import ReplicationEngine
 from .replication_leader import COMPACTION_HEADER, EPOCH_HEADER, ERROR_HEADER
 
 if TYPE_CHECKING:
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
 
     from ..broker.partition import Partition
     from ..broker.placement import PartitionPlacement
-    from .replication import Replication
 
 log = logging.getLogger("riverlog.replication")
 
@@ -54,7 +54,7 @@ class Follower:
     Creating it starts the task; ``stop()`` cancels it at once (nothing is appended after);
     ``wake`` is set by a PartitionNotification."""
 
-    def __init__(self, engine: "Replication", partition: "Partition",
+    def __init__(self, engine: ReplicationEngine, partition: "Partition",
                  placement: "PartitionPlacement", replicate_subject: str,
                  offset_subject: str) -> None:
         self.engine = engine

@@ -23,12 +23,12 @@ from ..errors import LogError
 from ..protocol.liftbridge import api_pb2
 from ..protocol.liftbridge.envelope import (EnvelopeError, MsgType, decode_internal,
                                             encode_message, encode_replication_response)
+from .replication_context import ReplicationEngine
 from .replication_subjects import notify_subject
 
 if TYPE_CHECKING:
     from ..broker.partition import Partition
     from ..broker.placement import PartitionPlacement
-    from .replication import Replication
 
 log = logging.getLogger("riverlog.replication")
 
@@ -81,7 +81,7 @@ class Leader:
     role at once (the log writes chunks of this epoch; ``await subscribe()`` then takes
     requests); ``deactivate()`` stops it at once, ``await unsubscribe()`` after."""
 
-    def __init__(self, engine: "Replication", partition: "Partition",
+    def __init__(self, engine: ReplicationEngine, partition: "Partition",
                  placement: "PartitionPlacement", replicate_subject: str,
                  offset_subject: str) -> None:
         self.engine = engine

@@ -14,7 +14,7 @@ from typing import Callable, Mapping
 
 from ..broker.groups import (ALREADY_MEMBER, GROUP_NOT_FOUND, NOT_MEMBER, STREAM_NOT_FOUND,
                              balance, generation_mismatch)
-from ..broker.superstreams import SuperStream
+from ..broker.stream import SuperStream
 
 FIRST_LEADER_EPOCH = 1
 ALL_SERVERS = -1

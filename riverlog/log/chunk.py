@@ -145,6 +145,34 @@ def check_chunk(buf: bytes | memoryview, header: ChunkHeader, pos: int = 0) -> N
         raise ChunkFormatError("CRC-32 mismatch")
 
 
+def check_chunks(buf: bytes | memoryview, expected: int,
+                 epoch: int) -> list[tuple[int, int, ChunkHeader]]:
+    """Check back-to-back whole chunks (a leader's, for a follower's append): each passes
+    ``check_chunk``, starts at or after where the one before ends (``expected`` for the
+    first: a gap is what compaction left) and has an epoch not older than the one before
+    (``epoch`` for the first). Returns ``(position, expected first offset, header)`` of each;
+    raises ChunkFormatError naming the first chunk that fails."""
+    out = []
+    pos = 0
+    while pos < len(buf):
+        try:
+            h = parse_header(buf, pos)
+            check_chunk(buf, h, pos)
+            problem = None
+        except ChunkFormatError as exc:
+            problem = str(exc)
+        else:
+            if h.first_offset < expected:
+                problem = f"chunk starts at offset {h.first_offset}"
+            elif h.epoch < epoch:
+                problem = f"chunk of leader epoch {h.epoch}, older than epoch {epoch}"
+        if problem:
+            raise ChunkFormatError(f"the chunk at byte {pos} (for offset {expected}): {problem}")
+        out.append((pos, expected, h))
+        pos, expected, epoch = pos + h.size, h.next_offset, h.epoch
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One entry of a chunk's data section.

@@ -2,31 +2,33 @@
 # Owns offsets (first, next, committed), appends with the durability policy, reads by offset
 # and timestamp, waking readers on new data, segment roll, retention, compaction swaps,
 # truncation, the leader-epoch checkpoint (epochs.py) and a follower's append of its leader's
-# chunks as they are. Rules: one event loop (or one thread) owns a CommitLog; blocking fsync and
+# chunks as they are. Opening is recovery.py's, fsyncs syncer.py's, reads across segments
+# reader.py's, waiting for a commit waiters.py's, cutting a segment's tail Segment's.
+# Rules: one event loop (or one thread) owns a CommitLog; blocking fsync and
 # compaction run in worker threads and hand their results back to the owner; nothing here
 # knows about protocols (records are opaque bytes; compaction gets a key function).
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import os
 import shutil
 import time
-from bisect import bisect_right
 from typing import Callable, Sequence
 
 from ..config import Durability, LogConfig
-from ..errors import (ChunkRefusedError, EpochCheckpointError, LogClosedError, LogError,
-                      OffsetOutOfRangeError, UncommittedTruncatedError)
+from ..errors import (ChunkRefusedError, LogClosedError, LogError, OffsetOutOfRangeError,
+                      UncommittedTruncatedError)
 from . import chunk as chunkfmt
+from . import reader
 from .bloom import BloomCache
 from .compaction import (CompactionPoint, CompactionResult, compact_segments,
                          install_compacted, load_point, save_point)
-from .epochs import CHECKPOINT_NAME, EpochEntry, LeaderEpochCache, entries_of_chunks
-from .recovery import RecoveryReport, recover_segment
+from .recovery import RecoveryReport, open_epochs, open_segments
 from .retention import segments_to_delete
-from .segment import SEGMENT_SUFFIX, ChunkSlice, Segment, fsync_dir
+from .segment import ChunkSlice, Segment, fsync_dir
+from .syncer import Syncer, loop_running
+from .waiters import CommitWaiters
 
 log = logging.getLogger("riverlog.log")
 
@@ -62,15 +64,7 @@ class CommitLog:
         self.auto_commit = auto_commit
         self._clock_ms = clock_ms
         self._closed = False
-        # readers and writes waiting for an offset to commit: a heap of (offset, n, future,
-        # whether a truncation removing the offset fails it), so a commit wakes only those
-        # it reaches (not every waiter, each commit)
-        self._waiters: list[tuple[int, int, asyncio.Future, bool]] = []
-        self._waiter_count = 0
-        self._abandoned = 0  # cancelled waiters still in the heap
-        self._sync_task: asyncio.Task | None = None
-        self._flush_timer: asyncio.TimerHandle | None = None
-        self._last_sync_ms = clock_ms()
+        self._waiters = CommitWaiters()  # readers and writes waiting for a commit
         self._compacting: asyncio.Event | None = None  # set once the running compaction ends
         self._blooms = BloomCache()
         self.on_roll: Callable[[int], None] | None = None
@@ -90,13 +84,13 @@ class CommitLog:
         (``compact(key_of, point)``), never on its own. Set by replication's assign."""
         os.makedirs(self.directory, exist_ok=True)
         self.report = RecoveryReport()
-        self._segments: list[Segment] = []
-        self._open_segments()
+        self._segments: list[Segment] = open_segments(
+            self.directory, self.config.verify_on_open, self.report, clock_ms())
         self._bases = [s.base_offset for s in self._segments]
         self._last_ts = max(s.last_timestamp_ms for s in self._segments)
-        self._synced_next = self.next_offset
+        self._syncer = Syncer(self, self.next_offset)  # fsyncs under the durability policy
         self.committed_offset = self.next_offset - 1 if auto_commit else -1
-        self.epochs = self._open_epochs()
+        self.epochs = open_epochs(self.directory, self._segments, self.report)
         self.compaction_point, problem = load_point(self.directory)
         if problem is not None:
             self.report.problems.append(problem)
@@ -111,57 +105,7 @@ class CommitLog:
                         "at offset %d", self.directory, self.report.truncated_bytes,
                         len(self.report.dropped_segments), self.next_offset - 1)
 
-    # -- open / recovery ----------------------------------------------------------------
-    def _open_segments(self) -> None:
-        names = sorted(n for n in os.listdir(self.directory) if n.endswith(SEGMENT_SUFFIX)
-                       and n[:-len(SEGMENT_SUFFIX)].isdigit())
-        for leftover in os.listdir(self.directory):
-            if leftover.endswith((".cleaned", ".tmp")):
-                os.unlink(os.path.join(self.directory, leftover))
-        expected = None
-        cut = False
-        for name in names:
-            seg = Segment(self.directory, int(name[:-len(SEGMENT_SUFFIX)]))
-            if cut or (expected is not None and seg.base_offset != expected):
-                reason = ("follows a truncated segment" if cut else
-                          f"starts at offset {seg.base_offset} but the log before it ends "
-                          f"before offset {expected}")
-                self.report.problems.append(f"{seg.path}: dropped, {reason}")
-                self.report.dropped_segments.append(seg.path)
-                self.report.truncated_bytes += seg.file_size()
-                seg.delete()
-                cut = True
-                continue
-            cut = recover_segment(seg, self.config.verify_on_open, self.report)
-            self._segments.append(seg)
-            expected = seg.next_offset
-        if not self._segments:
-            self._segments.append(Segment(self.directory, 0))
-        for seg in self._segments:
-            seg.created_ms = seg.first_timestamp_ms or self._clock_ms()
-
-    def _open_epochs(self) -> LeaderEpochCache:
-        """Load the leader-epoch checkpoint; rebuild it from the chunk epochs when it does
-        not parse, or is missing while the log has chunks (written before riverlog kept one);
-        drop what recovery cut or retention removed."""
-        path = os.path.join(self.directory, CHECKPOINT_NAME)
-        try:
-            cache = LeaderEpochCache(path)
-        except EpochCheckpointError as exc:  # logged with the other recovery problems
-            self.report.problems.append(f"{exc}; rebuilt from the epochs of the chunks")
-            cache = LeaderEpochCache(path, load=False)
-            cache.replace(self._chunk_epochs())
-        else:
-            if not os.path.exists(path) and self.next_offset > self.first_offset:
-                cache.replace(self._chunk_epochs())
-        cache.truncate_from_end(self.next_offset)
-        cache.truncate_from_start(self.first_offset)
-        return cache
-
-    def _chunk_epochs(self) -> list[EpochEntry]:
-        return entries_of_chunks((first, epoch) for seg in self._segments
-                                 for first, epoch in zip(seg.index.offsets, seg.index.epochs))
-
+    # -- leader epochs ------------------------------------------------------------------
     def end_offset_for(self, epoch: int) -> int:
         """The end offset of leader ``epoch`` in this log, as the answer to a
         LeaderEpochOffsetRequest (``LeaderEpochCache.end_offset_for`` with this log's next
@@ -197,40 +141,26 @@ class CommitLog:
     def last_chunk_offset(self) -> int:
         """First offset of the newest committed chunk (RabbitMQ's offset spec "last"),
         or ``next_offset`` when no chunk is committed."""
-        for seg in reversed(self._segments):
-            idx = seg.index
-            i = bisect_right(idx.offsets, self.committed_offset) - 1
-            if i >= 0:
-                return idx.offsets[i]
-        return self.next_offset
+        found = reader.last_chunk(self._segments, self.committed_offset)
+        return self.next_offset if found is None else found[0].index.offsets[found[1]]
 
     @property
     def last_user_chunk_offset(self) -> int:
         """First offset of the newest committed user chunk, tracking chunks (stored consumer
         offsets) passed over, as osiris' offset spec "last" (last_user_chunk_location), or
         ``next_offset`` when there is none."""
-        found = self._last_user_chunk()
+        found = reader.last_chunk(self._segments, self.committed_offset, user_only=True)
         return self.next_offset if found is None else found[0].index.offsets[found[1]]
 
     @property
     def last_message_offset(self) -> int:
         """Offset of the newest committed message: the last record of the newest committed
         user chunk (tracking chunks passed over); -1 when there is none."""
-        found = self._last_user_chunk()
+        found = reader.last_chunk(self._segments, self.committed_offset, user_only=True)
         if found is None:
             return -1
         idx, i = found[0].index, found[1]
         return min(idx.offsets[i] + idx.records[i] - 1, self.committed_offset)
-
-    def _last_user_chunk(self) -> tuple[Segment, int] | None:
-        """(segment, index position) of the newest committed user chunk, None when none.
-        Reads two bytes of each chunk header it looks at, from the newest back."""
-        for seg in reversed(self._segments):
-            idx = seg.index
-            for i in range(bisect_right(idx.offsets, self.committed_offset) - 1, -1, -1):
-                if seg.chunk_type(i) == chunkfmt.CHUNK_USER:
-                    return seg, i
-        return None
 
     @property
     def size_bytes(self) -> int:
@@ -240,13 +170,7 @@ class CommitLog:
     def bytes_from(self, offset: int) -> int:
         """Bytes on disk of the chunks from the one holding ``offset`` to the end (0 when
         ``offset`` is at or past the end): how far, in bytes, a follower at ``offset`` lags."""
-        total = 0
-        for seg in reversed(self._segments):
-            if seg.next_offset <= offset:
-                break
-            i = seg.index.find_offset(offset)
-            total += seg.size - (seg.index.positions[i] if i < len(seg.index) else seg.size)
-        return total
+        return reader.bytes_from(self._segments, offset)
 
     @property
     def segments(self) -> list[Segment]:
@@ -273,11 +197,11 @@ class CommitLog:
                               trailer, bloom_size)
         policy = self.config.durability
         if policy is Durability.ALWAYS or (
-                policy is Durability.INTERVAL and not self._loop_running()
-                and self._clock_ms() - self._last_sync_ms >= self.config.fsync_interval_ms):
+                policy is Durability.INTERVAL and not loop_running()
+                and self._clock_ms() - self._syncer.last_ms >= self.config.fsync_interval_ms):
             self.sync()
         else:
-            self._after_write_async()
+            self._syncer.after_write()
             if self.auto_commit:
                 self.commit(offsets[-1])
         return offsets
@@ -311,7 +235,7 @@ class CommitLog:
         offsets = self._write(data, num_entries, num_records, timestamp_ms, chunk_type,
                               trailer, bloom_size)
         if not self.needs_flush:
-            self._after_write_async()
+            self._syncer.after_write()
             if self.auto_commit:
                 self.commit(offsets[-1])
         return offsets
@@ -381,26 +305,10 @@ class CommitLog:
             raise LogError(f"commit log {self.directory} commits its own appends "
                            "(auto_commit); a follower's log is opened with auto_commit=False")
         view = memoryview(raw)
-        headers = []
-        pos, expected, epoch = 0, self.next_offset, self.epochs.latest_epoch
-        while pos < len(view):
-            try:
-                h = chunkfmt.parse_header(view, pos)
-                chunkfmt.check_chunk(view, h, pos)
-                problem = None
-            except chunkfmt.ChunkFormatError as exc:
-                problem = str(exc)
-            else:
-                if h.first_offset < expected:
-                    problem = f"chunk starts at offset {h.first_offset}"
-                elif h.epoch < epoch:
-                    problem = f"chunk of leader epoch {h.epoch}, older than epoch {epoch}"
-            if problem:
-                raise ChunkRefusedError(self.directory, self.next_offset,
-                                        f"the chunk at byte {pos} (for offset {expected}): "
-                                        f"{problem}")
-            headers.append((pos, expected, h))
-            pos, expected, epoch = pos + h.size, h.next_offset, h.epoch
+        try:
+            headers = chunkfmt.check_chunks(view, self.next_offset, self.epochs.latest_epoch)
+        except chunkfmt.ChunkFormatError as exc:
+            raise ChunkRefusedError(self.directory, self.next_offset, str(exc)) from None
         first = self.next_offset
         now = self._clock_ms()
         for pos, gap_start, h in headers:
@@ -411,7 +319,7 @@ class CommitLog:
                         bytes(chunkfmt.bloom_of(h, chunk)), now)
         self.epoch = max(self.epoch, self.epochs.latest_epoch)
         if headers and not self.needs_flush:
-            self._after_write_async()
+            self._syncer.after_write()
         return range(first, self.next_offset)
 
     def _roll(self, now_ms: int) -> Segment:
@@ -427,77 +335,22 @@ class CommitLog:
         return seg
 
     # -- durability ---------------------------------------------------------------------
-    @staticmethod
-    def _loop_running() -> bool:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return False
-        return True
-
-    def _dirty_segments(self) -> list[Segment]:
-        return [s for s in self._segments if s.unsynced]
-
     def sync(self) -> None:
         """Fsync every segment with unsynced writes, now, blocking; then commit them."""
-        upto = self.next_offset
-        for seg in self._dirty_segments():
-            seg.unsynced = False
-            seg.sync()
-        self._synced(upto)
-
-    def _synced(self, upto: int) -> None:
-        self._last_sync_ms = self._clock_ms()
-        self._synced_next = max(self._synced_next, upto)
-        if self.auto_commit:
-            self.commit(upto - 1)
-        if self.on_synced is not None:
-            self.on_synced()
+        self._syncer.sync()
 
     @property
     def durable_next_offset(self) -> int:
         """The end of what the durability policy counts as written: ``next_offset``, or under
         ``Durability.ALWAYS`` the end of what is fsynced (what a leader of a replicated
         partition counts as its own log end for the high watermark)."""
-        return min(self._synced_next, self.next_offset) if self.needs_flush else self.next_offset
+        next_offset = self.next_offset
+        return min(self._syncer.synced_next, next_offset) if self.needs_flush else next_offset
 
     async def flush(self) -> None:
         """Wait until everything written so far is fsynced (group commit: concurrent
         callers share one fsync, run in a worker thread)."""
-        target = self.next_offset
-        while self._synced_next < target:
-            if self._closed:
-                raise LogClosedError(f"commit log {self.directory} is closed")
-            if self._sync_task is None:
-                self._sync_task = asyncio.get_running_loop().create_task(self._sync_once())
-            await asyncio.shield(self._sync_task)
-
-    async def _sync_once(self) -> None:
-        try:
-            upto = self.next_offset
-            segs = self._dirty_segments()
-            for seg in segs:
-                seg.unsynced = False
-                seg.index.flush()
-            fds = [seg.fd for seg in segs]
-            await asyncio.get_running_loop().run_in_executor(None, _fsync_all, fds)
-            self._synced(upto)
-        finally:
-            self._sync_task = None
-
-    def _after_write_async(self) -> None:
-        """Under INTERVAL, make sure an fsync is scheduled within ``fsync_interval_ms``."""
-        if (self.config.durability is not Durability.INTERVAL or self._flush_timer is not None
-                or not self._loop_running()):
-            return
-        loop = asyncio.get_running_loop()
-        self._flush_timer = loop.call_later(self.config.fsync_interval_ms / 1000,
-                                            self._interval_flush)
-
-    def _interval_flush(self) -> None:
-        self._flush_timer = None
-        if not self._closed and self._sync_task is None and self._dirty_segments():
-            self._sync_task = asyncio.get_running_loop().create_task(self._sync_once())
+        await self._syncer.flush()
 
     def commit(self, offset: int) -> None:
         """Advance the high watermark to ``offset`` (never backwards, never past the last
@@ -506,11 +359,7 @@ class CommitLog:
         if offset <= self.committed_offset:
             return
         self.committed_offset = offset
-        waiters = self._waiters
-        while waiters and waiters[0][0] <= offset:
-            future = heapq.heappop(waiters)[2]
-            if not future.done():
-                future.set_result(None)
+        self._waiters.release(offset)
 
     async def wait_for(self, offset: int, *, written: bool = False) -> None:
         """Return once ``offset`` is committed (readable). Raises ``LogClosedError`` if the
@@ -521,30 +370,7 @@ class CommitLog:
         while self.committed_offset < offset:
             if self._closed:
                 raise LogClosedError(f"commit log {self.directory} is closed")
-            future = asyncio.get_running_loop().create_future()
-            self._waiter_count += 1
-            heapq.heappush(self._waiters, (offset, self._waiter_count, future, written))
-            try:
-                await future
-            except asyncio.CancelledError:
-                self._abandon()
-                raise
-
-    def _abandon(self) -> None:
-        """A waiter was cancelled: drop the cancelled ones once they are most of the heap
-        (readers that wait with a timeout on an idle log would pile up)."""
-        self._abandoned += 1
-        if self._abandoned > 32 and self._abandoned * 2 > len(self._waiters):
-            self._waiters = [w for w in self._waiters if not w[2].done()]
-            heapq.heapify(self._waiters)
-            self._abandoned = 0
-
-    def _wake_all(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        self._abandoned = 0
-        for _, _, future, _ in waiters:
-            if not future.done():
-                future.set_result(None)
+            await self._waiters.wait(offset, written)
 
     # -- reads --------------------------------------------------------------------------
     def read_chunks(self, offset: int, max_bytes: int = DEFAULT_READ_BYTES, *,
@@ -557,32 +383,23 @@ class CommitLog:
         end (or the committed offset). An offset in a gap left by compaction starts at the
         next chunk. Raises ``OffsetOutOfRangeError`` when ``offset < start_offset``
         (retention removed it) and ``CorruptChunkError`` when a chunk fails its checks."""
-        found = self._locate(offset, committed_only)
+        limit = self._readable(offset, committed_only)
+        found = reader.locate(self._segments, self._bases, offset, limit)
         if found is None:
             return []
-        seg, i, limit = found
-        stop = _run_end(seg, i, limit, max_bytes, max_chunks)
+        seg, i = found
+        stop = reader.run_end(seg, i, limit, max_bytes, max_chunks)
         return seg.read_chunks(i, stop, self.config.verify_reads, buffer)
 
-    def _locate(self, offset: int, committed_only: bool) -> tuple[Segment, int, int] | None:
-        """``(segment, index position, last readable offset)`` of the chunk holding
-        ``offset`` (or the next one), None when there is none to read (see read_chunks)."""
+    def _readable(self, offset: int, committed_only: bool) -> int:
+        """The last offset a read from ``offset`` may return (see read_chunks for what is
+        raised)."""
         if self._closed:
             raise LogClosedError(f"commit log {self.directory} is closed")
         if offset < self.start_offset:
             raise OffsetOutOfRangeError(
                 f"offset {offset} is before the log start offset {self.start_offset}")
-        limit = self.committed_offset if committed_only else self.last_offset
-        if offset > limit:
-            return None
-        s = max(bisect_right(self._bases, offset) - 1, 0)
-        while s < len(self._segments):
-            seg = self._segments[s]
-            i = seg.index.find_offset(offset)
-            if i < len(seg.index):
-                return (seg, i, limit) if seg.index.offsets[i] <= limit else None
-            s += 1
-        return None
+        return self.committed_offset if committed_only else self.last_offset
 
     def read_matching_chunks(self, offset: int, matches: Callable[[bytes], bool],
                              max_bytes: int = DEFAULT_READ_BYTES, *, max_chunks: int = 0,
@@ -594,44 +411,24 @@ class CommitLog:
         (at most ``max_skip`` of them per call). The chunks returned are consecutive ones
         (``max_chunks`` counts only them). Returns ``(chunks, resume)``: the offset to read
         from next, past every chunk looked at. Raises as ``read_chunks`` does."""
-        found = self._locate(offset, True)
+        limit = self._readable(offset, True)
+        found = reader.locate(self._segments, self._bases, offset, limit)
         if found is None:
             return [], offset
-        seg, i, limit = found
-        idx, blooms, load = seg.index, self._blooms.of(seg), self._blooms.load
-        n = len(idx)
-        stop_skip = i + max_skip
-
-        def wanted(j: int) -> bool:
-            bloom = blooms[j]
-            if bloom is None:
-                bloom = load(seg, blooms, j)
-            return bloom is None or matches(bloom)  # an unreadable header: read it, check it
-
-        while i < n and i < stop_skip and idx.offsets[i] <= limit and not wanted(i):
-            i += 1
-        if i == n:
-            return [], seg.next_offset
-        if i == stop_skip or idx.offsets[i] > limit:
-            return [], idx.offsets[i]
-        stop = _run_end(seg, i, limit, max_bytes, max_chunks, wanted)
-        chunks = seg.read_chunks(i, stop, self.config.verify_reads, buffer)
-        return chunks, chunks[-1].header.next_offset
+        return reader.read_matching(found[0], found[1], limit, self._blooms, matches,
+                                    max_bytes, max_chunks, self.config.verify_reads, buffer,
+                                    max_skip)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int:
         """First offset of the first chunk whose timestamp is >= ``timestamp_ms`` (ms since
         the epoch); ``next_offset`` when every chunk is older."""
-        for seg in self._segments:
-            idx = seg.index
-            if len(idx) and idx.timestamps[-1] >= timestamp_ms:
-                return idx.offsets[idx.find_timestamp(timestamp_ms)]
-        return self.next_offset
+        return reader.offset_for_timestamp(self._segments, timestamp_ms, self.next_offset)
 
     # -- housekeeping -------------------------------------------------------------------
     def enforce_retention(self) -> int:
         """Delete the oldest whole segments over the retention limits; returns how many.
         Skipped while a compaction or an fsync is in flight."""
-        if self._compacting is not None or self._sync_task is not None:
+        if self._compacting is not None or self._syncer.task is not None:
             return 0
         n = segments_to_delete(self._segments, self.config, self._clock_ms())
         for seg in self._segments[:n]:
@@ -716,27 +513,9 @@ class CommitLog:
             self._segments.pop().delete()
             self._bases.pop()
         seg = self._segments[-1]
-        idx = seg.index
-        i = idx.find_offset(offset)
-        keep: bytes | None = None
-        if i < len(idx) and idx.offsets[i] < offset:
-            (chunk,) = seg.read_chunks(i, i + 1, True)
-            keep = _leading_entries(chunk, offset)
-        seg.truncate_chunks(min(i, len(idx)))
-        if keep is not None:
-            data, n_entries, n_records = keep
-            h = chunk.header
-            raw = chunkfmt.encode_chunk(data, n_entries, n_records,
-                                        first_offset=h.first_offset, timestamp_ms=h.timestamp_ms,
-                                        epoch=h.epoch, chunk_type=h.chunk_type,
-                                        trailer=bytes(chunkfmt.bloom_of(h, chunk.raw)),
-                                        bloom_size=h.bloom_size)  # still covers what is kept
-            seg.append(raw, h.first_offset, n_records, h.timestamp_ms, h.epoch)
-        seg.index.rewrite()
-        seg.sync()
-        seg.unsynced = False
+        seg.truncate_at(offset)
         self._last_ts = seg.last_timestamp_ms if len(seg.index) else self._last_ts
-        self._synced_next = min(self._synced_next, self.next_offset)
+        self._syncer.synced_next = min(self._syncer.synced_next, self.next_offset)
         self.committed_offset = min(self.committed_offset, self.next_offset - 1)
         self.epochs.truncate_from_end(self.next_offset)
         self._fail_removed_writes(offset)
@@ -744,17 +523,9 @@ class CommitLog:
     def _fail_removed_writes(self, offset: int) -> None:
         """Fail the writes waiting for the commit of a record at ``offset`` or after (just
         truncated): ``UncommittedTruncatedError``."""
-        removed = [w for w in self._waiters if w[3] and w[0] >= offset]
-        if not removed:
-            return
-        self._waiters = [w for w in self._waiters if not (w[3] and w[0] >= offset)]
-        heapq.heapify(self._waiters)
-        error = UncommittedTruncatedError(
+        self._waiters.fail_writes_from(offset, UncommittedTruncatedError(
             f"commit log {self.directory}: records from offset {offset} on were truncated "
-            f"before their commit")
-        for _, _, future, _ in removed:
-            if not future.done():
-                future.set_exception(error)
+            f"before their commit"))
 
     def reset(self, offset: int) -> None:
         """Remove every record and continue at ``offset`` (a follower whose leader no longer
@@ -774,7 +545,7 @@ class CommitLog:
         seg.created_ms = self._clock_ms()
         self._segments, self._bases = [seg], [offset]
         fsync_dir(self.directory)
-        self._synced_next = offset
+        self._syncer.synced_next = offset
         self.committed_offset = offset - 1
         self.epochs.replace([])
         save_point(self.directory, None)  # it described records that are gone
@@ -787,20 +558,18 @@ class CommitLog:
         ``wait_for`` get ``LogClosedError``. From async code prefer ``aclose``."""
         if self._closed:
             return
-        if self._flush_timer is not None:
-            self._flush_timer.cancel()
-            self._flush_timer = None
+        self._syncer.stop_timer()
         if self.config.durability is not Durability.NEVER:
             self.sync()
         self._closed = True
         for seg in self._segments:
             seg.close()
-        self._wake_all()
+        self._waiters.wake_all()
 
     async def aclose(self) -> None:
         """Wait for an in-flight fsync, then ``close``."""
-        if self._sync_task is not None:
-            await asyncio.shield(self._sync_task)
+        if self._syncer.task is not None:
+            await asyncio.shield(self._syncer.task)
         self.close()
 
     def delete(self) -> None:
@@ -818,42 +587,3 @@ class CommitLog:
         return (f"CommitLog({self.directory!r}, first={self.first_offset}, "
                 f"next={self.next_offset}, committed={self.committed_offset})")
 
-
-def _run_end(seg: Segment, i: int, limit: int, max_bytes: int, max_chunks: int,
-             wanted: Callable[[int], bool] | None = None) -> int:
-    """End (exclusive index position) of the run of chunks read together from chunk ``i``:
-    committed (first offset <= ``limit``), within ``max_bytes`` (but at least one chunk)
-    and ``max_chunks`` (0: no limit), and each ``wanted`` (when given)."""
-    idx = seg.index
-    stop = i + 1
-    start_pos = idx.positions[i]
-    last = min(len(idx), i + max_chunks) if max_chunks > 0 else len(idx)
-    while (stop < last and idx.offsets[stop] <= limit
-           and seg.chunk_end(stop) - start_pos <= max_bytes
-           and (wanted is None or wanted(stop))):
-        stop += 1
-    return stop
-
-
-def _fsync_all(fds: list[int]) -> None:
-    for fd in fds:
-        os.fsync(fd)
-
-
-def _leading_entries(chunk: ChunkSlice, offset: int) -> tuple[bytes, int, int] | None:
-    """The entries of ``chunk`` holding the records before ``offset``, as
-    ``(data, entries, records)``, or None if there are none. Raises ``LogError`` when
-    ``offset`` falls inside a sub-batch entry."""
-    wanted = offset - chunk.header.first_offset
-    kept = []
-    records = 0
-    for entry in chunkfmt.iter_entries(chunk.data):
-        if records == wanted:
-            break
-        if records + entry.records > wanted:
-            raise LogError(f"cannot truncate at offset {offset}: it falls inside a sub-batch")
-        kept.append(entry)
-        records += entry.records
-    if not kept:
-        return None
-    return chunkfmt.join_entries(kept)

@@ -1,5 +1,6 @@
-# Recovery of a segment on open: decide which chunks to trust, trim a torn or corrupt tail,
-# rebuild a missing or damaged index, and report what was dropped.
+# Recovery on open: of each segment (decide which chunks to trust, trim a torn or corrupt
+# tail, rebuild a missing or damaged index), of a partition folder's list of segments (drop
+# what does not continue the log) and of its leader-epoch checkpoint; report what was dropped.
 # Rules: never raise on bad bytes (only on I/O errors); never keep a chunk that fails its
 # checks or breaks offset order; trust index entries up to the last one whose chunk checks,
 # and scan everything after it (DESIGN.md, "Recovery on start").
@@ -10,7 +11,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from ..errors import EpochCheckpointError
 from . import chunk as chunkfmt
+from .epochs import CHECKPOINT_NAME, EpochEntry, LeaderEpochCache, entries_of_chunks
 from .segment import COMPACTED_SUFFIX, SEGMENT_SUFFIX, Segment, read_compacted_marker
 
 log = logging.getLogger("riverlog.log.recovery")
@@ -200,3 +203,69 @@ def verify_partition(directory: str) -> RecoveryReport:
             report.truncated_bytes += size - scan.end
         expected = max(last.next_offset if last else start, end_mark or 0)
     return report
+
+
+def open_segments(directory: str, verify: bool, report: RecoveryReport,
+                  now_ms: int) -> list[Segment]:
+    """The segments of the partition folder ``directory``, oldest first, each recovered
+    (``recover_segment``, ``verify``: check every chunk); leftovers of an interrupted
+    compaction (``*.cleaned``, ``*.tmp``) are removed; a segment that does not start where
+    the one before it ends, or follows a truncated one, is dropped and reported. An empty
+    folder gets one empty segment at offset 0. ``created_ms`` of each: its first
+    timestamp, else ``now_ms``. Raises OSError only for I/O errors."""
+    names = sorted(n for n in os.listdir(directory) if n.endswith(SEGMENT_SUFFIX)
+                   and n[:-len(SEGMENT_SUFFIX)].isdigit())
+    for leftover in os.listdir(directory):
+        if leftover.endswith((".cleaned", ".tmp")):
+            os.unlink(os.path.join(directory, leftover))
+    segments: list[Segment] = []
+    expected = None
+    cut = False
+    for name in names:
+        seg = Segment(directory, int(name[:-len(SEGMENT_SUFFIX)]))
+        if cut or (expected is not None and seg.base_offset != expected):
+            reason = ("follows a truncated segment" if cut else
+                      f"starts at offset {seg.base_offset} but the log before it ends "
+                      f"before offset {expected}")
+            report.problems.append(f"{seg.path}: dropped, {reason}")
+            report.dropped_segments.append(seg.path)
+            report.truncated_bytes += seg.file_size()
+            seg.delete()
+            cut = True
+            continue
+        cut = recover_segment(seg, verify, report)
+        segments.append(seg)
+        expected = seg.next_offset
+    if not segments:
+        segments.append(Segment(directory, 0))
+    for seg in segments:
+        seg.created_ms = seg.first_timestamp_ms or now_ms
+    return segments
+
+
+def open_epochs(directory: str, segments: list[Segment],
+                report: RecoveryReport) -> LeaderEpochCache:
+    """The leader-epoch checkpoint of the folder, rebuilt from the chunk epochs of
+    ``segments`` when it does not parse (reported), or is missing while the log has chunks
+    (written before riverlog kept one); what recovery cut or retention removed is dropped."""
+    path = os.path.join(directory, CHECKPOINT_NAME)
+    first = next((seg.first_offset for seg in segments if len(seg.index)),
+                 segments[-1].next_offset)
+    end = segments[-1].next_offset
+
+    def chunk_epochs() -> list[EpochEntry]:
+        return entries_of_chunks((offset, epoch) for seg in segments
+                                 for offset, epoch in zip(seg.index.offsets, seg.index.epochs))
+
+    try:
+        cache = LeaderEpochCache(path)
+    except EpochCheckpointError as exc:  # logged with the other recovery problems
+        report.problems.append(f"{exc}; rebuilt from the epochs of the chunks")
+        cache = LeaderEpochCache(path, load=False)
+        cache.replace(chunk_epochs())
+    else:
+        if not os.path.exists(path) and end > first:
+            cache.replace(chunk_epochs())
+    cache.truncate_from_end(end)
+    cache.truncate_from_start(first)
+    return cache

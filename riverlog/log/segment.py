@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..errors import CorruptChunkError
+from ..errors import CorruptChunkError, LogError
 from . import chunk as chunkfmt
 from .index import ChunkIndex
 
@@ -198,6 +198,32 @@ class Segment:
         self.next_offset = self.indexed_next_offset()
         self.unsynced = True
 
+    def truncate_at(self, offset: int, verify: bool = True) -> None:
+        """Remove every record at ``offset`` and after from this segment (``offset`` at or
+        above its base). When ``offset`` falls inside a chunk, that chunk is rewritten with
+        its leading records (same header fields, its bloom filter kept: it still covers
+        them); raises ``LogError`` when that would split a sub-batch entry. The index is
+        rewritten and the file fsynced before this returns."""
+        idx = self.index
+        i = idx.find_offset(offset)
+        keep = None
+        if i < len(idx) and idx.offsets[i] < offset:
+            (chunk,) = self.read_chunks(i, i + 1, verify)
+            keep = _leading_entries(chunk, offset)
+        self.truncate_chunks(min(i, len(idx)))
+        if keep is not None:
+            data, n_entries, n_records = keep
+            h = chunk.header
+            raw = chunkfmt.encode_chunk(data, n_entries, n_records,
+                                        first_offset=h.first_offset, timestamp_ms=h.timestamp_ms,
+                                        epoch=h.epoch, chunk_type=h.chunk_type,
+                                        trailer=bytes(chunkfmt.bloom_of(h, chunk.raw)),
+                                        bloom_size=h.bloom_size)
+            self.append(raw, h.first_offset, n_records, h.timestamp_ms, h.epoch)
+        self.index.rewrite()
+        self.sync()
+        self.unsynced = False
+
     def close(self) -> None:
         self.index.flush()
         self.index.close()
@@ -257,3 +283,22 @@ class Segment:
                                         str(exc)) from None
             out.append(ChunkSlice(header, view[at:at + size] if stop - start > 1 else buf))
         return out
+
+
+def _leading_entries(chunk: ChunkSlice, offset: int) -> tuple[bytes, int, int] | None:
+    """The entries of ``chunk`` holding the records before ``offset``, as
+    ``(data, entries, records)``, or None if there are none. Raises ``LogError`` when
+    ``offset`` falls inside a sub-batch entry."""
+    wanted = offset - chunk.header.first_offset
+    kept = []
+    records = 0
+    for entry in chunkfmt.iter_entries(chunk.data):
+        if records == wanted:
+            break
+        if records + entry.records > wanted:
+            raise LogError(f"cannot truncate at offset {offset}: it falls inside a sub-batch")
+        kept.append(entry)
+        records += entry.records
+    if not kept:
+        return None
+    return chunkfmt.join_entries(kept)

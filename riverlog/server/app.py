@@ -22,6 +22,7 @@ from ..config import ServerConfig
 from ..security.guard import Guard
 from ..security.users import listens_on_loopback
 from ..tables.service import TableService
+from .metrics_http import MetricsServer
 from .rabbitmq_stream import RabbitStreamServer
 
 # The Liftbridge doors (NATS bridge, gRPC API) import grpc and nats-py: loaded only when on.
@@ -91,7 +92,6 @@ class App:
                 self.nats_link.add_reconnect_listener(self.cluster.reconnected)
                 await self.cluster.start(self.doors(), self.nats_link)
             if self.config.metrics is not None:
-                from .metrics_http import MetricsServer
                 self.metrics = MetricsServer(self, self.config.metrics)
                 self.metrics.start()
         except BaseException:

@@ -1,11 +1,12 @@
 # The Liftbridge gRPC front door: the `/proto.API/*` service that Liftbridge clients
 # (gufo-liftbridge, go-liftbridge, ...) call, on grpc.aio. Owns the listening port and the
 # translation of each RPC into calls on the shared Liftbridge layer (server/liftbridge.py);
-# the streaming RPCs are in grpc_streams.py. Rules: handlers get raw request bytes and parse
-# them, so a malformed request gets InvalidArgument naming the message type; every refusal uses
-# exactly the gRPC status code Liftbridge uses, with its message; Publish waits for its ack
-# only when the call has a deadline and the ack policy is not NONE; a subject or ack inbox that
-# NATS or riverlog refuses (NatsBridge.ack_inbox_error) is refused before anything is stored.
+# the streaming RPCs are in grpc_subscribe.py and grpc_publish_async.py. Rules: handlers get
+# raw request bytes and parse them, so a malformed request gets InvalidArgument naming the
+# message type; every refusal uses exactly the gRPC status code Liftbridge uses, with its
+# message; Publish waits for its ack only when the call has a deadline and the ack policy is
+# not NONE; a subject or ack inbox that NATS or riverlog refuses (NatsBridge.ack_inbox_error)
+# is refused before anything is stored.
 # In a cluster (Broker.placement): CreateStream/DeleteStream, PauseStream/SetStreamReadonly and
 # the consumer group calls go through the metadata, FetchMetadata lists every server and
 # stream, and a Publish for a partition led elsewhere goes to the leader through its NATS
@@ -24,7 +25,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from ..broker import Partition, StreamConfig
-from ..broker.broker import MAX_NAME_BYTES
+from ..broker.stream import MAX_NAME_BYTES
 from ..broker.cursors import CursorsDisabledError, NotCursorLeaderError
 from ..broker.groups import GroupError
 from ..config import GrpcConfig
@@ -37,9 +38,10 @@ from ..security.grpc_auth import GrpcAuth
 from ..security.guard import Guard
 from ..security.tls import grpc_server_credentials, server_context
 from ..security.users import listens_on_loopback
-from .grpc_streams import (ack_error_to_async, exact_nats_size, nats_size, publish_async,
-                           subscribe)
-from .liftbridge import NONE, Liftbridge, LiftbridgeError, new_id, partition_subject
+from .grpc_publish_async import ack_error_to_async, exact_nats_size, nats_size, publish_async
+from .grpc_subscribe import subscribe
+from .liftbridge import NONE, Liftbridge, LiftbridgeError, partition_subject
+from .server_id import new_id
 
 log = logging.getLogger("riverlog.grpc")
 

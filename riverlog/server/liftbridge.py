@@ -12,13 +12,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import os
-import secrets
 import time
 from typing import Awaitable, Callable, Iterable
 
-from ..broker import RESERVED_STREAMS, Broker, Partition, Stream, StreamConfig, check_writable
+from ..broker import Broker, Partition, Stream, StreamConfig, check_writable
 from ..broker.appender import Appenders
 from ..broker.broker import ACTIVITY_STREAM
 from ..broker.cursors import Cursors
@@ -30,10 +29,11 @@ from ..metrics import DOORS, TurnLatency, counters, error as count_error
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.nats_subject import queue_problem, subject_problem
 from ..record import Record, encode_record
+from .activity import ActivityStream
+from .auto_pause import idle_partitions
+from .server_id import load_server_id
 
 log = logging.getLogger("riverlog.liftbridge")
-
-SERVER_ID_FILE = "liftbridge-server-id"
 
 LEADER, ALL, NONE = pb.AckPolicy.LEADER, pb.AckPolicy.ALL, pb.AckPolicy.NONE
 ACK_OK = pb.Ack.Error.OK
@@ -78,33 +78,6 @@ def writable(name: str, code: str) -> None:
         check_writable(name)
     except ReservedStreamError:
         raise LiftbridgeError(code, "Stream is reserved") from None
-
-
-def new_id() -> str:
-    """A random id like NATS's NUID (22 characters, base 62)."""
-    alphabet = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-    return "".join(secrets.choice(alphabet) for _ in range(22))
-
-
-def load_server_id(data_dir: str, configured: str | None) -> str:
-    """The server id: ``configured`` if given, else the one kept in DATA/liftbridge-server-id
-    (generated and saved on first use)."""
-    if configured:
-        return configured
-    path = os.path.join(data_dir, SERVER_ID_FILE)
-    try:
-        with open(path) as f:
-            saved = f.read().strip()
-        if saved:
-            return saved
-    except FileNotFoundError:
-        pass
-    server_id = new_id()
-    os.makedirs(data_dir, exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        f.write(server_id + "\n")
-    os.replace(path + ".tmp", path)
-    return server_id
 
 
 class AckSink:
@@ -229,9 +202,7 @@ class Liftbridge:
         self._resuming: dict[tuple[str, tuple[int, ...]], asyncio.Future] = {}
         """Resumes under way (``resume``): (stream, partition indexes) -> their future."""
         self._auto_pause_task: asyncio.Task | None = None
-        self._activity_task: asyncio.Task | None = None
-        self._activity_queue: list[pb.ActivityStreamEvent] = []
-        self._activity_wakeup: asyncio.Event | None = None
+        self.activity_stream = ActivityStream(broker, self.appenders, config.activity_enabled)
         broker.deletion_listeners.append(self._stream_deleted)
         broker.flag_listeners.append(self._flags_changed)
 
@@ -248,20 +219,14 @@ class Liftbridge:
         loop = asyncio.get_running_loop()
         self.groups.start()
         self._auto_pause_task = loop.create_task(self._auto_pause_loop())
-        if self.config.activity_enabled:
-            self._activity_wakeup = asyncio.Event()
-            self._activity_task = loop.create_task(self._activity_loop())
+        self.activity_stream.start()
 
     async def close(self) -> None:
-        for task in (self._auto_pause_task, self._activity_task):
-            if task is not None:
-                task.cancel()
-                try:
-                    await task
-                except asyncio.CancelledError:
-                    pass
-        if self._activity_queue:
-            self._publish_activity_now()
+        if self._auto_pause_task is not None:
+            self._auto_pause_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._auto_pause_task
+        await self.activity_stream.close()
         await self.appenders.drain()
         self.groups.close()
 
@@ -613,61 +578,18 @@ class Liftbridge:
     # -- activity stream ----------------------------------------------------------------
     def activity(self, event: pb.ActivityStreamEvent) -> None:
         """Queue an activity event for ``__activity`` (no-op unless the activity stream is on)."""
-        if not self.config.activity_enabled:
-            return
-        self._activity_queue.append(event)
-        if self._activity_wakeup is not None:
-            self._activity_wakeup.set()
-
-    async def _activity_loop(self) -> None:
-        assert self._activity_wakeup is not None
-        while True:
-            await self._activity_wakeup.wait()
-            self._activity_wakeup.clear()
-            try:
-                self._publish_activity_now()
-            except Exception:
-                log.exception("publishing to the activity stream failed")
-
-    def _publish_activity_now(self) -> None:
-        stream = self.broker.streams.get(ACTIVITY_STREAM)
-        events, self._activity_queue = self._activity_queue, []
-        if stream is None:
-            return
-        partition = stream.partitions[0]
-        appender = self.appenders.get(partition)
-        subject = stream.config.subject or ""
-        for event in events:
-            event.id = appender.next_offset + 1  # unique, increasing, survives restarts
-            record = encode_record(Record(
-                value=event.SerializeToString(), headers={"subject": subject.encode(),
-                                                          "reply": b""},
-                timestamp_ns=time.time_ns(), subject=subject or None))
-            appender.append(record)
+        self.activity_stream.emit(event)
 
     # -- auto pause ---------------------------------------------------------------------
     async def _auto_pause_loop(self) -> None:
         while True:
             await asyncio.sleep(1.0)
-            now = time.time_ns()
-            for stream in list(self.broker.streams.values()):
-                limit = stream.config.auto_pause_time_ms
-                if not limit or stream.name in RESERVED_STREAMS:
-                    continue
-                for partition in stream.partitions:  # the leader's decision, as Liftbridge's
-                    if partition.paused or not self.broker.placement.leads(stream.name,
-                                                                           partition.index):
-                        continue
-                    if (stream.config.auto_pause_disable_if_subscribers
-                            and self.subscribers.get(id(partition), 0) > 0):
-                        continue
-                    latest = max(partition.events.get("received", (0, 0))[1],
-                                 partition.events.get("pause", (0, 0))[1], stream.created_ns)
-                    if now - latest > limit * 1_000_000:
-                        log.info("partition %s/%d has not received a message in over %d ms, "
-                                 "auto pausing partition", stream.name, partition.index, limit)
-                        try:
-                            await self.pause(stream.name, [partition.index], False)
-                        except LiftbridgeError as exc:
-                            log.error("cannot auto pause %s/%d: %s", stream.name,
-                                      partition.index, exc.message)
+            for stream, partition, limit in idle_partitions(self.broker, self.subscribers,
+                                                             time.time_ns()):
+                log.info("partition %s/%d has not received a message in over %d ms, "
+                         "auto pausing partition", stream.name, partition.index, limit)
+                try:
+                    await self.pause(stream.name, [partition.index], False)
+                except LiftbridgeError as exc:
+                    log.error("cannot auto pause %s/%d: %s", stream.name,
+                              partition.index, exc.message)

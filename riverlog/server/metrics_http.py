@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from typing import TYPE_CHECKING, Iterable
+from typing import Any, Iterable, Protocol
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -21,9 +21,6 @@ from prometheus_client.registry import Collector
 from .. import __version__
 from ..config import MetricsConfig
 from ..metrics import CLUSTER_REGISTRY, GRPC, RABBITMQ_STREAM, REGISTRY, forget_stream
-
-if TYPE_CHECKING:
-    from .app import App
 
 log = logging.getLogger("riverlog.metrics")
 
@@ -53,10 +50,23 @@ _FOLLOWER_HELP = {  # riverlog_follower_<name>, on the leader, per follower
 }
 
 
-class StateCollector(Collector):
-    """Gauges computed from the App's state, on its event loop, when Prometheus scrapes."""
+class ServerState(Protocol):
+    """What the gauges read of a running server (riverlog.server.app.App is the one that
+    serves them): its broker and doors, each None when off."""
 
-    def __init__(self, app: "App", loop: asyncio.AbstractEventLoop) -> None:
+    broker: Any  # riverlog.broker.Broker
+    rabbitmq_stream: Any  # server.rabbitmq_stream.RabbitStreamServer or None
+    grpc: Any  # server.grpc_api.GrpcApi or None
+    liftbridge: Any  # server.liftbridge.Liftbridge or None
+    nats: Any  # server.nats_bridge.NatsBridge or None
+    cluster: Any  # cluster.node.ClusterNode or None
+    tables: Any  # riverlog.tables.service.TableService
+
+
+class StateCollector(Collector):
+    """Gauges computed from the server's state, on its event loop, when Prometheus scrapes."""
+
+    def __init__(self, app: ServerState, loop: asyncio.AbstractEventLoop) -> None:
         self.app = app
         self.loop = loop
 
@@ -252,7 +262,7 @@ class MetricsServer:
     """GET /metrics on ``config.host``:``config.port`` (0 picks a free port; ``port`` tells
     which). ``start()`` raises OSError naming the address when it cannot listen."""
 
-    def __init__(self, app: "App", config: MetricsConfig) -> None:
+    def __init__(self, app: ServerState, config: MetricsConfig) -> None:
         self.app = app
         self.config = config
         self.port = config.port

@@ -1,11 +1,11 @@
 # riverlog on Spark: the PySpark data source "riverlog" (batch and streaming, read and write,
 # Kafka-source semantics over the RabbitMQ Stream door) and the pipeline jobs built on it.
-# read_table reads a stream through its Parquet table (riverlog.tables.read).
+# read_table reads a stream through its Parquet table (riverlog.spark.table).
 # Rules: importing this package needs neither pyspark nor pyarrow (the CLI imports it);
 # register(), read_table() and the submodules do. Docs: docs/spark.md.
 from __future__ import annotations
 
-from ..tables.read import read_table
+from .table import read_table
 
 NAME = "riverlog"
 

@@ -1,16 +1,14 @@
 # `riverlog demo ...`: runnable demonstrations. Owns only their command line (flags -> the
 # job's arguments); the work lives in the job modules (riverlog.spark.flights). Rules: pyspark,
 # pandas and friends are imported when a command runs, never when the CLI starts; errors are
-# one line and a non-zero exit. Attached to the main command group by one line in
-# riverlog/cli.py.
+# one line and a non-zero exit. The `demo` group knows nothing of the main command: riverlog/
+# cli.py attaches it (main.add_command).
 from __future__ import annotations
 
 import click
 
-from ..cli import main
 
-
-@main.group()
+@click.group()
 def demo() -> None:
     """Demonstrations that run against a riverlog server (start one with `riverlog serve`)."""
 

@@ -238,11 +238,11 @@ async def test_a_duplicate_is_confirmed_only_once_its_original_is_committed(tmp_
     client could then lose a message it was told was stored). The disk is made slow by
     holding the fsync until the test lets it go."""
     import threading
-    from riverlog.log import commitlog
+    from riverlog.log import syncer
 
     disk = threading.Event()
-    real_fsync_all = commitlog._fsync_all
-    monkeypatch.setattr(commitlog, "_fsync_all", lambda fds: (disk.wait(10), real_fsync_all(fds)))
+    real_fsync_all = syncer._fsync_all
+    monkeypatch.setattr(syncer, "_fsync_all", lambda fds: (disk.wait(10), real_fsync_all(fds)))
     app = App(ServerConfig(data_dir=str(tmp_path), log=LogConfig(durability=Durability.ALWAYS),
                            rabbitmq_stream=RabbitStreamConfig(port=0)))
     await app.start()

@@ -145,8 +145,9 @@ def test_async_client(riverlog_server, new_stream):
 
 def test_frames_larger_than_the_receive_buffer(riverlog_server, new_stream, monkeypatch):
     import riverlog.client as rc
+    import riverlog.client.connection as connection
 
-    monkeypatch.setattr(rc, "_MIN_READ", 1000)  # a 4000-byte buffer that has to grow
+    monkeypatch.setattr(connection, "_MIN_READ", 1000)  # a 4000-byte buffer that has to grow
     s = new_stream()
     with rc.Client("127.0.0.1", riverlog_server.port) as c:
         with c.publisher(s) as pub:

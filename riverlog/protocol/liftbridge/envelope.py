@@ -210,13 +210,9 @@ def decode_message(data: Bytes) -> Optional[tuple[MsgType, object]]:
     if decoded is None:
         return None
     msg_type, payload = decoded
-    cls = MESSAGE_CLASSES[msg_type]
-    if cls is None:
-        parsed = _parse_replication_response(payload)
-        return None if parsed is None else (msg_type, parsed)
     try:
-        return msg_type, cls.FromString(payload)
-    except DecodeError:
+        return msg_type, _parse_payload(msg_type, payload)
+    except EnvelopeError:
         return None
 
 
@@ -377,6 +373,14 @@ def decode_internal(data: Bytes, expected: MsgType) -> Union[_ProtoMessage, Repl
     msg_type, payload = decoded
     if msg_type is not expected:
         raise EnvelopeError(f"MsgType mismatch: expected {expected.name}, got {msg_type.name}")
+    return _parse_payload(msg_type, payload)
+
+
+def _parse_payload(msg_type: MsgType, payload: bytes) -> Union[_ProtoMessage, ReplicationResponse]:
+    """The message an envelope of ``msg_type`` carries in ``payload``: an instance of
+    ``MESSAGE_CLASSES[msg_type]``, or a ReplicationResponse. Raises EnvelopeError when the
+    payload is not a valid protobuf of that class or a ReplicationResponse payload is
+    shorter than its 16 bytes of leader epoch and high watermark."""
     cls = MESSAGE_CLASSES[msg_type]
     if cls is None:
         parsed = _parse_replication_response(payload)

@@ -1,0 +1,406 @@
+# The PublishAsync RPC of the Liftbridge gRPC door (bidirectional), and the answers the door
+# shares with Publish: Liftbridge's ack errors as PublishAsyncError codes and the NATS message
+# size a publish is checked against. Requests arrive as raw bytes and answers leave as raw
+# bytes (a malformed request gets InvalidArgument).
+# Rules (reference/liftbridge.md "Behaviour clients rely on"; liftbridge server/api.go):
+# PublishAsync answers every message whose ack policy is not NONE, errors as
+# {correlationId, ack: Ack{}, asyncError}; after the client half-closes it waits up to 5 s for
+# outstanding acks. It handles the requests of one loop turn together: runs of them to one
+# partition with one ack policy are encoded in one pass, appended at once and answered from
+# template bytes (AckTemplate), counted once per run; what one-by-one publishing would answer
+# and store stays exactly the same (tests: test_lb_publish_batch.py). In a cluster, a request
+# for a partition led elsewhere goes to its NATS subject, where the leader takes it, and is
+# answered with the ack the leader sends back.
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from ..metrics import GRPC, counters
+from ..protocol.liftbridge import api_pb2 as pb
+from ..protocol.liftbridge import envelope
+from ..protocol.liftbridge.envelope import varint
+from ..record import Record, encode_records
+from .liftbridge import ACK_OK, NONE, Liftbridge, LiftbridgeError, RunSink, partition_subject
+from .server_id import new_id
+
+log = logging.getLogger("riverlog.grpc")
+
+ASYNC_ACK_TIMEOUT_S = 5.0
+_ASYNC = pb.PublishAsyncError.Code
+
+
+def ack_error_to_async(error: int) -> tuple[int, str] | None:
+    """Liftbridge's convertAckError: None for OK, else (PublishAsyncError code, message)."""
+    if error == ACK_OK:  # the module constant: a lookup through pb costs ~0.8 us per message
+        return None
+    if error == pb.Ack.Error.INCORRECT_OFFSET:
+        return _ASYNC.INCORRECT_OFFSET, "incorrect expected offset"
+    if error == pb.Ack.Error.TOO_LARGE:
+        return _ASYNC.BAD_REQUEST, "message exceeds max replication size"
+    if error == pb.Ack.Error.ENCRYPTION:
+        return _ASYNC.ENCRYPTION_FAILED, "encryption failed on partition"
+    return _ASYNC.UNKNOWN, "unknown error"
+
+
+def nats_size(req, subject: str) -> int:
+    """The size of the NATS message Liftbridge would have built for a gRPC publish (envelope
+    header + Message protobuf), which it compares with clustering.replication.max.bytes.
+    Exact when it matters: a cheap over-estimate first, the real protobuf size near the limit."""
+    estimate = (len(req.value) + len(req.key) + len(req.stream) + len(subject)
+                + len(req.ackInbox) + len(req.correlationId) + 64)
+    headers = req.headers
+    if headers:
+        for name, value in headers.items():
+            estimate += len(name) + len(value) + 24
+    return estimate
+
+
+def exact_nats_size(req, subject: str) -> int:
+    msg = pb.Message(key=req.key, value=req.value, stream=req.stream, subject=subject,
+                     headers=dict(req.headers), ackInbox=req.ackInbox,
+                     correlationId=req.correlationId, ackPolicy=req.ackPolicy,
+                     offset=getattr(req, "expectedOffset", 0))
+    return 8 + msg.ByteSize()
+
+
+class AckTemplate(envelope.AckTemplate):
+    """Serialized PublishResponse{ack: Ack{...}, correlationId} of successful publishes to one
+    partition with one ack policy: ``response(offset, correlation_id, commit_ns)`` returns the
+    bytes ``pb.PublishResponse(correlationId=c, ack=pb.Ack(...)).SerializeToString()`` gives
+    (api.proto: PublishResponse ack = 1, correlationId = 3; the Ack from the envelope module's
+    AckTemplate, without ackInbox)."""
+
+    __slots__ = ()
+
+    def response(self, offset: int, correlation_id: str, commit_ns: int) -> bytes:
+        corr = correlation_id.encode()
+        ack = self.ack(offset, b"", corr, commit_ns)
+        if not corr:
+            return b"\x0a" + varint(len(ack)) + ack
+        return b"".join((b"\x0a", varint(len(ack)), ack, b"\x1a", varint(len(corr)), corr))
+
+
+class _RunSink(RunSink):
+    """The RunSink of a PublishAsync run: answers go to the call's session, in the order of
+    the run's correlation ids."""
+
+    __slots__ = ("session", "correlation_ids")
+
+    def __init__(self, session: _AsyncSession, template: AckTemplate,
+                 correlation_ids: list[str]) -> None:
+        super().__init__(template, GRPC)
+        self.session = session
+        self.correlation_ids = correlation_ids
+
+    def answer(self, i: int, offset: int, commit_ns: int) -> None:
+        session = self.session
+        session.inflight -= 1
+        session.send(self.template.response(offset, self.correlation_ids[i], commit_ns))
+
+    def fail(self, i: int, error: BaseException) -> None:
+        _failed(self.session, self.correlation_ids[i], error)
+
+
+class _AsyncSession:
+    """State of one PublishAsync call: requests of this loop turn, responses waiting to be
+    written, acks outstanding."""
+
+    __slots__ = ("batch", "out", "wake", "inflight", "reading", "error", "inbox", "acks",
+                 "gate")
+
+    def __init__(self) -> None:
+        self.batch: list[bytes] = []
+        self.out: list[bytes] = []
+        self.wake = asyncio.Event()
+        self.inflight = 0
+        self.reading = True
+        self.error: tuple[grpc.StatusCode, str] | None = None
+        self.inbox = ""  # the ack inbox of publishes sent on to another leader
+        self.acks: asyncio.Task | None = None  # subscribes it; its result: the subscription
+        self.gate: asyncio.Future | None = None  # forwards wait for it: ``acks`` and resumes
+
+    def forward(self, service: Liftbridge, req: pb.PublishRequest, subject: str,
+                resuming: asyncio.Future | None = None) -> None:
+        """Send ``req`` enveloped to ``subject``, its partition's NATS subject, where the
+        leader (another server) takes it, as Liftbridge's publishAsyncSession sends every
+        request; its ack comes back on this call's ack inbox (``<namespace>.ack.<id>``,
+        subscribed first) and is answered as a local one. Without NATS: an UNKNOWN error.
+        ``resuming``: the partition's resume (Liftbridge's resumeStream) this request and
+        every later one wait for, so they keep their order; when it fails, this request
+        gets its INTERNAL error and is not sent."""
+        bridge = service.bridge
+        if bridge is None or bridge.nc is None:
+            self.send_error(req.correlationId, _ASYNC.UNKNOWN, "NATS is not connected: cannot "
+                            "reach the partition leader")
+            return
+        if self.acks is None:
+            self.inbox = f"{service.namespace}.ack.{new_id()}"
+
+            async def on_ack(msg) -> None:
+                ack = envelope.decode_ack(msg.data)
+                if ack is not None:
+                    self.deliver(ack)
+            self.acks = asyncio.get_running_loop().create_task(
+                bridge.nc.subscribe(self.inbox, cb=on_ack))
+        gate = self.gate or self.acks
+        if resuming is not None:
+            gate = self.gate = asyncio.ensure_future(_after(resuming, gate))
+        data = envelope.encode_publish(pb.Message(
+            key=req.key, value=req.value, stream=req.stream, subject=subject,
+            headers=dict(req.headers), ackInbox=self.inbox, correlationId=req.correlationId,
+            ackPolicy=req.ackPolicy, offset=req.expectedOffset))
+        acked = req.ackPolicy != NONE
+        if acked:
+            self.inflight += 1
+
+        def send(subscribing: asyncio.Future) -> None:  # once the ack inbox listens
+            if resuming is not None and not resuming.cancelled() and \
+                    resuming.exception() is not None:
+                if acked:
+                    self.inflight -= 1
+                self.send_error(req.correlationId, _ASYNC.INTERNAL,
+                                f"failed to resume stream: {resuming.exception()}")
+                return
+            if subscribing.cancelled() or subscribing.exception() is not None:
+                if acked:
+                    self.inflight -= 1
+                self.send_error(req.correlationId, _ASYNC.UNKNOWN,
+                                "cannot listen for the partition leader's ack")
+                return
+            bridge.queue_publish(subject.encode(), data)
+        gate.add_done_callback(send)
+
+    def close(self) -> None:
+        """Stop listening for forwarded acks."""
+        acks = self.acks
+        if acks is None:
+            return
+        if not acks.done():
+            acks.cancel()
+        elif not acks.cancelled() and acks.exception() is None:
+            async def unsubscribe(sub) -> None:
+                try:
+                    await sub.unsubscribe()
+                except Exception:  # the connection went, and the subscription with it
+                    pass
+            asyncio.get_running_loop().create_task(unsubscribe(acks.result()))
+
+    def send(self, data: bytes) -> None:
+        self.out.append(data)
+        self.wake.set()
+
+    def send_error(self, correlation_id: str, code: int, message: str) -> None:
+        self.send(pb.PublishResponse(
+            correlationId=correlation_id, ack=pb.Ack(),
+            asyncError=pb.PublishAsyncError(code=code, message=message)).SerializeToString())
+
+    def deliver(self, ack: pb.Ack) -> None:
+        self.inflight -= 1
+        problem = ack_error_to_async(ack.ackError)
+        if problem is not None:
+            self.send_error(ack.correlationId, *problem)
+        else:
+            self.send(pb.PublishResponse(correlationId=ack.correlationId,
+                                         ack=ack).SerializeToString())
+
+
+async def _after(first: asyncio.Future, then: asyncio.Future):
+    """``then``'s result, once ``first`` is done too (whatever its outcome)."""
+    await asyncio.wait((first,))
+    return await then
+
+
+def _resume_failed(resuming: asyncio.Future) -> None:
+    if not resuming.cancelled() and resuming.exception() is not None:
+        log.error("resuming a partition a publish reached failed: %s", resuming.exception())
+
+
+async def publish_async(service: Liftbridge, requests, context: grpc.aio.ServicerContext):
+    """The PublishAsync RPC (async generator of serialized PublishResponse bytes; on a
+    transport whose context has ``takes_lists`` true, of lists of them: the responses ready
+    in one loop turn)."""
+    session = _AsyncSession()
+    reader = asyncio.get_running_loop().create_task(_publish_loop(service, requests, session))
+    lists = getattr(context, "takes_lists", False)
+    try:
+        while True:
+            out = session.out
+            if out:
+                session.out = []
+                if lists:
+                    yield out
+                else:
+                    for data in out:
+                        yield data
+                continue
+            if session.error is not None:
+                await context.abort(*session.error)
+            if not session.reading:
+                if session.inflight <= 0:
+                    return
+                try:
+                    session.wake.clear()
+                    await asyncio.wait_for(session.wake.wait(), ASYNC_ACK_TIMEOUT_S)
+                except asyncio.TimeoutError:
+                    log.warning("PublishAsync ended with %d acks outstanding", session.inflight)
+                    return
+                continue
+            session.wake.clear()
+            await session.wake.wait()
+    finally:
+        if not reader.done():
+            reader.cancel()
+        session.close()
+
+
+async def _publish_loop(service: Liftbridge, requests, session: _AsyncSession) -> None:
+    """Collects the requests of each loop turn; ``_publish_batch`` handles them after it."""
+    call_soon = asyncio.get_running_loop().call_soon
+    try:
+        async for raw in requests:
+            if session.error is not None:
+                return
+            if not session.batch:
+                call_soon(_publish_batch, service, session)
+            session.batch.append(raw)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # the client went away: nothing to answer
+        log.debug("PublishAsync reader ended: %s", exc)
+    finally:
+        _publish_batch(service, session)  # what the last turn brought
+        session.reading = False
+        session.wake.set()
+
+
+def _publish_batch(service: Liftbridge, session: _AsyncSession) -> None:
+    """Store the requests of one loop turn: runs of consecutive ones to the same partition
+    with the same ack policy are encoded and appended together (one AckTemplate, one sink,
+    counted once); a request needing a per-message check (optimistic concurrency, near the
+    size limit) goes through ``Liftbridge.ingest`` alone, in its place."""
+    raws, session.batch = session.batch, []
+    if not raws or session.error is not None:
+        return
+    parse = pb.PublishRequest.FromString
+    check = service.check_publish
+    limit = service.config.replication_max_bytes
+    now = time.time_ns()
+    run: list = []
+    run_key = None
+    for raw in raws:
+        try:
+            req = parse(raw)
+        except DecodeError as exc:
+            session.error = (grpc.StatusCode.INVALID_ARGUMENT, f"malformed PublishRequest: {exc}")
+            break
+        key = (req.stream, req.partition, req.ackPolicy)
+        elsewhere = service.led_elsewhere(req.stream, req.partition)
+        if elsewhere is not None:  # another server leads it: to it through NATS
+            if run:
+                _append_run(service, session, run, now)
+                run = []
+            run_key = None
+            try:
+                service.refuse_read_only(req.stream, req.partition)
+            except LiftbridgeError as exc:
+                session.send_error(req.correlationId, _ASYNC.READONLY, exc.message)
+                continue
+            session.forward(service, req, elsewhere,
+                            service.resume_for_publish(req.stream, req.partition))
+            continue
+        if key != run_key:
+            if run:
+                _append_run(service, session, run, now)
+                run = []
+            run_key = None
+            try:
+                stream, partition = check(req.stream, req.partition, req.ackPolicy)
+            except LiftbridgeError as exc:
+                session.send_error(req.correlationId, getattr(_ASYNC, exc.code, _ASYNC.UNKNOWN),
+                                   exc.message)
+                continue
+
+            resuming = service.resume_for_publish(req.stream, req.partition)
+            if resuming is not None:  # the writes go on meanwhile: they are this server's
+                resuming.add_done_callback(_resume_failed)
+            subject = partition_subject(stream.config.subject or "", partition.index)
+            concurrency = stream.config.optimistic_concurrency
+            run_key = key
+        size = nats_size(req, subject)
+        if size > limit or (concurrency and req.expectedOffset != -1):
+            if run:
+                _append_run(service, session, run, now)
+                run = []
+            _publish_one(service, session, req, stream, partition, subject,
+                         size if size <= limit else exact_nats_size(req, subject))
+            continue
+        if not run:
+            run.append((stream, partition, subject))
+        run.append(req)
+    if run:
+        _append_run(service, session, run, now)
+
+
+def _append_run(service: Liftbridge, session: _AsyncSession, run: list, now: int) -> None:
+    (stream, partition, subject), reqs = run[0], run[1:]
+    policy = reqs[0].ackPolicy
+    subject_b = subject.encode()
+    msg_subject = subject or None
+    plain = {"subject": subject_b, "reply": b""}  # the headers of a request that has none
+    records = []
+    nbytes = 0
+    for req in reqs:
+        headers = req.headers
+        hdrs = plain
+        if headers:
+            hdrs = dict(headers)
+            hdrs["subject"] = subject_b
+            hdrs["reply"] = b""
+        value = req.value
+        nbytes += len(value)
+        records.append(Record(value=value, key=req.key or None, headers=hdrs, timestamp_ns=now,
+                              subject=msg_subject, correlation_id=req.correlationId or None))
+    sink = None
+    if policy != NONE:
+        sink = _RunSink(session, AckTemplate(stream.name, stream.config.subject or "", subject,
+                                             policy, now), [req.correlationId for req in reqs])
+    try:
+        service.appenders.get(partition).extend(encode_records(records), sink)
+    except Exception as exc:  # the partition went away under us
+        for req in reqs:
+            session.send_error(req.correlationId, _ASYNC.INTERNAL, str(exc))
+        return
+    if sink is not None:
+        session.inflight += len(reqs)
+    counters(stream.name, GRPC).published(len(reqs), nbytes)
+
+
+def _publish_one(service: Liftbridge, session: _AsyncSession, req, stream, partition,
+                 subject: str, size: int) -> None:
+    corr = req.correlationId
+    policy = req.ackPolicy
+    wants = policy != NONE
+    if wants:
+        session.inflight += 1
+    try:
+        service.ingest(stream, partition, value=req.value, key=req.key or None,
+                       headers=req.headers, msg_subject=subject, reply="",
+                       ack_inbox="", correlation_id=corr, ack_policy=policy,
+                       expected_offset=None if req.expectedOffset == -1 else req.expectedOffset,
+                       size=size, deliver=session.deliver if wants else None,
+                       fail=(lambda exc: _failed(session, corr, exc)) if wants else None,
+                       door=GRPC)
+    except Exception as exc:  # the partition went away under us
+        if wants:
+            session.inflight -= 1
+        session.send_error(corr, _ASYNC.INTERNAL, str(exc))
+
+
+def _failed(session: _AsyncSession, correlation_id: str, exc: BaseException) -> None:
+    session.inflight -= 1
+    session.send_error(correlation_id, _ASYNC.INTERNAL, f"write failed: {exc}")
