@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 import time
@@ -97,6 +98,25 @@ _CHECKED_ONLY: dict[str, Callable[[str], bool]] = {
 }
 
 
+# the queue arguments RabbitMQ compares when a stream is declared again, and whether as
+# integers (rabbit_stream_queue capabilities' queue_arguments, rabbit_stream_manager:
+# stream_queue_arguments; x-queue-type is "stream" on both sides)
+_EQUIVALENT: dict[str, bool] = {
+    "max-length-bytes": True, "max-age": False, "stream-max-segment-size-bytes": True,
+    "stream-filter-size-bytes": True, "initial-cluster-size": True,
+    "queue-leader-locator": False}
+
+
+def equivalence_arguments(arguments: dict[str, str]) -> str:
+    """The Create ``arguments`` RabbitMQ compares on a Create of an existing stream, as a
+    JSON object with sorted keys (integers as integers, the others as written: ``7D`` and
+    ``168h`` differ, as in RabbitMQ). Raises ValueError for an integer argument that is
+    none (stream_config_from_arguments refuses it first)."""
+    return json.dumps({key: int(value) if _EQUIVALENT[key] else value
+                       for key, value in arguments.items() if key in _EQUIVALENT},
+                      sort_keys=True)
+
+
 def stream_config_from_arguments(arguments: dict[str, str],
                                  cluster_size: int | None = None) -> StreamConfig:
     """Translate Create arguments to a StreamConfig, validating them as RabbitMQ does:
@@ -144,7 +164,24 @@ def stream_config_from_arguments(arguments: dict[str, str],
                 log.info("Create: unknown argument %s=%s ignored", key, value)
         except (ValueError, KeyError):
             raise InvalidArgumentError(f"bad value for {key}: {value!r}") from None
-    return StreamConfig(**kwargs)
+    return StreamConfig(**kwargs, rabbitmq_arguments=equivalence_arguments(arguments))
+
+
+def _exists_code(found: tuple[Stream, Partition] | None,
+                 arguments: dict[str, str] | None) -> int:
+    """The Create code for a stream that exists (``found``: the local one, if any): 0x11
+    precondition failed when its kept Create arguments differ from ``arguments`` (a key on
+    one side only counts), as RabbitMQ's rabbit_amqqueue:assert_equivalence refuses, else
+    0x05 (also when nothing was kept to compare: a stream made through Liftbridge, or one
+    this server holds no replica of)."""
+    kept = found[0].config.rabbitmq_arguments if found else None
+    if kept is None:
+        return ResponseCode.STREAM_ALREADY_EXISTS
+    try:
+        same = equivalence_arguments(dict(arguments or {})) == kept
+    except ValueError:
+        same = False
+    return ResponseCode.STREAM_ALREADY_EXISTS if same else ResponseCode.PRECONDITION_FAILED
 
 
 def _create_refused(name: str, exc: StreamExistsError | InvalidArgumentError) -> int:
@@ -733,7 +770,7 @@ class RabbitStreamConnection(asyncio.Protocol):
         if frame.stream in RESERVED_STREAMS:  # as RabbitMQ answers its reserved amq.* names
             self.send(respond(ResponseCode.PRECONDITION_FAILED))
         elif self._place(frame.stream, found) is not None:  # the partitions of a stream too
-            self.send(respond(ResponseCode.STREAM_ALREADY_EXISTS))
+            self.send(respond(_exists_code(found, frame.arguments)))
         elif self.broker.placement.clustered:
             self._await_cluster(self._create_in_cluster(
                 frame.stream, frame.arguments, self.broker.placement.create_stream), respond)
