@@ -61,13 +61,15 @@ def test_stream_create_list_describe_delete(server):
     env, _ = server
     assert out(cli(env, "stream", "create", "orders", "--max-age", "7D")) == \
         "created stream orders\n"
-    # the same settings again (other ones: 0x11, as RabbitMQ's assert_equivalence)
     again = cli(env, "stream", "create", "orders", "--max-age", "7D", check=False)
     assert again.returncode == 1
     assert again.stderr.decode() == \
         "Error: create 'orders': cannot create stream 'orders' (0x05 STREAM_ALREADY_EXISTS)\n"
     assert out(cli(env, "stream", "create", "orders", "--max-age", "7D", "--exists-ok")) == \
         "stream orders already exists\n"
+    # other arguments than the stream's: precondition failed, as RabbitMQ answers
+    other = cli(env, "stream", "create", "orders", "--exists-ok", check=False)
+    assert other.returncode == 1 and "0x11 PRECONDITION_FAILED" in other.stderr.decode()
     listing = out(cli(env, "stream", "list")).splitlines()
     assert listing[0].split() == ["stream", "partitions", "subject"]
     assert ["orders", "1"] in [row.split() for row in listing[1:]]

@@ -51,6 +51,10 @@ class StreamConfig:
     # Replicated by the cluster (riverlog.cluster): its logs do not commit their own writes,
     # replication advances the high watermark as the in-sync replicas catch up.
     replicated: bool = False
+    # The RabbitMQ Create arguments RabbitMQ compares when a stream is created again (a
+    # JSON object, riverlog.server.rabbitmq_stream.arguments.equivalence_arguments); None for streams
+    # made otherwise (Liftbridge doors) or before it was kept: nothing to compare.
+    rabbitmq_arguments: str | None = None
 
     def __post_init__(self) -> None:
         if self.partitions < 1:

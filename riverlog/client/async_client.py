@@ -27,14 +27,12 @@ class AsyncClient(Connection):
     async def create_stream(self, name: str, arguments: dict[str, str] | None = None, *,
                             exist_ok: bool = False) -> bool:
         """Create stream ``name`` with Create ``arguments`` (``max-length-bytes``,
-        ``max-age``, ...). Returns False when it existed and ``exist_ok`` (whatever its
-        settings: the server answers PRECONDITION_FAILED for a stream that exists with other
-        ones, as RabbitMQ does); raises ClientError otherwise (code STREAM_ALREADY_EXISTS,
-        PRECONDITION_FAILED for bad arguments or other settings)."""
+        ``max-age``, ...). Returns False when it existed with the same arguments and
+        ``exist_ok``; raises ClientError otherwise (code STREAM_ALREADY_EXISTS,
+        PRECONDITION_FAILED for bad arguments or for other arguments than the existing
+        stream's, as RabbitMQ refuses them)."""
         r = await self._request(lambda c: f.Create(c, name, dict(arguments or {})), False)
-        if exist_ok and (r.response_code == ResponseCode.STREAM_ALREADY_EXISTS or (
-                r.response_code == ResponseCode.PRECONDITION_FAILED
-                and await self.stream_exists(name))):
+        if r.response_code == ResponseCode.STREAM_ALREADY_EXISTS and exist_ok:
             return False
         if r.response_code != _OK:
             raise ClientError(f"cannot create stream {name!r}", r.response_code)

@@ -184,7 +184,9 @@ def _prepare(opts: WriteOptions, schema, overwrite: bool) -> None:
         raise ValueError("riverlog sink: streams are append-only; use mode append")
     check_schema(schema)
     with opts.connection.connect("riverlog-spark-plan") as client:
-        if opts.create:
+        # an existing stream is taken as it is: a Create with other arguments than its own
+        # is refused (0x11), as RabbitMQ refuses it
+        if opts.create and not client.stream_exists(opts.stream):
             client.create_stream(opts.stream, opts.arguments, exist_ok=True)
         plan.partitions_of(client, opts.stream)  # raises when the stream is missing
 

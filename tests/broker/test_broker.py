@@ -304,4 +304,9 @@ def test_create_arguments():
     # below the log's smallest segment: raised to it, as RabbitMQ takes any size up to 3 GB
     tiny = stream_config_from_arguments({"stream-max-segment-size-bytes": "1000"})
     assert tiny.segment_max_bytes == MIN_SEGMENT_MAX_BYTES
-    assert dataclasses.asdict(stream_config_from_arguments({})) == dataclasses.asdict(StreamConfig())
+    # the defaults, with the (no) arguments kept for a later Create to compare with
+    assert dataclasses.asdict(stream_config_from_arguments({})) == dataclasses.asdict(
+        StreamConfig(rabbitmq_arguments="{}"))
+    assert cfg.rabbitmq_arguments == ('{"initial-cluster-size": 3, "max-age": "7D", '
+                                      '"max-length-bytes": 1000000, '
+                                      '"stream-max-segment-size-bytes": 500000}')

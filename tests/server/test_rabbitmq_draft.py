@@ -94,7 +94,6 @@ async def test_wrong_password_is_refused_with_the_draft_code(app):
 async def test_create_publish_subscribe_commit_query_delete(app):
     client = await draft_for(app)
     assert await client.create("orders", {"max-age": "1h"}) == OK
-    # the same arguments again (other ones would be 0x11, RabbitMQ's assert_equivalence)
     assert await client.create("orders", {"max-age": "1h"}) == STREAM_ALREADY_EXISTS
     _, streams = await client.metadata("orders")
     assert streams == [("orders", OK, 0, [])]

@@ -296,7 +296,10 @@ async def test_create_and_delete_go_through_the_placement(app, cluster):
     assert await peer.create("two", {"initial-cluster-size": "2"}) == OK
     assert await peer.create("capped", {"initial-cluster-size": "9"}) == OK
     assert await peer.create("bad", {"initial-cluster-size": "0"}) == ResponseCode.PRECONDITION_FAILED
-    assert await peer.create("two") == ResponseCode.STREAM_ALREADY_EXISTS
+    assert await peer.create("two", {"initial-cluster-size": "2"}) == \
+        ResponseCode.STREAM_ALREADY_EXISTS
+    # other arguments (one missing counts): precondition failed, as RabbitMQ answers
+    assert await peer.create("two") == ResponseCode.PRECONDITION_FAILED
     # RabbitMQ: every member by default, never more than there are
     assert [(name, config.replication_factor) for name, config in cluster.created] == [
         ("all", -1), ("two", 2), ("capped", 3)]

@@ -7,6 +7,7 @@
 # rabbit_stream_queue:check_max_segment_size_bytes/check_filter_size, initial_cluster_size.
 from __future__ import annotations
 
+import json
 import logging
 import re
 from typing import Callable
@@ -35,6 +36,25 @@ _CHECKED_ONLY: dict[str, Callable[[str], bool]] = {
     "stream-filter-size-bytes": lambda value: bloom.MIN_SIZE <= int(value) <= bloom.MAX_SIZE,
     "x-queue-type": lambda value: True,
 }
+
+
+# the queue arguments RabbitMQ compares when a stream is declared again, and whether as
+# integers (rabbit_stream_queue capabilities' queue_arguments, rabbit_stream_manager:
+# stream_queue_arguments; x-queue-type is "stream" on both sides)
+_EQUIVALENT: dict[str, bool] = {
+    "max-length-bytes": True, "max-age": False, "stream-max-segment-size-bytes": True,
+    "stream-filter-size-bytes": True, "initial-cluster-size": True,
+    "queue-leader-locator": False}
+
+
+def equivalence_arguments(arguments: dict[str, str]) -> str:
+    """The Create ``arguments`` RabbitMQ compares on a Create of an existing stream, as a
+    JSON object with sorted keys (integers as integers, the others as written: ``7D`` and
+    ``168h`` differ, as in RabbitMQ). Raises ValueError for an integer argument that is
+    none (stream_config_from_arguments refuses it first)."""
+    return json.dumps({key: int(value) if _EQUIVALENT[key] else value
+                       for key, value in arguments.items() if key in _EQUIVALENT},
+                      sort_keys=True)
 
 
 def stream_config_from_arguments(arguments: dict[str, str],
@@ -84,5 +104,5 @@ def stream_config_from_arguments(arguments: dict[str, str],
                 log.info("Create: unknown argument %s=%s ignored", key, value)
         except (ValueError, KeyError):
             raise InvalidArgumentError(f"bad value for {key}: {value!r}") from None
-    return StreamConfig(**kwargs)
+    return StreamConfig(**kwargs, rabbitmq_arguments=equivalence_arguments(arguments))
 

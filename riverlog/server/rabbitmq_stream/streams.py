@@ -18,7 +18,7 @@ from ...errors import InvalidArgumentError, StreamExistsError, StreamNotFoundErr
 from ...protocol.rabbitmq_stream import ResponseCode
 from ...protocol.rabbitmq_stream import frames as f
 from ...security.authz import CONSUME, CREATE, DELETE
-from .arguments import stream_config_from_arguments
+from .arguments import equivalence_arguments, stream_config_from_arguments
 from .link import Link
 
 log = logging.getLogger("riverlog.rabbitmq_stream")
@@ -40,28 +40,21 @@ def _create_refused(name: str, exc: StreamExistsError | InvalidArgumentError) ->
     return ResponseCode.PRECONDITION_FAILED
 
 
-# the settings a Create on an existing stream must ask again: RabbitMQ's assert_equivalence
-# on the queue's x-max-length-bytes, x-max-age and x-stream-max-segment-size-bytes
-_EQUIVALENT_SETTINGS = ("retention_max_bytes", "retention_max_age_ms", "segment_max_bytes")
-
-
-def _existing_create(name: str, found: tuple[Stream, Partition] | None,
-                     arguments: dict[str, str] | None) -> int:
-    """The Create code for ``name``, which exists (``found``: its stream on this server):
-    0x11 (precondition failed) for invalid arguments or other retention or segment settings
-    than the stream has, else 0x05, as rabbit_stream_manager:create answers
-    (validation, then rabbit_amqqueue:assert_equivalence). RabbitMQ compares the arguments as
-    given (``1h`` is not ``3600s``, and also x-initial-cluster-size, x-queue-leader-locator,
-    x-stream-filter-size-bytes); riverlog compares the settings it keeps."""
+def _exists_code(found: tuple[Stream, Partition] | None,
+                 arguments: dict[str, str] | None) -> int:
+    """The Create code for a stream that exists (``found``: the local one, if any): 0x11
+    precondition failed when its kept Create arguments differ from ``arguments`` (a key on
+    one side only counts), as RabbitMQ's rabbit_amqqueue:assert_equivalence refuses, else
+    0x05 (also when nothing was kept to compare: a stream made through Liftbridge, or one
+    this server holds no replica of)."""
+    kept = found[0].config.rabbitmq_arguments if found else None
+    if kept is None:
+        return ResponseCode.STREAM_ALREADY_EXISTS
     try:
-        wanted = stream_config_from_arguments(dict(arguments or {}))
-    except InvalidArgumentError as exc:
-        return _create_refused(name, exc)
-    if found is not None and any(getattr(wanted, key) != getattr(found[0].config, key)
-                                 for key in _EQUIVALENT_SETTINGS):
-        log.info("creating %r refused: it exists with other settings", name)
-        return ResponseCode.PRECONDITION_FAILED
-    return ResponseCode.STREAM_ALREADY_EXISTS
+        same = equivalence_arguments(dict(arguments or {})) == kept
+    except ValueError:
+        same = False
+    return ResponseCode.STREAM_ALREADY_EXISTS if same else ResponseCode.PRECONDITION_FAILED
 
 
 async def _deleted(delete: Awaitable[None]) -> int:
@@ -104,7 +97,7 @@ class Streams:
         if frame.stream in RESERVED_STREAMS:  # as RabbitMQ answers its reserved amq.* names
             self.send(respond(ResponseCode.PRECONDITION_FAILED))
         elif link.place(frame.stream, found) is not None:  # the partitions of a stream too
-            self.send(respond(_existing_create(frame.stream, found, frame.arguments)))
+            self.send(respond(_exists_code(found, frame.arguments)))
         elif self.broker.placement.clustered:
             link.hold_for(self._create_in_cluster(
                 frame.stream, frame.arguments, self.broker.placement.create_stream), respond)
