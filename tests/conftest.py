@@ -5,6 +5,9 @@
 #   node_client            the Node.js RabbitMQ Stream client, installed with npm once per
 #                          session (tests/compat/_node.py; used by tests/compat and
 #                          tests/liftbridge)
+#   go_liftbridge          go-liftbridge and nats.go (tests/compat/go_liftbridge), built once per
+#                          session (tests/compat/_go.py; used by tests/liftbridge,
+#                          tests/security and tests/cluster)
 # With RIVERLOG_TEST_PEER=rabbitmq:PORT both point at an already-running RabbitMQ on
 # 127.0.0.1:PORT instead, to check the tests themselves against the real thing. Markers:
 #   riverlog_only  needs something RabbitMQ 3.10 lacks: skipped against the peer
@@ -16,6 +19,7 @@ import os
 
 import pytest
 
+from compat._go import GoLiftbridge, GoUnavailable, build
 from compat._node import NodeClient, NodeUnavailable, install
 from compat._servers import PeerServer, RiverlogServer
 
@@ -120,3 +124,13 @@ def node_client() -> NodeClient:
     except NodeUnavailable as exc:
         pytest.skip(f"Node.js client tests: {exc}")
     return NodeClient()
+
+
+@pytest.fixture(scope="session")
+def go_liftbridge() -> GoLiftbridge:
+    """Liftbridge's Go client and nats.go (tests/compat/_go.py), built once per session. Skips
+    only when go is missing or the Go module proxy is unreachable."""
+    try:
+        return GoLiftbridge(build())
+    except GoUnavailable as exc:
+        pytest.skip(f"go-liftbridge tests: {exc}")
