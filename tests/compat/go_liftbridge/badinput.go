@@ -175,9 +175,7 @@ func login(args Args) result {
 		must(err, "load client certificate")
 		config := &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair},
 			ServerName: "localhost"}
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		defer cancel()
-		client, err := lift.ConnectCtx(ctx, args.Grpc, lift.TLSConfig(config))
+		client, err := lift.Connect(args.Grpc, lift.TLSConfig(config))
 		out["connect"] = errInfo(err)
 		if err != nil {
 			return out

@@ -85,10 +85,10 @@ func (a Args) num(key string, otherwise int) int {
 }
 
 // connect: a go-liftbridge client of every address in args.Grpc, plus client options.
+// (Connect, not ConnectCtx with a deadline: go-liftbridge opens each broker's long-lived
+// PublishAsync stream with the context it connects with, so a cancelled one ends them.)
 func connect(args Args, options ...lift.ClientOption) lift.Client {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	client, err := lift.ConnectCtx(ctx, args.Grpc, options...)
+	client, err := lift.Connect(args.Grpc, options...)
 	must(err, "connect")
 	return client
 }

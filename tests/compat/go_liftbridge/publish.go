@@ -58,7 +58,7 @@ func publish(args Args) result {
 		ack, err := client.Publish(timeout(10), args.Stream, []byte("key-"+key),
 			lift.Key([]byte(key)), lift.PartitionByKey(), lift.AckPolicyLeader())
 		must(err, "publish by key")
-		byKey[key] = ack.PartitionSubject()
+		byKey[key] = ack.MessageSubject()
 	}
 	out["by_key"] = byKey
 	roundRobin := []string{}
@@ -66,16 +66,22 @@ func publish(args Args) result {
 		ack, err := client.Publish(timeout(10), args.Stream, []byte("rr"),
 			lift.PartitionByRoundRobin(), lift.AckPolicyLeader())
 		must(err, "publish round robin")
-		roundRobin = append(roundRobin, ack.PartitionSubject())
+		roundRobin = append(roundRobin, ack.MessageSubject())
 	}
 	out["round_robin"] = roundRobin
 
 	ack, err = client.PublishToSubject(timeout(10), args.Stream+".1", []byte("to-subject"),
 		lift.Key([]byte("ks")), lift.CorrelationID("c-subject"), lift.AckPolicyLeader())
 	out["to_subject"] = map[string]any{"ack": ackInfo(ack), "error": errInfo(err)}
-	// no deadline, no ack policy: fire and forget (nil ack)
-	ack, err = client.PublishToSubject(timeout(10), args.Stream, []byte("to-subject-none"))
+	// ack policy NONE: fire and forget (nil ack; go-liftbridge always sets a deadline, and
+	// the policy's zero value is LEADER)
+	ack, err = client.PublishToSubject(timeout(10), args.Stream, []byte("to-subject-none"),
+		lift.AckPolicyNone())
 	out["to_subject_none"] = map[string]any{"ack": ackInfo(ack), "error": errInfo(err)}
+	// one more on the same path, acked: the one before is stored by then
+	_, err = client.PublishToSubject(timeout(10), args.Stream, []byte("to-subject-last"),
+		lift.AckPolicyLeader())
+	must(err, "PublishToSubject")
 
 	read := map[string]any{}
 	for p := int32(0); p < 2; p++ {
@@ -177,18 +183,42 @@ func join(client lift.Client, args Args, groupID, id string, streams []string) *
 	return m
 }
 
-// waitFor waits until the members together received `count` messages; returns what each got
-// (values by partition) and their errors.
-func waitFor(members map[string]*member, count int, wait time.Duration) map[string]any {
+// close: Consumer.Close, which sends LeaveConsumerGroup first, then cancels the consumer's
+// context and waits for its loop. In go-liftbridge v2.3.0 that loop leaves only from its idle
+// wait: cancelled while a fetch fails (or is under way) it retries at once, forever, and Close
+// never returns. So "hung" after 5 s is reported as such (the member has left by then; the
+// test checks what the group does next).
+func (m *member) close() any {
+	done := make(chan error, 1)
+	go func() { done <- m.consumer.Close() }()
+	select {
+	case err := <-done:
+		return errInfo(err)
+	case <-time.After(5 * time.Second):
+		return "hung"
+	}
+}
+
+// waitFor waits until the members together received every value of want (or wait passes);
+// returns what each got (values by partition) and their errors.
+func waitFor(members map[string]*member, want []string, wait time.Duration) map[string]any {
 	deadline := time.Now().Add(wait)
 	for {
-		total := 0
+		seen := map[string]bool{}
 		for _, m := range members {
 			m.mu.Lock()
-			total += len(m.got)
+			for _, msg := range m.got {
+				seen[msg["value"].(string)] = true
+			}
 			m.mu.Unlock()
 		}
-		if total >= count || time.Now().After(deadline) {
+		missing := 0
+		for _, v := range want {
+			if !seen[v] {
+				missing++
+			}
+		}
+		if missing == 0 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -202,13 +232,13 @@ func waitFor(members map[string]*member, count int, wait time.Duration) map[stri
 			byPartition[p] = append(byPartition[p], msg["value"].(string))
 		}
 		out[id] = map[string]any{"values": byPartition, "errors": m.errs}
-		m.got = nil
+		m.got, m.errs = nil, nil
 		m.mu.Unlock()
 	}
 	return out
 }
 
-// group: consumer group "g" on a stream of 2 partitions. One member reads everything from the
+// group: a consumer group (named as the stream) on a stream of 2 partitions. One member reads everything from the
 // earliest, checkpoints and leaves; the group's cursors say where it stopped; a new member
 // goes on after them; two members split the partitions.
 func group(args Args) result {
@@ -220,35 +250,44 @@ func group(args Args) result {
 			lift.ToPartition(p))
 	}
 	streams := []string{args.Stream}
+	groupID := args.Stream // one group per run
 	out := result{}
-	first := join(client, args, "g", "first", streams)
-	out["first"] = waitFor(map[string]*member{"first": first}, 6, 15*time.Second)
+	first := join(client, args, groupID, "first", streams)
+	out["first"] = waitFor(map[string]*member{"first": first},
+		append(values("p0-", 3), values("p1-", 3)...), 15*time.Second)
 	out["checkpoint"] = errInfo(first.consumer.Checkpoint(timeout(10)))
-	out["close"] = errInfo(first.consumer.Close())
+	out["close"] = first.close()
 	cursors := []int64{}
 	for p := int32(0); p < 2; p++ {
-		offset, err := client.FetchCursor(timeout(10), "__group:g", args.Stream, p)
+		offset, err := client.FetchCursor(timeout(10), "__group:"+groupID, args.Stream, p)
 		must(err, "FetchCursor")
 		cursors = append(cursors, offset)
 	}
 	out["cursors"] = cursors
 	publishAll(client, args.Stream, []string{"p0-new"}, lift.ToPartition(0))
 	publishAll(client, args.Stream, []string{"p1-new"}, lift.ToPartition(1))
-	second := join(client, args, "g", "second", streams)
-	out["second"] = waitFor(map[string]*member{"second": second}, 2, 15*time.Second)
-	third := join(client, args, "g", "third", streams)
+	second := join(client, args, groupID, "second", streams)
+	out["second"] = waitFor(map[string]*member{"second": second},
+		[]string{"p0-new", "p1-new"}, 15*time.Second)
+	third := join(client, args, groupID, "third", streams)
 	// let the assignments settle (both members fetch every 200 ms), then one message each
 	time.Sleep(1500 * time.Millisecond)
 	publishAll(client, args.Stream, []string{"p0-split"}, lift.ToPartition(0))
 	publishAll(client, args.Stream, []string{"p1-split"}, lift.ToPartition(1))
-	out["split"] = waitFor(map[string]*member{"second": second, "third": third}, 2,
-		15*time.Second)
-	meta, err := client.FetchMetadata(timeout(10), lift.ConsumerGroups([]string{"g"}))
+	out["split"] = waitFor(map[string]*member{"second": second, "third": third},
+		[]string{"p0-split", "p1-split"}, 15*time.Second)
+	meta, err := client.FetchMetadata(timeout(10), lift.ConsumerGroups([]string{groupID}))
 	must(err, "FetchMetadata groups")
-	if g := meta.GetConsumerGroup("g"); g != nil {
+	if g := meta.GetConsumerGroup(groupID); g != nil {
 		out["group"] = map[string]any{"coordinator": g.Coordinator(), "epoch": g.Epoch()}
 	}
-	out["close_second"] = errInfo(second.consumer.Close())
-	out["close_third"] = errInfo(third.consumer.Close())
+	// let both members' loops go back to their idle wait (a member told of a new epoch
+	// backs off 2 s) so that Close returns (see member.close)
+	time.Sleep(2500 * time.Millisecond)
+	out["close_second"] = second.close()
+	out["close_third"] = third.close()
+	meta, err = client.FetchMetadata(timeout(10), lift.ConsumerGroups([]string{groupID}))
+	must(err, "FetchMetadata groups")
+	out["group_after_close"] = meta.GetConsumerGroup(groupID).Coordinator()
 	return out
 }
