@@ -45,6 +45,10 @@ log = logging.getLogger("riverlog.grpc")
 
 SERVICE = "proto.API"
 MAX_PARTITIONS = 4096
+# grpcio's limit on a response (a Subscribe message is one stored record): as before the
+# request limit became GrpcConfig.max_message_bytes, Liftbridge's 4 MiB (grpc-go's servers
+# send up to 2 GiB by default)
+MAX_SEND_BYTES = 64 * 1024 * 1024
 """Partitions per stream at most (Liftbridge has no limit; riverlog refuses a CreateStream
 that would create more folders than this with InvalidArgument)."""
 _ASYNC = pb.PublishAsyncError.Code
@@ -93,7 +97,7 @@ class GrpcApi:
             await self._start_h2()
             return
         options = [("grpc.max_receive_message_length", self.config.max_message_bytes),
-                   ("grpc.max_send_message_length", self.config.max_message_bytes),
+                   ("grpc.max_send_message_length", MAX_SEND_BYTES),
                    ("grpc.so_reuseport", 0)]
         auth = self._auth()
         server = grpc.aio.server(options=options, interceptors=[auth] if auth else [])
