@@ -312,8 +312,10 @@ class GrpcApi:
             readonlyTimestamps=stamps("readonly"))
 
     def _brokers(self) -> list[pb.Broker]:
-        """Every server (Liftbridge's fetchBrokerInfo): id, advertised gRPC host and port,
-        the partitions it holds and leads."""
+        """Every server that runs (Liftbridge's fetchBrokerInfo lists the servers answering
+        its survey; here: this one and those its Raft member is connected to): id, advertised
+        gRPC host and port, the partitions it holds and leads. go-liftbridge dials every
+        broker listed when it connects and fails if one does not answer."""
         service = self.service
         placement = service.broker.placement
         if not placement.clustered:
@@ -331,7 +333,7 @@ class GrpcApi:
                 if placed is not None and placed.leader is not None:
                     led[placed.leader] = led.get(placed.leader, 0) + 1
         brokers = []
-        for server_id in placement.servers():
+        for server_id in filter(placement.reachable, placement.servers()):
             host, port = placement.door(server_id, "grpc") or ("", 0)
             brokers.append(pb.Broker(id=server_id, host=host, port=port,
                                      partitionCount=held.get(server_id, 0),
