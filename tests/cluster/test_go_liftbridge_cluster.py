@@ -17,6 +17,14 @@ from _cluster import cluster_up, read_table, values
 
 __all__ = ["cluster_up"]  # the fixture, used by name
 pytestmark = pytest.mark.timeout(300)
+# what a server that does not lead the partition answers (Liftbridge's metadata.go, api.go)
+NOT_LEADER = {
+    "partition_metadata": {"code": "FailedPrecondition", "error": "rpc error: code = "
+                           "FailedPrecondition desc = The request should be sent to "
+                           "partition leader"},
+    "subscribe": {"code": "FailedPrecondition", "error": "rpc error: code = "
+                  "FailedPrecondition desc = Server not partition leader"},
+    "subscribe_isr": None}
 
 
 async def test_go_liftbridge_through_a_leader_kill(cluster_up, go_liftbridge):
@@ -47,13 +55,7 @@ async def test_go_liftbridge_through_a_leader_kill(cluster_up, go_liftbridge):
                                       stream=out["stream"])
     assert answers[survivors[elected]] == {"partition_metadata": None, "subscribe": None,
                                            "subscribe_isr": None, "publish": None}
-    assert answers[follower] == {
-        "partition_metadata": {"code": "FailedPrecondition", "error": "rpc error: code = "
-                               "FailedPrecondition desc = The request should be sent to "
-                               "partition leader"},
-        "subscribe": {"code": "FailedPrecondition", "error": "rpc error: code = "
-                      "FailedPrecondition desc = Server not partition leader"},
-        "subscribe_isr": None, "publish": None}
+    assert answers[follower] == {**NOT_LEADER, "publish": None}
     assert answers["go_publish"] is None and answers["go_subscribe"] is None
 
     # the new leader gone too, and with it the Raft majority: no leader can be elected. The
@@ -63,15 +65,9 @@ async def test_go_liftbridge_through_a_leader_kill(cluster_up, go_liftbridge):
     # go-liftbridge finds no leader among the servers listed
     os.kill(pids[elected], signal.SIGKILL)
     answers = await go_liftbridge.run("not_leader", follower, stream=out["stream"])
-    assert answers[follower] == {
-        "partition_metadata": {"code": "FailedPrecondition", "error": "rpc error: code = "
-                               "FailedPrecondition desc = The request should be sent to "
-                               "partition leader"},
-        "subscribe": {"code": "FailedPrecondition", "error": "rpc error: code = "
-                      "FailedPrecondition desc = Server not partition leader"},
-        "subscribe_isr": None,
-        "publish": {"code": "DeadlineExceeded", "error": "rpc error: code = DeadlineExceeded "
-                    "desc = context deadline exceeded"}}
+    assert answers[follower] == {**NOT_LEADER, "publish": {
+        "code": "DeadlineExceeded",
+        "error": "rpc error: code = DeadlineExceeded desc = context deadline exceeded"}}
     assert answers["go_publish"]["is"] == "ErrAckTimeout"
     assert answers["go_subscribe"] == {"code": "Unknown",
                                        "error": "no known leader for partition"}

@@ -21,11 +21,13 @@ import (
 	"time"
 
 	lift "github.com/liftbridge-io/go-liftbridge/v2"
+	api "github.com/liftbridge-io/liftbridge-api/go"
 	"github.com/serialx/hashring"
 )
 
 func init() {
 	scenarios["failover"] = failover
+	scenarios["not_leader"] = notLeader
 }
 
 // ringNode: the address go-liftbridge publishes partition 0 of stream to, for these known
@@ -184,4 +186,35 @@ func failover(args Args) result {
 	return result{"stream": stream, "killed": leader.ID(), "new_leader": newLeader.ID(),
 		"acked": acked, "acked_before_kill": killedAt, "received": received,
 		"publish_errors": errorList, "subscriber_errors": subErrors}
+}
+
+// notLeader: what each server of args.Grpc answers for partition 0 of args.Stream through
+// Liftbridge's API stub (FetchPartitionMetadata, Subscribe with and without readISRReplica, a
+// Publish with ALL acks and a 3 s deadline), and what go-liftbridge's Publish (ALL, 3 s) and
+// Subscribe make of it.
+func notLeader(args Args) result {
+	out := result{}
+	for _, address := range args.Grpc {
+		stub, done := raw(Args{Grpc: []string{address}})
+		ctx := timeout(10)
+		_, err := stub.FetchPartitionMetadata(ctx, &api.FetchPartitionMetadataRequest{
+			Stream: args.Stream})
+		answers := map[string]any{"partition_metadata": errInfo(err)}
+		answers["subscribe"] = subscribeStatus(stub, ctx, &api.SubscribeRequest{
+			Stream: args.Stream, StartPosition: api.StartPosition_EARLIEST})
+		answers["subscribe_isr"] = subscribeStatus(stub, ctx, &api.SubscribeRequest{
+			Stream: args.Stream, StartPosition: api.StartPosition_EARLIEST, ReadISRReplica: true})
+		_, err = stub.Publish(timeout(3), &api.PublishRequest{Stream: args.Stream,
+			Value: []byte("to-" + address), AckPolicy: api.AckPolicy_ALL})
+		answers["publish"] = errInfo(err)
+		done()
+		out[address] = answers
+	}
+	client := connect(args)
+	defer client.Close()
+	_, err := client.Publish(timeout(3), args.Stream, []byte("go"), lift.AckPolicyAll())
+	out["go_publish"] = errInfo(err)
+	out["go_subscribe"] = errInfo(client.Subscribe(timeout(10), args.Stream,
+		func(*lift.Message, error) {}, lift.StartAtEarliestReceived()))
+	return out
 }
