@@ -137,7 +137,7 @@ func ackInfo(ack *lift.Ack) any {
 		"stream": ack.Stream(), "partition_subject": ack.PartitionSubject(),
 		"msg_subject": ack.MessageSubject(), "offset": ack.Offset(),
 		"ack_inbox": ack.AckInbox(), "correlation_id": ack.CorrelationID(),
-		"ack_policy": int(ack.AckPolicy()),
+		"ack_policy":   int(ack.AckPolicy()),
 		"reception_ns": ack.ReceptionTimestamp().UnixNano(),
 		"commit_ns":    ack.CommitTimestamp().UnixNano(),
 	}
@@ -188,37 +188,50 @@ type Received struct {
 	Ended    bool
 }
 
-// collect subscribes with opts and waits until it has `count` messages, the subscription
-// ends with an error, or `wait` passes; the subscription is cancelled before it returns.
-// An error from Subscribe itself is the End.
-func collect(client lift.Client, stream string, count int, wait time.Duration,
-	opts ...lift.SubscriptionOption) Received {
+// Subscription is a running go-liftbridge subscription whose handler feeds channels.
+type Subscription struct {
+	msgs   chan *lift.Message
+	ends   chan error
+	err    error // from Subscribe itself
+	cancel context.CancelFunc
+}
+
+// subscribe: Subscribe with opts; it returns once the server has started the subscription
+// (go-liftbridge waits for its first, empty message) or refused it.
+func subscribe(client lift.Client, stream string, opts ...lift.SubscriptionOption) *Subscription {
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	msgs := make(chan *lift.Message, 4096)
-	ends := make(chan error, 1)
-	err := client.Subscribe(ctx, stream, func(m *lift.Message, err error) {
+	s := &Subscription{msgs: make(chan *lift.Message, 4096), ends: make(chan error, 1),
+		cancel: cancel}
+	s.err = client.Subscribe(ctx, stream, func(m *lift.Message, err error) {
 		if err != nil {
 			select {
-			case ends <- err:
+			case s.ends <- err:
 			default:
 			}
 			return
 		}
-		msgs <- m
+		s.msgs <- m
 	}, opts...)
-	if err != nil {
-		return Received{Messages: []map[string]any{}, End: err, Ended: true}
-	}
+	return s
+}
+
+// wait until the subscription has `count` messages, ends with an error, or `wait` passes;
+// then cancel it. An error from Subscribe itself is the End.
+func (s *Subscription) wait(count int, wait time.Duration) Received {
+	defer s.cancel()
 	got := Received{Messages: []map[string]any{}}
+	if s.err != nil {
+		got.End, got.Ended = s.err, true
+		return got
+	}
 	deadline := time.After(wait)
 	for len(got.Messages) < count {
 		select {
-		case m := <-msgs:
+		case m := <-s.msgs:
 			got.Messages = append(got.Messages, messageInfo(m))
-		case err := <-ends:
-			for len(msgs) > 0 { // what arrived before the end
-				got.Messages = append(got.Messages, messageInfo(<-msgs))
+		case err := <-s.ends:
+			for len(s.msgs) > 0 { // what arrived before the end
+				got.Messages = append(got.Messages, messageInfo(<-s.msgs))
 			}
 			got.End, got.Ended = err, true
 			return got
@@ -227,6 +240,12 @@ func collect(client lift.Client, stream string, count int, wait time.Duration,
 		}
 	}
 	return got
+}
+
+// collect: subscribe, then wait.
+func collect(client lift.Client, stream string, count int, wait time.Duration,
+	opts ...lift.SubscriptionOption) Received {
+	return subscribe(client, stream, opts...).wait(count, wait)
 }
 
 func (r Received) info() map[string]any {

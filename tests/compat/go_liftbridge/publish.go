@@ -115,13 +115,9 @@ func positions(args Args) result {
 		lift.StartAtTimeDelta(time.Since(t))).info()
 	out["default"] = collect(client, args.Stream, 1, 500*time.Millisecond).info()
 	// new only: nothing until a new message
-	newOnly := make(chan Received, 1)
-	go func() {
-		newOnly <- collect(client, args.Stream, 1, wait, lift.StartAtNewOnly())
-	}()
-	time.Sleep(500 * time.Millisecond)
+	newOnly := subscribe(client, args.Stream, lift.StartAtNewOnly())
 	publishAll(client, args.Stream, []string{"new"})
-	out["new_only"] = (<-newOnly).info()
+	out["new_only"] = newOnly.wait(1, wait).info()
 	out["stop_offset"] = collect(client, args.Stream, 100, wait, lift.StartAtEarliestReceived(),
 		lift.StopAtOffset(4)).info()
 	out["stop_time"] = collect(client, args.Stream, 100, wait, lift.StartAtEarliestReceived(),
