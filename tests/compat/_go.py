@@ -30,7 +30,7 @@ class GoUnavailable(Exception):
 
 
 def _go(args: list[str], timeout: float) -> subprocess.CompletedProcess:
-    env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=readonly"}
+    env = {**os.environ, "GOTOOLCHAIN": "local", "GOFLAGS": "-mod=readonly -buildvcs=false"}
     try:
         return subprocess.run(["go", *args], cwd=GO_DIR, capture_output=True, text=True,
                               timeout=timeout, stdin=subprocess.DEVNULL, env=env)
