@@ -22,6 +22,7 @@ import (
 	"time"
 
 	lift "github.com/liftbridge-io/go-liftbridge/v2"
+	api "github.com/liftbridge-io/liftbridge-api/go"
 	"google.golang.org/grpc/status"
 )
 
@@ -257,6 +258,30 @@ func (r Received) info() map[string]any {
 	}
 	return map[string]any{"offsets": offsets, "values": values, "end": errInfo(r.End),
 		"ended": r.Ended}
+}
+
+// create makes stream args.Stream (subject: its name) and waits until every server of
+// args.Grpc lists it: in a cluster a server applies the stream a little after the one asked
+// (Liftbridge's too), and until then refuses publishes to it (NotFound), which go-liftbridge
+// sends to whichever server its hash ring picks.
+func create(client lift.Client, args Args, options ...lift.StreamOption) {
+	must(client.CreateStream(timeout(20), args.Stream, args.Stream, options...), "create")
+	for _, address := range args.Grpc {
+		stub, done := raw(Args{Grpc: []string{address}})
+		for try := 0; ; try++ {
+			resp, err := stub.FetchMetadata(timeout(10), &api.FetchMetadataRequest{
+				Streams: []string{args.Stream}})
+			if err == nil && len(resp.StreamMetadata) == 1 &&
+				resp.StreamMetadata[0].Error == api.StreamMetadata_OK {
+				break
+			}
+			if try == 200 {
+				fail("%s does not list %s: %v", address, args.Stream, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		done()
+	}
 }
 
 // publishAll publishes values with ALL acks and fails the run on any error.

@@ -40,7 +40,7 @@ func nextAck(sub *nats.Subscription, wait time.Duration) any {
 func natsDoor(args Args) result {
 	client := connect(args)
 	defer client.Close()
-	must(client.CreateStream(timeout(10), args.Stream, args.Stream, lift.Partitions(2)), "create")
+	create(client, args, lift.Partitions(2))
 	nc := natsConnect(args)
 	defer nc.Close()
 	out := result{}

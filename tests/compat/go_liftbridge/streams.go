@@ -101,7 +101,7 @@ func flags(client lift.Client, stream string, partitions int32) []map[string]any
 func pause(args Args) result {
 	client := connect(args)
 	defer client.Close()
-	must(client.CreateStream(timeout(10), args.Stream, args.Stream, lift.Partitions(2)), "create")
+	create(client, args, lift.Partitions(2))
 	out := result{}
 	// a subscriber on partition 0 when it is paused
 	ended := make(chan error, 1)
@@ -145,7 +145,7 @@ func pause(args Args) result {
 func readonly(args Args) result {
 	client := connect(args)
 	defer client.Close()
-	must(client.CreateStream(timeout(10), args.Stream, args.Stream), "create")
+	create(client, args)
 	publishAll(client, args.Stream, values("r", 3))
 	out := result{}
 	live := make(chan error, 1)
