@@ -184,7 +184,11 @@ class GrpcConfig:
     auto_pause_disable_if_subscribers: bool = False
     concurrency_control: bool = False
     batch_max_messages: int = 1024
-    max_message_bytes: int = 64 * 1024 * 1024
+    max_message_bytes: int = 4 * 1024 * 1024
+    """The largest gRPC request message taken (bigger: RESOURCE_EXHAUSTED "received message
+    larger than max", before the message is read): grpc-go's default, which Liftbridge's
+    server keeps (server/server.go sets no MaxRecvMsgSize). What is stored is bounded by
+    ``replication_max_bytes`` anyway."""
     handshake_timeout_ms: int = 10_000
     """h2 transport: a connection with no accepted (authenticated) call after this long is
     closed (RabbitMQ's handshake_timeout is 10 s too)."""

@@ -10,6 +10,9 @@
 #                          tests/compat, tests/cluster and tests/security)
 #   java_client            RabbitMQ's Java stream client, built with Maven once per session
 #                          (tests/compat/_java.py; used by tests/compat and tests/cluster)
+#   go_liftbridge          go-liftbridge and nats.go (tests/compat/go_liftbridge), built once per
+#                          session (tests/compat/_go_liftbridge.py; used by tests/liftbridge,
+#                          tests/security and tests/cluster)
 # With RIVERLOG_TEST_PEER=rabbitmq:PORT both point at an already-running RabbitMQ on
 # 127.0.0.1:PORT instead, to check the tests themselves against the real thing. Markers:
 #   riverlog_only  needs something RabbitMQ 3.10 lacks: skipped against the peer
@@ -22,6 +25,7 @@ import os
 import pytest
 
 from compat._go import GoClient, GoUnavailable, build as build_go
+from compat._go_liftbridge import GoLiftbridge, build as build_go_liftbridge
 from compat._java import JavaClient, JavaUnavailable, build as build_java
 from compat._node import NodeClient, NodeUnavailable, install
 from compat._servers import PeerServer, RiverlogServer
@@ -147,3 +151,13 @@ def java_client() -> JavaClient:
         return JavaClient(build_java())
     except JavaUnavailable as exc:
         pytest.skip(f"Java client tests: {exc}")
+
+
+@pytest.fixture(scope="session")
+def go_liftbridge() -> GoLiftbridge:
+    """Liftbridge's Go client and nats.go (tests/compat/_go_liftbridge.py), built once per
+    session. Skips only when go is missing or the Go module proxy is unreachable."""
+    try:
+        return GoLiftbridge(build_go_liftbridge())
+    except GoUnavailable as exc:
+        pytest.skip(f"go-liftbridge tests: {exc}")

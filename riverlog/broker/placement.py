@@ -97,6 +97,11 @@ class Placement:
         """Every server id of the cluster, sorted."""
         raise NotImplementedError
 
+    def reachable(self, server_id: str) -> bool:
+        """Whether server ``server_id`` runs and this one is in touch with it (a single
+        server: itself)."""
+        return server_id == self.server_id
+
     def streams(self) -> Mapping[str, tuple[str, int]] | None:
         """Every stream of the cluster, held here or not: name -> (NATS subject, partition
         count); None on a single server, whose Broker holds every stream."""

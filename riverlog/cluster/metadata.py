@@ -178,6 +178,16 @@ class RaftMetadata:
         sorted: its start partners changed by every membership entry it holds."""
         return tuple(sorted({self.address} | {n.address for n in self._raft.otherNodes}))
 
+    def connected(self, address: str) -> bool:
+        """Whether the member at ``address`` ("host:port") is this one or one this member
+        holds a Raft connection with now (pysyncobj's isNodeConnected: a stopped member drops
+        out as its socket closes, a cut-off one within the connection timeout). Cheap,
+        callable from any thread."""
+        if address == self.address:
+            return True
+        return any(node.address == address and self._raft.isNodeConnected(node)
+                   for node in tuple(self._raft.otherNodes))
+
     async def add_member(self, address: str, timeout: float = 30.0) -> None:
         """Make the member at ``address`` ("host:port") a voting member of the Raft
         (pysyncobj's addNodeToCluster). Called on the Raft leader, it returns once the

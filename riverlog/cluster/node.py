@@ -130,6 +130,14 @@ class ClusterPlacement(Agreed, Placement):
     def servers(self) -> tuple[str, ...]:
         return tuple(sorted(self.state.servers))
 
+    def reachable(self, server_id: str) -> bool:
+        """This server, or one whose Raft member this one's is connected to now."""
+        if server_id == self.server_id:
+            return True
+        raft = self.door(server_id, RAFT_DOOR)
+        return (self.metadata is not None and raft is not None
+                and self.metadata.connected(f"{raft[0]}:{raft[1]}"))
+
     def streams(self) -> Mapping[str, tuple[str, int]]:
         return {name: (s.subject, len(s.partitions)) for name, s in self.state.streams.items()}
 

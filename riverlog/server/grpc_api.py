@@ -47,6 +47,10 @@ log = logging.getLogger("riverlog.grpc")
 
 SERVICE = "proto.API"
 MAX_PARTITIONS = 4096
+# grpcio's limit on a response (a Subscribe message is one stored record): as before the
+# request limit became GrpcConfig.max_message_bytes, Liftbridge's 4 MiB (grpc-go's servers
+# send up to 2 GiB by default)
+MAX_SEND_BYTES = 64 * 1024 * 1024
 """Partitions per stream at most (Liftbridge has no limit; riverlog refuses a CreateStream
 that would create more folders than this with InvalidArgument)."""
 _ASYNC = pb.PublishAsyncError.Code
@@ -95,7 +99,7 @@ class GrpcApi:
             await self._start_h2()
             return
         options = [("grpc.max_receive_message_length", self.config.max_message_bytes),
-                   ("grpc.max_send_message_length", self.config.max_message_bytes),
+                   ("grpc.max_send_message_length", MAX_SEND_BYTES),
                    ("grpc.so_reuseport", 0)]
         auth = self._auth()
         server = grpc.aio.server(options=options, interceptors=[auth] if auth else [])
@@ -310,8 +314,10 @@ class GrpcApi:
             readonlyTimestamps=stamps("readonly"))
 
     def _brokers(self) -> list[pb.Broker]:
-        """Every server (Liftbridge's fetchBrokerInfo): id, advertised gRPC host and port,
-        the partitions it holds and leads."""
+        """Every server that runs (Liftbridge's fetchBrokerInfo lists the servers answering
+        its survey; here: this one and those its Raft member is connected to): id, advertised
+        gRPC host and port, the partitions it holds and leads. go-liftbridge dials every
+        broker listed when it connects and fails if one does not answer."""
         service = self.service
         placement = service.broker.placement
         if not placement.clustered:
@@ -329,7 +335,7 @@ class GrpcApi:
                 if placed is not None and placed.leader is not None:
                     led[placed.leader] = led.get(placed.leader, 0) + 1
         brokers = []
-        for server_id in placement.servers():
+        for server_id in filter(placement.reachable, placement.servers()):
             host, port = placement.door(server_id, "grpc") or ("", 0)
             brokers.append(pb.Broker(id=server_id, host=host, port=port,
                                      partitionCount=held.get(server_id, 0),

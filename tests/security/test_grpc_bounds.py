@@ -75,7 +75,7 @@ async def test_subscribers_memory_is_bounded_and_released(tmp_path):
     assert kept < 100 * MIB, f"{kept / MIB:.0f} MiB kept after 300 subscribers cancelled"
 
 
-async def park(port: int, metadata: list[tuple[str, str]], size: int = 60 * MIB):
+async def park(port: int, metadata: list[tuple[str, str]], size: int = 4 * MIB):
     """A raw HTTP/2 client (`h2`): start a Publish call with ``metadata`` and send as much of a
     ``size``-byte message as the server's windows let, until it lets no more for 0.5 s or
     ends the call. Returns (bytes sent, the call's grpc-status or None, the open writer)."""
@@ -121,7 +121,9 @@ async def test_memory_before_login_is_bounded(tmp_path, users):
     """Item 11: each HTTP/2 connection without credentials could park ~8 MiB of a partial
     60 MiB message, with no timeout (40 connections: +334 MB). Now a call is authenticated
     when its headers arrive: refused at once (UNAUTHENTICATED), having sent at most the
-    initial 64 KiB window; a connection with no accepted call is closed."""
+    initial 64 KiB window; a connection with no accepted call is closed. (A message over
+    the 4 MiB limit, GrpcConfig.max_message_bytes, is refused from its length prefix
+    alone, RESOURCE_EXHAUSTED; the parked messages here are 4 MiB, the largest taken.)"""
     async with running(tmp_path, security(users), grpc={"handshake_timeout_ms": 500}) as app:
         port = app.grpc.port
         with peak_growth() as peak:
