@@ -61,7 +61,7 @@ func offsets(a Args) (Result, error) {
 	out := Result{}
 	for _, s := range specs {
 		got, err := consume(env, name, stream.NewConsumerOptions().SetOffset(s.spec), s.want,
-			5*time.Second, 300*time.Millisecond)
+			20*time.Second, 300*time.Millisecond)
 		if err != nil {
 			return nil, err
 		}
@@ -79,7 +79,7 @@ func offsets(a Args) (Result, error) {
 	if _, err := publish(env, name, nil, bodies("after-", 0, 1), true); err != nil {
 		return nil, err
 	}
-	until(10*time.Second, func() bool { return r.count() > before })
+	until(20*time.Second, func() bool { return r.count() > before })
 	time.Sleep(200 * time.Millisecond)
 	next := first(r)
 	next["before_publish"] = before
@@ -90,7 +90,7 @@ func offsets(a Args) (Result, error) {
 // tracking: 30 messages; a named consumer stores offsets by hand (StoreOffset at the 10th
 // message, StoreCustomOffset(19) at the end); QueryOffset through the consumer and the
 // Environment; a consumer starting at LastConsumed; an automatic-tracking consumer
-// (every 10 messages, flushed after 1 s); QueryOffset of a name never stored.
+// (every 10 messages, flushed after 1 s and on close, here after all 30); QueryOffset of a name never stored.
 func tracking(a Args) (Result, error) {
 	env, name, err := withStream(a)
 	if err != nil {
@@ -119,17 +119,17 @@ func tracking(a Args) (Result, error) {
 	until(10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return seen >= 30 })
 	// StoreOffset sends no answer: poll QueryOffset until the store took effect
 	var q int64
-	until(5*time.Second, func() bool { q, err = manual.QueryOffset(); return err == nil && q == 9 })
+	until(20*time.Second, func() bool { q, err = manual.QueryOffset(); return err == nil && q == 9 })
 	out["after_store_offset"] = q
 	stored = append(stored, codeOf(manual.StoreCustomOffset(19)))
-	until(5*time.Second, func() bool { q, err = env.QueryOffset("manual", name); return q == 19 })
+	until(20*time.Second, func() bool { q, err = env.QueryOffset("manual", name); return q == 19 })
 	out["store_codes"] = stored
 	out["env_query_offset"], out["env_query_code"] = q, codeOf(err)
 	if err := manual.Close(); err != nil {
 		return nil, err
 	}
 	resumed, err := consume(env, name, stream.NewConsumerOptions().SetConsumerName("manual").
-		SetOffset(stream.OffsetSpecification{}.LastConsumed()), 11, 5*time.Second, 200*time.Millisecond)
+		SetOffset(stream.OffsetSpecification{}.LastConsumed()), 11, 20*time.Second, 200*time.Millisecond)
 	if err != nil {
 		return nil, err
 	}
@@ -137,12 +137,12 @@ func tracking(a Args) (Result, error) {
 	auto, err := consume(env, name, stream.NewConsumerOptions().SetConsumerName("auto").
 		SetAutoCommit(stream.NewAutoCommitStrategy().SetCountBeforeStorage(10).
 			SetFlushInterval(time.Second)).SetOffset(stream.OffsetSpecification{}.First()),
-		25, 5*time.Second, 0)
+		30, 20*time.Second, 0)
 	if err != nil {
 		return nil, err
 	}
 	out["auto_received"] = auto.count()
-	until(5*time.Second, func() bool { q, err = env.QueryOffset("auto", name); return q == 29 })
+	until(20*time.Second, func() bool { q, err = env.QueryOffset("auto", name); return q == 29 })
 	out["auto_query_offset"], out["auto_query_code"] = q, codeOf(err)
 	_, err = env.QueryOffset("never-stored", name)
 	out["unknown_reference_code"] = codeOf(err)
@@ -296,7 +296,7 @@ func filtering(a Args) (Result, error) {
 	c := newConfirms()
 	c.watch(producer.NotifyPublishConfirmation())
 	out["empty_value_send"] = codeOf(producer.BatchSend(bodies("no-color-", 0, 1)))
-	until(3*time.Second, func() bool { return len(closesLogged()) > 0 })
+	until(10*time.Second, func() bool { return len(closesLogged()) > 0 })
 	out["empty_value_closes"] = closesLogged()
 	out["empty_value_confirmed"], _ = c.counts()
 	_ = producer.Close()
