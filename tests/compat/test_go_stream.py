@@ -1,8 +1,8 @@
 """RabbitMQ's Go stream client (github.com/rabbitmq/rabbitmq-stream-go-client, the version in
 tests/compat/go/go.mod; the `go_client` fixture builds its scenario program once) against the
 shared `stream_server`: producers with confirms, deduplication, sub-entry batching with every
-compression the client offers, every offset specification, offset tracking, single active
-consumer, super streams, filtering, stream declare/delete with arguments and StreamStats, bad
+compression the client offers, every offset specification, manual credit, offset tracking,
+single active consumer, super streams, filtering, stream declare/delete with arguments and StreamStats, bad
 input (unknown stream, wrong password, frame too large), and the reliable producer and
 consumer (pkg/ha) across a restart. What each scenario does: tests/compat/go/*.go. The
 expectations are RabbitMQ's behaviour as the Go client's own tests and RabbitMQ's stream
@@ -80,6 +80,13 @@ async def test_every_offset_specification(stream_server, go_client):
                                            "first_body": "o1-0", "last_offset": 29}
     assert r["next"] == {"before_publish": 0, "count": 1, "first_offset": 30,
                          "first_body": "after-0", "last_offset": 30}
+
+
+async def test_manual_credit(stream_server, go_client):
+    """ManualCreditStrategy with 1 initial credit: credit counts chunks (three of 10)."""
+    r = await go_client.run("manual_credit", stream_server.host, stream_server.port,
+                            stream=stream_name("go-credit"))
+    assert r["counts"] == [10, 20, 30]
 
 
 async def test_manual_and_automatic_offset_tracking(stream_server, go_client):

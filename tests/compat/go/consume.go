@@ -17,6 +17,42 @@ func init() {
 	register("tracking", tracking)
 	register("sac", singleActive)
 	register("filter", filtering)
+	register("manual_credit", manualCredit)
+}
+
+// manualCredit: three chunks of 10; a consumer with ManualCreditStrategy and 1 initial
+// credit gets the first chunk only (credit counts chunks), then one more per Credit(1).
+func manualCredit(a Args) (Result, error) {
+	env, name, err := withStream(a)
+	if err != nil {
+		return nil, err
+	}
+	defer env.Close()
+	for b := 0; b < 3; b++ {
+		if _, err := publish(env, name, nil, bodies(fmt.Sprintf("c%d-", b), 0, 10), true); err != nil {
+			return nil, err
+		}
+	}
+	r := &Received{}
+	consumer, err := env.NewConsumer(name, r.handler, stream.NewConsumerOptions().
+		SetOffset(stream.OffsetSpecification{}.First()).
+		SetCreditStrategy(stream.ManualCreditStrategy).SetInitialCredits(1))
+	if err != nil {
+		return nil, err
+	}
+	var counts []int
+	for step := 0; step < 3; step++ {
+		want := 10 * (step + 1)
+		until(20*time.Second, func() bool { return r.count() >= want })
+		time.Sleep(500 * time.Millisecond) // nothing more may come without credit
+		counts = append(counts, r.count())
+		if step < 2 {
+			if err := consumer.Credit(1); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return Result{"counts": counts}, consumer.Close()
 }
 
 func first(r *Received) Result {
