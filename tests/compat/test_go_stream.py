@@ -212,6 +212,7 @@ async def test_frame_too_large(stream_server, go_client):
     confirm); a StoreOffset frame (unchecked by the client) of frame_max bytes after the size
     field is taken, one byte more gets Close 0x0e (rabbit_stream_core frame_size_ok, the
     reader's frame_too_large), and the Environment connects again."""
+    since = stream_server.log_size()
     r = await go_client.run("frame_too_large", stream_server.host, stream_server.port,
                             stream=stream_name("go-frame"), max_frame_size=8192, debug=True)
     assert r["send_code"] == FRAME_TOO_LARGE and r["small_send_code"] == OK
@@ -220,6 +221,8 @@ async def test_frame_too_large(stream_server, go_client):
     assert r["above_frame_max"] == {"store_code": OK, "closes": [FRAME_TOO_LARGE]}
     assert (r["exists_after"], r["exists_after_code"]) == (True, OK)
     assert r["delete"] == OK
+    # the refused 8 KB reference is logged cut short (it was logged whole)
+    assert "r" * 100 not in stream_server.log(since)
 
 
 @pytest.mark.restart
