@@ -685,17 +685,20 @@ class RabbitStreamConnection(asyncio.Protocol):
             self.transport.close()
 
     async def _heartbeats(self) -> None:
+        """Every half period, a Heartbeat when nothing was sent for about that long, as
+        RabbitMQ's rabbit_heartbeat sender does (clients such as the Go one count a period
+        without any frame as a miss); a peer silent for 2.25 periods is gone."""
         period = self.heartbeat_s
         while True:
-            await asyncio.sleep(period)
+            await asyncio.sleep(period / 2)
             now = time.monotonic()
-            # timers may fire a little early or late: judge with a quarter period of slack
+            # timers may fire a little early or late: judge with some slack
             if now - self._last_received > 2.25 * period:
                 self.fail(ResponseCode.OK, "missed heartbeats: the peer is gone")
                 if self.transport is not None:
                     self.transport.abort()
                 return
-            if now - self._last_sent >= 0.75 * period:
+            if now - self._last_sent >= 0.375 * period:
                 self.send(f.Heartbeat())
 
     # -- streams ------------------------------------------------------------------------
