@@ -1,7 +1,7 @@
 """RabbitMQ's Go stream client (github.com/rabbitmq/rabbitmq-stream-go-client, the version in
 tests/compat/go/go.mod; the `go_client` fixture builds its scenario program once) against the
 shared `stream_server`: producers with confirms, deduplication, sub-entry batching with every
-compression the client offers, every offset specification, manual credit, offset tracking,
+compression the client offers, every offset specification, manual credit, heartbeats, offset tracking,
 single active consumer, super streams, filtering, stream declare/delete with arguments and StreamStats, bad
 input (unknown stream, wrong password, frame too large), and the reliable producer and
 consumer (pkg/ha) across a restart. What each scenario does: tests/compat/go/*.go. The
@@ -87,6 +87,18 @@ async def test_manual_credit(stream_server, go_client):
     r = await go_client.run("manual_credit", stream_server.host, stream_server.port,
                             stream=stream_name("go-credit"))
     assert r["counts"] == [10, 20, 30]
+
+
+async def test_idle_connections_keep_their_heartbeats(stream_server, go_client):
+    """3 s heartbeats asked by the client (it closes a connection after two periods in a row
+    without a frame): after 12 s idle a message still goes through the producer and the
+    consumer."""
+    r = await go_client.run("idle", stream_server.host, stream_server.port,
+                            stream=stream_name("go-idle"), heartbeat_s=3, idle_s=12)
+    # the client counts a period without any frame as a miss: RabbitMQ sends a heartbeat
+    # after half a period of silence (rabbit_heartbeat's sender), so none is missed
+    assert r["closed_for_heartbeats"] == 0 and r["missed_heartbeats"] == 0, r
+    assert (r["send"], r["confirmed"], r["received"]) == (OK, 1, ["after idle"])
 
 
 async def test_manual_and_automatic_offset_tracking(stream_server, go_client):

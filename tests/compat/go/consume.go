@@ -18,6 +18,40 @@ func init() {
 	register("sac", singleActive)
 	register("filter", filtering)
 	register("manual_credit", manualCredit)
+	register("idle", idle)
+}
+
+// idle: a consumer and a producer stay idle for `idle_s` seconds on connections that asked
+// for `heartbeat_s` heartbeats (the client closes a connection after two silent periods),
+// then a message still goes through both.
+func idle(a Args) (Result, error) {
+	env, name, err := withStream(a)
+	if err != nil {
+		return nil, err
+	}
+	defer env.Close()
+	r := &Received{}
+	consumer, err := env.NewConsumer(name, r.handler, stream.NewConsumerOptions().
+		SetOffset(stream.OffsetSpecification{}.Next()))
+	if err != nil {
+		return nil, err
+	}
+	producer, err := env.NewProducer(name, nil)
+	if err != nil {
+		return nil, err
+	}
+	c := newConfirms()
+	c.watch(producer.NotifyPublishConfirmation())
+	time.Sleep(time.Duration(a.num("idle_s", 10)) * time.Second)
+	out := Result{"send": codeOf(producer.Send(amqp.NewMessage([]byte("after idle"))))}
+	c.wait(1, 10*time.Second)
+	until(10*time.Second, func() bool { return r.count() >= 1 })
+	out["confirmed"], _ = c.counts()
+	_, out["received"] = r.snapshot()
+	out["closed_for_heartbeats"] = len(logged.matching("Too many heartbeat missing"))
+	out["missed_heartbeats"] = len(logged.matching("Missing heart beat"))
+	_ = producer.Close()
+	return out, consumer.Close()
 }
 
 // manualCredit: three chunks of 10; a consumer with ManualCreditStrategy and 1 initial
