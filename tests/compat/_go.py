@@ -140,8 +140,12 @@ class GoRun:
         lines = out.decode(errors="replace").strip().splitlines()
         if self.proc.returncode != 0 or not lines:
             raise self._failure(f"exited with {self.proc.returncode}, stdout {lines[-3:]}")
-        result = json.loads(lines[-1])
-        assert isinstance(result, dict), f"not a JSON object: {lines[-1]!r}"
+        try:
+            result = json.loads(lines[-1])
+        except ValueError:
+            result = None
+        if not isinstance(result, dict):
+            raise self._failure(f"printed no JSON object last: {lines[-1]!r}")
         return result
 
     async def kill(self) -> None:

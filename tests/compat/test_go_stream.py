@@ -1,8 +1,8 @@
 """RabbitMQ's Go stream client (github.com/rabbitmq/rabbitmq-stream-go-client, the version in
 tests/compat/go/go.mod; the `go_client` fixture builds its scenario program once) against the
 shared `stream_server`: producers with confirms, deduplication, sub-entry batching with every
-compression the client offers, every offset specification, offset tracking, single active
-consumer, super streams, filtering, stream declare/delete with arguments and StreamStats, bad
+compression the client offers, every offset specification, manual credit, heartbeats, offset tracking,
+single active consumer, super streams, filtering, stream declare/delete with arguments and StreamStats, bad
 input (unknown stream, wrong password, frame too large), and the reliable producer and
 consumer (pkg/ha) across a restart. What each scenario does: tests/compat/go/*.go. The
 expectations are RabbitMQ's behaviour as the Go client's own tests and RabbitMQ's stream
@@ -80,6 +80,25 @@ async def test_every_offset_specification(stream_server, go_client):
                                            "first_body": "o1-0", "last_offset": 29}
     assert r["next"] == {"before_publish": 0, "count": 1, "first_offset": 30,
                          "first_body": "after-0", "last_offset": 30}
+
+
+async def test_manual_credit(stream_server, go_client):
+    """ManualCreditStrategy with 1 initial credit: credit counts chunks (three of 10)."""
+    r = await go_client.run("manual_credit", stream_server.host, stream_server.port,
+                            stream=stream_name("go-credit"))
+    assert r["counts"] == [10, 20, 30]
+
+
+async def test_idle_connections_keep_their_heartbeats(stream_server, go_client):
+    """3 s heartbeats asked by the client (it closes a connection after two periods in a row
+    without a frame): after 12 s idle a message still goes through the producer and the
+    consumer."""
+    r = await go_client.run("idle", stream_server.host, stream_server.port,
+                            stream=stream_name("go-idle"), heartbeat_s=3, idle_s=12)
+    # the client counts a period without any frame as a miss: RabbitMQ sends a heartbeat
+    # after half a period of silence (rabbit_heartbeat's sender), so none is missed
+    assert r["closed_for_heartbeats"] == 0 and r["missed_heartbeats"] == 0, r
+    assert (r["send"], r["confirmed"], r["received"]) == (OK, 1, ["after idle"])
 
 
 async def test_manual_and_automatic_offset_tracking(stream_server, go_client):
@@ -205,6 +224,7 @@ async def test_frame_too_large(stream_server, go_client):
     confirm); a StoreOffset frame (unchecked by the client) of frame_max bytes after the size
     field is taken, one byte more gets Close 0x0e (rabbit_stream_core frame_size_ok, the
     reader's frame_too_large), and the Environment connects again."""
+    since = stream_server.log_size()
     r = await go_client.run("frame_too_large", stream_server.host, stream_server.port,
                             stream=stream_name("go-frame"), max_frame_size=8192, debug=True)
     assert r["send_code"] == FRAME_TOO_LARGE and r["small_send_code"] == OK
@@ -213,6 +233,8 @@ async def test_frame_too_large(stream_server, go_client):
     assert r["above_frame_max"] == {"store_code": OK, "closes": [FRAME_TOO_LARGE]}
     assert (r["exists_after"], r["exists_after_code"]) == (True, OK)
     assert r["delete"] == OK
+    # the refused 8 KB reference is logged cut short (it was logged whole)
+    assert "r" * 100 not in stream_server.log(since)
 
 
 @pytest.mark.restart

@@ -262,8 +262,8 @@ class Consuming:
         try:
             found[1].store_offset(frame.reference, frame.offset)
         except (ValueError, LogError) as exc:  # RabbitMQ logs a reference too long
-            log.warning("StoreOffset %r on %r not stored: %s", frame.reference, frame.stream,
-                        exc)
+            log.warning("StoreOffset %r (%d bytes) on %r not stored: %s",
+                        frame.reference[:64], len(frame.reference.encode()), frame.stream, exc)
 
     def _forward(self, request: Awaitable[object], stream: str) -> None:
         """Run a request to a partition's leader in the background; its failure is logged."""

@@ -17,6 +17,76 @@ func init() {
 	register("tracking", tracking)
 	register("sac", singleActive)
 	register("filter", filtering)
+	register("manual_credit", manualCredit)
+	register("idle", idle)
+}
+
+// idle: a consumer and a producer stay idle for `idle_s` seconds on connections that asked
+// for `heartbeat_s` heartbeats (the client closes a connection after two silent periods),
+// then a message still goes through both.
+func idle(a Args) (Result, error) {
+	env, name, err := withStream(a)
+	if err != nil {
+		return nil, err
+	}
+	defer env.Close()
+	r := &Received{}
+	consumer, err := env.NewConsumer(name, r.handler, stream.NewConsumerOptions().
+		SetOffset(stream.OffsetSpecification{}.Next()))
+	if err != nil {
+		return nil, err
+	}
+	producer, err := env.NewProducer(name, nil)
+	if err != nil {
+		return nil, err
+	}
+	c := newConfirms()
+	c.watch(producer.NotifyPublishConfirmation())
+	time.Sleep(time.Duration(a.num("idle_s", 10)) * time.Second)
+	out := Result{"send": codeOf(producer.Send(amqp.NewMessage([]byte("after idle"))))}
+	c.wait(1, 10*time.Second)
+	until(10*time.Second, func() bool { return r.count() >= 1 })
+	out["confirmed"], _ = c.counts()
+	_, out["received"] = r.snapshot()
+	out["closed_for_heartbeats"] = len(logged.matching("Too many heartbeat missing"))
+	out["missed_heartbeats"] = len(logged.matching("Missing heart beat"))
+	_ = producer.Close()
+	return out, consumer.Close()
+}
+
+// manualCredit: three chunks of 10; a consumer with ManualCreditStrategy and 1 initial
+// credit gets the first chunk only (credit counts chunks), then one more per Credit(1).
+func manualCredit(a Args) (Result, error) {
+	env, name, err := withStream(a)
+	if err != nil {
+		return nil, err
+	}
+	defer env.Close()
+	for b := 0; b < 3; b++ {
+		if _, err := publish(env, name, nil, bodies(fmt.Sprintf("c%d-", b), 0, 10), true); err != nil {
+			return nil, err
+		}
+	}
+	r := &Received{}
+	consumer, err := env.NewConsumer(name, r.handler, stream.NewConsumerOptions().
+		SetOffset(stream.OffsetSpecification{}.First()).
+		SetCreditStrategy(stream.ManualCreditStrategy).SetInitialCredits(1))
+	if err != nil {
+		return nil, err
+	}
+	var counts []int
+	for step := 0; step < 3; step++ {
+		want := 10 * (step + 1)
+		until(20*time.Second, func() bool { return r.count() >= want })
+		time.Sleep(500 * time.Millisecond) // nothing more may come without credit
+		counts = append(counts, r.count())
+		if step < 2 {
+			if err := consumer.Credit(1); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return Result{"counts": counts}, consumer.Close()
 }
 
 func first(r *Received) Result {
@@ -61,7 +131,7 @@ func offsets(a Args) (Result, error) {
 	out := Result{}
 	for _, s := range specs {
 		got, err := consume(env, name, stream.NewConsumerOptions().SetOffset(s.spec), s.want,
-			5*time.Second, 300*time.Millisecond)
+			20*time.Second, 300*time.Millisecond)
 		if err != nil {
 			return nil, err
 		}
@@ -79,7 +149,7 @@ func offsets(a Args) (Result, error) {
 	if _, err := publish(env, name, nil, bodies("after-", 0, 1), true); err != nil {
 		return nil, err
 	}
-	until(10*time.Second, func() bool { return r.count() > before })
+	until(20*time.Second, func() bool { return r.count() > before })
 	time.Sleep(200 * time.Millisecond)
 	next := first(r)
 	next["before_publish"] = before
@@ -90,7 +160,7 @@ func offsets(a Args) (Result, error) {
 // tracking: 30 messages; a named consumer stores offsets by hand (StoreOffset at the 10th
 // message, StoreCustomOffset(19) at the end); QueryOffset through the consumer and the
 // Environment; a consumer starting at LastConsumed; an automatic-tracking consumer
-// (every 10 messages, flushed after 1 s); QueryOffset of a name never stored.
+// (every 10 messages, flushed after 1 s and on close, here after all 30); QueryOffset of a name never stored.
 func tracking(a Args) (Result, error) {
 	env, name, err := withStream(a)
 	if err != nil {
@@ -119,17 +189,17 @@ func tracking(a Args) (Result, error) {
 	until(10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return seen >= 30 })
 	// StoreOffset sends no answer: poll QueryOffset until the store took effect
 	var q int64
-	until(5*time.Second, func() bool { q, err = manual.QueryOffset(); return err == nil && q == 9 })
+	until(20*time.Second, func() bool { q, err = manual.QueryOffset(); return err == nil && q == 9 })
 	out["after_store_offset"] = q
 	stored = append(stored, codeOf(manual.StoreCustomOffset(19)))
-	until(5*time.Second, func() bool { q, err = env.QueryOffset("manual", name); return q == 19 })
+	until(20*time.Second, func() bool { q, err = env.QueryOffset("manual", name); return q == 19 })
 	out["store_codes"] = stored
 	out["env_query_offset"], out["env_query_code"] = q, codeOf(err)
 	if err := manual.Close(); err != nil {
 		return nil, err
 	}
 	resumed, err := consume(env, name, stream.NewConsumerOptions().SetConsumerName("manual").
-		SetOffset(stream.OffsetSpecification{}.LastConsumed()), 11, 5*time.Second, 200*time.Millisecond)
+		SetOffset(stream.OffsetSpecification{}.LastConsumed()), 11, 20*time.Second, 200*time.Millisecond)
 	if err != nil {
 		return nil, err
 	}
@@ -137,12 +207,12 @@ func tracking(a Args) (Result, error) {
 	auto, err := consume(env, name, stream.NewConsumerOptions().SetConsumerName("auto").
 		SetAutoCommit(stream.NewAutoCommitStrategy().SetCountBeforeStorage(10).
 			SetFlushInterval(time.Second)).SetOffset(stream.OffsetSpecification{}.First()),
-		25, 5*time.Second, 0)
+		30, 20*time.Second, 0)
 	if err != nil {
 		return nil, err
 	}
 	out["auto_received"] = auto.count()
-	until(5*time.Second, func() bool { q, err = env.QueryOffset("auto", name); return q == 29 })
+	until(20*time.Second, func() bool { q, err = env.QueryOffset("auto", name); return q == 29 })
 	out["auto_query_offset"], out["auto_query_code"] = q, codeOf(err)
 	_, err = env.QueryOffset("never-stored", name)
 	out["unknown_reference_code"] = codeOf(err)
@@ -296,7 +366,7 @@ func filtering(a Args) (Result, error) {
 	c := newConfirms()
 	c.watch(producer.NotifyPublishConfirmation())
 	out["empty_value_send"] = codeOf(producer.BatchSend(bodies("no-color-", 0, 1)))
-	until(3*time.Second, func() bool { return len(closesLogged()) > 0 })
+	until(10*time.Second, func() bool { return len(closesLogged()) > 0 })
 	out["empty_value_closes"] = closesLogged()
 	out["empty_value_confirmed"], _ = c.counts()
 	_ = producer.Close()

@@ -5,7 +5,7 @@
 //
 // JSON holds host, port, username, password (or uris: a list of rabbitmq-stream:// URIs),
 // optional tls_ca (a PEM file: then the connection is TLS; tls_cert and tls_key: a client
-// certificate), sasl (PLAIN or EXTERNAL), max_frame_size, debug (the client's debug log, where
+// certificate), sasl (PLAIN or EXTERNAL), heartbeat_s, max_frame_size, debug (the client's debug log, where
 // it reports a Close from the server), and the scenario's own fields. The program prints exactly one JSON object, its last line on
 // stdout, and exits 0; an unexpected failure exits 1 with the reason on stderr. Scenarios
 // that wait for the test (reliable_*) print {"phase": ...} lines first and read one line on
@@ -144,6 +144,9 @@ func options(a Args) (*stream.EnvironmentOptions, error) {
 		o.SetHost(a.str("host", "127.0.0.1")).SetPort(a.num("port", 5552)).
 			SetUser(a.str("username", "guest")).SetPassword(a.str("password", "guest")).
 			SetVHost(a.str("vhost", "/"))
+	}
+	if hb := a.num("heartbeat_s", 0); hb > 0 {
+		o.SetRequestedHeartbeat(time.Duration(hb) * time.Second)
 	}
 	if fm := a.num("max_frame_size", 0); fm > 0 {
 		o.SetRequestedMaxFrameSize(fm)

@@ -110,20 +110,28 @@ func superStream(a Args) (Result, error) {
 	route, err := env.QueryRoute(name, "1")
 	out["route_of_binding_1"], out["route_code"] = route, codeOf(err)
 	// two single active consumers of one group: each partition has one active consumer
+	// (with "sac": false one plain SuperStreamConsumer, "one", and no hand-over below)
+	sac := a["sac"] != false
+	members := []string{"one", "two"}
+	if !sac {
+		members = members[:1]
+	}
 	updates := &Updates{}
-	received := map[string]*PartitionReceived{}
+	received := map[string]*PartitionReceived{"two": {got: map[string][]string{}}}
 	consumers := map[string]*stream.SuperStreamConsumer{}
-	for _, who := range []string{"one", "two"} {
+	for _, who := range members {
 		who := who
 		received[who] = &PartitionReceived{got: map[string][]string{}}
-		c, err := env.NewSuperStreamConsumer(name, received[who].handler,
-			stream.NewSuperStreamConsumerOptions().SetConsumerName("ss-group").
-				SetOffset(stream.OffsetSpecification{}.First()).
-				SetSingleActiveConsumer(stream.NewSingleActiveConsumer(
-					func(partition string, active bool) stream.OffsetSpecification {
-						updates.add(fmt.Sprintf("%s:%s:%t", who, partition, active))
-						return stream.OffsetSpecification{}.First()
-					})))
+		opts := stream.NewSuperStreamConsumerOptions().SetConsumerName("ss-group").
+			SetOffset(stream.OffsetSpecification{}.First())
+		if sac {
+			opts.SetSingleActiveConsumer(stream.NewSingleActiveConsumer(
+				func(partition string, active bool) stream.OffsetSpecification {
+					updates.add(fmt.Sprintf("%s:%s:%t", who, partition, active))
+					return stream.OffsetSpecification{}.First()
+				}))
+		}
+		c, err := env.NewSuperStreamConsumer(name, received[who].handler, opts)
 		if err != nil {
 			return nil, err
 		}
@@ -143,15 +151,29 @@ func superStream(a Args) (Result, error) {
 	if err := consumers["one"].Close(); err != nil {
 		return nil, err
 	}
-	before := received["two"].count()
+	if sac {
+		if err := handOver(env, name, received["two"], out); err != nil {
+			return nil, err
+		}
+		out["updates"] = updates.list()
+		if err := consumers["two"].Close(); err != nil {
+			return nil, err
+		}
+	}
+	return out, superStreamCleanup(env, name, out)
+}
+
+// handOver: after "one" closed, 15 more messages all reach "two".
+func handOver(env *stream.Environment, name string, two *PartitionReceived, out Result) error {
+	before := two.count()
 	if _, _, _, err := sendSuper(env, name, stream.NewHashRoutingStrategy(routingKey),
 		keyed("after-", 30, 45)); err != nil {
-		return nil, err
+		return err
 	}
 	// "two" restarts each partition it takes over from First (its ConsumerUpdate): it gets
 	// at least the 15 new messages
 	until(10*time.Second, func() bool {
-		got := received["two"].copy()
+		got := two.copy()
 		n := 0
 		for _, bodies := range got {
 			for _, b := range bodies {
@@ -163,20 +185,21 @@ func superStream(a Args) (Result, error) {
 		return n >= 15
 	})
 	time.Sleep(300 * time.Millisecond)
-	out["two_after_close"] = received["two"].copy()
+	out["two_after_close"] = two.copy()
 	out["two_count_before"] = before
-	out["updates"] = updates.list()
-	if err := consumers["two"].Close(); err != nil {
-		return nil, err
-	}
+	return nil
+}
+
+// superStreamCleanup deletes the super stream, then tries binding keys and key routing on a
+// second one: a key without a binding is not sent.
+func superStreamCleanup(env *stream.Environment, name string, out Result) error {
 	out["delete"] = codeOf(env.DeleteSuperStream(name))
-	_, err = env.QueryPartitions(name)
+	_, err := env.QueryPartitions(name)
 	out["partitions_after_delete_code"] = codeOf(err)
-	// binding keys and key routing: a key without a binding is not sent
 	keys := name + "-keys"
 	out["declare_keys"] = codeOf(env.DeclareSuperStream(keys,
 		stream.NewBindingsOptions([]string{"eu", "us"})))
-	route, err = env.QueryRoute(keys, "eu")
+	route, err := env.QueryRoute(keys, "eu")
 	out["route_eu"], out["route_eu_code"] = route, codeOf(err)
 	route, err = env.QueryRoute(keys, "asia")
 	out["route_asia"], out["route_asia_code"] = route, codeOf(err)
@@ -188,9 +211,9 @@ func superStream(a Args) (Result, error) {
 	}
 	routed, failed, sendCodes, err := sendSuper(env, keys, stream.NewKeyRoutingStrategy(routingKey), msgs)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	out["key_routed"], out["key_failed"], out["key_send_codes"] = routed, failed, sendCodes
 	out["delete_keys"] = codeOf(env.DeleteSuperStream(keys))
-	return out, nil
+	return nil
 }
