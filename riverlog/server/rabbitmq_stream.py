@@ -19,8 +19,9 @@ import asyncio
 import logging
 import re
 import time
+from contextlib import contextmanager
 from functools import partial
-from typing import Awaitable, Callable, Collection
+from typing import Awaitable, Callable, Collection, Iterator
 
 from .. import __version__
 from ..broker import (RESERVED_STREAMS, Broker, Notification, Partition, SingleActiveConsumers,
@@ -352,6 +353,9 @@ class RabbitStreamConnection(asyncio.Protocol):
         self._flush_scheduled = False
         # while a cluster change (Create, Delete) runs: the frames that came after it
         self._held: list[f.Frame] | None = None
+        # while a request is handled whose response goes before the notifications it causes
+        # (MetadataUpdate, ConsumerUpdate): those notifications (``notify``)
+        self._notes: list[f.Frame] | None = None
         # single active consumer: ConsumerUpdate requests awaiting an answer (correlation
         # id -> subscription id, active) and each member's Subscribe offset spec
         self._last_request = 0
@@ -458,6 +462,36 @@ class RabbitStreamConnection(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(encode(frame, self.decoder.dialect))
             self._last_sent = time.monotonic()
+
+    def notify(self, frame: f.Frame) -> None:
+        """Send a notification (MetadataUpdate, ConsumerUpdate) now, or after the response
+        of the request being handled (``_notes_after``, ``_await_cluster``)."""
+        if self._notes is not None:
+            self._notes.append(frame)
+        else:
+            self.send(frame)
+
+    @contextmanager
+    def _notes_after(self) -> Iterator[None]:
+        """Notifications for this connection raised inside the block go out when it ends,
+        after the response the block sends, as rabbit_stream_reader.erl orders them
+        (delete_stream and delete_super_stream call response_ok before metadata_update;
+        single-active-consumer changes reach the reader as messages, after the response).
+        rstream 0.20 closes a connection whose last stream got a MetadataUpdate: a response
+        behind it is never read."""
+        if self._notes is not None:  # nested, or a cluster change holds them already
+            yield
+            return
+        self._notes = []
+        try:
+            yield
+        finally:
+            self._flush_notes()
+
+    def _flush_notes(self) -> None:
+        notes, self._notes = self._notes or [], None
+        for frame in notes:
+            self.send(frame)
 
     def send_chunk(self, sub_id: int, chunk: memoryview) -> None:
         if self.transport is None or self.transport.is_closing():
@@ -767,6 +801,8 @@ class RabbitStreamConnection(asyncio.Protocol):
         (INTERNAL_ERROR when it fails unexpectedly). Meanwhile this connection reads and
         handles nothing else, as RabbitMQ's reader waits for the stream coordinator."""
         self._held = []
+        if self._notes is None:
+            self._notes = []  # the response goes first (``_notes_after``)
         self.transport.pause_reading()
         self._background(change).add_done_callback(partial(self._cluster_change_done, respond))
 
@@ -786,6 +822,7 @@ class RabbitStreamConnection(asyncio.Protocol):
         else:
             code = done.result()
         self.send(respond(code))
+        self._flush_notes()
         held, self._held = self._held or [], None
         if self.transport is None or self.transport.is_closing():
             return
@@ -815,8 +852,10 @@ class RabbitStreamConnection(asyncio.Protocol):
                                 respond)
             return
         else:
-            self.broker.delete(frame.stream)
-            code = OK
+            with self._notes_after():  # DeleteResponse, then MetadataUpdate
+                self.broker.delete(frame.stream)
+                self.send(respond(OK))
+            return
         self.send(respond(code))
 
     def on_metadata(self, frame: f.Metadata) -> None:
@@ -902,7 +941,7 @@ class RabbitStreamConnection(asyncio.Protocol):
                 del self.publishers[pub_id]
                 touched[pub.name] = None
         for name in touched:
-            self.send(f.MetadataUpdate(ResponseCode.STREAM_NOT_AVAILABLE, name))
+            self.notify(f.MetadataUpdate(ResponseCode.STREAM_NOT_AVAILABLE, name))
 
     # -- publishing ---------------------------------------------------------------------
     def on_declare_publisher(self, frame: f.DeclarePublisher) -> None:
@@ -1172,12 +1211,13 @@ class RabbitStreamConnection(asyncio.Protocol):
     def on_unsubscribe(self, frame: f.Unsubscribe) -> None:
         sub = self.subscriptions.pop(frame.subscription_id, None)
         if sub is None:
-            code = ResponseCode.SUBSCRIPTION_ID_DOES_NOT_EXIST
-        else:
-            sub.cancel()
+            self.send(f.UnsubscribeResponse(frame.correlation_id,
+                                            ResponseCode.SUBSCRIPTION_ID_DOES_NOT_EXIST))
+            return
+        sub.cancel()
+        with self._notes_after():  # UnsubscribeResponse, then a ConsumerUpdate it causes
             self._leave_group(frame.subscription_id)
-            code = OK
-        self.send(f.UnsubscribeResponse(frame.correlation_id, code))
+            self.send(f.UnsubscribeResponse(frame.correlation_id, OK))
 
     def on_store_offset(self, frame: f.StoreOffset) -> None:
         """Stored by the partition's leader (a tracking chunk of its log, replicated with
@@ -1258,7 +1298,7 @@ class RabbitStreamConnection(asyncio.Protocol):
             sub.cancel()
         self._last_request = self._last_request % 0xFFFFFFFF + 1
         self._consumer_updates[self._last_request] = (subscription_id, active)
-        self.send(f.ConsumerUpdate(self._last_request, subscription_id, active))
+        self.notify(f.ConsumerUpdate(self._last_request, subscription_id, active))
 
     def on_consumer_update_response(self, frame: f.ConsumerUpdateResponse) -> None:
         request = self._consumer_updates.pop(frame.correlation_id, None)
@@ -1312,8 +1352,10 @@ class RabbitStreamConnection(asyncio.Protocol):
                                 partial(f.DeleteSuperStreamResponse, frame.correlation_id))
             return
         else:
-            super_streams.delete(frame.name)
-            code = OK
+            with self._notes_after():  # the response, then MetadataUpdate per partition
+                super_streams.delete(frame.name)
+                self.send(f.DeleteSuperStreamResponse(frame.correlation_id, OK))
+            return
         self.send(f.DeleteSuperStreamResponse(frame.correlation_id, code))
 
     def on_partitions(self, frame: f.Partitions) -> None:
