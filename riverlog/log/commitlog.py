@@ -386,7 +386,7 @@ class CommitLog:
         while pos < len(view):
             try:
                 h = chunkfmt.parse_header(view, pos)
-                chunkfmt.check_chunk(view, h, pos)
+                size = chunkfmt.check_chunk(view, h, pos)  # the old layout too
                 problem = None
             except chunkfmt.ChunkFormatError as exc:
                 problem = str(exc)
@@ -399,14 +399,14 @@ class CommitLog:
                 raise ChunkRefusedError(self.directory, self.next_offset,
                                         f"the chunk at byte {pos} (for offset {expected}): "
                                         f"{problem}")
-            headers.append((pos, expected, h))
-            pos, expected, epoch = pos + h.size, h.next_offset, h.epoch
+            headers.append((pos, expected, h, size))
+            pos, expected, epoch = pos + size, h.next_offset, h.epoch
         first = self.next_offset
         now = self._clock_ms()
-        for pos, gap_start, h in headers:
+        for pos, gap_start, h, size in headers:
             if h.epoch != self.epochs.latest_epoch:
                 self.epochs.assign(h.epoch, gap_start)
-            chunk = view[pos:pos + h.size]  # written as is: no copy
+            chunk = view[pos:pos + size]  # written as is: no copy
             self._place(chunk, h.first_offset, h.num_records, h.timestamp_ms, h.epoch,
                         bytes(chunkfmt.bloom_of(h, chunk)), now)
         self.epoch = max(self.epoch, self.epochs.latest_epoch)
