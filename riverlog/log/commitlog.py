@@ -387,7 +387,10 @@ class CommitLog:
             try:
                 h = chunkfmt.parse_header(view, pos)
                 size = chunkfmt.check_chunk(view, h, pos)  # the old layout too
-                problem = None
+                start = pos + chunkfmt.HEADER_SIZE  # what recovery checks on open too
+                counts = chunkfmt.count_entries(view[start:start + h.data_length])
+                problem = (None if counts == (h.num_entries, h.num_records)
+                           else "entry/record counts disagree with the header")
             except chunkfmt.ChunkFormatError as exc:
                 problem = str(exc)
             else:
