@@ -192,8 +192,9 @@ def chunk_extent(buf: bytes | memoryview, header: ChunkHeader, pos: int = 0) -> 
     ``legacy_size`` when it was written in the old layout. The current layout is the one
     whose trailer check matches; failing that, the old one when its bytes fit it (a chunk
     that fits neither, damaged, gets ``header.size`` and fails ``check_chunk``). ``buf``
-    must hold ``header.size`` bytes from ``pos`` unless it ends where the data ends (a
-    file's end), or an old chunk may be taken for a damaged new one."""
+    must hold ``header.max_size`` bytes from ``pos`` unless it ends where the stored bytes
+    end (a file's end, a replication payload's), or a new chunk may be taken for an old
+    one."""
     if header.legacy_size is None or _trailer_checks(buf, header, pos):
         return header.size
     return header.legacy_size if _legacy_fits(buf, header, pos) else header.size
