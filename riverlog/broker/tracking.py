@@ -1,14 +1,15 @@
 # Tracking state of one partition: publisher sequences (deduplication) and stored consumer
 # offsets, both carried by the log itself so they replicate with the data (osiris does so).
 # Rules: the highest publishing id of every named publisher with entries in a chunk travels
-# in that chunk's trailer; a stored consumer offset is a tracking delta chunk (chunk type 1,
-# one simple entry of osiris tracking records, one offset of the log, never delivered to a
-# consumer); at every segment roll a snapshot of all sequences and offsets is written next to
+# in that chunk's trailer as an osiris sequence record (trailers of the old layout, 'W'
+# records with a CRC each, are still read); a stored consumer offset is a tracking delta
+# chunk (chunk type 1, one simple entry of osiris tracking records, one offset of the log,
+# never delivered to a consumer); at every segment roll a snapshot of all sequences and offsets is written next to
 # the new segment, so opening only scans the newest segment. A reference never seen has no
 # sequence (not 0): its publishing id 0 is new, as in osiris. The ``offsets.json`` of
 # earlier versions is read once as the offsets before anything the log carries (upgrade).
 # Wire facts: osiris_log.erl (chunk types, "Tracking format") and osiris_tracking.erl
-# (record 1 = offset: type u8 | id size u8 | id | offset u64), rabbitmq/osiris 1.10.3.
+# (records: type u8 | id size u8 | id | u64; 0 = sequence, 1 = offset), rabbitmq/osiris 1.10.3.
 from __future__ import annotations
 
 import json
@@ -20,43 +21,85 @@ from typing import Iterable, Mapping
 
 from ..errors import LogError
 from ..log import CommitLog
-from ..log.chunk import (CHUNK_TRACKING_DELTA, CHUNK_USER, HEADER_SIZE, ChunkHeader,
-                         iter_entries, parse_header)
+from ..log.chunk import (CHUNK_TRACKING_DELTA, CHUNK_USER, HEADER_SIZE, LEGACY_WRITER_TAG,
+                         ChunkHeader, chunk_extent, iter_entries, parse_header, trailer_of)
 from ..log.segment import segment_name
 
 log = logging.getLogger("riverlog.broker")
 _CRC = struct.Struct(">I")
-WRITER_TAG = b"W"
 SNAPSHOT_SUFFIX = ".writers"
 OFFSETS_SNAPSHOT_SUFFIX = ".offsets"
 OFFSETS_FILE = "offsets.json"
-TRACKING_OFFSET = 1
-"""osiris_tracking's record type of a stored consumer offset."""
+TRACKING_SEQUENCE, TRACKING_OFFSET, TRACKING_TIMESTAMP = 0, 1, 2
+"""osiris_tracking's record types: a publisher's sequence, a stored consumer offset, a
+timestamp."""
 _U64 = struct.Struct(">Q")
 
 
-def encode_writer_trailer(writers: Iterable[tuple[str, int]]) -> bytes:
-    """Trailer bytes recording that each publisher ``reference`` reached ``sequence``, one
-    record per ``(reference, sequence)``: ``'W' | len u8 | reference (UTF-8) | sequence u64 |
-    CRC-32 u32`` of what precedes it in the record. Raises ``ValueError`` for a reference
-    longer than 255 bytes."""
+def _encode_tracking(kind: int, items: Iterable[tuple[str, int]], what: str) -> bytes:
+    """osiris tracking records ``kind u8 | id size u8 | id (UTF-8) | value u64`` (the layout
+    of osiris_tracking:flush). Raises ``ValueError`` for an id over 255 bytes or a negative
+    value."""
     out = []
-    for reference, sequence in writers:
+    for reference, value in items:
         ref = reference.encode()
         if len(ref) > 255:
-            raise ValueError("a publisher reference is at most 255 bytes")
-        body = WRITER_TAG + bytes((len(ref),)) + ref + sequence.to_bytes(8, "big")
-        out.append(body + _CRC.pack(zlib.crc32(body)))
+            raise ValueError(f"a {what} reference is at most 255 bytes")
+        if value < 0:
+            raise ValueError(f"a tracked {what} value is not negative: {value}")
+        out.append(bytes((kind, len(ref))) + ref + _U64.pack(value))
     return b"".join(out)
 
 
+def _decode_tracking(body: bytes | memoryview) -> list[tuple[int, str, int]] | None:
+    """The ``(kind, reference, value)`` of a run of osiris tracking records, in order;
+    None when the bytes are not exactly such a run (a kind above 2, a size past the end, an
+    id that is not UTF-8)."""
+    out = []
+    pos, size = 0, len(body)
+    while pos < size:
+        if size - pos < 2 or body[pos] > TRACKING_TIMESTAMP:
+            return None
+        end = pos + 2 + body[pos + 1]
+        if end + 8 > size:
+            return None
+        try:
+            ref = bytes(body[pos + 2:end]).decode()
+        except UnicodeDecodeError:
+            return None
+        out.append((body[pos], ref, _U64.unpack_from(body, end)[0]))
+        pos = end + 8
+    return out
+
+
+def encode_writer_trailer(writers: Iterable[tuple[str, int]]) -> bytes:
+    """A chunk's trailer recording that each publisher ``reference`` reached ``sequence``:
+    one osiris sequence record ``0 | id size u8 | reference (UTF-8) | sequence u64`` per
+    ``(reference, sequence)``, as osiris_writer writes them (osiris_tracking:flush); the
+    chunk's trailer check (``log/chunk.py``) covers them. Raises ``ValueError`` for a
+    reference longer than 255 bytes."""
+    return _encode_tracking(TRACKING_SEQUENCE, writers, "publisher")
+
+
 def decode_writer_trailer(trailer: bytes | memoryview) -> list[tuple[str, int]] | None:
-    """The ``(reference, sequence)`` records of a trailer, in order; None when it is not a
-    sequence of valid records (damaged, or not written by ``encode_writer_trailer``)."""
+    """The ``(reference, sequence)`` sequence records of a trailer, in order (offset and
+    timestamp records, which osiris may put there too, are skipped); None when it holds
+    none or is not a run of osiris tracking records."""
+    found = _decode_tracking(trailer)
+    if found is None:
+        return None
+    return [(ref, value) for kind, ref, value in found if kind == TRACKING_SEQUENCE] or None
+
+
+def decode_legacy_writer_trailer(trailer: bytes | memoryview) -> list[tuple[str, int]] | None:
+    """The ``(reference, sequence)`` records of a trailer in the old layout, in order:
+    ``'W' | len u8 | reference (UTF-8) | sequence u64 | CRC-32 u32`` of what precedes it in
+    the record (docs/commit-log.md, "The old trailer layout"); None when it is not a run of
+    valid records (damaged)."""
     out = []
     pos, size = 0, len(trailer)
     while pos < size:
-        if size - pos < 14 or trailer[pos] != WRITER_TAG[0]:
+        if size - pos < 14 or trailer[pos] != LEGACY_WRITER_TAG:
             return None
         end = pos + 2 + trailer[pos + 1] + 8
         if end + 4 > size or _CRC.unpack_from(trailer, end)[0] != zlib.crc32(trailer[pos:end]):
@@ -74,37 +117,16 @@ def encode_offset_tracking(offsets: Iterable[tuple[str, int]]) -> bytes:
     """The body of a tracking delta chunk's one entry storing each ``(reference, offset)``:
     osiris tracking records ``1 | id size u8 | reference (UTF-8) | offset u64``. Raises
     ``ValueError`` for a reference longer than 255 bytes or a negative offset."""
-    out = []
-    for reference, offset in offsets:
-        ref = reference.encode()
-        if len(ref) > 255:
-            raise ValueError("a consumer reference is at most 255 bytes")
-        if offset < 0:
-            raise ValueError(f"a stored offset is not negative: {offset}")
-        out.append(bytes((TRACKING_OFFSET, len(ref))) + ref + _U64.pack(offset))
-    return b"".join(out)
+    return _encode_tracking(TRACKING_OFFSET, offsets, "consumer")
 
 
 def decode_offset_tracking(body: bytes | memoryview) -> list[tuple[str, int]] | None:
     """The ``(reference, offset)`` records of a tracking entry body, in order (records of
     other tracking types are skipped); None when it is not a sequence of osiris tracking
-    records (sequence records carry 8 bytes, offset and timestamp records 8)."""
-    out = []
-    pos, size = 0, len(body)
-    while pos < size:
-        if size - pos < 2 or body[pos] > 2:
-            return None
-        end = pos + 2 + body[pos + 1]
-        if end + 8 > size:
-            return None
-        if body[pos] == TRACKING_OFFSET:
-            try:
-                ref = bytes(body[pos + 2:end]).decode()
-            except UnicodeDecodeError:
-                return None
-            out.append((ref, _U64.unpack_from(body, end)[0]))
-        pos = end + 8
-    return out
+    records (in a delta, sequence, offset and timestamp records all carry 8 bytes)."""
+    found = _decode_tracking(body)
+    return None if found is None else [(ref, value) for kind, ref, value in found
+                                       if kind == TRACKING_OFFSET]
 
 
 class PublisherSequences:
@@ -194,8 +216,12 @@ class PublisherSequences:
                               "records (skipped)", self._log.directory, h.first_offset)
                 for reference, offset in found or ():
                     self._offsets.apply(reference, offset)
-        elif h.chunk_type == CHUNK_USER and h.trailer_length > h.bloom_size:
-            found = decode_writer_trailer(raw[HEADER_SIZE + h.data_length + h.bloom_size:])
+        elif h.chunk_type == CHUNK_USER and h.trailer_length:
+            records, legacy = trailer_of(h, raw)
+            found = (decode_legacy_writer_trailer if legacy else decode_writer_trailer)(records)
+            if found is None and len(records):
+                log.error("%s: the trailer of the chunk at offset %d cannot be read "
+                          "(skipped)", self._log.directory, h.first_offset)
             for reference, sequence in found or ():
                 self._raise(reference, sequence)
 
@@ -221,8 +247,9 @@ class PublisherSequences:
             h = parse_header(view, pos)
             if upto is not None and h.first_offset >= upto:
                 break
-            self._note(h, view[pos:pos + h.size])
-            pos += h.size
+            size = chunk_extent(view, h, pos)  # checked by append_chunks
+            self._note(h, view[pos:pos + size])
+            pos += size
         self._appending_pos = pos
 
     def reload(self) -> None:

@@ -102,8 +102,8 @@ def filter_from_properties(properties: Mapping[str, str] | None) -> ChunkFilter 
 class BloomCache:
     """The filters of a commit log's chunks, kept per segment once a filtered reader asked
     (index-aligned lists; None: not read yet), so readers skip chunks without reading their
-    data. A chunk's filter is read from its segment file (header, then the filter at the
-    start of the trailer) the first time; chunks appended later are noted as written.
+    data. A chunk's filter is read from its segment file (header, then the filter right
+    after the data) the first time; chunks appended later are noted as written.
     Owned by ``CommitLog``, which calls ``forget`` when chunks are rewritten or removed."""
 
     __slots__ = ("_by_base",)
@@ -152,7 +152,7 @@ def _read_bloom(seg, i: int) -> bytes | None:
         header = chunkfmt.parse_header(os.pread(seg.fd, chunkfmt.HEADER_SIZE, pos))
     except chunkfmt.ChunkFormatError:
         return None
-    if header.size != seg.chunk_end(i) - pos or header.bloom_size > header.trailer_length:
+    if seg.chunk_end(i) - pos not in (header.size, header.legacy_size):
         return None
     if not header.bloom_size:
         return b""

@@ -1,6 +1,14 @@
 # The osiris chunk: the unit riverlog writes to disk and RabbitMQ consumers receive as is.
-# Owns the 48-byte header, the entry encodings inside the data section, and the checks a
-# chunk must pass (magic, lengths, CRC-32). Pure functions on bytes: no files, no asyncio.
+# Owns the 48-byte header, the entry encodings inside the data section, where the bloom
+# filter and the trailer sit, and the checks a chunk must pass (magic, lengths, CRC-32 of the
+# data, the trailer check). Pure functions on bytes: no files, no asyncio.
+# Layout on disk: header | data | bloom filter | trailer | trailer check. ``trailer_length``
+# counts the trailer alone, osiris tracking records exactly as osiris writes them; the bloom
+# filter is counted apart (``bloom_size``) as in osiris, which puts it before the data (here
+# after it, so header and data stay one slice for Deliver); the trailer check, a CRC-32 of
+# bloom filter and trailer, is counted by neither (present when either is). Chunks written
+# before (docs/commit-log.md, "The old trailer layout") counted the filter in
+# ``trailer_length`` and had no trailer check: ``check_chunk``/``chunk_extent`` tell them apart.
 # Rules: a compressed sub-batch inflates into a buffer of its declared uncompressed size (at
 # most MAX_SUB_BATCH_BYTES) and is refused as soon as it would overflow it, so reading costs
 # what the publisher declared, never what a bomb would inflate to; a sub-batch that cannot
@@ -29,6 +37,10 @@ chunk id (first offset) u64, CRC-32 of the data u32, data length u32, trailer le
 bloom filter size u8, 3 reserved bytes: 48 bytes, big-endian."""
 HEADER_SIZE = HEADER.size
 assert HEADER_SIZE == 48
+TRAILER_CHECK_SIZE = 4
+"""The trailer check: CRC-32 (u32) of the bloom filter and the trailer, right after them."""
+LEGACY_WRITER_TAG = 0x57
+"""'W': the first byte of every record in an old-layout trailer (``broker/tracking.py``)."""
 
 MAX_ENTRIES = 0xFFFF
 _MAX_I64 = 1 << 63
@@ -55,10 +67,10 @@ class ChunkFormatError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ChunkHeader:
-    """The decoded 48-byte header. ``size`` is the whole chunk on disk:
-    header + data + trailer. The trailer starts with the chunk's bloom filter
-    (``bloom_size`` bytes, 0 when no entry carried a filter value; see ``bloom.py``), then
-    riverlog's writer records (``broker/tracking.py``)."""
+    """The decoded 48-byte header. ``size`` is the whole chunk on disk in the current
+    layout: header + data + bloom filter (``bloom_size`` bytes, 0 when no entry carried a
+    filter value; see ``bloom.py``) + trailer (``trailer_length`` bytes of osiris tracking
+    records, ``broker/tracking.py``) + the trailer check; ``legacy_size`` the old layout's."""
 
     chunk_type: int
     num_entries: int
@@ -73,7 +85,25 @@ class ChunkHeader:
 
     @property
     def size(self) -> int:
+        """Bytes on disk in the current layout: header, data, bloom filter, trailer and the
+        4-byte trailer check (when there is a filter or a trailer)."""
+        extra = self.bloom_size + self.trailer_length
+        return HEADER_SIZE + self.data_length + extra + (TRAILER_CHECK_SIZE if extra else 0)
+
+    @property
+    def legacy_size(self) -> int | None:
+        """Bytes on disk if the chunk was written in the old layout (``trailer_length``
+        counting the bloom filter, no trailer check); None when that layout cannot hold
+        this header or would take the same bytes (no filter, no trailer)."""
+        if not self.trailer_length or self.trailer_length < self.bloom_size:
+            return None
         return HEADER_SIZE + self.data_length + self.trailer_length
+
+    @property
+    def max_size(self) -> int:
+        """The most bytes the chunk may take on disk, whichever its layout: what
+        ``chunk_extent`` needs to see (or the file's end) to tell the layouts apart."""
+        return max(self.size, self.legacy_size or 0)
 
     @property
     def next_offset(self) -> int:
@@ -101,19 +131,26 @@ def parse_header(buf: bytes | memoryview, pos: int = 0) -> ChunkHeader:
 def encode_chunk(data: bytes, num_entries: int, num_records: int, *, first_offset: int,
                  timestamp_ms: int, epoch: int = 0, chunk_type: int = CHUNK_USER,
                  trailer: bytes = b"", bloom_size: int = 0) -> bytes:
-    """Build a whole chunk (header + ``data`` + ``trailer``) ready to write.
+    """Build a whole chunk ready to write: header, ``data``, ``trailer`` and, when
+    ``trailer`` is not empty, the trailer check (CRC-32 of ``trailer``, u32).
 
-    ``data`` is the already-encoded entries (see ``encode_entries``); its CRC-32 (IEEE, the polynomial zlib uses)
-    goes in the header. Raises ``ValueError`` for counts out of the header's ranges.
+    ``data`` is the already-encoded entries (see ``encode_entries``); its CRC-32 (IEEE, the
+    polynomial zlib uses) goes in the header. ``trailer`` is what follows the data: the
+    bloom filter (its first ``bloom_size`` bytes), then osiris tracking records; the
+    header's trailer length counts the records alone, as osiris_log:make_chunk does.
+    Raises ``ValueError`` for counts out of the header's ranges.
     """
     if not 0 < num_entries <= MAX_ENTRIES:
         raise ValueError(f"a chunk holds 1..{MAX_ENTRIES} entries, got {num_entries}")
     if num_records < num_entries:
         raise ValueError("a chunk has at least one record per entry")
+    if not 0 <= bloom_size <= min(len(trailer), 255):
+        raise ValueError(f"bloom filter of {bloom_size} bytes in a trailer of {len(trailer)}")
     header = HEADER.pack(MAGIC_VERSION, chunk_type, num_entries, num_records, timestamp_ms,
-                         epoch, first_offset, crc32(data), len(data), len(trailer),
-                         bloom_size)
-    return b"".join((header, data, trailer))
+                         epoch, first_offset, crc32(data), len(data),
+                         len(trailer) - bloom_size, bloom_size)
+    check = _U32.pack(crc32(trailer)) if trailer else b""
+    return b"".join((header, data, trailer, check))
 
 
 def encode_entries(records: Sequence[bytes]) -> bytes:
@@ -130,35 +167,93 @@ def encode_entries(records: Sequence[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def check_chunk(buf: bytes | memoryview, header: ChunkHeader, pos: int = 0) -> None:
-    """Verify that ``buf[pos:]`` holds the whole chunk described by ``header`` and that the
-    data section's CRC-32 matches. Raises ``ChunkFormatError`` otherwise."""
-    end = pos + header.size
-    if len(buf) < end:
+def _trailer_checks(buf: bytes | memoryview, header: ChunkHeader, pos: int) -> bool:
+    """Does the current layout's trailer check of the chunk at ``buf[pos:]`` match?"""
+    start = pos + HEADER_SIZE + header.data_length
+    end = start + header.bloom_size + header.trailer_length
+    if end + TRAILER_CHECK_SIZE > len(buf):
+        return False
+    return crc32(memoryview(buf)[start:end]) == _U32.unpack_from(buf, end)[0]
+
+
+def _legacy_fits(buf: bytes | memoryview, header: ChunkHeader, pos: int) -> bool:
+    """Can the chunk at ``buf[pos:]`` be one in the old layout? Its trailer records start
+    with 'W' (then ``broker/tracking.py`` checks each record's CRC); a trailer that is only
+    the bloom filter has nothing to check."""
+    size = header.legacy_size
+    if size is None or pos + size > len(buf):
+        return False
+    records = pos + HEADER_SIZE + header.data_length + header.bloom_size
+    return header.trailer_length == header.bloom_size or buf[records] == LEGACY_WRITER_TAG
+
+
+def chunk_extent(buf: bytes | memoryview, header: ChunkHeader, pos: int = 0) -> int:
+    """The bytes the chunk at ``buf[pos:]`` takes on disk: ``header.size``, or its
+    ``legacy_size`` when it was written in the old layout. The current layout is the one
+    whose trailer check matches; failing that, the old one when its bytes fit it (a chunk
+    that fits neither, damaged, gets ``header.size`` and fails ``check_chunk``). ``buf``
+    must hold ``header.max_size`` bytes from ``pos`` unless it ends where the stored bytes
+    end (a file's end, a replication payload's), or a new chunk may be taken for an old
+    one."""
+    if header.legacy_size is None or _trailer_checks(buf, header, pos):
+        return header.size
+    return header.legacy_size if _legacy_fits(buf, header, pos) else header.size
+
+
+def check_chunk(buf: bytes | memoryview, header: ChunkHeader, pos: int = 0,
+                size: int | None = None) -> int:
+    """Verify that ``buf[pos:]`` holds the whole chunk described by ``header``: counts,
+    the data section's CRC-32, and the trailer check (in the old layout: its records'
+    tag). ``size`` is the chunk's extent when known (the index's), else it is found as
+    ``chunk_extent`` does. Returns the chunk's size on disk. Raises ``ChunkFormatError``."""
+    if size is None:
+        size = chunk_extent(buf, header, pos)
+    if size != header.size and size != header.legacy_size:
+        raise ChunkFormatError(f"chunk of {size} bytes, its header says {header.size}")
+    if len(buf) < pos + size:
         raise ChunkFormatError("truncated chunk")
     if header.num_entries == 0 or header.num_records < header.num_entries:
         raise ChunkFormatError("impossible entry/record counts")
-    if header.bloom_size > header.trailer_length:
-        raise ChunkFormatError("bloom filter larger than the trailer")
     start = pos + HEADER_SIZE
     if crc32(memoryview(buf)[start:start + header.data_length]) != header.crc:
         raise ChunkFormatError("CRC-32 mismatch")
+    if size == header.size:
+        if header.bloom_size + header.trailer_length and not _trailer_checks(buf, header, pos):
+            raise ChunkFormatError("trailer check mismatch (bloom filter or trailer damaged)")
+    elif not _legacy_fits(buf, header, pos):
+        raise ChunkFormatError("damaged trailer (old layout)")
+    return size
+
+
+def trailer_of(header: ChunkHeader, raw: bytes | memoryview) -> tuple[memoryview, bool]:
+    """The trailer records of the whole chunk ``raw`` (exactly its bytes on disk) and
+    whether they are in the old layout (riverlog's 'W' records, ``broker/tracking.py``)
+    rather than osiris tracking records."""
+    start = HEADER_SIZE + header.data_length + header.bloom_size
+    legacy = header.size != len(raw) and header.legacy_size == len(raw)
+    length = header.trailer_length - (header.bloom_size if legacy else 0)
+    return memoryview(raw)[start:start + length], legacy
 
 
 def check_chunks(buf: bytes | memoryview, expected: int,
-                 epoch: int) -> list[tuple[int, int, ChunkHeader]]:
+                 epoch: int) -> list[tuple[int, int, ChunkHeader, int]]:
     """Check back-to-back whole chunks (a leader's, for a follower's append): each passes
-    ``check_chunk``, starts at or after where the one before ends (``expected`` for the
-    first: a gap is what compaction left) and has an epoch not older than the one before
-    (``epoch`` for the first). Returns ``(position, expected first offset, header)`` of each;
-    raises ChunkFormatError naming the first chunk that fails."""
+    ``check_chunk`` (the old trailer layout too), its entry and record counts are those of
+    its header (what recovery checks on open), it starts at or after where the one before
+    ends (``expected`` for the first: a gap is what compaction left) and has an epoch not
+    older than the one before (``epoch`` for the first). Returns ``(position, expected first
+    offset, header, size in bytes)`` of each; raises ChunkFormatError naming the first chunk
+    that fails."""
     out = []
     pos = 0
     while pos < len(buf):
         try:
             h = parse_header(buf, pos)
-            check_chunk(buf, h, pos)
-            problem = None
+            size = check_chunk(buf, h, pos)
+            start = pos + HEADER_SIZE
+            counts = count_entries(memoryview(buf)[start:start + h.data_length])
+            problem = (None if counts == (h.num_entries, h.num_records)
+                       else "entry/record counts disagree with the header")
         except ChunkFormatError as exc:
             problem = str(exc)
         else:
@@ -168,8 +263,8 @@ def check_chunks(buf: bytes | memoryview, expected: int,
                 problem = f"chunk of leader epoch {h.epoch}, older than epoch {epoch}"
         if problem:
             raise ChunkFormatError(f"the chunk at byte {pos} (for offset {expected}): {problem}")
-        out.append((pos, expected, h))
-        pos, expected, epoch = pos + h.size, h.next_offset, h.epoch
+        out.append((pos, expected, h, size))
+        pos, expected, epoch = pos + size, h.next_offset, h.epoch
     return out
 
 

@@ -311,10 +311,10 @@ class CommitLog:
             raise ChunkRefusedError(self.directory, self.next_offset, str(exc)) from None
         first = self.next_offset
         now = self._clock_ms()
-        for pos, gap_start, h in headers:
+        for pos, gap_start, h, size in headers:
             if h.epoch != self.epochs.latest_epoch:
                 self.epochs.assign(h.epoch, gap_start)
-            chunk = view[pos:pos + h.size]  # written as is: no copy
+            chunk = view[pos:pos + size]  # written as is: no copy
             self._place(chunk, h.first_offset, h.num_records, h.timestamp_ms, h.epoch,
                         bytes(chunkfmt.bloom_of(h, chunk)), now)
         self.epoch = max(self.epoch, self.epochs.latest_epoch)

@@ -36,30 +36,30 @@ class RecoveryReport:
         return not (self.problems or self.truncated_bytes or self.dropped_segments)
 
 
-def _check_indexed_chunk(seg: Segment, i: int, file_size: int) -> bool:
-    """Does chunk ``i`` of the index exist in the file, agree with its entry and pass CRC?"""
+def _check_indexed_chunk(seg: Segment, i: int, file_size: int) -> int | None:
+    """The size on disk of chunk ``i`` of the index when it exists in the file, agrees with
+    its entry and passes its checks; None otherwise."""
     idx = seg.index
     pos = idx.positions[i]
     if pos + chunkfmt.HEADER_SIZE > file_size:
-        return False
+        return None
     head = os.pread(seg.fd, chunkfmt.HEADER_SIZE, pos)
     try:
         header = chunkfmt.parse_header(head)
     except chunkfmt.ChunkFormatError:
-        return False
-    if (header.first_offset != idx.offsets[i] or header.num_records != idx.records[i]
-            or pos + header.size > file_size):
-        return False
-    if i + 1 < len(idx) and idx.positions[i + 1] != pos + header.size:
-        return False
-    raw = os.pread(seg.fd, header.size, pos)
+        return None
+    if header.first_offset != idx.offsets[i] or header.num_records != idx.records[i]:
+        return None
+    known = idx.positions[i + 1] - pos if i + 1 < len(idx) else None
+    raw = os.pread(seg.fd, known if known is not None else min(header.max_size,
+                                                               file_size - pos), pos)
     try:
-        chunkfmt.check_chunk(raw, header)
+        size = chunkfmt.check_chunk(raw, header, 0, known)
         entries, records = chunkfmt.count_entries(
             memoryview(raw)[chunkfmt.HEADER_SIZE:chunkfmt.HEADER_SIZE + header.data_length])
     except chunkfmt.ChunkFormatError:
-        return False
-    return entries == header.num_entries and records == header.num_records
+        return None
+    return size if (entries, records) == (header.num_entries, header.num_records) else None
 
 
 class ChunkScanner:
@@ -97,15 +97,17 @@ class ChunkScanner:
                 self.problem = (f"chunk at byte {pos} starts at offset {header.first_offset}, "
                                 f"expected {expected}")
                 return
-            if pos + header.size > file_size:
-                self.problem = (f"torn chunk at byte {pos} ({header.size} bytes, "
+            want = min(header.max_size, file_size - pos)  # chunk_extent looks that far
+            if pos + want > buf_start + len(buf):
+                buf, buf_start = os.pread(self.fd, max(_WINDOW, want), pos), pos
+            at = pos - buf_start
+            size = chunkfmt.chunk_extent(buf, header, at)
+            if pos + size > file_size:
+                self.problem = (f"torn chunk at byte {pos} ({size} bytes, "
                                 f"{file_size - pos} on disk)")
                 return
-            if pos + header.size > buf_start + len(buf):
-                buf, buf_start = os.pread(self.fd, max(_WINDOW, header.size), pos), pos
-            at = pos - buf_start
             try:
-                chunkfmt.check_chunk(buf, header, at)
+                chunkfmt.check_chunk(buf, header, at, size)
                 start = at + chunkfmt.HEADER_SIZE
                 counts = chunkfmt.count_entries(memoryview(buf)[start:start + header.data_length])
             except chunkfmt.ChunkFormatError as exc:
@@ -117,7 +119,7 @@ class ChunkScanner:
                 return
             yield pos, header
             expected = header.next_offset
-            pos += header.size
+            pos += size
             self.end = pos
 
 
@@ -140,14 +142,16 @@ def recover_segment(seg: Segment, full: bool,
             report.problems.append(f"{idx.path}: index missing or damaged, rebuilt")
 
     # trust the index up to the last entry whose chunk checks; scan from there
-    trusted = len(idx) - 1
-    while trusted >= 0 and not _check_indexed_chunk(seg, trusted, file_size):
+    trusted, size = len(idx) - 1, None
+    while trusted >= 0:
+        size = _check_indexed_chunk(seg, trusted, file_size)
+        if size is not None:
+            break
         trusted -= 1
     indexed_before = len(idx)
     idx.truncate(trusted + 1)
-    if trusted >= 0:
-        head = os.pread(seg.fd, chunkfmt.HEADER_SIZE, idx.positions[trusted])
-        pos = idx.positions[trusted] + chunkfmt.parse_header(head).size
+    if trusted >= 0 and size is not None:
+        pos = idx.positions[trusted] + size
         expected = idx.offsets[trusted] + idx.records[trusted]
         min_ts = idx.timestamps[trusted]
     else:

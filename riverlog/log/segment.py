@@ -275,9 +275,9 @@ class Segment:
                 header = chunkfmt.parse_header(buf, at)
                 if verify:
                     if (header.first_offset != idx.offsets[i]
-                            or header.num_records != idx.records[i] or header.size != size):
+                            or header.num_records != idx.records[i]):
                         raise chunkfmt.ChunkFormatError("header disagrees with the index")
-                    chunkfmt.check_chunk(buf, header, at)
+                    chunkfmt.check_chunk(buf, header, at, size)
             except chunkfmt.ChunkFormatError as exc:
                 raise CorruptChunkError(self.path, idx.positions[i], idx.offsets[i],
                                         str(exc)) from None

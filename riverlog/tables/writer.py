@@ -24,7 +24,8 @@ import sys
 import time
 from typing import Iterator
 
-from ..log.chunk import CHUNK_USER, HEADER_SIZE, ChunkFormatError, check_chunk, parse_header
+from ..log.chunk import (CHUNK_USER, HEADER_SIZE, ChunkFormatError, check_chunk,
+                         chunk_extent, parse_header)
 from ..log.segment import SEGMENT_SUFFIX, ChunkSlice, segment_name
 from . import manifest as mf
 from .storage import Storage
@@ -262,23 +263,24 @@ class TableWriter:
             block = os.pread(fd, min(READ_BYTES, size - pos), pos)
             if len(block) < HEADER_SIZE:
                 return
-            need = parse_header(block).size
+            need = min(parse_header(block).max_size, size - pos)
             if need > len(block):  # one chunk larger than READ_BYTES
                 block = os.pread(fd, need, pos)
             view = memoryview(block)
             at, run, done = 0, [], False
             while at + HEADER_SIZE <= len(block):
                 h = parse_header(block, at)
-                if at + h.size > len(block):
-                    break
+                if at + min(h.max_size, size - pos - at) > len(block):
+                    break  # chunk_extent must see the whole chunk: read on from here
+                n = chunk_extent(block, h, at)
                 if h.first_offset >= end:
                     done = True
                     break
                 if h.next_offset > start:
-                    check_chunk(block, h, at)
+                    check_chunk(block, h, at, n)
                     if h.chunk_type == CHUNK_USER:
-                        run.append(ChunkSlice(h, view[at:at + h.size]))
-                at += h.size
+                        run.append(ChunkSlice(h, view[at:at + n]))
+                at += n
                 self._resume[path] = (h.next_offset, pos + at)
                 if h.next_offset >= end:
                     done = True

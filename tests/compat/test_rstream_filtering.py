@@ -19,7 +19,7 @@ from rstream.recovery import BackOffRecoveryStrategy
 
 from riverlog.protocol.rabbitmq_stream import OffsetType as WireOffsetType
 from riverlog.protocol.rabbitmq_stream import frames as f
-from riverlog.protocol.rabbitmq_stream import simple_entry
+from riverlog.protocol.rabbitmq_stream import encode, simple_entry
 
 from ._helpers import GUEST, Collector, wait_until
 from ._raw import Chunk, RawPeer
@@ -139,6 +139,38 @@ async def test_a_chunk_mixing_filtered_and_unfiltered_entries(stream_server, str
             assert [c.chunk_id for c in got] == expected, props
             r = await peer.request(f.Unsubscribe(peer.next_corr(), sub_id))
             assert r.response_code == 1
+    finally:
+        peer.close()
+
+
+async def test_frames_with_other_filter_values_are_not_merged_into_one_chunk(stream_server,
+                                                                               stream):
+    """Publish frames that arrive together are written as one chunk, unless their filter
+    values differ: then the staged chunk is written first (issue 20 item 6), so a chunk's
+    bloom filter names one frame's values and a filtered consumer skips the others."""
+    peer = await RawPeer.open(stream_server.host, stream_server.port)
+    try:
+        r = await peer.request(f.DeclarePublisher(peer.next_corr(), 1, "", stream))
+        assert r.response_code == 1
+        frames = [f.PublishV2(1, tuple((i * 2 + k, value, simple_entry(b"%s-%d" % (
+                      value.encode(), k))) for k in (1, 2)))
+                  for i, value in enumerate(["eu", "eu", "us", "eu", "us", "us"])]
+        frames.insert(3, f.Publish(1, ((101, simple_entry(b"plain")),)))  # no filter value
+        peer.send_bytes(b"".join(encode(frame) for frame in frames))  # one write: one read
+        confirmed = 0
+        while confirmed < 13:
+            confirmed += len((await peer.recv_until(f.PublishConfirm)).publishing_ids)
+        r = await peer.request(f.Subscribe(peer.next_corr(), 1, stream, WireOffsetType.FIRST,
+                                           None, 20, None))
+        assert r.response_code == 1
+        got = await _chunks(peer, 1)
+        # eu+eu | us | plain | eu | us+us: merged only while the values stay the same
+        assert [(c.chunk_id, c.records) for c in got] == [(0, 4), (4, 2), (6, 1), (7, 2),
+                                                          (9, 4)]
+        r = await peer.request(f.Subscribe(peer.next_corr(), 2, stream, WireOffsetType.FIRST,
+                                           None, 20, {"filter.0": "us"}))
+        assert r.response_code == 1
+        assert [c.chunk_id for c in await _chunks(peer, 2)] == [4, 9]
     finally:
         peer.close()
 

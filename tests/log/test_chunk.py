@@ -31,13 +31,27 @@ def test_header_layout_matches_osiris():
 
 
 def test_trailer_is_outside_the_data_and_the_crc():
+    """osiris_log:make_chunk: trailer length counts the tracking records alone, the bloom
+    filter is counted by its own size byte; riverlog's trailer check (CRC-32 of filter and
+    trailer) follows them, counted by neither."""
     data = c.encode_entries([b"x"])
-    raw = c.encode_chunk(data, 1, 1, first_offset=0, timestamp_ms=0, trailer=b"BLOOM",
-                         bloom_size=5)
+    raw = c.encode_chunk(data, 1, 1, first_offset=0, timestamp_ms=0,
+                         trailer=b"BLOOM" + b"TRK", bloom_size=5)
     h = c.parse_header(raw)
-    assert (h.trailer_length, h.bloom_size, h.size) == (5, 5, len(raw))
-    assert raw.endswith(b"BLOOM")
+    assert (h.trailer_length, h.bloom_size, h.size) == (3, 5, len(raw))
+    assert raw[48 + len(data):] == b"BLOOMTRK" + struct.pack(">I", zlib.crc32(b"BLOOMTRK"))
+    assert c.check_chunk(raw, h) == len(raw)
     c.check_chunk(raw, h)
+    only_bloom = c.encode_chunk(data, 1, 1, first_offset=0, timestamp_ms=0, trailer=b"BLOOM",
+                                bloom_size=5)
+    h = c.parse_header(only_bloom)
+    assert (h.trailer_length, h.bloom_size, h.size) == (0, 5, len(only_bloom))
+    assert c.check_chunk(only_bloom, h) == len(only_bloom)
+    for damaged_at in (48 + len(data), len(raw) - 5, len(raw) - 1):  # filter, trailer, check
+        damaged = bytearray(raw)
+        damaged[damaged_at] ^= 0x10
+        with pytest.raises(c.ChunkFormatError, match="trailer"):
+            c.check_chunk(damaged, c.parse_header(damaged))
 
 
 @pytest.mark.parametrize("damage", ["crc", "truncate", "magic"])

@@ -103,6 +103,8 @@ def _flip(raw, pos):
     (lambda raw, second: raw[:-1], "truncated chunk"),
     (lambda raw, second: raw[:second + 20], "short header"),
     (lambda raw, second: raw[:second] + raw[:second], "chunk starts at offset"),  # a repeat
+    # the header's record count (not under the CRC): recovery would cut it on the next open
+    (lambda raw, second: _flip(raw, second + 6), "entry/record counts disagree"),
 ])
 def test_a_bad_chunk_is_refused_and_nothing_is_appended(pair, damage, reason):
     leader, follower = pair

@@ -329,6 +329,23 @@ async def test_create_and_delete_go_through_the_placement(app, cluster):
     assert await peer.delete("two") == ResponseCode.STREAM_DOES_NOT_EXIST
 
 
+async def test_a_delete_through_the_placement_answers_before_the_metadata_update(app, cluster):
+    """As rabbit_stream_reader.erl: response_ok, then metadata_update (issue 20, item 7),
+    also when the deletion goes through the cluster and the stream's replicas go meanwhile."""
+    cluster.join(app, "a")
+    peer = await peer_for(app)
+    assert await peer.create("consumed") == OK
+    r = await peer.request(f.Subscribe(peer.next_corr(), 1, "consumed", 1, None, 10, None))
+    assert r.response_code == OK
+    peer.send(f.Delete(peer.next_corr(), "consumed"))
+    before: list = []
+    deleted = await peer.recv_until(f.DeleteResponse, keep=before)
+    assert deleted.response_code == OK
+    assert not [frame for frame in before if isinstance(frame, f.MetadataUpdate)], before
+    update = await peer.recv_until(f.MetadataUpdate)
+    assert (update.stream, update.response_code) == ("consumed", NOT_AVAILABLE)
+
+
 async def test_publishes_are_not_written_once_another_server_leads(app, cluster):
     """The placement may name a new leader before its leader change is announced: what a
     publisher sends meanwhile is refused with 0x06, never written on the follower."""

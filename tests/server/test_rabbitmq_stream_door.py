@@ -11,7 +11,7 @@ from riverlog.config import Durability, LogConfig, RabbitStreamConfig, ServerCon
 from riverlog.protocol.rabbitmq_stream import FrameDecoder, ResponseCode, encode, simple_entry
 from riverlog.protocol.rabbitmq_stream import frames as f
 from riverlog.broker.tracking import decode_writer_trailer
-from riverlog.log.chunk import HEADER_SIZE, iter_records
+from riverlog.log.chunk import iter_records, trailer_of
 from riverlog.server.app import App
 from riverlog.server.rabbitmq_stream import CHUNK_MAX_ENTRIES
 from riverlog.security.users import is_loopback
@@ -188,7 +188,9 @@ async def test_a_frame_split_into_chunks_records_each_chunks_own_last_id(app):
             ref, publishing_id = record.split()
             highest[ref.decode()] = int(publishing_id)
             stored.append(record)
-        trailer = decode_writer_trailer(chunk.raw[HEADER_SIZE + chunk.header.data_length:])
+        records, legacy = trailer_of(chunk.header, chunk.raw)
+        assert not legacy
+        trailer = decode_writer_trailer(records)
         assert dict(trailer) == highest
     assert stored == [b"early 0"] + [b"big %d" % i for i in range(10_000)]
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable, Collection
+from contextlib import contextmanager
+from typing import Awaitable, Callable, Collection, Iterator
 
 from ...broker import Partition
 from ...metrics import RABBITMQ_STREAM, error as count_error
@@ -95,7 +96,8 @@ class RabbitStreamConnection(asyncio.Protocol):
         self.flow = FlowControl(self.state)
         self.link = Link(server, tls, self.flow, send=self.send, send_chunk=self.send_chunk,
                          fail=self.fail, hold_for=self._hold_for, hang_up=self._hang_up,
-                         abort=self._abort, peer_certificate=self._peer_certificate)
+                         abort=self._abort, peer_certificate=self._peer_certificate,
+                         notify=self.notify, notes_after=self._notes_after)
         self.session = Session(self.link, self.state, self.decoder)
         self.publishing = Publishing(self.link)
         self.consuming = Consuming(self.link)
@@ -105,6 +107,9 @@ class RabbitStreamConnection(asyncio.Protocol):
                                          self.consuming, self.single_active)
         # while a cluster change (Create, Delete) runs: the frames that came after it
         self._held: list[f.Frame] | None = None
+        # while a request is handled whose response goes before the notifications it causes
+        # (MetadataUpdate, ConsumerUpdate): those notifications (``notify``)
+        self._notes: list[f.Frame] | None = None
 
     # -- what the server, metrics and tests read ----------------------------------------
     @property
@@ -292,6 +297,36 @@ class RabbitStreamConnection(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()  # asyncio writes the buffered frames first
 
+    def notify(self, frame: f.Frame) -> None:
+        """Send a notification (MetadataUpdate, ConsumerUpdate) now, or after the response
+        of the request being handled (``_notes_after``, ``_hold_for``)."""
+        if self._notes is not None:
+            self._notes.append(frame)
+        else:
+            self.send(frame)
+
+    @contextmanager
+    def _notes_after(self) -> Iterator[None]:
+        """Notifications for this connection raised inside the block go out when it ends,
+        after the response the block sends, as rabbit_stream_reader.erl orders them
+        (delete_stream and delete_super_stream call response_ok before metadata_update;
+        single-active-consumer changes reach the reader as messages, after the response).
+        rstream 0.20 closes a connection whose last stream got a MetadataUpdate: a response
+        behind it is never read."""
+        if self._notes is not None:  # nested, or a cluster change holds them already
+            yield
+            return
+        self._notes = []
+        try:
+            yield
+        finally:
+            self._flush_notes()
+
+    def _flush_notes(self) -> None:
+        notes, self._notes = self._notes or [], None
+        for frame in notes:
+            self.send(frame)
+
     def drop(self, partitions: Collection[Partition]) -> None:
         """Drop this connection's publishers and subscriptions on ``partitions`` (a stream
         deleted, a partition's leader changed) and tell the client with MetadataUpdate
@@ -300,7 +335,7 @@ class RabbitStreamConnection(asyncio.Protocol):
         touched = dict.fromkeys(self.consuming.drop(partitions) +
                                 self.publishing.drop(partitions))
         for name in touched:
-            self.send(f.MetadataUpdate(ResponseCode.STREAM_NOT_AVAILABLE, name))
+            self.notify(f.MetadataUpdate(ResponseCode.STREAM_NOT_AVAILABLE, name))
 
     # -- cluster changes ----------------------------------------------------------------
     def _hold_for(self, change: Awaitable[int], respond: Callable[[int], f.Frame]) -> None:
@@ -308,6 +343,8 @@ class RabbitStreamConnection(asyncio.Protocol):
         (INTERNAL_ERROR when it fails unexpectedly). Meanwhile this connection reads and
         handles nothing else, as RabbitMQ's reader waits for the stream coordinator."""
         self._held = []
+        if self._notes is None:
+            self._notes = []  # the response goes first (``_notes_after``)
         self.flow.hold(CLUSTER)
         self.link.background(change).add_done_callback(
             lambda done: self._cluster_change_done(respond, done))
@@ -321,6 +358,7 @@ class RabbitStreamConnection(asyncio.Protocol):
         else:
             code = done.result()
         self.send(respond(code))
+        self._flush_notes()
         held, self._held = self._held or [], None
         if self.transport is None or self.transport.is_closing():
             return

@@ -237,12 +237,13 @@ class Consuming:
     def on_unsubscribe(self, frame: f.Unsubscribe) -> None:
         sub = self.subscriptions.pop(frame.subscription_id, None)
         if sub is None:
-            code = ResponseCode.SUBSCRIPTION_ID_DOES_NOT_EXIST
-        else:
-            sub.cancel()
+            self.send(f.UnsubscribeResponse(frame.correlation_id,
+                                            ResponseCode.SUBSCRIPTION_ID_DOES_NOT_EXIST))
+            return
+        sub.cancel()
+        with self.link.notes_after():  # UnsubscribeResponse, then a ConsumerUpdate it causes
             self.groups.leave(frame.subscription_id)
-            code = OK
-        self.send(f.UnsubscribeResponse(frame.correlation_id, code))
+            self.send(f.UnsubscribeResponse(frame.correlation_id, OK))
 
     def on_store_offset(self, frame: f.StoreOffset) -> None:
         """Stored by the partition's leader (a tracking chunk of its log, replicated with

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable, Protocol
+from typing import Awaitable, Callable, ContextManager, Protocol
 
 from ...broker import Broker, Partition, SingleActiveConsumers, Stream, SuperStreams
 from ...broker.placement import PartitionPlacement
@@ -42,11 +42,16 @@ class Link:
     handling nothing else meanwhile, and sends ``respond(code)`` when it ends;
     ``hang_up(delay)`` closes the socket (``delay`` s later, after what is buffered);
     ``abort()`` drops it; ``peer_certificate()`` is the verified client certificate of a TLS
-    connection (None: none, or plain TCP). ``user`` is the authenticated user (None before)."""
+    connection (None: none, or plain TCP); ``notify(frame)`` sends a notification
+    (MetadataUpdate, ConsumerUpdate), after the response when a request is being handled
+    inside ``with notes_after():`` or a cluster change runs (a response goes before the
+    notifications it causes, as rabbit_stream_reader.erl orders them). ``user`` is the
+    authenticated user (None before)."""
 
     __slots__ = ("server", "broker", "config", "guard", "tls", "flow", "peer", "peer_host",
                  "user", "pending", "last_received", "last_sent", "send", "send_chunk",
-                 "fail", "hold_for", "hang_up", "abort", "peer_certificate")
+                 "fail", "hold_for", "hang_up", "abort", "peer_certificate", "notify",
+                 "notes_after")
 
     def __init__(self, server: DoorServer, tls: bool, flow: FlowControl, *,
                  send: Callable[[f.Frame], None],
@@ -54,7 +59,9 @@ class Link:
                  fail: Callable[..., None],
                  hold_for: Callable[[Awaitable[int], Callable[[int], f.Frame]], None],
                  hang_up: Callable[[float], None], abort: Callable[[], None],
-                 peer_certificate: Callable[[], dict | None]) -> None:
+                 peer_certificate: Callable[[], dict | None],
+                 notify: Callable[[f.Frame], None],
+                 notes_after: Callable[[], ContextManager[None]]) -> None:
         self.server = server
         self.broker = server.broker
         self.config = server.config
@@ -73,6 +80,8 @@ class Link:
         self.hang_up = hang_up
         self.abort = abort
         self.peer_certificate = peer_certificate
+        self.notify = notify
+        self.notes_after = notes_after
 
     def background(self, work: Awaitable[object]) -> asyncio.Future:
         """Run ``work`` as a task kept in ``pending`` while it runs (shutdown waits for it)."""

@@ -135,8 +135,11 @@ class Publishing:
         their publisher, so the log keeps the order the frames arrived in. The staged
         entries are written as one chunk once the frames at hand are handled (RabbitMQ too
         merges queued publish frames into one chunk), or as soon as the chunk is full: a
-        frame of more entries than a chunk holds becomes several chunks. The frame's ids
-        are confirmed with the chunk holding its last entry."""
+        frame of more entries than a chunk holds becomes several chunks. What is staged is
+        written first when this frame's set of filter values (None for an entry without
+        one; a Publish v1 frame has only None) is not the staged one, so frames with other
+        filter values never share a chunk. The frame's ids are confirmed with the chunk
+        holding its last entry."""
         entries = frame.entries
         if not entries:
             return
@@ -165,6 +168,10 @@ class Publishing:
         else:  # each chunk gets the values of the whole frame: a superset is fine
             pairs, values = [(e[0], e[2]) for e in entries], {e[1] for e in entries}
         staged = self._stage(partition)
+        if staged.entries and staged.filters != values:
+            # a chunk's bloom filter then names only one frame's values (issue 20 item 6):
+            # a filtered consumer skips the chunks of the frames it does not want
+            staged = self._restage(partition)
         new = partition.new_entries(pub.reference, pairs, staged.writers)
         start, n = 0, len(new)
         while start < n:

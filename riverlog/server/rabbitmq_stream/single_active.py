@@ -68,7 +68,7 @@ class SingleActive:
             sub.cancel()
         self._last_request = self._last_request % 0xFFFFFFFF + 1
         self._consumer_updates[self._last_request] = (subscription_id, active)
-        self.link.send(f.ConsumerUpdate(self._last_request, subscription_id, active))
+        self.link.notify(f.ConsumerUpdate(self._last_request, subscription_id, active))
 
     def on_consumer_update_response(self, frame: f.ConsumerUpdateResponse) -> None:
         subscriptions = self.consuming.subscriptions

@@ -139,8 +139,10 @@ class Streams:
             link.hold_for(_deleted(self.broker.placement.delete_stream(frame.stream)), respond)
             return
         else:
-            self.broker.delete(frame.stream)
-            code = OK
+            with link.notes_after():  # DeleteResponse, then MetadataUpdate
+                self.broker.delete(frame.stream)
+                self.send(respond(OK))
+            return
         self.send(respond(code))
 
     def on_metadata(self, frame: f.Metadata) -> None:
@@ -246,8 +248,10 @@ class Streams:
                           partial(f.DeleteSuperStreamResponse, frame.correlation_id))
             return
         else:
-            super_streams.delete(frame.name)
-            code = OK
+            with link.notes_after():  # the response, then MetadataUpdate per partition
+                super_streams.delete(frame.name)
+                self.send(f.DeleteSuperStreamResponse(frame.correlation_id, OK))
+            return
         self.send(f.DeleteSuperStreamResponse(frame.correlation_id, code))
 
     def on_partitions(self, frame: f.Partitions) -> None:
