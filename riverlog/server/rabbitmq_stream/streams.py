@@ -40,6 +40,12 @@ def _create_refused(name: str, exc: StreamExistsError | InvalidArgumentError) ->
     return ResponseCode.PRECONDITION_FAILED
 
 
+def _reserved(name: str) -> bool:
+    """A name Create refuses with 0x11: riverlog's internal streams, and RabbitMQ's reserved
+    ``amq.`` prefix (rabbit_stream_utils:enforce_correct_name, check_name)."""
+    return name in RESERVED_STREAMS or name.startswith("amq.")
+
+
 def _exists_code(found: tuple[Stream, Partition] | None,
                  arguments: dict[str, str] | None) -> int:
     """The Create code for a stream that exists (``found``: the local one, if any): 0x11
@@ -94,7 +100,7 @@ class Streams:
             self.send(f.CreateResponse(frame.correlation_id, ResponseCode.ACCESS_REFUSED))
             return
         respond = partial(f.CreateResponse, frame.correlation_id)
-        if frame.stream in RESERVED_STREAMS:  # as RabbitMQ answers its reserved amq.* names
+        if _reserved(frame.stream):
             self.send(respond(ResponseCode.PRECONDITION_FAILED))
         elif link.place(frame.stream, found) is not None:  # the partitions of a stream too
             self.send(respond(_exists_code(found, frame.arguments)))
