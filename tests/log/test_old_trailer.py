@@ -19,7 +19,7 @@ from riverlog.broker.tracking import decode_writer_trailer
 from riverlog.config import LogConfig
 from riverlog.errors import CorruptChunkError
 from riverlog.log.bloom import ChunkFilter, build_bloom
-from riverlog.log.chunk import (CHUNK_USER, HEADER, HEADER_SIZE, ChunkFormatError, bloom_of, check_chunk,
+from riverlog.log.chunk import (CHUNK_USER, HEADER, HEADER_SIZE, ChunkFormatError, check_chunk,
                                 chunk_extent, encode_chunk, encode_entries, parse_header,
                                 trailer_of)
 from riverlog.log.recovery import verify_partition
