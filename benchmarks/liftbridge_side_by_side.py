@@ -55,7 +55,7 @@ from types import SimpleNamespace
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _proc import wait_listening  # noqa: E402
+from _proc import end_private_network, private_network, wait_listening  # noqa: E402
 from liftbridge_bench import bench_envelope, bench_publish_async_load  # noqa: E402
 from riverlog.cluster.local import LocalCluster, Member  # noqa: E402
 from riverlog.protocol.liftbridge import api_pb2 as pb  # noqa: E402
@@ -357,18 +357,6 @@ def run_topology(kind: str, servers: int, args, work: str, nats_url: str) -> dic
     return results
 
 
-def in_private_network() -> None:
-    """Re-run this script in a new network namespace with loopback up (lift-bench's fixed
-    ports are then ours); needs root."""
-    if os.environ.get("LB_SIDE_BY_SIDE_NETNS"):
-        subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-        return
-    if os.geteuid() != 0:
-        raise SystemExit("needs root for its private network namespace (unshare --net)")
-    env = {**os.environ, "LB_SIDE_BY_SIDE_NETNS": "1"}
-    os.execvpe("unshare", ["unshare", "--net", "--", sys.executable, *sys.argv], env)
-
-
 def ratio(r, l) -> str:
     if isinstance(r, float) and isinstance(l, float) and l:
         return f"{r / l:.2f}x"
@@ -406,7 +394,7 @@ def main() -> None:
         path = getattr(args, name)
         if path and not os.access(path, os.X_OK):
             raise SystemExit(f"--{name.replace('_', '-')} {path}: not an executable")
-    in_private_network()
+    private_network()
     work = tempfile.mkdtemp(prefix="lb-side-")
     nats_url = f"nats://127.0.0.1:{NATS_PORT}"
     table = []
@@ -432,6 +420,7 @@ def main() -> None:
                 table.append((servers, name, rl.get(name), lb[name]))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        end_private_network()
     print(f"\n{args.messages} messages of {args.size} B, window {args.window}, "
           f"{os.cpu_count()} CPUs, load at the end {load()}")
     print("| servers | case | riverlog | Liftbridge | riverlog / Liftbridge |")
