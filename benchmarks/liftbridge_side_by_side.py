@@ -56,7 +56,7 @@ import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _proc import end_private_network, private_network, wait_listening  # noqa: E402
-from liftbridge_bench import bench_envelope, bench_publish_async_load  # noqa: E402
+from liftbridge_bench import bench_envelope, bench_publish_async_load, cpu_seconds  # noqa: E402
 from riverlog.cluster.local import LocalCluster, Member  # noqa: E402
 from riverlog.protocol.liftbridge import api_pb2 as pb  # noqa: E402
 from riverlog.protocol.liftbridge import api_pb2_grpc  # noqa: E402
@@ -99,6 +99,7 @@ class Topology:
     def __init__(self, work: str, servers: int, nats_url: str) -> None:
         self.work, self.servers, self.nats_url = work, servers, nats_url
         self.ids = [f"{self.kind[0]}{i}" for i in range(servers)]
+        self.extra_pids: list[int] = []  # the shared nats-server, when this kind uses it
         self.grpc = [f"127.0.0.1:{GRPC_PORTS[i]}" for i in range(servers)]
 
     def leader_index(self, stream: str) -> int:
@@ -226,6 +227,34 @@ class Riverlog(Topology):
         self.procs[0].wait(30)
 
 
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process under it (Linux /proc/<pid>/task/*/children)."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return found
+
+
+def server_cpu(topo: Topology) -> float:
+    """CPU seconds so far of the servers' processes, their children (riverlog's embedded
+    nats-servers) and the shared nats-server when they use it."""
+    pids = [p.pid for p in topo.procs if p.poll() is None] + topo.extra_pids
+    total = 0.0
+    for pid in (d for p in pids for d in descendants(p)):
+        try:
+            total += cpu_seconds(pid)
+        except OSError:
+            pass
+    return total
+
+
 def run_go(cmd: list[str], timeout: float) -> dict:
     """Run a Liftbridge bench tool with --output json; its JSON result."""
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -282,56 +311,72 @@ def case_subscribe(topo: Topology, args, stream: str) -> float:
     return res["messages_per_second"]
 
 
-def publish_all(addr: str, stream: str, timeout: float) -> bool:
+def publish_acked(addr: str, stream: str, policy: int, timeout: float) -> bool:
     try:
         resp = stub_for(addr).Publish(pb.PublishRequest(
-            stream=stream, value=b"failover", ackPolicy=pb.AckPolicy.ALL), timeout=timeout)
+            stream=stream, value=b"failover", ackPolicy=policy), timeout=timeout)
         return resp.HasField("ack")
     except grpc.RpcError:
         return False
 
 
+def first_ack(topo: Topology, stream: str, victim: int, policy: int, killed: float) -> float:
+    """Seconds from ``killed`` until a Publish with ``policy`` sent to the leader that the
+    live servers name (not ``victim``) is acked."""
+    while True:
+        meta = partition_meta(topo.live_grpc(), stream)
+        if meta and meta[0] and meta[0] != topo.ids[victim]:
+            if publish_acked(topo.grpc[topo.ids.index(meta[0])], stream, policy, 1.0):
+                return time.monotonic() - killed
+        if time.monotonic() - killed > 120:
+            raise TimeoutError(f"{topo.kind}: no ack within 120 s of the kill")
+        time.sleep(0.02)
+
+
 def case_failover(topo: Topology, args) -> list[float]:
+    """Per kill: seconds until the first LEADER-acked and the first ALL-acked Publish; the
+    table shows the ALL figures, the log both."""
     stream = "failover"
     topo.create(stream, "fo")
     times = []
     for _ in range(args.kills):
         victim = topo.leader_index(stream)
-        if not publish_all(topo.grpc[victim], stream, 10):
+        if not publish_acked(topo.grpc[victim], stream, pb.AckPolicy.ALL, 10):
             raise RuntimeError(f"{topo.kind}: no ack before the kill")
         killed = time.monotonic()
         topo.procs[victim].send_signal(signal.SIGKILL)
         topo.procs[victim].wait()
-        while True:
-            meta = partition_meta(topo.live_grpc(), stream)
-            if meta and meta[0] and meta[0] != topo.ids[victim]:
-                if publish_all(topo.grpc[topo.ids.index(meta[0])], stream, 1.0):
-                    break
-            if time.monotonic() - killed > 120:
-                raise TimeoutError(f"{topo.kind}: no new leader within 120 s")
-            time.sleep(0.02)
-        times.append(time.monotonic() - killed)
-        print(f"  {topo.kind} failover {times[-1]:.2f} s (load {load()})", flush=True)
+        leader = first_ack(topo, stream, victim, pb.AckPolicy.LEADER, killed)
+        times.append(first_ack(topo, stream, victim, pb.AckPolicy.ALL, killed))
+        print(f"  {topo.kind} failover: LEADER ack after {leader:.2f} s, ALL ack after "
+              f"{times[-1]:.2f} s (load {load()})", flush=True)
         topo.restart(victim)
         topo.wait_isr(stream, 180)
     return times
 
 
-def run_topology(kind: str, servers: int, args, work: str, nats_url: str) -> dict:
+def run_topology(kind: str, servers: int, args, work: str, nats_url: str,
+                 nats_pid: int | None) -> dict:
     """Every case on one topology of one kind: {case: msgs/s or failover seconds}."""
     folder = tempfile.mkdtemp(prefix=f"{kind}-{servers}-", dir=work)
     topo = (Liftbridge(folder, servers, nats_url, args.liftbridge, args.leader_timeout)
             if kind == "liftbridge" else Riverlog(folder, servers, nats_url, args.leader_timeout))
+    if nats_pid and (kind == "liftbridge" or servers == 1):
+        topo.extra_pids.append(nats_pid)
     results: dict = {}
 
-    def record(name, fn, *a):
-        began = time.monotonic()
+    def record(name, fn, *a, messages=args.messages):
+        began, cpu = time.monotonic(), server_cpu(topo)
         try:
             value = fn(*a)
         except Exception as exc:  # a failing case is reported, the others still run
             value = f"failed: {exc}"[:300]
         results[name] = value
         shown = f"{value:,.0f} msgs/s" if isinstance(value, float) else value
+        if isinstance(value, float):
+            cpu_us = (server_cpu(topo) - cpu) / messages * 1e6
+            results[name + " cpu"] = cpu_us
+            shown += f", servers' CPU {cpu_us:.1f} us/msg"
         print(f"  {kind} x{servers} {name}: {shown} ({time.monotonic() - began:.1f} s, "
               f"load {load()})", flush=True)
 
@@ -349,7 +394,7 @@ def run_topology(kind: str, servers: int, args, work: str, nats_url: str) -> dic
         if args.bench_consumer and args.bench_producer:
             record("subscribe", case_subscribe, topo, args, "pagL")
         if args.lift_bench:
-            record("lift-bench", case_lift_bench, topo, args)
+            record("lift-bench", case_lift_bench, topo, args, messages=1_000_000)
         if servers > 1 and args.kills:
             record("failover", case_failover, topo, args)
     finally:
@@ -406,12 +451,13 @@ def main() -> None:
                                     stderr=subprocess.DEVNULL)
             try:
                 wait_listening(NATS_PORT, nats)
-                lb = run_topology("liftbridge", servers, args, work, nats_url)
+                lb = run_topology("liftbridge", servers, args, work, nats_url, nats.pid)
                 if servers > 1:  # riverlog's cluster brings its own routed nats-servers
                     nats.terminate()
                     nats.wait(30)
                     nats = None
-                rl = run_topology("riverlog", servers, args, work, nats_url)
+                rl = run_topology("riverlog", servers, args, work, nats_url,
+                                  nats.pid if nats else None)
             finally:
                 if nats:
                     nats.terminate()
@@ -423,15 +469,20 @@ def main() -> None:
         end_private_network()
     print(f"\n{args.messages} messages of {args.size} B, window {args.window}, "
           f"{os.cpu_count()} CPUs, load at the end {load()}")
-    print("| servers | case | riverlog | Liftbridge | riverlog / Liftbridge |")
-    print("|---|---|---|---|---|")
+    print("| servers | case | riverlog | Liftbridge | riverlog / Liftbridge | servers' CPU "
+          "us/msg, riverlog / Liftbridge |")
+    print("|---|---|---|---|---|---|")
+    cpus_of = {(servers, name): (r, lb) for servers, name, r, lb in table}
     for servers, name, r, lb in table:
+        if name.endswith(" cpu"):
+            continue
         if isinstance(r, list) and isinstance(lb, list):
             rr = f"{(sum(lb) / len(lb)) / (sum(r) / len(r)):.2f}x faster (mean)"
         else:
             rr = ratio(r, lb)
-        print(f"| {servers} | {name} | {shown(r)} | {shown(lb)} | {rr} |")
-
+        cpu = cpus_of.get((servers, name + " cpu"), ())
+        cpus = " / ".join(f"{c:.1f}" if isinstance(c, float) else "-" for c in cpu)
+        print(f"| {servers} | {name} | {shown(r)} | {shown(lb)} | {rr} | {cpus} |")
 
 if __name__ == "__main__":
     main()

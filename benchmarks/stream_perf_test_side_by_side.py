@@ -38,6 +38,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _proc import end_private_network, private_network, wait_listening  # noqa: E402
+from liftbridge_bench import cpu_seconds  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOOPBACK = os.path.join(HERE, "..", "..", "shared", "tools", "rabbitmq-loopback")
@@ -52,15 +53,31 @@ def load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def perf_test(args, server: str, clients: int, size: int, stream: str) -> dict:
-    """One stream-perf-test run; its figures (msgs/s, latencies in ms) and the command."""
+def beam_pid() -> int:
+    """RabbitMQ's Erlang VM (beam.smp) in this network namespace."""
+    mine = os.readlink("/proc/self/ns/net")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip().startswith("beam") and \
+                        os.readlink(f"/proc/{pid}/ns/net") == mine:
+                    return int(pid)
+        except OSError:
+            pass
+    raise RuntimeError("no beam.smp in this network namespace")
+
+
+def perf_test(args, server: str, clients: int, size: int, stream: str, pid: int) -> dict:
+    """One stream-perf-test run against the server of process ``pid``: its figures (msgs/s,
+    latencies in ms, the server's CPU in us per published message) and the command."""
     cmd = [args.java, "-jar", args.jar, "--uris",
            f"rabbitmq-stream://guest:guest@127.0.0.1:{PORTS[server]}/%2f",
            "--producers", str(clients), "--consumers", str(clients), "--size", str(size),
            "--time", str(args.time), "--confirm-latency", "--streams", stream,
            "--delete-streams", "--max-length-bytes", "2gb"]
-    began = load()
+    began, cpu = load(), cpu_seconds(pid)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.time + 120)
+    cpu = cpu_seconds(pid) - cpu
     summary = SUMMARY.search(out.stdout)
     if out.returncode or not summary:
         return {"error": (out.stdout + out.stderr).strip()[-500:], "load": began}
@@ -74,6 +91,7 @@ def perf_test(args, server: str, clients: int, size: int, stream: str) -> dict:
     return {"published": published, "confirmed": confirmed, "consumed": consumed,
             "p50": statistics.median(p50) if p50 else None,
             "p99": statistics.median(p99) if p99 else None,
+            "cpu": round(cpu / max(published * args.time, 1) * 1e6, 1),
             "load": f"{began} -> {load()}", "command": " ".join(cmd[1:])}
 
 
@@ -116,13 +134,15 @@ def main() -> None:
     try:
         riverlog = start_riverlog(work)
         rabbitmq("start", work)
+        pids = {"riverlog": riverlog.pid, "rabbitmq": beam_pid()}
         configs = [(int(c), int(s)) for s in args.sizes.split(",")
                    for c in args.clients.split(",")]
         for n, (clients, size) in enumerate(configs):
             order = ("riverlog", "rabbitmq") if n % 2 == 0 else ("rabbitmq", "riverlog")
             got = {}
             for server in order:
-                got[server] = perf_test(args, server, clients, size, f"sbs-{server}-{n}")
+                got[server] = perf_test(args, server, clients, size, f"sbs-{server}-{n}",
+                                        pids[server])
                 print(f"{server} x{clients} {size} B: {got[server]}", flush=True)
             rows.append((clients, size, got))
     finally:
@@ -146,7 +166,7 @@ def main() -> None:
             continue
         for key, label in (("published", "publish msg/s"), ("confirmed", "confirm msg/s"),
                            ("consumed", "consume msg/s"), ("p50", "confirm p50 ms"),
-                           ("p99", "confirm p99 ms")):
+                           ("p99", "confirm p99 ms"), ("cpu", "server CPU us/published msg")):
             a, b = r[key], q[key]
             ratio = f"{a / b:.2f}x" if a is not None and b else "-"
             print(f"| {clients} | {size} | {label} | {a} | {b} | {ratio} |")
