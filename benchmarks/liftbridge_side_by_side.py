@@ -110,20 +110,21 @@ class Topology:
         return [a for a, p in zip(self.grpc, self.procs) if p.poll() is None]
 
     def wait_ready(self, timeout: float = 120) -> None:
-        """Until every server's FetchMetadata lists every server."""
+        """Until a stream with RF = the server count can be made and has a full ISR (not
+        FetchMetadata's broker list: Liftbridge's is a survey over NATS with a 3 s timeout
+        that, on this loaded machine, often misses a server)."""
         deadline = time.monotonic() + timeout
-        for addr in self.grpc:
-            while True:
-                try:
-                    brokers = stub_for(addr).FetchMetadata(pb.FetchMetadataRequest(),
-                                                           timeout=2).brokers
-                    if len(brokers) == self.servers:
-                        break
-                except grpc.RpcError:
-                    pass
+        while True:
+            try:
+                self.create("ready", "ready")
+                return
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.ALREADY_EXISTS:
+                    self.wait_isr("ready")
+                    return
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.kind} {addr} not ready")
-                time.sleep(0.2)
+                    raise TimeoutError(f"{self.kind}: no stream made: {exc.details()}") from None
+                time.sleep(0.5)
 
     def create(self, name: str, subject: str) -> None:
         """Stream ``name`` on ``subject``, RF = the server count; waits for a full ISR."""
@@ -158,10 +159,12 @@ class Liftbridge(Topology):
             f.write("logging.level: error\n")
             if self.leader_timeout:
                 f.write(f"clustering.replica.max.leader.timeout: {self.leader_timeout}\n")
+            if self.servers > 1:  # the CLI flag takes one peer per flag, the file a list
+                f.write(f"clustering.raft.bootstrap.peers: [{', '.join(self.ids)}]\n")
         cmd = [self.binary, "-c", config, "--id", self.ids[i], "-d", data,
                "--port", str(GRPC_PORTS[i]), "--nats-servers", self.nats_url]
-        cmd += (["--raft-bootstrap-peers", ",".join(self.ids)] if self.servers > 1
-                else ["--raft-bootstrap-seed"])
+        if self.servers == 1:
+            cmd.append("--raft-bootstrap-seed")
         log = open(os.path.join(self.work, f"{self.ids[i]}.log"), "ab")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -355,6 +358,23 @@ def case_failover(topo: Topology, args) -> list[float]:
     return times
 
 
+def profile(args, topo: Topology, name: str) -> list[subprocess.Popen]:
+    """With --profile DIR: py-spy recording each riverlog server (collapsed stacks, one file
+    per server and case: DIR/<case>-<server>.txt) until SIGINT."""
+    if not args.profile:
+        return []
+    os.makedirs(args.profile, exist_ok=True)
+    spy = shutil.which("py-spy", path=os.path.dirname(sys.executable)) or "py-spy"
+    out = []
+    for server, proc in zip(topo.ids, topo.procs):
+        path = os.path.join(args.profile, f"{name.replace(' ', '_')}-{server}.txt")
+        out.append(subprocess.Popen([spy, "record", "--pid", str(proc.pid), "--rate", "200",
+                                     "--format", "raw", "--output", path, "--nonblocking"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    time.sleep(1)  # py-spy attaches
+    return out
+
+
 def run_topology(kind: str, servers: int, args, work: str, nats_url: str,
                  nats_pid: int | None) -> dict:
     """Every case on one topology of one kind: {case: msgs/s or failover seconds}."""
@@ -366,11 +386,16 @@ def run_topology(kind: str, servers: int, args, work: str, nats_url: str,
     results: dict = {}
 
     def record(name, fn, *a, messages=args.messages):
+        spies = profile(args, topo, f"{servers}-{name}") if kind == "riverlog" else []
         began, cpu = time.monotonic(), server_cpu(topo)
         try:
             value = fn(*a)
         except Exception as exc:  # a failing case is reported, the others still run
             value = f"failed: {exc}"[:300]
+        finally:
+            for spy in spies:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(60)
         results[name] = value
         shown = f"{value:,.0f} msgs/s" if isinstance(value, float) else value
         if isinstance(value, float):
@@ -380,22 +405,27 @@ def run_topology(kind: str, servers: int, args, work: str, nats_url: str,
         print(f"  {kind} x{servers} {name}: {shown} ({time.monotonic() - began:.1f} s, "
               f"load {load()})", flush=True)
 
+    cases = set((args.cases or "pa-python,pa-go,nats,subscribe,lift-bench,failover").split(","))
+    go = bool(args.bench_producer)
     try:
         for ack in "LA":
-            stream = f"pap{ack}"
-            topo.create(stream, f"pap.{ack}")
-            record(f"pa-python {ack}", case_pa_python, topo, args, stream, ack)
-            if args.bench_producer:
-                stream = f"pag{ack}"
-                topo.create(stream, f"pag.{ack}")
-                record(f"pa-go {ack}", case_pa_go, topo, args, stream, ack)
-            topo.create(f"env{ack}", f"env.{ack}")
-            record(f"nats {ack}", case_nats, topo, args, f"env.{ack}", ack)
-        if args.bench_consumer and args.bench_producer:
+            if "pa-python" in cases:
+                topo.create(f"pap{ack}", f"pap.{ack}")
+                record(f"pa-python {ack}", case_pa_python, topo, args, f"pap{ack}", ack)
+            if go and ("pa-go" in cases or ack == "L" and "subscribe" in cases):
+                topo.create(f"pag{ack}", f"pag.{ack}")
+                if "pa-go" in cases:
+                    record(f"pa-go {ack}", case_pa_go, topo, args, f"pag{ack}", ack)
+                else:  # only to fill the stream that subscribe reads
+                    case_pa_go(topo, args, f"pag{ack}", ack)
+            if "nats" in cases:
+                topo.create(f"env{ack}", f"env.{ack}")
+                record(f"nats {ack}", case_nats, topo, args, f"env.{ack}", ack)
+        if args.bench_consumer and go and "subscribe" in cases:
             record("subscribe", case_subscribe, topo, args, "pagL")
-        if args.lift_bench:
+        if args.lift_bench and "lift-bench" in cases:
             record("lift-bench", case_lift_bench, topo, args, messages=1_000_000)
-        if servers > 1 and args.kills:
+        if servers > 1 and args.kills and "failover" in cases:
             record("failover", case_failover, topo, args)
     finally:
         topo.stop()
@@ -434,6 +464,12 @@ def main() -> None:
                         help="clustering.replica.max.leader.timeout for both, e.g. 1.5s "
                              "(default: each server's own default)")
     parser.add_argument("--lift-bench-timeout", type=float, default=240)
+    parser.add_argument("--profile", metavar="DIR",
+                        help="py-spy (pip install py-spy) records the riverlog servers during "
+                             "each case: collapsed stacks in DIR")
+    parser.add_argument("--cases", default=None,
+                        help="only these cases, comma-separated (pa-python, pa-go, nats, "
+                             "subscribe, lift-bench, failover)")
     args = parser.parse_args()
     for name in ("liftbridge", "lift_bench", "bench_producer", "bench_consumer"):
         path = getattr(args, name)
