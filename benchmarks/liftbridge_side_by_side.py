@@ -390,8 +390,8 @@ def run_topology(kind: str, servers: int, args, work: str, nats_url: str,
         began, cpu = time.monotonic(), server_cpu(topo)
         try:
             value = fn(*a)
-        except Exception as exc:  # a failing case is reported, the others still run
-            value = f"failed: {exc}"[:300]
+        except (Exception, SystemExit) as exc:  # reported; the other cases still run
+            value = " ".join(f"failed: {exc}".split())[:300]
         finally:
             for spy in spies:
                 spy.send_signal(signal.SIGINT)
