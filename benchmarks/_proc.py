@@ -1,10 +1,13 @@
 # Process helpers shared by the benchmarks that run `riverlog serve` (or nats-server) as a
 # subprocess: a free loopback port, waiting until a port accepts connections, and a process's
-# resident memory from /proc. Linux only (/proc/<pid>/status).
+# resident memory from /proc, and a private network namespace for a run. Linux only.
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
+import sys
 import time
 
 HOST = "127.0.0.1"
@@ -43,3 +46,34 @@ def rss_kib(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+_NETNS_MARK = "RIVERLOG_BENCH_PRIVATE_NETWORK"
+
+
+def private_network() -> None:
+    """Run the calling script (sys.argv) in a network namespace of its own, loopback up, so
+    that fixed ports (lift-bench's 9292/4222, RabbitMQ's Erlang distribution and epmd) are
+    its own and other work on the machine is neither reached nor in the way. Re-executes
+    through `unshare --net` (root; SystemExit otherwise); returns in the new namespace."""
+    if os.environ.get(_NETNS_MARK):
+        subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+        return
+    if os.geteuid() != 0:
+        raise SystemExit("needs root for a private network namespace (unshare --net)")
+    os.execvpe("unshare", ["unshare", "--net", "--", sys.executable, *sys.argv],
+               {**os.environ, _NETNS_MARK: "1"})
+
+
+def end_private_network() -> None:
+    """SIGKILL what is left in this script's private network namespace (daemons its servers
+    started, e.g. RabbitMQ's epmd): every process there was started by this script."""
+    if not os.environ.get(_NETNS_MARK):
+        return
+    mine = os.readlink("/proc/self/ns/net")
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if int(pid) != os.getpid() and os.readlink(f"/proc/{pid}/ns/net") == mine:
+                os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            pass

@@ -115,8 +115,13 @@ async def bench_plain(url: str, stub, n: int, payload: bytes) -> float:
     return n / elapsed
 
 
-async def bench_envelope(url: str, stub, n: int, payload: bytes, window: int) -> float:
-    await stub.CreateStream(pb.CreateStreamRequest(name="env", subject="lb.env"))
+async def bench_envelope(url: str, stub, n: int, payload: bytes, window: int,
+                         ack_policy: int = pb.AckPolicy.LEADER, subject: str = "lb.env") -> float:
+    """msgs/s of ``n`` enveloped publishes on NATS ``subject`` with ``ack_policy``, at most
+    ``window`` unacknowledged, every Ack checked. With ``stub`` the stream "env" is created
+    on ``subject`` first; without, it must exist (liftbridge_side_by_side.py makes its own)."""
+    if stub is not None:
+        await stub.CreateStream(pb.CreateStreamRequest(name="env", subject=subject))
     nc = await nats.connect(url, pending_size=64 * 1024 * 1024)
     prefix = nc.new_inbox()
     slots = asyncio.Semaphore(window)
@@ -133,12 +138,13 @@ async def bench_envelope(url: str, stub, n: int, payload: bytes, window: int) ->
             done.set()
 
     await nc.subscribe(prefix, cb=on_ack)
-    frames = [encode_publish(pb.Message(value=payload, ackInbox=prefix, correlationId=str(i)))
+    frames = [encode_publish(pb.Message(value=payload, ackInbox=prefix, correlationId=str(i),
+                                        ackPolicy=ack_policy))
               for i in range(n)]
     start = time.perf_counter()
     for frame in frames:
         await slots.acquire()
-        await nc.publish("lb.env", frame)
+        await nc.publish(subject, frame)
     await asyncio.wait_for(done.wait(), 120)
     elapsed = time.perf_counter() - start
     await nc.close()

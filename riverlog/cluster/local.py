@@ -129,7 +129,8 @@ def layout(directory: str, servers: int, host: str,
 
 
 def raft_password(directory: str) -> str:
-    """The cluster's Raft password: DIR/raft-password, made (0600) with a random one first."""
+    """The cluster's Raft password: DIR/raft-password, made (0600) with a random one first
+    (DIR too, when missing: members given to LocalCluster save no layout that would make it)."""
     path = os.path.join(directory, PASSWORD_FILE)
     try:
         with open(path) as f:
@@ -137,6 +138,7 @@ def raft_password(directory: str) -> str:
     except FileNotFoundError:
         pass
     password = secrets.token_urlsafe(32)
+    os.makedirs(directory, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(password + "\n")

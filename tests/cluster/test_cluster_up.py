@@ -315,3 +315,16 @@ def test_a_saved_layout_keeps_its_raft_ports(tmp_path):
         with pytest.raises(ValueError, match=f"the Raft port {first[1].ports['raft']} of server "
                                              f"s1 is taken"):
             layout(str(tmp_path), 2, "127.0.0.1")
+
+
+def test_members_given_in_a_new_directory_get_their_commands(tmp_path):
+    # LocalCluster(members=...) (fixed ports, nothing saved: liftbridge_side_by_side.py) in a
+    # folder that does not exist yet: the first command made the Raft password file in it and
+    # failed with FileNotFoundError (before the fix)
+    members = [Member(f"s{i}", {name: 7100 + 10 * i + n for n, name in enumerate(
+        ("stream", "grpc", "nats", "nats_cluster", "raft", "metrics"))}) for i in range(2)]
+    cluster = LocalCluster(str(tmp_path / "new" / "cluster"), 2, members=members)
+    _command, env = cluster.command(members[0])
+    path = tmp_path / "new" / "cluster" / "raft-password"
+    assert env["LIFTBRIDGE_RIVERLOG_RAFT_PASSWORD"] == path.read_text().strip()
+    assert path.stat().st_mode & 0o777 == 0o600
