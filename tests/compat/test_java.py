@@ -188,7 +188,9 @@ async def test_stream_arguments_and_stream_stats(stream_server, java_client):
     # max-length-bytes 20 kB of 500-byte messages in 5 kB segments: whole old segments go
     # (the newest segment stays)
     assert 0 < filled["first_offset"] < 200
-    assert r["first_read"] == filled["first_offset"] and r["last_read"] == 199
+    # retention deferred while an fsync is in flight (CommitLog.enforce_retention) may run
+    # between the stats and the read: the read starts there or at a later segment
+    assert filled["first_offset"] <= r["first_read"] <= 200 - 40 and r["last_read"] == 199
     # the last chunk is the last batch of 20 (offsets 180..199); committed offset: the last
     # message's (RabbitMQ 4.3, osiris' committed_offset)
     assert filled["committed_chunk_id"] == 180
