@@ -329,27 +329,6 @@ def test_live_fuzz_random_frames(stream_server):
     asyncio.run(check())
 
 
-async def test_after_its_close_the_server_waits_for_the_close_response(stream_server):
-    """A bad frame after Open: Close(0x0d), then the socket stays open for the client's
-    CloseResponse and closes once it comes, as RabbitMQ's reader waits in close_sent
-    (rabbit_stream_reader.erl). It closed at once: the Java client then read the socket's end
-    before the Close 1 time in 4 (ShutdownListenerTest: reason UNKNOWN, not SERVER_CLOSE)."""
-    peer = await RawPeer.open(stream_server.host, stream_server.port)
-    try:
-        peer.send_bytes(frame(0x7777, 1, b"\0\0\0\1"))
-        await peer.drain()
-        close = await peer.recv_until(f.Close)
-        assert close.code == UNKNOWN_FRAME
-        with pytest.raises(asyncio.TimeoutError):  # still open: nothing more, no end of file
-            await peer.recv(timeout=0.3)
-        peer.send(f.CloseResponse(close.correlation_id, 1))
-        await peer.drain()
-        with pytest.raises((Closed, ConnectionError)):
-            await peer.recv(timeout=10)
-    finally:
-        peer.close()
-
-
 @pytest.mark.parametrize("name", ["amq.stream", "amq."])
 async def test_create_of_a_reserved_amq_name_is_refused(stream_server, name):
     """RabbitMQ refuses stream names starting with ``amq.`` with 0x11

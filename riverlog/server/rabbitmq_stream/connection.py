@@ -32,7 +32,7 @@ from .link import DoorServer, Link
 from .publishing import Publisher, Publishing
 from .session import Session
 from .single_active import SingleActive
-from .state import ACCEPTS, CLOSE, CLOSING, ConnectionState
+from .state import CLOSE, ConnectionState
 from .streams import Streams
 
 log = logging.getLogger("riverlog.rabbitmq_stream")
@@ -41,9 +41,6 @@ OK = ResponseCode.OK
 # A peer that sends requests but does not read the answers is not read either once this much
 # output waits for it (benchmarks/load_bench.py, "deaf" client: unbounded before).
 OUTPUT_PAUSE_BYTES = 4 * 1024 * 1024
-# how long the socket stays open after the door's Close for the client's CloseResponse (s);
-# RabbitMQ waits up to its connection_negotiation_step_timeout (10 s) in close_sent
-CLOSE_RESPONSE_WAIT_S = 1.0
 PRE_OPEN_FRAME_MAX = max(INITIAL_FRAME_MAX, 65536)
 _PUBLISH = frozenset({f.Publish, f.PublishV2})
 
@@ -110,7 +107,6 @@ class RabbitStreamConnection(asyncio.Protocol):
                                          self.consuming, self.single_active)
         # while a cluster change (Create, Delete) runs: the frames that came after it
         self._held: list[f.Frame] | None = None
-        self._undecodable = False  # a frame error: what follows cannot be framed
         # while a request is handled whose response goes before the notifications it causes
         # (MetadataUpdate, ConsumerUpdate): those notifications (``notify``)
         self._notes: list[f.Frame] | None = None
@@ -169,8 +165,6 @@ class RabbitStreamConnection(asyncio.Protocol):
         self.flow.resume_writing()
 
     def data_received(self, data: bytes) -> None:
-        if self._undecodable:  # after a frame error: waiting for the hang-up, bytes dropped
-            return
         self.link.last_received = time.monotonic()
         if self._head is not None:  # the first frame's key tells the dialect apart
             self._head += data
@@ -187,7 +181,6 @@ class RabbitStreamConnection(asyncio.Protocol):
                 self._handle(frame)
             if self.publishing.staged:
                 self.publishing.flush()
-            self._undecodable = True
             self.fail(exc.code, exc.message)
             return
         if self._dispatch(frames):
@@ -195,14 +188,13 @@ class RabbitStreamConnection(asyncio.Protocol):
 
     def _dispatch(self, frames: list[f.Frame]) -> bool:
         """Handle ``frames`` in order. While a cluster change runs they wait in ``_held``;
-        False when the connection is closing (then only a Close is still answered, and a
-        CloseResponse to the door's own Close hangs up)."""
+        False when the connection is closing (then only a Close is still answered)."""
         state = self.state
         for i, frame in enumerate(frames):
             if self._held is not None:
                 self._held += frames[i:]
                 return True
-            if state.closing and type(frame) not in ACCEPTS[CLOSING]:
+            if state.closing and type(frame) is not f.Close:
                 return False
             self._handle(frame)
         return True
@@ -260,10 +252,7 @@ class RabbitStreamConnection(asyncio.Protocol):
     def fail(self, code: int, reason: str, linger: float = 0.0, send_close: bool = True) -> None:
         """Close this connection because of the peer: a Close frame with ``code`` (none
         when not ``send_close``), then the socket (after what is buffered is sent;
-        ``linger`` s later when given). After a Close the socket stays open for the client's
-        CloseResponse, at most CLOSE_RESPONSE_WAIT_S, as RabbitMQ's reader waits in its
-        close_sent state (rabbit_stream_reader.erl): a client that reads the socket's end
-        before the Close (the Java client: ShutdownReason UNKNOWN) never learns why."""
+        ``linger`` s later when given)."""
         if self.state.closing:
             return
         log.warning("closing connection from %s: %s (code 0x%02x)", self.peer, reason, code)
@@ -271,8 +260,6 @@ class RabbitStreamConnection(asyncio.Protocol):
             count_error(RABBITMQ_STREAM, code)
         if send_close:
             self.send(f.Close(0, code, reason[:200]))
-            linger = linger or CLOSE_RESPONSE_WAIT_S
-            self.flow.read_until_closed()
         self.state.on(CLOSE)
         self._hang_up(linger)
 

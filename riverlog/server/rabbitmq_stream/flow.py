@@ -17,8 +17,7 @@ UNCONFIRMED, OUTPUT, CLUSTER, LOGIN = "unconfirmed", "output", "cluster", "login
 
 class FlowControl:
     """Pause and resume of a transport (set ``transport`` once the connection is made) of a
-    connection in ``state``: once it is closing, reading is never resumed (but by
-    ``read_until_closed``)."""
+    connection in ``state``: once it is closing, reading is never resumed."""
 
     __slots__ = ("transport", "state", "_holds", "_writable")
 
@@ -52,13 +51,6 @@ class FlowControl:
         self.state.on(CLOSE)
         if self.transport is not None and not self.transport.is_closing():
             self.transport.pause_reading()
-
-    def read_until_closed(self) -> None:
-        """Read again whatever held reading, only to see the peer's CloseResponse or its
-        hang-up after the door's Close (the connection handles nothing else then)."""
-        self._holds.clear()
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
 
     # -- writing --------------------------------------------------------------------------
     def pause_writing(self) -> None:

@@ -23,7 +23,7 @@ ACCEPTS: dict[str, frozenset[type] | None] = {
     NEW: _HANDSHAKE,
     AUTHENTICATED: _HANDSHAKE | _AUTHENTICATED,
     OPEN: None,
-    CLOSING: frozenset({f.Close, f.CloseResponse}),
+    CLOSING: frozenset({f.Close}),
 }
 
 # (state, event) -> next state; a new SASL exchange after Open keeps the connection open
