@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import crash_bench  # noqa: E402  benchmarks/crash_bench.py
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)  # a hang guard: 60-75 s as benchmarks/crash_bench.py, 226 s here lately
 async def test_twenty_kills_under_load_lose_nothing_confirmed(tmp_path):
     seed = os.environ.get("RIVERLOG_CRASH_SEED")
     lines: list[str] = []

@@ -235,8 +235,11 @@ def test_archive_keeps_what_retention_drops(tmp_path):
         with s.client() as c:
             c.create_stream("archived", {"stream-max-segment-size-bytes": "8192",
                                          "max-length-bytes": "30000"})
-        for start in range(0, 3000, 500):  # the table keeps up: it has what retention drops
-            send(s, "archived", varied(start, 500))
+        # the table keeps up: it has what retention drops (steps of 100 records, ~1/3 of
+        # max-length-bytes: a step of 500 rolled and dropped segments of its own before the
+        # writer's next pass saw them, and the table started at 50 on a loaded machine)
+        for start in range(0, 3000, 100):
+            send(s, "archived", varied(start, 100))
             m = wait_table(s, "archived")
         p = partition_of(s, "archived")
         assert p.first_offset > 0 and m.first == 0
