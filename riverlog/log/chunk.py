@@ -250,9 +250,7 @@ def check_chunks(buf: bytes | memoryview, expected: int,
         try:
             h = parse_header(buf, pos)
             size = check_chunk(buf, h, pos)
-            start = pos + HEADER_SIZE
-            counts = count_entries(memoryview(buf)[start:start + h.data_length])
-            problem = (None if counts == (h.num_entries, h.num_records)
+            problem = (None if counts_match(buf, h, pos)
                        else "entry/record counts disagree with the header")
         except ChunkFormatError as exc:
             problem = str(exc)
@@ -310,6 +308,15 @@ def iter_entries(data: bytes | memoryview) -> Iterator[Entry]:
             yield Entry(count, (flags >> 4) & 0x7, bytes(data[pos + _SUB_BATCH.size:stop]),
                         bytes(data[pos:stop]), uncompressed)
         pos = stop
+
+
+def counts_match(buf: bytes | memoryview, header: ChunkHeader, pos: int = 0) -> bool:
+    """Whether the entries and records of the chunk at ``buf[pos:]`` are those its header
+    counts (what recovery checks on open, and a follower before it appends). Raises
+    ChunkFormatError when the data section does not parse."""
+    start = pos + HEADER_SIZE
+    return count_entries(memoryview(buf)[start:start + header.data_length]) == \
+        (header.num_entries, header.num_records)
 
 
 def count_entries(data: bytes | memoryview) -> tuple[int, int]:

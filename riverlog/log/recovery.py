@@ -55,11 +55,10 @@ def _check_indexed_chunk(seg: Segment, i: int, file_size: int) -> int | None:
                                                                file_size - pos), pos)
     try:
         size = chunkfmt.check_chunk(raw, header, 0, known)
-        entries, records = chunkfmt.count_entries(
-            memoryview(raw)[chunkfmt.HEADER_SIZE:chunkfmt.HEADER_SIZE + header.data_length])
+        counted = chunkfmt.counts_match(raw, header)
     except chunkfmt.ChunkFormatError:
         return None
-    return size if (entries, records) == (header.num_entries, header.num_records) else None
+    return size if counted else None
 
 
 class ChunkScanner:
@@ -108,12 +107,11 @@ class ChunkScanner:
                 return
             try:
                 chunkfmt.check_chunk(buf, header, at, size)
-                start = at + chunkfmt.HEADER_SIZE
-                counts = chunkfmt.count_entries(memoryview(buf)[start:start + header.data_length])
+                counted = chunkfmt.counts_match(buf, header, at)
             except chunkfmt.ChunkFormatError as exc:
                 self.problem = f"{exc} in chunk at byte {pos}"
                 return
-            if counts != (header.num_entries, header.num_records):
+            if not counted:
                 self.problem = (f"entry/record counts disagree with the header of the chunk "
                                 f"at byte {pos}")
                 return
