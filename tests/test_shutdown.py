@@ -17,6 +17,7 @@ import pytest
 from compat._raw import Closed, RawPeer
 from compat._servers import free_port
 from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, Producer
+from rstream.recovery import BackOffRecoveryStrategy
 
 from riverlog.protocol.rabbitmq_stream import frames as f
 
@@ -71,9 +72,12 @@ def _alive(pid: int) -> bool:
 async def _publisher(port: int, stream: str, worker: int, confirmed: list[bytes],
                      stop: asyncio.Event) -> None:
     """send_wait one message after the other until the server goes away; a message counts
-    as confirmed only once send_wait returned."""
+    as confirmed only once send_wait returned. rstream's recovery is off: its recovery task
+    outlives the producer's close and retries with back-off up to 50 s a step, which held
+    the test's event loop teardown past the time limit once in a full run."""
     try:
-        async with Producer("127.0.0.1", port, **GUEST) as producer:
+        async with Producer("127.0.0.1", port, **GUEST,
+                            recovery_strategy=BackOffRecoveryStrategy(False)) as producer:
             i = 0
             while not stop.is_set():
                 body = b"w%02d-%06d" % (worker, i)
