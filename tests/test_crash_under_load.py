@@ -15,7 +15,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import crash_bench  # noqa: E402  benchmarks/crash_bench.py
 
 
-@pytest.mark.timeout(600)  # a hang guard: 60-75 s as benchmarks/crash_bench.py, 226 s here lately
+# a hang guard, not a target: ~70 s on an idle machine, 110-480 s with other suites running
+# beside it (each of the 20 restarts starts a Python server); run side by side in one load, in
+# pytest and as a plain script, the restarts took the same (2-4.5 s each)
+@pytest.mark.timeout(600)
 async def test_twenty_kills_under_load_lose_nothing_confirmed(tmp_path):
     seed = os.environ.get("RIVERLOG_CRASH_SEED")
     lines: list[str] = []
