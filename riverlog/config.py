@@ -83,8 +83,16 @@ class RabbitStreamConfig:
     max_unconfirmed: int = 50_000
     resume_unconfirmed: int = 12_500
     validate_sub_batches: bool = False
+    handshake_timeout_ms: int = 10_000
+    """A connection that has not opened a virtual host (Open answered OK) this long after it
+    was accepted is closed, without a Close frame (0: never). RabbitMQ's stream plugin closes
+    a connection whose handshake step takes longer than ``connection_negotiation_step_timeout``
+    (10 s, rabbit_stream_reader.erl ``state_timeout``), as its AMQP listener does after
+    ``handshake_timeout`` (10 s); here the 10 s bound the whole handshake."""
 
     def __post_init__(self) -> None:
+        if self.handshake_timeout_ms < 0:
+            raise ValueError("handshake_timeout_ms must be >= 0 (0: no timeout)")
         if not (0 <= self.port <= 65535 and 0 <= self.tls_port <= 65535):
             raise ValueError("stream port must be between 0 and 65535")
         if self.frame_max and self.frame_max < 8192:

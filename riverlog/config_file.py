@@ -48,6 +48,7 @@ USED_KEYS = {
     "riverlog.stream.port", "riverlog.nats.host", "riverlog.nats.port",
     "riverlog.metrics.enabled", "riverlog.metrics.host", "riverlog.metrics.port",
     "riverlog.log.format", "riverlog.grpc.transport", "riverlog.stream.validate.sub.batches",
+    "riverlog.stream.handshake.timeout",
     "streams.table.enabled", "streams.table.lag", "streams.table.archive", "streams.table.dir",
     "streams.table.compression",
 }
@@ -475,6 +476,9 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
     if v.get("riverlog.stream.validate.sub.batches") is not None:
         stream_kwargs["validate_sub_batches"] = _bool("riverlog.stream.validate.sub.batches",
                                                       v["riverlog.stream.validate.sub.batches"])
+    if v.get("riverlog.stream.handshake.timeout") is not None:
+        stream_kwargs["handshake_timeout_ms"] = _ms("riverlog.stream.handshake.timeout",
+                                                    v["riverlog.stream.handshake.timeout"])
 
     metrics_config = None
     if _bool("riverlog.metrics.enabled", v.get("riverlog.metrics.enabled", True)):
