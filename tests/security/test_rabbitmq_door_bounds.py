@@ -8,7 +8,10 @@ from __future__ import annotations
 import asyncio
 import time
 
-from rstream import Producer, SuperStreamCreationOption
+import logging
+
+import pytest
+from rstream import Producer
 
 from _sec import PASSWORDS, running, security
 from riverlog.protocol.rabbitmq_stream import FrameDecoder, ResponseCode, encode
@@ -92,3 +95,64 @@ async def test_connections_that_do_not_open_in_time_are_closed(tmp_path, users):
             assert app.broker.streams["orders.eu"].partitions[0].next_offset == 1
             assert len(app.rabbitmq_stream.connections) == 2
             opened.writer.close()
+
+
+@pytest.mark.parametrize("frame", [
+    f.Create(7, None, {}), f.Delete(7, None), f.Metadata(7, ("orders.eu", None)),
+    f.StreamStats(7, None), f.Partitions(7, None), f.Route(7, "k", None),
+    f.CreateSuperStream(7, "orders.s", ("orders.s-0", None), ("a", "b"), {}),
+    f.DeleteSuperStream(7, None), f.DeclarePublisher(7, 1, None, None),
+    f.QueryPublisherSequence(7, "ref", None), f.Subscribe(7, 1, None, 1, None, 10),
+    f.QueryOffset(7, "ref", None), f.ResolveOffsetSpec(7, None, 1, None),
+    f.StoreOffset("ref", None, 1),
+], ids=lambda frame: type(frame).__name__)
+async def test_a_null_stream_name_is_a_malformed_frame(tmp_path, users, caplog, frame):
+    """A null (-1 length) name: Close 0x0d unknown frame, as RabbitMQ (its reader cannot parse
+    the frame), not INTERNAL_ERROR with a traceback; nothing is created."""
+    async with running(tmp_path, security(users), liftbridge=False) as app:
+        raw = await (await Raw.connect(app.rabbitmq_stream.port)).opened("ops")
+        with caplog.at_level(logging.WARNING, "riverlog"):
+            answer = await raw.request(frame)
+            assert (type(answer), answer.code) == (f.Close, ResponseCode.UNKNOWN_FRAME)
+            assert "null" in answer.reason
+            assert await raw.closed_by_server()
+        assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+        assert not app.broker.streams and not app.rabbitmq_stream.super_streams.super_streams
+
+
+async def test_an_empty_stream_name_gets_the_protocols_codes(tmp_path, users):
+    """"": Create 0x11 precondition failed (rabbit_stream_utils:enforce_correct_name refuses
+    it), the other commands 0x02 stream does not exist; the connection stays open."""
+    async with running(tmp_path, security(users), liftbridge=False) as app:
+        raw = await (await Raw.connect(app.rabbitmq_stream.port)).opened("ops")
+        assert (await raw.request(f.Create(7, "", {}))).response_code == \
+            ResponseCode.PRECONDITION_FAILED
+        for frame in (f.Delete(8, ""), f.StreamStats(9, ""), f.Partitions(10, ""),
+                      f.DeclarePublisher(11, 1, None, ""), f.Subscribe(12, 1, "", 1, None, 10)):
+            answer = await raw.request(frame)
+            assert answer.response_code == ResponseCode.STREAM_DOES_NOT_EXIST, answer
+        assert not app.broker.streams
+
+
+async def test_partitions_and_route_answer_only_users_with_a_right(tmp_path, users):
+    """bob may consume orders.* and do anything on bob.*; alice may only publish to
+    orders.*: she learns nothing of bob.super (0x10), as she learns nothing of its streams."""
+    async with running(tmp_path, security(users), liftbridge=False) as app:
+        port = app.rabbitmq_stream.port
+        ops = await (await Raw.connect(port)).opened("ops")
+        for name in ("bob.super", "orders.super"):
+            parts = tuple(f"{name}-{i}" for i in range(2))
+            answer = await ops.request(f.CreateSuperStream(5, name, parts, ("0", "1"), {}))
+            assert answer.response_code == ResponseCode.OK
+        alice = await (await Raw.connect(port)).opened("alice")
+        bob = await (await Raw.connect(port)).opened("bob")
+        for frame in (f.Partitions(6, "bob.super"), f.Route(7, "1", "bob.super")):
+            answer = await alice.request(frame)
+            assert (answer.response_code, answer.streams) == (ResponseCode.ACCESS_REFUSED, ())
+        assert (await bob.request(f.Partitions(6, "bob.super"))).streams == \
+            ("bob.super-0", "bob.super-1")
+        assert (await bob.request(f.Route(7, "1", "bob.super"))).streams == ("bob.super-1",)
+        answer = await alice.request(f.Route(8, "0", "orders.super"))
+        assert (answer.response_code, answer.streams) == (ResponseCode.OK, ("orders.super-0",))
+        answer = await alice.request(f.Partitions(9, "nothing"))
+        assert answer.response_code == ResponseCode.STREAM_DOES_NOT_EXIST

@@ -13,11 +13,11 @@ import logging
 from functools import partial
 from typing import Awaitable, Callable
 
-from ...broker import RESERVED_STREAMS, Partition, Stream, StreamConfig
+from ...broker import RESERVED_STREAMS, Partition, Stream, StreamConfig, SuperStream
 from ...errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
 from ...protocol.rabbitmq_stream import ResponseCode
 from ...protocol.rabbitmq_stream import frames as f
-from ...security.authz import CONSUME, CREATE, DELETE
+from ...security.authz import CONSUME, CREATE, DELETE, PUBLISH
 from .arguments import equivalence_arguments, stream_config_from_arguments
 from .link import Link
 
@@ -260,18 +260,38 @@ class Streams:
             return
         self.send(f.DeleteSuperStreamResponse(frame.correlation_id, code))
 
+    def _visible(self, super_stream: str) -> SuperStream | int:
+        """The super stream ``super_stream`` when it exists and the user may publish to or
+        consume from it (``SuperStream``), else the response code: 0x02 when it does not
+        exist, 0x10 access refused when the user has neither right. RabbitMQ's reader answers
+        Partitions and Route to any user of the virtual host; here they tell partition names
+        only to users who may use them (issue 24: the names of a super stream one has no
+        right on leaked)."""
+        found = self.link.server.super_streams.find(super_stream)
+        if found is None:
+            return ResponseCode.STREAM_DOES_NOT_EXIST
+        guard, user = self.link.guard, self.link.user
+        if not (guard.allowed(user, super_stream, PUBLISH)
+                or guard.allowed(user, super_stream, CONSUME)):
+            return ResponseCode.ACCESS_REFUSED
+        return found
+
     def on_partitions(self, frame: f.Partitions) -> None:
         """Partitions of a super stream; a stream with several partitions answers
-        ``<stream>-0`` .. ``<stream>-<n-1>``."""
-        found = self.link.server.super_streams.find(frame.super_stream)
-        self.send(f.PartitionsResponse(
-            frame.correlation_id, OK if found else ResponseCode.STREAM_DOES_NOT_EXIST,
-            found.partitions if found else ()))
+        ``<stream>-0`` .. ``<stream>-<n-1>``. 0x10 for a user who may neither publish to
+        nor consume from it (``_visible``)."""
+        found = self._visible(frame.super_stream)
+        if isinstance(found, int):
+            self.send(f.PartitionsResponse(frame.correlation_id, found, ()))
+        else:
+            self.send(f.PartitionsResponse(frame.correlation_id, OK, found.partitions))
 
     def on_route(self, frame: f.Route) -> None:
         """Streams bound with the routing key; OK with none when nothing matches (partition
-        i of a stream with several partitions is bound with key "i")."""
-        found = self.link.server.super_streams.find(frame.super_stream)
-        self.send(f.RouteResponse(
-            frame.correlation_id, OK if found else ResponseCode.STREAM_DOES_NOT_EXIST,
-            tuple(found.route(frame.routing_key)) if found else ()))
+        i of a stream with several partitions is bound with key "i"). 0x10 as Partitions."""
+        found = self._visible(frame.super_stream)
+        if isinstance(found, int):
+            self.send(f.RouteResponse(frame.correlation_id, found, ()))
+        else:
+            self.send(f.RouteResponse(frame.correlation_id, OK,
+                                      tuple(found.route(frame.routing_key))))
