@@ -388,6 +388,10 @@ class ServerConfig:
     tables: TableConfig = dataclasses.field(default_factory=TableConfig)
     cluster: ClusterConfig | None = None
     """This server's cluster membership (None: a single server, the default)."""
+    log_open_files: int = 0
+    """At most this many segment and index files open at once, over every stream
+    (``riverlog.log.open.files``; least recently used closed first, reopened on use). 0: half
+    the soft RLIMIT_NOFILE, which the server raises to the hard limit at start."""
 
     @property
     def table_dir(self) -> str:

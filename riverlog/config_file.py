@@ -48,7 +48,7 @@ USED_KEYS = {
     "riverlog.stream.port", "riverlog.nats.host", "riverlog.nats.port",
     "riverlog.metrics.enabled", "riverlog.metrics.host", "riverlog.metrics.port",
     "riverlog.log.format", "riverlog.grpc.transport", "riverlog.stream.validate.sub.batches",
-    "riverlog.stream.handshake.timeout",
+    "riverlog.stream.handshake.timeout", "riverlog.log.open.files",
     "streams.table.enabled", "streams.table.lag", "streams.table.archive", "streams.table.dir",
     "streams.table.compression",
 }
@@ -509,10 +509,14 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
     level = {"warn": "warning"}.get(level, level)
     if level not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"Invalid logging.level setting {level!r}")
+    open_files = _int("riverlog.log.open.files", v.get("riverlog.log.open.files", 0))
+    if open_files < 0:
+        raise ConfigError("riverlog.log.open.files: expected 0 (automatic) or more files")
     config = ServerConfig(data_dir=str(v.get("data.dir") or "./data"), log=log_config,
                           rabbitmq_stream=RabbitStreamConfig(**stream_kwargs),
                           nats=nats_config, grpc=grpc_config, metrics=metrics_config,
-                          security=_security(v), tables=tables, cluster=_cluster(v))
+                          security=_security(v), tables=tables, cluster=_cluster(v),
+                          log_open_files=open_files)
     return config, level
 
 

@@ -88,3 +88,10 @@ class ReservedStreamError(InvalidArgumentError):
 class ClusterUnavailableError(RiverlogError):
     """The cluster metadata could not take a change now (no Raft leader, or its outcome is
     unknown): read the metadata, then try again."""
+
+
+class ResourceExhaustedError(RiverlogError, OSError):
+    """The server has no file descriptor (or other bounded resource) left for this one
+    operation; nothing of it was kept. Other requests go on; try again later, or raise the
+    limit (RLIMIT_NOFILE, ``riverlog.log.open.files``). Doors answer it with their resource
+    error (gRPC RESOURCE_EXHAUSTED)."""

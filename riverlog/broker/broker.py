@@ -21,8 +21,9 @@ from typing import Callable
 from urllib.parse import quote
 
 from ..config import LogConfig
-from ..errors import (InvalidArgumentError, ReservedStreamError, StreamExistsError,
-                      StreamNotFoundError)
+from ..errors import (InvalidArgumentError, ReservedStreamError, ResourceExhaustedError,
+                      StreamExistsError, StreamNotFoundError)
+from ..log.files import OPEN_FILES, OUT_OF_FILES
 from ..record import decode_record
 from .partition import Partition
 from .placement import LeaderListener, LocalPlacement, PartitionFlags, Placement
@@ -52,6 +53,22 @@ def folder_name(name: str) -> str:
     if len(quoted) <= 120:
         return quoted
     return "h-" + hashlib.sha256(name.encode()).hexdigest()
+
+
+def _remove_half_made(path: str) -> None:
+    """Remove the folder of a stream whose creation failed, and drop the log files the
+    open-file budget still holds open there; the budget's spare descriptors are given back
+    for it, so the removal has some even when their lack made the creation fail. A folder
+    that still cannot be removed is logged; having no metadata file, it is no stream at the
+    next start, and the next creation of the name removes it."""
+    OPEN_FILES.close_under(path)
+    with OPEN_FILES.spare():
+        try:
+            shutil.rmtree(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.error("cannot remove the half-made stream folder %s: %s", path, exc)
 
 
 def record_key(record: bytes) -> bytes | None:
@@ -127,6 +144,7 @@ class Broker:
         """Open (and recover) every stream folder. A folder that cannot be read is logged
         and left alone."""
         os.makedirs(self.root, exist_ok=True)
+        OPEN_FILES.keep_spares()  # for the cleanup of a creation that finds no descriptor
         for folder in sorted(os.listdir(self.root)):
             path = os.path.join(self.root, folder)
             if not os.path.isfile(os.path.join(path, METADATA_FILE)):
@@ -166,7 +184,9 @@ class Broker:
                internal: bool = False) -> Stream:
         """Create a stream. Raises ``StreamExistsError`` when the name is taken,
         ``ReservedStreamError`` for a reserved name unless ``internal`` (the server's own
-        streams) and ``InvalidArgumentError`` for an empty or too long name or bad settings."""
+        streams), ``InvalidArgumentError`` for an empty or too long name or bad settings,
+        ``ResourceExhaustedError`` when no file descriptor can be had and ``OSError`` for
+        other I/O failures; on any failure nothing of the stream is left on disk."""
         if not name or len(name.encode()) > MAX_NAME_BYTES:
             raise InvalidArgumentError(f"a stream name is 1 to {MAX_NAME_BYTES} bytes")
         if not internal:
@@ -176,13 +196,21 @@ class Broker:
         path = os.path.join(self.root, folder_name(name))
         if os.path.exists(path):  # a leftover of an interrupted delete
             shutil.rmtree(path)
-        os.makedirs(path)
         try:
+            os.makedirs(path)
             stream = Stream(name, path, config or StreamConfig(), self.log_defaults)
+            stream.save_metadata()
         except ValueError as exc:
-            shutil.rmtree(path, ignore_errors=True)
+            _remove_half_made(path)
             raise InvalidArgumentError(str(exc)) from None
-        stream.save_metadata()
+        except OSError as exc:  # no descriptor, a full disk: nothing of the stream stays
+            _remove_half_made(path)
+            if isinstance(exc, ResourceExhaustedError) or exc.errno in OUT_OF_FILES:
+                log.warning("creating stream %r failed: %s", name, exc)
+                raise ResourceExhaustedError(
+                    f"cannot create stream {name!r} now: the server has no file descriptor "
+                    f"left ({exc.strerror or exc})") from None
+            raise
         self.streams[name] = stream
         log.info("created stream %r (%d partition(s))", name, len(stream.partitions))
         return stream

@@ -22,6 +22,7 @@ from ..config import ServerConfig
 from ..security.guard import Guard
 from ..security.users import listens_on_loopback
 from ..tables.service import TableService
+from . import fd_limit
 from .metrics_http import MetricsServer
 from .rabbitmq_stream import RabbitStreamServer
 
@@ -75,6 +76,7 @@ class App:
             self.broker.delete(name)
 
     async def start(self) -> None:
+        fd_limit.prepare(self.config.log_open_files)  # before the logs open their files
         self.broker.open()
         self.broker.start()
         self.tables.start()

@@ -14,7 +14,8 @@ from functools import partial
 from typing import Awaitable, Callable
 
 from ...broker import RESERVED_STREAMS, Partition, Stream, StreamConfig, SuperStream
-from ...errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
+from ...errors import (InvalidArgumentError, ResourceExhaustedError, StreamExistsError,
+                       StreamNotFoundError)
 from ...protocol.rabbitmq_stream import ResponseCode
 from ...protocol.rabbitmq_stream import frames as f
 from ...security.authz import CONSUME, CREATE, DELETE, PUBLISH
@@ -75,12 +76,23 @@ async def _deleted(delete: Awaitable[None]) -> int:
 def _create(name: str, arguments: dict[str, str] | None,
             create: Callable[[StreamConfig], object]) -> int:
     """Run ``create`` with the StreamConfig of Create ``arguments``; the response code
-    (0x05 when it exists, 0x11 for bad arguments or names)."""
+    (0x05 when it exists, 0x11 for bad arguments or names, 0x0f without file descriptors)."""
     try:
         create(stream_config_from_arguments(dict(arguments or {})))
         return OK
     except (StreamExistsError, InvalidArgumentError) as exc:
         return _create_refused(name, exc)
+    except ResourceExhaustedError as exc:
+        return _no_resources(name, exc)
+
+
+def _no_resources(name: str, exc: ResourceExhaustedError) -> int:
+    """The Create code when the server has no file descriptor for the stream: 0x0f internal
+    error, what RabbitMQ answers when its stream coordinator cannot start a stream
+    (rabbit_stream_manager ``{error, internal_error}``); the protocol has no resource code
+    (0x0e is frame too large). Only this request fails; nothing of the stream is kept."""
+    log.warning("creating %r refused: %s", name, exc)
+    return ResponseCode.INTERNAL_ERROR
 
 
 class Streams:
