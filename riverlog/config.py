@@ -261,6 +261,16 @@ class SecurityConfig:
     authz: bool = False
     authz_rules: tuple[tuple[str, ...], ...] = ()
     authz_model: str | None = None
+    max_streams_per_user: int = 1000
+    """Streams a user may own (create and not delete) at most, counting each partition of a
+    super stream (``riverlog.limits.streams.per.user``; 0: no limit). Modelled on RabbitMQ's
+    per-user and per-virtual-host ``max-queues`` limits (unlimited there by default); the
+    default keeps one user from filling the server with streams. Anonymous loopback clients
+    (no credentials needed) and the server's own streams are not counted."""
+
+    def __post_init__(self) -> None:
+        if self.max_streams_per_user < 0:
+            raise ValueError("riverlog.limits.streams.per.user must be >= 0 (0: no limit)")
 
     @property
     def liftbridge_auth(self) -> bool:

@@ -66,7 +66,7 @@ SECURITY_KEYS = {
     "tls.client.authz.enabled", "tls.client.authz.model", "tls.client.authz.policy",
     "nats.user", "nats.password", "nats.tls.cert", "nats.tls.key", "nats.tls.ca",
     "riverlog.users", "riverlog.loopback.users", "riverlog.authz.rules",
-    "riverlog.stream.tls.port",
+    "riverlog.stream.tls.port", "riverlog.limits.streams.per.user",
 }
 # The cluster member (ClusterConfig, docs/clustering.md): read, checked and kept in
 # ServerConfig.cluster when riverlog.raft.address is set, which makes `riverlog serve` a
@@ -259,7 +259,13 @@ def _security(v: dict[str, Any]) -> SecurityConfig:
     kwargs["authz_rules"] = tuple(rules)
     if v.get("tls.client.authz.model"):
         kwargs["authz_model"] = str(v["tls.client.authz.model"])
-    return SecurityConfig(**kwargs)
+    if v.get("riverlog.limits.streams.per.user") is not None:
+        kwargs["max_streams_per_user"] = _int("riverlog.limits.streams.per.user",
+                                              v["riverlog.limits.streams.per.user"])
+    try:
+        return SecurityConfig(**kwargs)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _raft_peers(value: Any) -> tuple[tuple[str, str], ...]:

@@ -17,12 +17,13 @@ import logging
 import os
 import shutil
 import time
+from collections import Counter
 from typing import Callable
 from urllib.parse import quote
 
 from ..config import LogConfig
-from ..errors import (InvalidArgumentError, ReservedStreamError, ResourceExhaustedError,
-                      StreamExistsError, StreamNotFoundError)
+from ..errors import (InvalidArgumentError, LimitExceededError, ReservedStreamError,
+                      ResourceExhaustedError, StreamExistsError, StreamNotFoundError)
 from ..log.files import OPEN_FILES, OUT_OF_FILES
 from ..record import decode_record
 from .partition import Partition
@@ -93,6 +94,10 @@ class Broker:
         self._stop_listening = self._listen(self._placement)
         self._housekeeper: asyncio.Task | None = None
         self._compacting: set[str] = set()
+        self.max_streams_per_user = 0
+        """Streams one owner may hold (``check_quota``; 0: no limit). The server sets it from
+        SecurityConfig.max_streams_per_user."""
+        self._owned: Counter[str] = Counter()  # owner -> streams held here
 
     @property
     def placement(self) -> Placement:
@@ -154,7 +159,7 @@ class Broker:
             except (OSError, ValueError, TypeError, KeyError) as exc:
                 log.error("cannot open stream folder %s (skipped): %s", path, exc)
                 continue
-            self.streams[stream.name] = stream
+            self._add(stream)
             log.info("stream %r: %d partition(s)", stream.name, len(stream.partitions))
 
     def start(self) -> None:
@@ -211,9 +216,32 @@ class Broker:
                     f"cannot create stream {name!r} now: the server has no file descriptor "
                     f"left ({exc.strerror or exc})") from None
             raise
-        self.streams[name] = stream
+        self._add(stream)
         log.info("created stream %r (%d partition(s))", name, len(stream.partitions))
         return stream
+
+    def _add(self, stream: Stream) -> None:
+        self.streams[stream.name] = stream
+        if stream.config.owner is not None:
+            self._owned[stream.config.owner] += 1
+
+    def owned(self, owner: str) -> int:
+        """Streams held here whose StreamConfig.owner is ``owner``."""
+        return self._owned[owner]
+
+    def check_quota(self, owner: str | None, streams: int = 1) -> None:
+        """Raise ``LimitExceededError`` when ``owner`` may not own ``streams`` more streams
+        (``max_streams_per_user``; RabbitMQ's per-user ``max-queues``). None (the server, an
+        anonymous client) is not limited. In a cluster each server counts the streams it
+        holds a replica of (the doors check on the server they are on)."""
+        limit = self.max_streams_per_user
+        if owner is None or not limit:
+            return
+        held = self._owned[owner]
+        if held + streams > limit:
+            raise LimitExceededError(
+                f"user {owner!r} owns {held} stream(s); {streams} more would pass the limit of "
+                f"{limit} per user (riverlog.limits.streams.per.user)")
 
     def delete(self, name: str) -> None:
         """Delete a stream and its data. Readers waiting on it get ``LogClosedError``;
@@ -222,6 +250,8 @@ class Broker:
         check_writable(name)
         stream = self.get(name)
         del self.streams[name]
+        if stream.config.owner is not None:
+            self._owned[stream.config.owner] -= 1
         os.unlink(os.path.join(stream.directory, METADATA_FILE))
         for partition in stream.partitions:
             partition.delete()

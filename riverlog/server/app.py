@@ -38,6 +38,7 @@ class App:
         self.config = config
         self.guard = Guard(config.security)  # users, authorization, TLS (docs/security.md)
         self.broker = Broker(config.data_dir, config.log)
+        self.broker.max_streams_per_user = config.security.max_streams_per_user
         self.rabbitmq_stream: RabbitStreamServer | None = None
         self.liftbridge = None  # server.liftbridge.Liftbridge, when a Liftbridge door is on
         self.nats = None  # server.nats_bridge.NatsBridge

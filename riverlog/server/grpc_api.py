@@ -34,7 +34,7 @@ from ..metrics import GRPC, CallTracker
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge.envelope import encode_publish
 from ..protocol.nats_subject import subject_problem
-from ..security.grpc_auth import GrpcAuth
+from ..security.grpc_auth import CALLER, GrpcAuth
 from ..security.guard import Guard
 from ..security.tls import grpc_server_credentials, server_context
 from ..security.users import listens_on_loopback
@@ -270,7 +270,8 @@ class GrpcApi:
             optimistic_concurrency=defaults.concurrency_control if occ is None else occ,
             auto_pause_time_ms=defaults.auto_pause_time_ms if auto_pause is None else auto_pause,
             auto_pause_disable_if_subscribers=(defaults.auto_pause_disable_if_subscribers
-                                               if auto_subs is None else auto_subs))
+                                               if auto_subs is None else auto_subs),
+            owner=CALLER.get())
         await self.service.create_stream(req.name, req.subject, config)
         if self.service.bridge is not None:
             await self.service.bridge.sync()

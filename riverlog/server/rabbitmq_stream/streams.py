@@ -9,13 +9,14 @@
 # in broker/superstreams.py; Create arguments in arguments.py.
 from __future__ import annotations
 
+import dataclasses
 import logging
 from functools import partial
 from typing import Awaitable, Callable
 
 from ...broker import RESERVED_STREAMS, Partition, Stream, StreamConfig, SuperStream
-from ...errors import (InvalidArgumentError, ResourceExhaustedError, StreamExistsError,
-                       StreamNotFoundError)
+from ...errors import (InvalidArgumentError, LimitExceededError, ResourceExhaustedError,
+                       StreamExistsError, StreamNotFoundError)
 from ...protocol.rabbitmq_stream import ResponseCode
 from ...protocol.rabbitmq_stream import frames as f
 from ...security.authz import CONSUME, CREATE, DELETE, PUBLISH
@@ -73,12 +74,21 @@ async def _deleted(delete: Awaitable[None]) -> int:
     return OK
 
 
-def _create(name: str, arguments: dict[str, str] | None,
+def _config(arguments: dict[str, str] | None, owner: str | None,
+            servers: int | None = None) -> StreamConfig:
+    """The StreamConfig of Create ``arguments`` (``servers``: the cluster's size), owned by
+    ``owner`` (the connection's user). Raises InvalidArgumentError."""
+    config = stream_config_from_arguments(dict(arguments or {}), servers)
+    return dataclasses.replace(config, owner=owner)
+
+
+def _create(name: str, arguments: dict[str, str] | None, owner: str | None,
             create: Callable[[StreamConfig], object]) -> int:
-    """Run ``create`` with the StreamConfig of Create ``arguments``; the response code
-    (0x05 when it exists, 0x11 for bad arguments or names, 0x0f without file descriptors)."""
+    """Run ``create`` with the StreamConfig of Create ``arguments``, owned by ``owner``; the
+    response code (0x05 when it exists, 0x11 for bad arguments or names, 0x0f without file
+    descriptors)."""
     try:
-        create(stream_config_from_arguments(dict(arguments or {})))
+        create(_config(arguments, owner))
         return OK
     except (StreamExistsError, InvalidArgumentError) as exc:
         return _create_refused(name, exc)
@@ -116,11 +126,13 @@ class Streams:
             self.send(respond(ResponseCode.PRECONDITION_FAILED))
         elif link.place(frame.stream, found) is not None:  # the partitions of a stream too
             self.send(respond(_exists_code(found, frame.arguments)))
+        elif self._over_quota(frame.stream, 1):
+            self.send(respond(ResponseCode.PRECONDITION_FAILED))
         elif self.broker.placement.clustered:
             link.hold_for(self._create_in_cluster(
                 frame.stream, frame.arguments, self.broker.placement.create_stream), respond)
         else:
-            self.send(respond(_create(frame.stream, frame.arguments,
+            self.send(respond(_create(frame.stream, frame.arguments, link.user,
                                       partial(self.broker.create, frame.stream))))
 
     async def _create_in_cluster(self, name: str, arguments: dict[str, str] | None,
@@ -128,12 +140,22 @@ class Streams:
         """``_create`` in a cluster: ``await create(name, config)``, the replication factor
         from ``initial-cluster-size`` over the cluster's servers."""
         try:
-            config = stream_config_from_arguments(dict(arguments or {}),
-                                                  len(self.broker.placement.servers()))
+            config = _config(arguments, self.link.user, len(self.broker.placement.servers()))
             await create(name, config)
             return OK
         except (StreamExistsError, InvalidArgumentError) as exc:
             return _create_refused(name, exc)
+
+    def _over_quota(self, name: str, streams: int) -> bool:
+        """Whether the user may not own ``streams`` more streams (Broker.check_quota): then
+        0x11 precondition failed, as RabbitMQ refuses a queue over its user's or virtual
+        host's ``max-queues`` (AMQP precondition_failed, "queue limit ... is reached")."""
+        try:
+            self.broker.check_quota(self.link.user, streams)
+        except LimitExceededError as exc:
+            log.warning("creating %r refused: %s", name, exc)
+            return True
+        return False
 
     def on_delete(self, frame: f.Delete) -> None:
         """A stream with several partitions is no stream here (0x02; DeleteSuperStream
@@ -243,12 +265,14 @@ class Streams:
         if not all(link.may(name, CREATE, link.resolve(name))
                    for name in (frame.name, *frame.partitions)):
             self.send(respond(ResponseCode.ACCESS_REFUSED))
+        elif self._over_quota(frame.name, len(frame.partitions)):
+            self.send(respond(ResponseCode.PRECONDITION_FAILED))
         elif self.broker.placement.clustered:
             link.hold_for(self._create_in_cluster(
                 frame.name, frame.arguments, lambda name, config: super_streams.create_in_cluster(
                     name, frame.partitions, frame.binding_keys, config)), respond)
         else:
-            self.send(respond(_create(frame.name, frame.arguments, lambda config: (
+            self.send(respond(_create(frame.name, frame.arguments, link.user, lambda config: (
                 super_streams.create(frame.name, frame.partitions, frame.binding_keys,
                                      config)))))
 
