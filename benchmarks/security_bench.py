@@ -47,6 +47,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 
@@ -95,6 +96,8 @@ class Server:
                 break
         else:
             raise RuntimeError(f"riverlog ({name}) did not start")
+        # keep reading its output: a full pipe would block the server's logging
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
