@@ -198,5 +198,11 @@ class LazyFile:
         self.budget.acquire(self)
         self.budget.release(self)
 
-    def close(self) -> None:
+    def close(self, final: bool = False) -> None:
+        """Close the descriptor (when its last user is done). A later use opens the file
+        again, but after a ``final`` close never creates it: a segment deleted by retention
+        is not made again, empty, by a reader that still held it (it gets
+        FileNotFoundError, as it got EBADF when descriptors were held for the log's life)."""
+        if final:
+            self.flags &= ~os.O_CREAT
         self.budget.close(self)

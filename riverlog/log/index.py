@@ -81,8 +81,9 @@ class ChunkIndex:
         self._file.pwrite(self._encode(self._flushed, n), self._flushed * ENTRY_SIZE)
         self._flushed = n
 
-    def close(self) -> None:
-        self._file.close()
+    def close(self, final: bool = False) -> None:
+        """Close the index file (``final``: for good, see LazyFile.close)."""
+        self._file.close(final)
 
     def _encode(self, start: int, stop: int) -> bytes:
         pack = ENTRY.pack

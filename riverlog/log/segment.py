@@ -229,8 +229,8 @@ class Segment:
 
     def close(self) -> None:
         self.index.flush()
-        self.index.close()
-        self.file.close()
+        self.index.close(final=True)
+        self.file.close(final=True)
 
     def delete(self) -> None:
         """Close and remove the segment and every file named after it (index, markers,

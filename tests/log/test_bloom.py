@@ -2,7 +2,6 @@
 filter values of a chunk's entries, matched by filtered readers (never a false negative),
 kept by the commit log through writes, reads, reopen, truncation and compaction, and used by
 CommitLog.read_matching_chunks to skip chunks without reading them."""
-import os
 import random
 
 import pytest

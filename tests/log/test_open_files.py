@@ -107,3 +107,15 @@ def test_no_descriptor_fails_the_one_create_and_leaves_nothing(tmp_path):
         assert broker.streams["kept"].partitions[0].log.append([b"still"]) == range(1, 2)
     for stream in broker.streams.values():
         stream.partitions[0].log.close()
+
+
+def test_a_deleted_segment_is_not_made_again_by_a_late_reader(tmp_path):
+    """As retention deletes a segment: its folder stays, and a reader still holding the
+    segment gets an error instead of an empty file made again in its place."""
+    log = CommitLog(tmp_path / "log", NEVER)
+    log.append([b"a"])
+    (segment,) = log._segments
+    segment.delete()
+    with pytest.raises(OSError):
+        segment.read_chunks(0, 1, verify=True)
+    assert not os.path.exists(segment.path)
