@@ -267,10 +267,15 @@ class SecurityConfig:
     per-user and per-virtual-host ``max-queues`` limits (unlimited there by default); the
     default keeps one user from filling the server with streams. Anonymous loopback clients
     (no credentials needed) and the server's own streams are not counted."""
+    max_groups_per_user: int = 1000
+    """Liftbridge consumer groups a user may own (its join created them, they still have
+    members) at most (``riverlog.limits.groups.per.user``; 0: no limit); joining an existing
+    group is never refused. Anonymous loopback clients are not counted."""
 
     def __post_init__(self) -> None:
-        if self.max_streams_per_user < 0:
-            raise ValueError("riverlog.limits.streams.per.user must be >= 0 (0: no limit)")
+        if self.max_streams_per_user < 0 or self.max_groups_per_user < 0:
+            raise ValueError("riverlog.limits.streams.per.user and riverlog.limits.groups.per"
+                             ".user must be >= 0 (0: no limit)")
 
     @property
     def liftbridge_auth(self) -> bool:

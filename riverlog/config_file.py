@@ -67,6 +67,7 @@ SECURITY_KEYS = {
     "nats.user", "nats.password", "nats.tls.cert", "nats.tls.key", "nats.tls.ca",
     "riverlog.users", "riverlog.loopback.users", "riverlog.authz.rules",
     "riverlog.stream.tls.port", "riverlog.limits.streams.per.user",
+    "riverlog.limits.groups.per.user",
 }
 # The cluster member (ClusterConfig, docs/clustering.md): read, checked and kept in
 # ServerConfig.cluster when riverlog.raft.address is set, which makes `riverlog serve` a
@@ -259,9 +260,10 @@ def _security(v: dict[str, Any]) -> SecurityConfig:
     kwargs["authz_rules"] = tuple(rules)
     if v.get("tls.client.authz.model"):
         kwargs["authz_model"] = str(v["tls.client.authz.model"])
-    if v.get("riverlog.limits.streams.per.user") is not None:
-        kwargs["max_streams_per_user"] = _int("riverlog.limits.streams.per.user",
-                                              v["riverlog.limits.streams.per.user"])
+    for key, field in (("riverlog.limits.streams.per.user", "max_streams_per_user"),
+                       ("riverlog.limits.groups.per.user", "max_groups_per_user")):
+        if v.get(key) is not None:
+            kwargs[field] = _int(key, v[key])
     try:
         return SecurityConfig(**kwargs)
     except ValueError as exc:

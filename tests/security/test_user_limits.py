@@ -3,7 +3,8 @@
 # the RabbitMQ Stream door (refused: 0x11 precondition failed, as RabbitMQ refuses a queue
 # over max-queues) and grpcio with the Liftbridge stub (RESOURCE_EXHAUSTED). The count is
 # per owner across doors, each super stream partition counts, it survives a restart, and a
-# deletion frees room.
+# deletion frees room. Consumer groups per user (gRPC JoinConsumerGroup creating a group:
+# RESOURCE_EXHAUSTED past the limit; joining an existing group is never refused).
 from __future__ import annotations
 
 import dataclasses
@@ -21,6 +22,7 @@ from riverlog.protocol.rabbitmq_stream import frames as f
 from riverlog.server.app import App
 
 LIMIT = 3
+GROUPS = 2
 
 
 def producer(app, user: str) -> Producer:
@@ -29,7 +31,8 @@ def producer(app, user: str) -> Producer:
 
 
 def limited(tmp_path, users) -> App:
-    sec = dataclasses.replace(security(users), max_streams_per_user=LIMIT)
+    sec = dataclasses.replace(security(users), max_streams_per_user=LIMIT,
+                              max_groups_per_user=GROUPS)
     return App(server_config(tmp_path, sec))
 
 
@@ -89,5 +92,36 @@ async def test_the_count_survives_a_restart_and_super_streams_count_each_partiti
         assert answer.response_code == ResponseCode.OK
         assert app.broker.owned("bob") == LIMIT
         bob.writer.close()
+    finally:
+        await app.stop()
+
+
+async def test_consumer_groups_a_user_creates_are_limited(tmp_path, users):
+    app = limited(tmp_path, users)
+    await app.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc.port}") as channel:
+            stub = APIStub(channel)
+            bob, ops = basic("bob"), basic("ops")
+            await stub.CreateStream(pb.CreateStreamRequest(name="bob.s", subject="bob.s"),
+                                    metadata=bob, timeout=10)
+
+            def join(group: str, consumer: str, metadata):
+                return stub.JoinConsumerGroup(pb.JoinConsumerGroupRequest(
+                    groupId=group, consumerId=consumer, streams=["bob.s"]),
+                    metadata=metadata, timeout=10)
+
+            for group in ("g1", "g2"):
+                await join(group, "c1", bob)
+            assert await status_of(join("g3", "c1", bob)) == \
+                grpc.StatusCode.RESOURCE_EXHAUSTED
+            await join("g1", "c2", bob)  # an existing group: nothing created
+            await join("g4", "c1", ops)  # another user is not held back
+            for consumer in ("c1", "c2"):  # g1's last member leaves: g1 is gone
+                await stub.LeaveConsumerGroup(pb.LeaveConsumerGroupRequest(
+                    groupId="g1", consumerId=consumer), metadata=bob, timeout=10)
+            await join("g3", "c1", bob)
+            assert await status_of(join("g5", "c1", bob)) == \
+                grpc.StatusCode.RESOURCE_EXHAUSTED
     finally:
         await app.stop()
