@@ -21,15 +21,17 @@ from riverlog.protocol.rabbitmq_stream import frames as f
 HANDSHAKE_MS = 400
 
 
-async def test_connections_that_do_not_open_in_time_are_closed(tmp_path, users):
+async def test_connections_that_do_not_open_in_time_are_closed(tmp_path, users, pki):
     stream = {"handshake_timeout_ms": HANDSHAKE_MS}
-    async with running(tmp_path, security(users), liftbridge=False, stream=stream) as app:
+    async with running(tmp_path, security(users, pki), liftbridge=False, stream=stream) as app:
         port = app.rabbitmq_stream.port
         async with Producer("127.0.0.1", port=port, username="ops",
                             password=PASSWORDS["ops"]) as ops:
             await ops.create_stream("orders.eu")
             started = time.monotonic()
             idle = [await Raw.connect(port) for _ in range(20)]
+            # on the TLS listener, the TLS handshake itself must not wait forever either
+            idle += [await Raw.connect(app.rabbitmq_stream.tls_port) for _ in range(3)]
             logged_in = await Raw.connect(port)  # authenticated, never opens
             await logged_in.login("alice")
             opened = await (await Raw.connect(port)).opened("alice")
