@@ -21,6 +21,16 @@ Clients run in this process; the servers are separate processes. Compare ratios 
 
     .venv/bin/python benchmarks/security_bench.py [--messages 1000000] [--grpc-messages 50000]
         [--logins 200]
+
+--case files (issue 24's open-file target) instead: one `riverlog serve` (defaults) started
+under RLIMIT_NOFILE 1024 (soft and hard, so it cannot raise it); the start with an empty data
+folder is timed; then --streams (5000) Creates, one after the other on one connection,
+each answered OK or refused (counted by code); a message published with confirm to every
+stream that exists; the server stopped and started again (timed: the restart's extra time
+over the first start), and one more message to every stream. Prints counts, times and the
+descriptors the server holds (/proc/PID/fd).
+
+    .venv/bin/python benchmarks/security_bench.py --case files [--streams 5000]
 """
 from __future__ import annotations
 
@@ -30,12 +40,14 @@ import base64
 import contextlib
 import os
 import re
+import resource
 import shutil
 import signal
 import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 
@@ -62,23 +74,30 @@ BENCH_PASSWORD = "bench-password"
 class Server:
     """A `riverlog serve` subprocess; ``stream_port``, ``tls_port``, ``grpc_addr``."""
 
-    def __init__(self, work: str, name: str, config: str | None) -> None:
+    def __init__(self, work: str, name: str, config: str | None, nofile: int = 0) -> None:
+        """``nofile``: RLIMIT_NOFILE (soft and hard) of the server process (0: inherited)."""
         cmd = [sys.executable, "-m", "riverlog", "serve", "-d", os.path.join(work, name),
                "--stream-port", "0", "--port", "0", "--nats-port", "0", "--metrics-port", "0",
                "--level", "warning"]
         if config:
             cmd += ["-c", config, "--stream-tls-port", "0"]
+        limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))) \
+            if nofile else None
+        self.started = time.perf_counter()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True)
+                                     text=True, preexec_fn=limit)
         for line in self.proc.stdout:
             m = BANNER.search(line)
             if m:
                 self.stream_port = int(m.group(1))
                 self.tls_port = int(m.group(2)) if m.group(2) else None
                 self.grpc_addr = m.group(3)
+                self.start_seconds = time.perf_counter() - self.started
                 break
         else:
             raise RuntimeError(f"riverlog ({name}) did not start")
+        # keep reading its output: a full pipe would block the server's logging
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -203,12 +222,98 @@ async def run(args, open_: Server, secured: Server, ca: str) -> list[tuple[str, 
     return results
 
 
+async def publish_one(conn: rsb.Conn, stream: str) -> int:
+    """One message with confirm to ``stream`` (publisher 1, declared and deleted): the
+    response code (DeclarePublisher's when it fails, PublishError's, or 1 confirmed)."""
+    r = await conn.request(f.DeclarePublisher(conn.next_corr(), 1, "", stream))
+    if r.response_code != 1:
+        return r.response_code
+    conn.transport.write(rsb.encode(f.Publish(1, ((1, rsb.message_entry(100)),))))
+    while True:
+        got = await asyncio.wait_for(conn.frames.get(), 30)
+        if isinstance(got, f.PublishConfirm):
+            code = 1
+            break
+        if isinstance(got, f.PublishError):
+            code = got.errors[0][1]
+            break
+    await conn.request(f.DeletePublisher(conn.next_corr(), 1))
+    return code
+
+
+async def publish_to_all(port: int, streams: list[str]) -> dict[int, int]:
+    conn = await rsb.connect(port)
+    codes: dict[int, int] = {}
+    for stream in streams:
+        code = await publish_one(conn, stream)
+        codes[code] = codes.get(code, 0) + 1
+    conn.transport.close()
+    return codes
+
+
+async def create_many(port: int, n: int) -> tuple[list[str], dict[int, int], float]:
+    conn = await rsb.connect(port)
+    made, codes = [], {}
+    t0 = time.perf_counter()
+    for i in range(n):
+        name = f"many-{i}"
+        r = await conn.request(f.Create(conn.next_corr(), name, {}))
+        codes[r.response_code] = codes.get(r.response_code, 0) + 1
+        if r.response_code == 1:
+            made.append(name)
+    elapsed = time.perf_counter() - t0
+    conn.transport.close()
+    return made, codes, elapsed
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def files_case(args) -> list[tuple[str, float]]:
+    """Issue 24's target: stream creates under RLIMIT_NOFILE 1024, publishing to every
+    stream after, and the restart time."""
+    work = tempfile.mkdtemp(prefix="security-bench-files-")
+    results: list[tuple[str, float]] = []
+    server = Server(work, "files", None, nofile=1024)
+    try:
+        results.append(("start, empty data folder (s)", server.start_seconds))
+        made, codes, elapsed = asyncio.run(create_many(server.stream_port, args.streams))
+        for code, count in sorted(codes.items()):
+            results.append((f"Creates answered 0x{code:02x}", count))
+        results.append(("Creates/s", args.streams / elapsed))
+        results.append(("descriptors held after the creates", open_fds(server.proc.pid)))
+        published = asyncio.run(publish_to_all(server.stream_port, made))
+        for code, count in sorted(published.items()):
+            results.append((f"publishes to existing streams answered 0x{code:02x}", count))
+        server.stop()
+        server = Server(work, "files", None, nofile=1024)
+        results.append((f"restart with {len(made)} streams (s)", server.start_seconds))
+        published = asyncio.run(publish_to_all(server.stream_port, made))
+        for code, count in sorted(published.items()):
+            results.append((f"after the restart, publishes answered 0x{code:02x}", count))
+        results.append(("descriptors held after the restart and publishes",
+                        open_fds(server.proc.pid)))
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--grpc-messages", type=int, default=50_000)
     parser.add_argument("--logins", type=int, default=200)
+    parser.add_argument("--case", choices=["costs", "files"], default="costs",
+                        help="costs: what TLS and authorization cost; files: the open-file "
+                             "target of issue 24")
+    parser.add_argument("--streams", type=int, default=5000, help="--case files: Creates")
     args = parser.parse_args()
+    if args.case == "files":
+        for name, value in files_case(args):
+            print(f"{name:58s} {value:14,.2f}")
+        return
     work = tempfile.mkdtemp(prefix="security-bench-")
     servers = []
     try:

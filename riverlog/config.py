@@ -83,8 +83,16 @@ class RabbitStreamConfig:
     max_unconfirmed: int = 50_000
     resume_unconfirmed: int = 12_500
     validate_sub_batches: bool = False
+    handshake_timeout_ms: int = 10_000
+    """A connection that has not opened a virtual host (Open answered OK) this long after it
+    was accepted is closed, without a Close frame (0: never). RabbitMQ's stream plugin closes
+    a connection whose handshake step takes longer than ``connection_negotiation_step_timeout``
+    (10 s, rabbit_stream_reader.erl ``state_timeout``), as its AMQP listener does after
+    ``handshake_timeout`` (10 s); here the 10 s bound the whole handshake."""
 
     def __post_init__(self) -> None:
+        if self.handshake_timeout_ms < 0:
+            raise ValueError("handshake_timeout_ms must be >= 0 (0: no timeout)")
         if not (0 <= self.port <= 65535 and 0 <= self.tls_port <= 65535):
             raise ValueError("stream port must be between 0 and 65535")
         if self.frame_max and self.frame_max < 8192:
@@ -253,6 +261,21 @@ class SecurityConfig:
     authz: bool = False
     authz_rules: tuple[tuple[str, ...], ...] = ()
     authz_model: str | None = None
+    max_streams_per_user: int = 1000
+    """Streams a user may own (create and not delete) at most, counting each partition of a
+    super stream (``riverlog.limits.streams.per.user``; 0: no limit). Modelled on RabbitMQ's
+    per-user and per-virtual-host ``max-queues`` limits (unlimited there by default); the
+    default keeps one user from filling the server with streams. Anonymous loopback clients
+    (no credentials needed) and the server's own streams are not counted."""
+    max_groups_per_user: int = 1000
+    """Liftbridge consumer groups a user may own (its join created them, they still have
+    members) at most (``riverlog.limits.groups.per.user``; 0: no limit); joining an existing
+    group is never refused. Anonymous loopback clients are not counted."""
+
+    def __post_init__(self) -> None:
+        if self.max_streams_per_user < 0 or self.max_groups_per_user < 0:
+            raise ValueError("riverlog.limits.streams.per.user and riverlog.limits.groups.per"
+                             ".user must be >= 0 (0: no limit)")
 
     @property
     def liftbridge_auth(self) -> bool:
@@ -380,6 +403,10 @@ class ServerConfig:
     tables: TableConfig = dataclasses.field(default_factory=TableConfig)
     cluster: ClusterConfig | None = None
     """This server's cluster membership (None: a single server, the default)."""
+    log_open_files: int = 0
+    """At most this many segment and index files open at once, over every stream
+    (``riverlog.log.open.files``; least recently used closed first, reopened on use). 0: half
+    the soft RLIMIT_NOFILE, which the server raises to the hard limit at start."""
 
     @property
     def table_dir(self) -> str:

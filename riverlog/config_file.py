@@ -48,6 +48,7 @@ USED_KEYS = {
     "riverlog.stream.port", "riverlog.nats.host", "riverlog.nats.port",
     "riverlog.metrics.enabled", "riverlog.metrics.host", "riverlog.metrics.port",
     "riverlog.log.format", "riverlog.grpc.transport", "riverlog.stream.validate.sub.batches",
+    "riverlog.stream.handshake.timeout", "riverlog.log.open.files",
     "streams.table.enabled", "streams.table.lag", "streams.table.archive", "streams.table.dir",
     "streams.table.compression",
 }
@@ -65,7 +66,8 @@ SECURITY_KEYS = {
     "tls.client.authz.enabled", "tls.client.authz.model", "tls.client.authz.policy",
     "nats.user", "nats.password", "nats.tls.cert", "nats.tls.key", "nats.tls.ca",
     "riverlog.users", "riverlog.loopback.users", "riverlog.authz.rules",
-    "riverlog.stream.tls.port",
+    "riverlog.stream.tls.port", "riverlog.limits.streams.per.user",
+    "riverlog.limits.groups.per.user",
 }
 # The cluster member (ClusterConfig, docs/clustering.md): read, checked and kept in
 # ServerConfig.cluster when riverlog.raft.address is set, which makes `riverlog serve` a
@@ -258,7 +260,14 @@ def _security(v: dict[str, Any]) -> SecurityConfig:
     kwargs["authz_rules"] = tuple(rules)
     if v.get("tls.client.authz.model"):
         kwargs["authz_model"] = str(v["tls.client.authz.model"])
-    return SecurityConfig(**kwargs)
+    for key, field in (("riverlog.limits.streams.per.user", "max_streams_per_user"),
+                       ("riverlog.limits.groups.per.user", "max_groups_per_user")):
+        if v.get(key) is not None:
+            kwargs[field] = _int(key, v[key])
+    try:
+        return SecurityConfig(**kwargs)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _raft_peers(value: Any) -> tuple[tuple[str, str], ...]:
@@ -475,6 +484,9 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
     if v.get("riverlog.stream.validate.sub.batches") is not None:
         stream_kwargs["validate_sub_batches"] = _bool("riverlog.stream.validate.sub.batches",
                                                       v["riverlog.stream.validate.sub.batches"])
+    if v.get("riverlog.stream.handshake.timeout") is not None:
+        stream_kwargs["handshake_timeout_ms"] = _ms("riverlog.stream.handshake.timeout",
+                                                    v["riverlog.stream.handshake.timeout"])
 
     metrics_config = None
     if _bool("riverlog.metrics.enabled", v.get("riverlog.metrics.enabled", True)):
@@ -505,10 +517,14 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
     level = {"warn": "warning"}.get(level, level)
     if level not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"Invalid logging.level setting {level!r}")
+    open_files = _int("riverlog.log.open.files", v.get("riverlog.log.open.files", 0))
+    if open_files < 0:
+        raise ConfigError("riverlog.log.open.files: expected 0 (automatic) or more files")
     config = ServerConfig(data_dir=str(v.get("data.dir") or "./data"), log=log_config,
                           rabbitmq_stream=RabbitStreamConfig(**stream_kwargs),
                           nats=nats_config, grpc=grpc_config, metrics=metrics_config,
-                          security=_security(v), tables=tables, cluster=_cluster(v))
+                          security=_security(v), tables=tables, cluster=_cluster(v),
+                          log_open_files=open_files)
     return config, level
 
 

@@ -88,3 +88,17 @@ class ReservedStreamError(InvalidArgumentError):
 class ClusterUnavailableError(RiverlogError):
     """The cluster metadata could not take a change now (no Raft leader, or its outcome is
     unknown): read the metadata, then try again."""
+
+
+class ResourceExhaustedError(RiverlogError, OSError):
+    """The server has no file descriptor (or other bounded resource) left for this one
+    operation; nothing of it was kept. Other requests go on; try again later, or raise the
+    limit (RLIMIT_NOFILE, ``riverlog.log.open.files``). Doors answer it with their resource
+    error (gRPC RESOURCE_EXHAUSTED)."""
+
+
+class LimitExceededError(RiverlogError):
+    """A per-user limit (``SecurityConfig.max_streams_per_user``) refuses this request; the
+    user must delete something first, or an operator raise the limit. Doors answer it as
+    RabbitMQ answers a queue over its user's or virtual host's ``max-queues`` (0x11
+    precondition failed) or gRPC RESOURCE_EXHAUSTED ("perhaps a per-user quota")."""

@@ -17,12 +17,14 @@ import logging
 import os
 import shutil
 import time
+from collections import Counter
 from typing import Callable
 from urllib.parse import quote
 
 from ..config import LogConfig
-from ..errors import (InvalidArgumentError, ReservedStreamError, StreamExistsError,
-                      StreamNotFoundError)
+from ..errors import (InvalidArgumentError, LimitExceededError, ReservedStreamError,
+                      ResourceExhaustedError, StreamExistsError, StreamNotFoundError)
+from ..log.files import OPEN_FILES, OUT_OF_FILES
 from ..record import decode_record
 from .partition import Partition
 from .placement import LeaderListener, LocalPlacement, PartitionFlags, Placement
@@ -54,6 +56,22 @@ def folder_name(name: str) -> str:
     return "h-" + hashlib.sha256(name.encode()).hexdigest()
 
 
+def _remove_half_made(path: str) -> None:
+    """Remove the folder of a stream whose creation failed, and drop the log files the
+    open-file budget still holds open there; the budget's spare descriptors are given back
+    for it, so the removal has some even when their lack made the creation fail. A folder
+    that still cannot be removed is logged; having no metadata file, it is no stream at the
+    next start, and the next creation of the name removes it."""
+    OPEN_FILES.close_under(path)
+    with OPEN_FILES.spare():
+        try:
+            shutil.rmtree(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.error("cannot remove the half-made stream folder %s: %s", path, exc)
+
+
 def record_key(record: bytes) -> bytes | None:
     """Compaction key of a stored record: its Liftbridge key (None when it has none)."""
     return decode_record(record).key
@@ -76,6 +94,10 @@ class Broker:
         self._stop_listening = self._listen(self._placement)
         self._housekeeper: asyncio.Task | None = None
         self._compacting: set[str] = set()
+        self.max_streams_per_user = 0
+        """Streams one owner may hold (``check_quota``; 0: no limit). The server sets it from
+        SecurityConfig.max_streams_per_user."""
+        self._owned: Counter[str] = Counter()  # owner -> streams held here
 
     @property
     def placement(self) -> Placement:
@@ -127,6 +149,7 @@ class Broker:
         """Open (and recover) every stream folder. A folder that cannot be read is logged
         and left alone."""
         os.makedirs(self.root, exist_ok=True)
+        OPEN_FILES.keep_spares()  # for the cleanup of a creation that finds no descriptor
         for folder in sorted(os.listdir(self.root)):
             path = os.path.join(self.root, folder)
             if not os.path.isfile(os.path.join(path, METADATA_FILE)):
@@ -136,7 +159,7 @@ class Broker:
             except (OSError, ValueError, TypeError, KeyError) as exc:
                 log.error("cannot open stream folder %s (skipped): %s", path, exc)
                 continue
-            self.streams[stream.name] = stream
+            self._add(stream)
             log.info("stream %r: %d partition(s)", stream.name, len(stream.partitions))
 
     def start(self) -> None:
@@ -166,7 +189,9 @@ class Broker:
                internal: bool = False) -> Stream:
         """Create a stream. Raises ``StreamExistsError`` when the name is taken,
         ``ReservedStreamError`` for a reserved name unless ``internal`` (the server's own
-        streams) and ``InvalidArgumentError`` for an empty or too long name or bad settings."""
+        streams), ``InvalidArgumentError`` for an empty or too long name or bad settings,
+        ``ResourceExhaustedError`` when no file descriptor can be had and ``OSError`` for
+        other I/O failures; on any failure nothing of the stream is left on disk."""
         if not name or len(name.encode()) > MAX_NAME_BYTES:
             raise InvalidArgumentError(f"a stream name is 1 to {MAX_NAME_BYTES} bytes")
         if not internal:
@@ -176,16 +201,47 @@ class Broker:
         path = os.path.join(self.root, folder_name(name))
         if os.path.exists(path):  # a leftover of an interrupted delete
             shutil.rmtree(path)
-        os.makedirs(path)
         try:
+            os.makedirs(path)
             stream = Stream(name, path, config or StreamConfig(), self.log_defaults)
+            stream.save_metadata()
         except ValueError as exc:
-            shutil.rmtree(path, ignore_errors=True)
+            _remove_half_made(path)
             raise InvalidArgumentError(str(exc)) from None
-        stream.save_metadata()
-        self.streams[name] = stream
+        except OSError as exc:  # no descriptor, a full disk: nothing of the stream stays
+            _remove_half_made(path)
+            if isinstance(exc, ResourceExhaustedError) or exc.errno in OUT_OF_FILES:
+                log.warning("creating stream %r failed: %s", name, exc)
+                raise ResourceExhaustedError(
+                    f"cannot create stream {name!r} now: the server has no file descriptor "
+                    f"left ({exc.strerror or exc})") from None
+            raise
+        self._add(stream)
         log.info("created stream %r (%d partition(s))", name, len(stream.partitions))
         return stream
+
+    def _add(self, stream: Stream) -> None:
+        self.streams[stream.name] = stream
+        if stream.config.owner is not None:
+            self._owned[stream.config.owner] += 1
+
+    def owned(self, owner: str) -> int:
+        """Streams held here whose StreamConfig.owner is ``owner``."""
+        return self._owned[owner]
+
+    def check_quota(self, owner: str | None, streams: int = 1) -> None:
+        """Raise ``LimitExceededError`` when ``owner`` may not own ``streams`` more streams
+        (``max_streams_per_user``; RabbitMQ's per-user ``max-queues``). None (the server, an
+        anonymous client) is not limited. In a cluster each server counts the streams it
+        holds a replica of (the doors check on the server they are on)."""
+        limit = self.max_streams_per_user
+        if owner is None or not limit:
+            return
+        held = self._owned[owner]
+        if held + streams > limit:
+            raise LimitExceededError(
+                f"user {owner!r} owns {held} stream(s); {streams} more would pass the limit of "
+                f"{limit} per user (riverlog.limits.streams.per.user)")
 
     def delete(self, name: str) -> None:
         """Delete a stream and its data. Readers waiting on it get ``LogClosedError``;
@@ -194,6 +250,8 @@ class Broker:
         check_writable(name)
         stream = self.get(name)
         del self.streams[name]
+        if stream.config.owner is not None:
+            self._owned[stream.config.owner] -= 1
         os.unlink(os.path.join(stream.directory, METADATA_FILE))
         for partition in stream.partitions:
             partition.delete()

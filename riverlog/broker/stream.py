@@ -55,6 +55,9 @@ class StreamConfig:
     # JSON object, riverlog.server.rabbitmq_stream.arguments.equivalence_arguments); None for streams
     # made otherwise (Liftbridge doors) or before it was kept: nothing to compare.
     rabbitmq_arguments: str | None = None
+    # The user whose request created the stream (None: the server, or an anonymous client);
+    # per-user limits count by it (Broker.check_quota).
+    owner: str | None = None
 
     def __post_init__(self) -> None:
         if self.partitions < 1:

@@ -10,7 +10,6 @@
 # mmh3), so filters are riverlog's own.
 from __future__ import annotations
 
-import os
 from typing import Iterable, Mapping
 
 import mmh3
@@ -149,11 +148,11 @@ class BloomCache:
 def _read_bloom(seg, i: int) -> bytes | None:
     pos = seg.index.positions[i]
     try:
-        header = chunkfmt.parse_header(os.pread(seg.fd, chunkfmt.HEADER_SIZE, pos))
+        header = chunkfmt.parse_header(seg.file.pread(chunkfmt.HEADER_SIZE, pos))
     except chunkfmt.ChunkFormatError:
         return None
     if seg.chunk_end(i) - pos not in (header.size, header.legacy_size):
         return None
     if not header.bloom_size:
         return b""
-    return os.pread(seg.fd, header.bloom_size, pos + chunkfmt.HEADER_SIZE + header.data_length)
+    return seg.file.pread(header.bloom_size, pos + chunkfmt.HEADER_SIZE + header.data_length)

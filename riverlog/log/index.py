@@ -2,13 +2,15 @@
 # Owns the index file format and the binary searches by offset and by timestamp.
 # Rules: the index is a cache of the segment (it can always be rebuilt by scanning the
 # segment), so it is written lazily and never fsynced; entries are only ever appended or
-# truncated, never rewritten in place.
+# truncated, never rewritten in place; its descriptor is the open-file budget's (files.py).
 from __future__ import annotations
 
 import os
 import struct
 from array import array
 from bisect import bisect_left, bisect_right
+
+from .files import LazyFile
 
 ENTRY = struct.Struct(">QqQII")
 """first offset u64, timestamp ms i64, epoch u64, file position u32, records u32: 32 bytes."""
@@ -24,7 +26,7 @@ class ChunkIndex:
     """
 
     __slots__ = ("path", "offsets", "timestamps", "epochs", "positions", "records",
-                 "_fd", "_flushed")
+                 "_file", "_flushed")
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -33,7 +35,7 @@ class ChunkIndex:
         self.epochs = array("q")
         self.positions = array("q")
         self.records = array("q")
-        self._fd = -1
+        self._file = LazyFile(path, os.O_WRONLY | os.O_CREAT)  # opened by the first flush
         self._flushed = 0  # entries already written to the file
 
     def __len__(self) -> int:
@@ -62,11 +64,6 @@ class ChunkIndex:
         self._flushed = len(self.offsets)
         return True
 
-    def open_for_append(self) -> None:
-        """Open (creating) the index file so that ``flush`` can append to it."""
-        if self._fd < 0:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
-
     def rewrite(self) -> None:
         """Write the whole in-memory index to the file (after a rebuild or truncation)."""
         tmp = self.path + ".tmp"
@@ -81,14 +78,12 @@ class ChunkIndex:
         n = len(self.offsets)
         if self._flushed == n:
             return
-        self.open_for_append()
-        os.pwrite(self._fd, self._encode(self._flushed, n), self._flushed * ENTRY_SIZE)
+        self._file.pwrite(self._encode(self._flushed, n), self._flushed * ENTRY_SIZE)
         self._flushed = n
 
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+    def close(self, final: bool = False) -> None:
+        """Close the index file (``final``: for good, see LazyFile.close)."""
+        self._file.close(final)
 
     def _encode(self, start: int, stop: int) -> bytes:
         pack = ENTRY.pack

@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Iterator
+from functools import partial
+from typing import Callable, Iterator
 
 from ..errors import EpochCheckpointError
 from . import chunk as chunkfmt
@@ -43,7 +44,7 @@ def _check_indexed_chunk(seg: Segment, i: int, file_size: int) -> int | None:
     pos = idx.positions[i]
     if pos + chunkfmt.HEADER_SIZE > file_size:
         return None
-    head = os.pread(seg.fd, chunkfmt.HEADER_SIZE, pos)
+    head = seg.file.pread(chunkfmt.HEADER_SIZE, pos)
     try:
         header = chunkfmt.parse_header(head)
     except chunkfmt.ChunkFormatError:
@@ -51,7 +52,7 @@ def _check_indexed_chunk(seg: Segment, i: int, file_size: int) -> int | None:
     if header.first_offset != idx.offsets[i] or header.num_records != idx.records[i]:
         return None
     known = idx.positions[i + 1] - pos if i + 1 < len(idx) else None
-    raw = os.pread(seg.fd, known if known is not None else min(header.max_size,
+    raw = seg.file.pread(known if known is not None else min(header.max_size,
                                                                file_size - pos), pos)
     try:
         size = chunkfmt.check_chunk(raw, header, 0, known)
@@ -63,7 +64,8 @@ def _check_indexed_chunk(seg: Segment, i: int, file_size: int) -> int | None:
 
 class ChunkScanner:
     """Iterate ``(position, header)`` over the valid chunks of a segment file from byte
-    ``pos``, read-only, stopping at the first chunk that fails a check.
+    ``pos`` (``pread(n, pos)`` reads it), read-only, stopping at the first chunk that fails
+    a check.
 
     ``expected`` is the offset the first chunk must start at; later chunks must follow
     without gaps unless ``allow_gaps`` (a compacted segment: any larger offset). After the
@@ -71,9 +73,9 @@ class ChunkScanner:
     the scan stopped early (None when it reached ``file_size``).
     """
 
-    def __init__(self, fd: int, pos: int, expected: int, file_size: int,
-                 allow_gaps: bool) -> None:
-        self.fd, self.end, self.expected = fd, pos, expected
+    def __init__(self, pread: Callable[[int, int], bytes], pos: int, expected: int,
+                 file_size: int, allow_gaps: bool) -> None:
+        self.pread, self.end, self.expected = pread, pos, expected
         self.file_size, self.allow_gaps = file_size, allow_gaps
         self.problem: str | None = None
 
@@ -85,7 +87,7 @@ class ChunkScanner:
                 self.problem = f"torn chunk header at byte {pos}"
                 return
             if pos + chunkfmt.HEADER_SIZE > buf_start + len(buf):
-                buf, buf_start = os.pread(self.fd, _WINDOW, pos), pos
+                buf, buf_start = self.pread(_WINDOW, pos), pos
             try:
                 header = chunkfmt.parse_header(buf, pos - buf_start)
             except chunkfmt.ChunkFormatError as exc:
@@ -98,7 +100,7 @@ class ChunkScanner:
                 return
             want = min(header.max_size, file_size - pos)  # chunk_extent looks that far
             if pos + want > buf_start + len(buf):
-                buf, buf_start = os.pread(self.fd, max(_WINDOW, want), pos), pos
+                buf, buf_start = self.pread(max(_WINDOW, want), pos), pos
             at = pos - buf_start
             size = chunkfmt.chunk_extent(buf, header, at)
             if pos + size > file_size:
@@ -154,7 +156,7 @@ def recover_segment(seg: Segment, full: bool,
         min_ts = idx.timestamps[trusted]
     else:
         pos, min_ts, expected = 0, 0, seg.base_offset
-    scan = ChunkScanner(seg.fd, pos, expected, file_size, seg.compacted)
+    scan = ChunkScanner(seg.file.pread, pos, expected, file_size, seg.compacted)
     for chunk_pos, header in scan:
         min_ts = max(header.timestamp_ms, min_ts)  # keep index timestamps non-decreasing
         idx.append(header.first_offset, min_ts, header.epoch, chunk_pos, header.num_records)
@@ -170,8 +172,8 @@ def recover_segment(seg: Segment, full: bool,
     report.problems.append(f"{seg.path}: {why or 'trailing bytes'}; truncated {cut} bytes "
                            f"after offset {seg.next_offset - 1}")
     report.truncated_bytes += cut
-    os.ftruncate(seg.fd, end)
-    os.fsync(seg.fd)
+    seg.file.ftruncate(end)
+    seg.file.fsync()
     return True
 
 
@@ -194,7 +196,7 @@ def verify_partition(directory: str) -> RecoveryReport:
             if expected is not None and base != expected:
                 report.problems.append(f"{path}: starts at offset {base}, the previous "
                                        f"segment ends before offset {expected}")
-            scan = ChunkScanner(fd, 0, start, size, compacted)
+            scan = ChunkScanner(partial(os.pread, fd), 0, start, size, compacted)
             last = None
             for _, header in scan:
                 last = header

@@ -1,5 +1,6 @@
 # One segment: a file of back-to-back chunks named by its base offset, plus its chunk index.
-# Owns the file descriptors, positional writes and reads, fsync and truncation of that file.
+# Owns positional writes and reads, fsync and truncation of that file; its descriptor is the
+# open-file budget's (files.py: opened on use, closed when idle).
 # Rules: bytes past ``size`` are never read (they are a torn or corrupt tail until recovery
 # removes them); reads use pread so they never move the append position; everything here
 # is synchronous and called from one thread at a time, except ``sync`` which may run in a
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 from ..errors import CorruptChunkError, LogError
 from . import chunk as chunkfmt
+from .files import LazyFile
 from .index import ChunkIndex
 
 SEGMENT_SUFFIX = ".segment"
@@ -98,7 +100,7 @@ class Segment:
     next offset stays what it was even when compaction removed its last records.
     """
 
-    __slots__ = ("directory", "base_offset", "path", "index", "fd", "size", "next_offset",
+    __slots__ = ("directory", "base_offset", "path", "index", "file", "size", "next_offset",
                  "compacted_end", "created_ms", "unsynced")
 
     def __init__(self, directory: str, base_offset: int) -> None:
@@ -107,7 +109,8 @@ class Segment:
         stem = os.path.join(directory, segment_name(base_offset))
         self.path = stem + SEGMENT_SUFFIX
         self.index = ChunkIndex(stem + INDEX_SUFFIX)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.file = LazyFile(self.path, os.O_RDWR | os.O_CREAT)
+        self.file.open()  # a new segment's file exists from here on
         self.size = 0
         self.next_offset = base_offset
         self.compacted_end = read_compacted_marker(stem + COMPACTED_SUFFIX)
@@ -143,7 +146,7 @@ class Segment:
         return self.index.timestamps[-1] if len(self.index) else 0
 
     def file_size(self) -> int:
-        return os.fstat(self.fd).st_size
+        return self.file.size()
 
     def chunk_end(self, i: int) -> int:
         """Byte position right after chunk ``i``."""
@@ -172,7 +175,7 @@ class Segment:
     def append(self, raw: bytes, first_offset: int, num_records: int, timestamp_ms: int,
                epoch: int) -> None:
         """Write a whole encoded chunk at the end (one pwrite) and index it."""
-        written = os.pwrite(self.fd, raw, self.size)
+        written = self.file.pwrite(raw, self.size)
         if written != len(raw):  # a short write leaves a torn tail; recovery trims it
             raise OSError(f"short write to {self.path}: {written} of {len(raw)} bytes")
         self.index.append(first_offset, timestamp_ms, epoch, self.size, num_records)
@@ -183,13 +186,13 @@ class Segment:
     def sync(self) -> None:
         """Write buffered index entries and fsync the segment file (blocking)."""
         self.index.flush()
-        os.fsync(self.fd)
+        self.file.fsync()
 
     def truncate_chunks(self, n: int) -> None:
         """Keep the first ``n`` chunks: shrink the file and the index."""
         self.size = self.index.positions[n] if n < len(self.index) else self.size
         self.index.truncate(n)
-        os.ftruncate(self.fd, self.size)
+        self.file.ftruncate(self.size)
         if self.compacted_end is not None:
             self.compacted_end = None
             end = self.indexed_next_offset()
@@ -226,10 +229,8 @@ class Segment:
 
     def close(self) -> None:
         self.index.flush()
-        self.index.close()
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        self.index.close(final=True)
+        self.file.close(final=True)
 
     def delete(self) -> None:
         """Close and remove the segment and every file named after it (index, markers,
@@ -246,7 +247,7 @@ class Segment:
     # -- reads --------------------------------------------------------------------------
     def chunk_type(self, i: int) -> int:
         """The chunk type of chunk ``i`` (index position), read from its header alone."""
-        return os.pread(self.fd, 2, self.index.positions[i])[1]
+        return self.file.pread(2, self.index.positions[i])[1]
 
     def read_chunks(self, start: int, stop: int, verify: bool,
                     buffer: bytearray | None = None) -> list[ChunkSlice]:
@@ -262,10 +263,10 @@ class Segment:
         end = self.chunk_end(stop - 1)
         if buffer is not None and len(buffer) >= end - pos:
             buf = memoryview(buffer)[:end - pos]
-            if os.preadv(self.fd, [buf], pos) != end - pos:
+            if self.file.preadv([buf], pos) != end - pos:
                 raise CorruptChunkError(self.path, pos, idx.offsets[start], "short read")
         else:
-            buf = os.pread(self.fd, end - pos, pos)
+            buf = self.file.pread(end - pos, pos)
         view = memoryview(buf)  # chunks share the buffer read once: no copy per chunk
         out = []
         for i in range(start, stop):

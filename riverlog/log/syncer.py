@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 
 from ..config import Durability
 from ..errors import LogClosedError
@@ -79,8 +78,7 @@ class Syncer:
             for seg in segs:
                 seg.unsynced = False
                 seg.index.flush()
-            fds = [seg.fd for seg in segs]
-            await asyncio.get_running_loop().run_in_executor(None, _fsync_all, fds)
+            await asyncio.get_running_loop().run_in_executor(None, _fsync_all, segs)
             self._synced(upto)
         finally:
             self.task = None
@@ -106,6 +104,6 @@ class Syncer:
             self.timer = None
 
 
-def _fsync_all(fds: list[int]) -> None:
-    for fd in fds:
-        os.fsync(fd)
+def _fsync_all(segs: list) -> None:
+    for seg in segs:
+        seg.file.fsync()

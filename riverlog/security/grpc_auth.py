@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+from contextvars import ContextVar
 from typing import Callable, Iterable
 
 import grpc
@@ -73,6 +74,11 @@ def _peer_host(peer: str) -> str | None:
     if kind == "ipv6":
         return rest.rpartition(":")[0].strip("[]")
     return None
+
+
+CALLER: ContextVar[str | None] = ContextVar("riverlog_grpc_caller", default=None)
+"""The authenticated user of the unary gRPC call being handled (None: anonymous, or no
+checks on the door); what per-user limits count by (CreateStream's stream owner)."""
 
 
 class GrpcAuth(grpc.aio.ServerInterceptor):
@@ -180,7 +186,9 @@ class GrpcAuth(grpc.aio.ServerInterceptor):
 
     def _unary(self, method: str, inner):
         async def behavior(raw, context):
-            await self.check(method, await self.user(context), raw, context)
+            user = await self.user(context)
+            await self.check(method, user, raw, context)
+            CALLER.set(user)  # each call runs in its own task: the variable is the call's
             return await inner(raw, context)
         return behavior
 

@@ -22,6 +22,7 @@ from ..config import ServerConfig
 from ..security.guard import Guard
 from ..security.users import listens_on_loopback
 from ..tables.service import TableService
+from . import fd_limit
 from .metrics_http import MetricsServer
 from .rabbitmq_stream import RabbitStreamServer
 
@@ -37,6 +38,7 @@ class App:
         self.config = config
         self.guard = Guard(config.security)  # users, authorization, TLS (docs/security.md)
         self.broker = Broker(config.data_dir, config.log)
+        self.broker.max_streams_per_user = config.security.max_streams_per_user
         self.rabbitmq_stream: RabbitStreamServer | None = None
         self.liftbridge = None  # server.liftbridge.Liftbridge, when a Liftbridge door is on
         self.nats = None  # server.nats_bridge.NatsBridge
@@ -75,6 +77,7 @@ class App:
             self.broker.delete(name)
 
     async def start(self) -> None:
+        fd_limit.prepare(self.config.log_open_files)  # before the logs open their files
         self.broker.open()
         self.broker.start()
         self.tables.start()

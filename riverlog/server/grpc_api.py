@@ -34,12 +34,13 @@ from ..metrics import GRPC, CallTracker
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge.envelope import encode_publish
 from ..protocol.nats_subject import subject_problem
-from ..security.grpc_auth import GrpcAuth
+from ..security.grpc_auth import CALLER, GrpcAuth
 from ..security.guard import Guard
 from ..security.tls import grpc_server_credentials, server_context
 from ..security.users import listens_on_loopback
 from .grpc_publish_async import ack_error_to_async, exact_nats_size, nats_size, publish_async
 from .grpc_subscribe import subscribe
+from .group_quota import GroupQuota
 from .liftbridge import NONE, Liftbridge, LiftbridgeError, partition_subject
 from .server_id import new_id
 
@@ -92,6 +93,8 @@ class GrpcApi:
         self.port = config.port
         self._server = None  # grpc.aio.Server, or GrpcH2Server (config.transport "h2")
         self.calls = CallTracker(GRPC)  # calls in progress per peer, failed calls counted
+        self.group_quota = GroupQuota(lambda: service.groups, guard.config.max_groups_per_user
+                                      if guard is not None else 0)
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -270,7 +273,8 @@ class GrpcApi:
             optimistic_concurrency=defaults.concurrency_control if occ is None else occ,
             auto_pause_time_ms=defaults.auto_pause_time_ms if auto_pause is None else auto_pause,
             auto_pause_disable_if_subscribers=(defaults.auto_pause_disable_if_subscribers
-                                               if auto_subs is None else auto_subs))
+                                               if auto_subs is None else auto_subs),
+            owner=CALLER.get())
         await self.service.create_stream(req.name, req.subject, config)
         if self.service.bridge is not None:
             await self.service.bridge.sync()
@@ -557,6 +561,7 @@ class GrpcApi:
         self._ids(req)
         if not req.streams:
             raise LiftbridgeError("INVALID_ARGUMENT", "No streams provided")
+        self.group_quota.check(CALLER.get(), req.groupId)
         coordinator, epoch = await self.service.join_group(req.groupId, req.consumerId,
                                                            list(req.streams))
         # Liftbridge sends Go time.Duration values here: nanoseconds.

@@ -23,8 +23,9 @@ from ..broker.broker import ACTIVITY_STREAM
 from ..broker.cursors import Cursors
 from ..broker.placement import PartitionFlags
 from ..config import GrpcConfig, NatsConfig
-from ..errors import (ClusterUnavailableError, InvalidArgumentError, ReservedStreamError,
-                      StreamExistsError, StreamNotFoundError)
+from ..errors import (ClusterUnavailableError, InvalidArgumentError, LimitExceededError,
+                      ReservedStreamError, ResourceExhaustedError, StreamExistsError,
+                      StreamNotFoundError)
 from ..metrics import DOORS, TurnLatency, counters, error as count_error
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.nats_subject import queue_problem, subject_problem
@@ -303,10 +304,12 @@ class Liftbridge:
         """CreateStream: ``check_create``, then on this server (``add_stream``) or, in a
         cluster, through the metadata, which creates it on every server holding a replica.
         Raises LiftbridgeError INVALID_ARGUMENT (see check_create, bad settings, more
-        replicas than servers), ALREADY_EXISTS, INTERNAL (no metadata leader)."""
+        replicas than servers), ALREADY_EXISTS, INTERNAL (no metadata leader), RESOURCE_EXHAUSTED
+        (no descriptor; or ``config.owner`` at SecurityConfig.max_streams_per_user)."""
         self.check_create(name, subject, config)
         placement = self.broker.placement
         try:
+            self.broker.check_quota(config.owner, config.partitions)
             if placement.clustered:
                 await placement.create_stream(name, config)
             else:
@@ -317,6 +320,8 @@ class Liftbridge:
             raise LiftbridgeError("INVALID_ARGUMENT", str(exc)) from None
         except ClusterUnavailableError as exc:  # Liftbridge's answer without a Raft leader
             raise LiftbridgeError("INTERNAL", f"no known metadata leader ({exc})") from None
+        except (ResourceExhaustedError, LimitExceededError) as exc:  # this request only
+            raise LiftbridgeError("RESOURCE_EXHAUSTED", str(exc)) from None
 
     def add_stream(self, name: str, config: StreamConfig) -> Stream:
         """Create stream ``name`` on this server and attach it to NATS. Raises

@@ -20,7 +20,9 @@ from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..config import MetricsConfig
+from ..log.files import OPEN_FILES
 from ..metrics import CLUSTER_REGISTRY, GRPC, RABBITMQ_STREAM, REGISTRY, forget_stream
+from .fd_limit import nofile_soft_limit, process_open_files
 
 log = logging.getLogger("riverlog.metrics")
 
@@ -48,6 +50,24 @@ _FOLLOWER_HELP = {  # riverlog_follower_<name>, on the leader, per follower
     "lag_bytes": "Bytes of the leader's log beyond a follower's log end.",
     "last_seen_seconds": "Seconds since a follower last fetched from this leader.",
 }
+
+
+def _open_files() -> list[Metric]:
+    """Open files against their limits: the process's descriptors against the soft
+    RLIMIT_NOFILE, and the log's segment and index files against their budget
+    (riverlog/log/files.py, ``riverlog.log.open.files``)."""
+    now = GaugeMetricFamily("riverlog_open_files", "Open files: scope=process, every "
+                            "descriptor of the server; scope=log, segment and index files.",
+                            labels=["scope"])
+    limit = GaugeMetricFamily("riverlog_open_files_limit", "The limit of riverlog_open_files: "
+                              "the soft RLIMIT_NOFILE (process), the log's open-file budget "
+                              "(log; least recently used files are closed beyond it).",
+                              labels=["scope"])
+    now.add_metric(["process"], process_open_files())
+    limit.add_metric(["process"], nofile_soft_limit())
+    now.add_metric(["log"], len(OPEN_FILES))
+    limit.add_metric(["log"], OPEN_FILES.capacity)
+    return [now, limit]
 
 
 class ServerState(Protocol):
@@ -123,7 +143,7 @@ class StateCollector(Collector):
         if app.nats is not None:
             nc = app.nats.nc
             nats_up.add_metric([], 1 if nc is not None and nc.is_connected else 0)
-        families = [info, connections, subscriptions, nats_up, sub_lag]
+        families = [info, connections, subscriptions, nats_up, sub_lag, *_open_files()]
         if app.cluster is not None:
             families += self._cluster_families()
         return families + self._stream_families()

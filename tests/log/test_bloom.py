@@ -2,7 +2,6 @@
 filter values of a chunk's entries, matched by filtered readers (never a false negative),
 kept by the commit log through writes, reads, reopen, truncation and compaction, and used by
 CommitLog.read_matching_chunks to skip chunks without reading them."""
-import os
 import random
 
 import pytest
@@ -201,7 +200,7 @@ def test_skipped_chunks_are_not_read(tmp_path):
     log = _log(tmp_path, verify_reads=True)
     _regions(log, ["eu", "us", "eu"])
     seg = log.segments[0]
-    os.pwrite(seg.fd, b"XX", seg.index.positions[1] + 48)  # inside chunk 1's data section
+    seg.file.pwrite(b"XX", seg.index.positions[1] + 48)  # inside chunk 1's data section
     chunks, resume = log.read_matching_chunks(2, ChunkFilter(["eu"]).matches)
     assert _ids(chunks) == [4] and resume == 6
     with pytest.raises(CorruptChunkError):

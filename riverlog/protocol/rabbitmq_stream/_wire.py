@@ -118,6 +118,21 @@ STR = Kind("string", _read_str, _write_str)
 """i16 length + UTF-8, -1 = None."""
 
 
+def _read_name(b: bytes, o: int) -> tuple[str, int]:
+    name, o = _read_str(b, o)
+    if name is None:
+        raise malformed("a null (-1 length) name")
+    return name, o
+
+
+NAME = Kind("name", _read_name, _write_str)
+"""A string that may not be null: stream, super stream and reference names, routing keys.
+RabbitMQ reads every string with an unsigned 16-bit length (rabbit_stream_core.erl, ?STRING),
+so -1 is a 65,535-byte string past the frame's end: the frame does not parse and the reader
+closes the connection with 0x0d unknown frame (rabbit_stream_reader.erl, the ``{unknown, _}``
+command); here too (FrameError 0x0d), instead of handing a None name to the handlers."""
+
+
 def _read_rest(b: bytes, o: int) -> tuple[bytes, int]:
     return b[o:], len(b)
 

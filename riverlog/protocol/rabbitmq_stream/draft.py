@@ -24,6 +24,7 @@ from . import frames as f
 from ._wire import (
     BYTES,
     MAP,
+    NAME,
     REST,
     STR,
     U8,
@@ -163,7 +164,7 @@ properties): read as None, left out when written."""
 
 
 def _read_publish(b: bytes) -> tuple[Publish, int]:
-    stream, o = STR.read(b, _BODY)
+    stream, o = NAME.read(b, _BODY)
     publisher_id, entries, o = read_publish_body(b, o)
     for _, entry in entries:
         if entry[0] & 0x80:  # a negative message length: null (-1), or not a draft message
@@ -207,10 +208,10 @@ _CLOSE_RESPONSE = ((f.CloseResponse, Key.Close, VERSION, (U32, CODE)),)
 # (frame class, key, layout); every draft frame has version 0. C = correlation id u32.
 _FROM_CLIENT = (
     (Publish, Key.Publish, (_read_publish, _write_publish)),
-    (f.Subscribe, Key.Subscribe, (U32, U8, STR, OFFSET_SPEC, U16, DROPPED)),
+    (f.Subscribe, Key.Subscribe, (U32, U8, NAME, OFFSET_SPEC, U16, DROPPED)),
     (f.Credit, Key.Credit, (U8, U16)),
     (f.Unsubscribe, Key.Unsubscribe, (U32, U8)),
-    (f.Metadata, Key.Metadata, (U32, _STRINGS)),
+    (f.Metadata, Key.Metadata, (U32, array(NAME))),
     (f.SaslHandshake, Key.SaslHandshake, (U32,)),
     (f.SaslAuthenticate, Key.SaslAuthenticate, (U32, STR, BYTES)),
     (f.TuneResponse, Key.Tune, (U32, U32)),  # the client's answer to the server's Tune
@@ -218,10 +219,10 @@ _FROM_CLIENT = (
     (f.Close, Key.Close, _CLOSE),
     (f.Heartbeat, Key.Heartbeat, ()),
     (f.PeerProperties, Key.PeerProperties, (U32, MAP)),
-    (CommitOffset, Key.CommitOffset, (U32, STR, STR, U64)),
-    (f.QueryOffset, Key.QueryOffset, (U32, STR, STR)),
-    (f.Create, Key.Create, (U32, STR, MAP)),
-    (f.Delete, Key.Delete, (U32, STR)),
+    (CommitOffset, Key.CommitOffset, (U32, NAME, NAME, U64)),
+    (f.QueryOffset, Key.QueryOffset, (U32, NAME, NAME)),
+    (f.Create, Key.Create, (U32, NAME, MAP)),
+    (f.Delete, Key.Delete, (U32, NAME)),
 )
 _FROM_SERVER = (
     (f.PublishConfirm, Key.PublishConfirm, (_read_publish_confirm, _write_publish_confirm)),

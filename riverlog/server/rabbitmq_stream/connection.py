@@ -110,6 +110,8 @@ class RabbitStreamConnection(asyncio.Protocol):
         # while a request is handled whose response goes before the notifications it causes
         # (MetadataUpdate, ConsumerUpdate): those notifications (``notify``)
         self._notes: list[f.Frame] | None = None
+        # closes the connection unless it opened a virtual host in time (connection_made)
+        self._handshake_timer: asyncio.TimerHandle | None = None
 
     # -- what the server, metrics and tests read ----------------------------------------
     @property
@@ -147,10 +149,27 @@ class RabbitStreamConnection(asyncio.Protocol):
             self.link.peer_host = peer[0]
             self.link.peer = f"{peer[0]}:{peer[1]}"
         self.server.connections.add(self)
+        timeout = self.server.config.handshake_timeout_ms
+        if timeout:
+            self._handshake_timer = asyncio.get_running_loop().call_later(
+                timeout / 1000, self._handshake_expired)
         log.debug("connection from %s", self.peer)
+
+    def _handshake_expired(self) -> None:
+        """``handshake_timeout_ms`` after the connection was accepted: close it unless it
+        opened a virtual host, without a Close frame, as rabbit_stream_reader's
+        ``state_timeout`` does (close_immediately; "likely due to lack of client action")."""
+        self._handshake_timer = None
+        if self.state.open or self.state.closing:
+            return
+        self.fail(OK, f"no Open within {self.server.config.handshake_timeout_ms} ms of "
+                      f"connecting (in state {self.state.state!r})", send_close=False)
+        self._abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
         self.single_active.close()
         self.consuming.close()
         self.publishing.publishers.clear()

@@ -67,10 +67,12 @@ class RabbitStreamServer:
                      self.tls_port)
 
     async def _listen(self, port: int, context) -> asyncio.AbstractServer:
-        try:
+        timeout = self.config.handshake_timeout_ms / 1000
+        tls = {"ssl_handshake_timeout": timeout} if context is not None and timeout else {}
+        try:  # a TLS handshake counts against the handshake timeout too
             return await asyncio.get_running_loop().create_server(
                 lambda: RabbitStreamConnection(self, tls=context is not None), self.config.host,
-                port, reuse_address=True, ssl=context)
+                port, reuse_address=True, ssl=context, **tls)
         except OSError as exc:
             raise OSError(exc.errno, f"cannot listen for RabbitMQ Stream clients on "
                                      f"{self.config.host}:{port}: {exc.strerror}") from None

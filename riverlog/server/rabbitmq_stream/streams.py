@@ -9,15 +9,17 @@
 # in broker/superstreams.py; Create arguments in arguments.py.
 from __future__ import annotations
 
+import dataclasses
 import logging
 from functools import partial
 from typing import Awaitable, Callable
 
-from ...broker import RESERVED_STREAMS, Partition, Stream, StreamConfig
-from ...errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
+from ...broker import RESERVED_STREAMS, Partition, Stream, StreamConfig, SuperStream
+from ...errors import (InvalidArgumentError, LimitExceededError, ResourceExhaustedError,
+                       StreamExistsError, StreamNotFoundError)
 from ...protocol.rabbitmq_stream import ResponseCode
 from ...protocol.rabbitmq_stream import frames as f
-from ...security.authz import CONSUME, CREATE, DELETE
+from ...security.authz import CONSUME, CREATE, DELETE, PUBLISH
 from .arguments import equivalence_arguments, stream_config_from_arguments
 from .link import Link
 
@@ -72,15 +74,35 @@ async def _deleted(delete: Awaitable[None]) -> int:
     return OK
 
 
-def _create(name: str, arguments: dict[str, str] | None,
+def _config(arguments: dict[str, str] | None, owner: str | None,
+            servers: int | None = None) -> StreamConfig:
+    """The StreamConfig of Create ``arguments`` (``servers``: the cluster's size), owned by
+    ``owner`` (the connection's user). Raises InvalidArgumentError."""
+    config = stream_config_from_arguments(dict(arguments or {}), servers)
+    return dataclasses.replace(config, owner=owner)
+
+
+def _create(name: str, arguments: dict[str, str] | None, owner: str | None,
             create: Callable[[StreamConfig], object]) -> int:
-    """Run ``create`` with the StreamConfig of Create ``arguments``; the response code
-    (0x05 when it exists, 0x11 for bad arguments or names)."""
+    """Run ``create`` with the StreamConfig of Create ``arguments``, owned by ``owner``; the
+    response code (0x05 when it exists, 0x11 for bad arguments or names, 0x0f without file
+    descriptors)."""
     try:
-        create(stream_config_from_arguments(dict(arguments or {})))
+        create(_config(arguments, owner))
         return OK
     except (StreamExistsError, InvalidArgumentError) as exc:
         return _create_refused(name, exc)
+    except ResourceExhaustedError as exc:
+        return _no_resources(name, exc)
+
+
+def _no_resources(name: str, exc: ResourceExhaustedError) -> int:
+    """The Create code when the server has no file descriptor for the stream: 0x0f internal
+    error, what RabbitMQ answers when its stream coordinator cannot start a stream
+    (rabbit_stream_manager ``{error, internal_error}``); the protocol has no resource code
+    (0x0e is frame too large). Only this request fails; nothing of the stream is kept."""
+    log.warning("creating %r refused: %s", name, exc)
+    return ResponseCode.INTERNAL_ERROR
 
 
 class Streams:
@@ -104,11 +126,13 @@ class Streams:
             self.send(respond(ResponseCode.PRECONDITION_FAILED))
         elif link.place(frame.stream, found) is not None:  # the partitions of a stream too
             self.send(respond(_exists_code(found, frame.arguments)))
+        elif self._over_quota(frame.stream, 1):
+            self.send(respond(ResponseCode.PRECONDITION_FAILED))
         elif self.broker.placement.clustered:
             link.hold_for(self._create_in_cluster(
                 frame.stream, frame.arguments, self.broker.placement.create_stream), respond)
         else:
-            self.send(respond(_create(frame.stream, frame.arguments,
+            self.send(respond(_create(frame.stream, frame.arguments, link.user,
                                       partial(self.broker.create, frame.stream))))
 
     async def _create_in_cluster(self, name: str, arguments: dict[str, str] | None,
@@ -116,12 +140,22 @@ class Streams:
         """``_create`` in a cluster: ``await create(name, config)``, the replication factor
         from ``initial-cluster-size`` over the cluster's servers."""
         try:
-            config = stream_config_from_arguments(dict(arguments or {}),
-                                                  len(self.broker.placement.servers()))
+            config = _config(arguments, self.link.user, len(self.broker.placement.servers()))
             await create(name, config)
             return OK
         except (StreamExistsError, InvalidArgumentError) as exc:
             return _create_refused(name, exc)
+
+    def _over_quota(self, name: str, streams: int) -> bool:
+        """Whether the user may not own ``streams`` more streams (Broker.check_quota): then
+        0x11 precondition failed, as RabbitMQ refuses a queue over its user's or virtual
+        host's ``max-queues`` (AMQP precondition_failed, "queue limit ... is reached")."""
+        try:
+            self.broker.check_quota(self.link.user, streams)
+        except LimitExceededError as exc:
+            log.warning("creating %r refused: %s", name, exc)
+            return True
+        return False
 
     def on_delete(self, frame: f.Delete) -> None:
         """A stream with several partitions is no stream here (0x02; DeleteSuperStream
@@ -231,12 +265,14 @@ class Streams:
         if not all(link.may(name, CREATE, link.resolve(name))
                    for name in (frame.name, *frame.partitions)):
             self.send(respond(ResponseCode.ACCESS_REFUSED))
+        elif self._over_quota(frame.name, len(frame.partitions)):
+            self.send(respond(ResponseCode.PRECONDITION_FAILED))
         elif self.broker.placement.clustered:
             link.hold_for(self._create_in_cluster(
                 frame.name, frame.arguments, lambda name, config: super_streams.create_in_cluster(
                     name, frame.partitions, frame.binding_keys, config)), respond)
         else:
-            self.send(respond(_create(frame.name, frame.arguments, lambda config: (
+            self.send(respond(_create(frame.name, frame.arguments, link.user, lambda config: (
                 super_streams.create(frame.name, frame.partitions, frame.binding_keys,
                                      config)))))
 
@@ -260,18 +296,38 @@ class Streams:
             return
         self.send(f.DeleteSuperStreamResponse(frame.correlation_id, code))
 
+    def _visible(self, super_stream: str) -> SuperStream | int:
+        """The super stream ``super_stream`` when it exists and the user may publish to or
+        consume from it (``SuperStream``), else the response code: 0x02 when it does not
+        exist, 0x10 access refused when the user has neither right. RabbitMQ's reader answers
+        Partitions and Route to any user of the virtual host; here they tell partition names
+        only to users who may use them (issue 24: the names of a super stream one has no
+        right on leaked)."""
+        found = self.link.server.super_streams.find(super_stream)
+        if found is None:
+            return ResponseCode.STREAM_DOES_NOT_EXIST
+        guard, user = self.link.guard, self.link.user
+        if not (guard.allowed(user, super_stream, PUBLISH)
+                or guard.allowed(user, super_stream, CONSUME)):
+            return ResponseCode.ACCESS_REFUSED
+        return found
+
     def on_partitions(self, frame: f.Partitions) -> None:
         """Partitions of a super stream; a stream with several partitions answers
-        ``<stream>-0`` .. ``<stream>-<n-1>``."""
-        found = self.link.server.super_streams.find(frame.super_stream)
-        self.send(f.PartitionsResponse(
-            frame.correlation_id, OK if found else ResponseCode.STREAM_DOES_NOT_EXIST,
-            found.partitions if found else ()))
+        ``<stream>-0`` .. ``<stream>-<n-1>``. 0x10 for a user who may neither publish to
+        nor consume from it (``_visible``)."""
+        found = self._visible(frame.super_stream)
+        if isinstance(found, int):
+            self.send(f.PartitionsResponse(frame.correlation_id, found, ()))
+        else:
+            self.send(f.PartitionsResponse(frame.correlation_id, OK, found.partitions))
 
     def on_route(self, frame: f.Route) -> None:
         """Streams bound with the routing key; OK with none when nothing matches (partition
-        i of a stream with several partitions is bound with key "i")."""
-        found = self.link.server.super_streams.find(frame.super_stream)
-        self.send(f.RouteResponse(
-            frame.correlation_id, OK if found else ResponseCode.STREAM_DOES_NOT_EXIST,
-            tuple(found.route(frame.routing_key)) if found else ()))
+        i of a stream with several partitions is bound with key "i"). 0x10 as Partitions."""
+        found = self._visible(frame.super_stream)
+        if isinstance(found, int):
+            self.send(f.RouteResponse(frame.correlation_id, found, ()))
+        else:
+            self.send(f.RouteResponse(frame.correlation_id, OK,
+                                      tuple(found.route(frame.routing_key))))
