@@ -20,6 +20,7 @@ import time
 from typing import Callable
 from urllib.parse import quote
 
+from ..alarms import ResourceAlarms
 from ..config import LogConfig
 from ..errors import (InvalidArgumentError, ReservedStreamError, StreamExistsError,
                       StreamNotFoundError)
@@ -76,6 +77,8 @@ class Broker:
         self._stop_listening = self._listen(self._placement)
         self._housekeeper: asyncio.Task | None = None
         self._compacting: set[str] = set()
+        self.alarms = ResourceAlarms(data_dir)
+        """The resource alarms doors block publishers by (the server installs its own)."""
 
     @property
     def placement(self) -> Placement:

@@ -63,6 +63,7 @@ _PUBLISH_STATUS = {
     _ASYNC.READONLY: grpc.StatusCode.FAILED_PRECONDITION,
     _ASYNC.ENCRYPTION_FAILED: grpc.StatusCode.INTERNAL,
     "INTERNAL": grpc.StatusCode.INTERNAL,  # e.g. AckPolicy ALL below the stream's minIsr
+    "RESOURCE_EXHAUSTED": grpc.StatusCode.RESOURCE_EXHAUSTED,  # a resource alarm (riverlog's)
 }
 
 

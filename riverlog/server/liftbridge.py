@@ -464,7 +464,8 @@ class Liftbridge:
         """Liftbridge's publish preconditions, as (code, message) of a PublishAsyncError:
         raises LiftbridgeError with code "BAD_REQUEST" (no stream name, a reserved stream,
         NONE ack policy on a stream with optimistic concurrency), "NOT_FOUND" (stream,
-        partition; in a cluster, a partition this server does not lead), "READONLY". Reserved streams are riverlog's rule: Liftbridge refuses
+        partition; in a cluster, a partition this server does not lead), "READONLY",
+        "RESOURCE_EXHAUSTED" (a resource alarm holds, riverlog.alarms). Reserved streams are riverlog's rule: Liftbridge refuses
         only to create and delete them, but a client-written cursor record is read back at
         every start."""
         if not name:
@@ -475,6 +476,10 @@ class Liftbridge:
             raise LiftbridgeError("NOT_FOUND", f"no such stream: {name}")
         if not 0 <= index < len(stream.partitions):
             raise LiftbridgeError("NOT_FOUND", f"no such partition: {index}")
+        alarms = self.broker.alarms
+        if alarms.blocked:
+            raise LiftbridgeError("RESOURCE_EXHAUSTED", f"publishers are blocked by a "
+                                  f"resource alarm ({alarms.describe()}); try again later")
         placement = self.broker.placement
         placed = placement.of(name, index) if placement.clustered else None  # one lookup
         if placement.clustered and (placed is None or placed.leader != placement.server_id):
