@@ -382,7 +382,11 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
     if min_isr is not None and _int("clustering.min.insync.replicas", min_isr) > 1 \
             and v.get("riverlog.raft.address") is None:
         raise ConfigError("clustering.min.insync.replicas: a single riverlog server has one "
-                          "replica, so it must be 1 (a cluster member may ask more)")
+                          "replica, so min.insync.replicas must be 1. To make this server a "
+                          "cluster member (which may ask more), also set riverlog.raft.address "
+                          "(host:port its Raft listens on), riverlog.raft.peers (each other "
+                          "server id: its Raft address) and riverlog.raft.password (the same "
+                          "on every member); see docs/clustering.md")
     if v.get("riverlog.raft.address") is None and (
             v.get("riverlog.nats.cluster.port") is not None or v.get("riverlog.nats.routes")):
         raise ConfigError("riverlog.nats.cluster.port and riverlog.nats.routes join the "

@@ -239,6 +239,10 @@ class GrpcApi:
             rf = 1
         if rf <= 0 and rf != -1:
             raise LiftbridgeError("INVALID_ARGUMENT", f"Invalid replicationFactor {rf}")
+        if rf > size and placement.forming():  # riverlog's: try again, not a bad request
+            raise LiftbridgeError("UNAVAILABLE", f"the cluster is forming ({size} servers "
+                                  f"joined so far): replicationFactor {rf} cannot be placed "
+                                  f"yet; try again once its servers have joined")
         if rf > size:  # Liftbridge's metadata.go
             raise LiftbridgeError("INVALID_ARGUMENT",
                                   f"Invalid replicationFactor {rf}, cluster size {size}")
