@@ -58,7 +58,7 @@ class Syncer:
         try:
             for seg in self._dirty():
                 seg.unsynced = False
-                seg.index.flush()
+                _flush_index(seg)
                 _fsync_all([seg.fd])
         except OSError as exc:
             self.fail(exc)
@@ -96,7 +96,7 @@ class Syncer:
             segs = self._dirty()
             for seg in segs:
                 seg.unsynced = False
-                seg.index.flush()
+                _flush_index(seg)
             fds = [seg.fd for seg in segs]
             await asyncio.get_running_loop().run_in_executor(None, _fsync_all, fds)
             self._synced(upto)
@@ -143,6 +143,16 @@ class Syncer:
 def _seen(task: asyncio.Task) -> None:
     if not task.cancelled():
         task.exception()
+
+
+def _flush_index(seg) -> None:
+    """Write a segment's buffered index entries; on a full disk they stay buffered for the
+    next flush (the index is a cache of the segment, rebuilt on open when short)."""
+    try:
+        seg.index.flush()
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
 
 
 def _fsync_all(fds: list[int]) -> None:

@@ -60,7 +60,7 @@ class Server:
     def __init__(self, data_dir: str, shim: str, faults: str) -> None:
         self.data_dir, self.shim, self.faults = data_dir, shim, faults
         self.port, self.grpc_port = free_port(), free_port()
-        self.log = os.path.join(os.path.dirname(data_dir), "server.log")
+        self.log = os.path.join(faults, "server.log")
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -200,3 +200,64 @@ async def test_a_segment_file_removed_under_the_server_stops_its_partition(serve
         assert (confirmed, len(failed)) == ([], 1)  # never confirmed: it would be gone
         assert len((await publish(producer, good, [b"fine"]))[0]) == 1
     assert "segment file was removed" in server.text()
+
+
+@pytest.fixture
+def full_disk_server(tmp_path, shim):
+    """A server whose data folder is on a real 16 MiB tmpfs (root only)."""
+    if os.geteuid() != 0:
+        pytest.fail("the full-disk test mounts a tmpfs: run it as root")
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], check=True)
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    srv = Server(str(mount / "data"), shim, str(faults))
+    try:
+        srv.start()
+        yield srv, mount
+    finally:
+        if srv.proc is not None:
+            srv.proc.kill()
+            srv.proc.wait()
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+async def test_a_full_disk_fails_writes_until_space_returns(full_disk_server):
+    server, mount = full_disk_server
+    stream = f"full-{uuid.uuid4().hex[:8]}"
+    async with Producer("127.0.0.1", server.port, **GUEST) as producer:
+        await producer.create_stream(stream)
+        assert len((await publish(producer, stream, [b"before"]))[0]) == 1
+        filler = mount / "filler"
+        with open(filler, "wb") as out:  # every byte the filesystem has left
+            try:
+                while True:
+                    out.write(b"\0" * 65536)
+                    out.flush()
+            except OSError:
+                pass
+        big = [os.urandom(60_000) for _ in range(4)]  # cannot fit
+        confirmed, failed = await publish(producer, stream, big)
+        assert (confirmed, len(failed)) == ([], 4)
+        filler.unlink()  # space returns: the partition takes writes again, by itself
+        assert len((await publish(producer, stream, [b"after"]))[0]) == 1
+    assert "no space left on device" in server.text().lower()
+    got = await read_all(server.port, stream, 2)
+    assert got == [b"before", b"after"]  # the failed write left nothing behind
+
+
+async def test_an_io_error_on_read_fails_the_read_not_the_server(server):
+    bad, good = f"bad-{uuid.uuid4().hex[:8]}", f"good-{uuid.uuid4().hex[:8]}"
+    async with Producer("127.0.0.1", server.port, **GUEST) as producer:
+        for stream in (bad, good):
+            await producer.create_stream(stream)
+            assert len((await publish(producer, stream, [b"kept"]))[0]) == 1
+    arm(server, "read", f"/{bad}/")
+    with pytest.raises(AssertionError, match="read 0 of at least 1"):
+        await read_all(server.port, bad, 1)
+    assert await read_all(server.port, good, 1) == [b"kept"]  # the server is fine
+    disarm(server, "read")
+    assert await read_all(server.port, bad, 1) == [b"kept"]  # and the data too
+    async with Producer("127.0.0.1", server.port, **GUEST) as producer:
+        assert len((await publish(producer, bad, [b"more"]))[0]) == 1  # reads never fence
