@@ -1,7 +1,7 @@
 """Storage faults (issue 21 item 4, docs/operations.md "Storage faults") against a real
 `riverlog serve` with real clients (rstream, riverlog's gRPC stub).
 
-Faults are injected at the libc boundary by an LD_PRELOAD shim (faults/iofault.c, built with
+Faults are injected at the libc boundary by an LD_PRELOAD shim (tests/iofault, built with
 the system's cc): an EIO from fsync or from a segment write, on one stream's files only; a
 segment file removed under the running server; and a real full filesystem (a tmpfs, as
 root). device-mapper error targets would be more real still, but the test machines' kernels
@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import glob
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +25,7 @@ import time
 import uuid
 
 import grpc
+import iofault
 import pytest
 from rstream import AMQPMessage, Consumer, ConsumerOffsetSpecification, OffsetType, Producer
 
@@ -33,7 +33,6 @@ from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge.api_pb2_grpc import APIStub
 
 pytestmark = pytest.mark.timeout(120)
-HERE = os.path.dirname(__file__)
 GUEST = {"username": "guest", "password": "guest"}
 
 
@@ -45,13 +44,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory) -> str:
-    if shutil.which("cc") is None:
-        pytest.fail("the storage fault tests build an LD_PRELOAD shim: install a C compiler")
-    out = str(tmp_path_factory.mktemp("shim") / "iofault.so")
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", out, os.path.join(HERE, "faults",
-                                                                       "iofault.c"), "-ldl"],
-                   check=True)
-    return out
+    return iofault.build(str(tmp_path_factory.mktemp("shim")))
 
 
 class Server:
@@ -105,13 +98,11 @@ def server(tmp_path, shim):
 
 
 def arm(server: Server, what: str, match: str) -> None:
-    with open(os.path.join(server.faults, "match"), "w") as f:
-        f.write(match)
-    open(os.path.join(server.faults, what), "w").close()
+    iofault.arm(server.faults, what, match)
 
 
 def disarm(server: Server, what: str) -> None:
-    os.unlink(os.path.join(server.faults, what))
+    iofault.disarm(server.faults, what)
 
 
 async def publish(producer: Producer, stream: str, bodies: list[bytes]) -> tuple[list, list]:

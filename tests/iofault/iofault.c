@@ -1,6 +1,7 @@
 /* An LD_PRELOAD shim that injects storage faults into a real process at the libc boundary
- * (tests/log/test_storage_faults.py): device-mapper error targets are not available on the
- * test machines (no dm driver in their kernels), so this is the real mechanism closest to a
+ * (tests/log/test_storage_faults.py, tests/cluster): device-mapper error targets are not
+ * available on the test machines (no dm driver in their kernels), so this is the real
+ * mechanism closest to a
  * failing disk. Armed by files in the folder named by RIVERLOG_FAULT_DIR: when FILE exists
  * there, a call on a file whose path contains the text of FAULT_DIR/match fails with EIO:
  * "fsync" (fsync, fdatasync), "write" (pwrite, pwrite64, write), "read" (pread, pread64,
