@@ -167,7 +167,8 @@ class Broker:
 
     def create(self, name: str, config: StreamConfig | None = None, *,
                internal: bool = False) -> Stream:
-        """Create a stream. Raises ``StreamExistsError`` when the name is taken,
+        """Create a stream. Raises ``StreamExistsError`` when the name is taken (also by a
+        stream folder ``open`` could not read: its data is never replaced),
         ``ReservedStreamError`` for a reserved name unless ``internal`` (the server's own
         streams) and ``InvalidArgumentError`` for an empty or too long name or bad settings."""
         if not name or len(name.encode()) > MAX_NAME_BYTES:
@@ -177,7 +178,10 @@ class Broker:
         if name in self.streams:
             raise StreamExistsError(f"stream {name!r} already exists")
         path = os.path.join(self.root, folder_name(name))
-        if os.path.exists(path):  # a leftover of an interrupted delete
+        if os.path.isfile(os.path.join(path, METADATA_FILE)):  # ``open`` could not read it
+            raise StreamExistsError(f"stream {name!r} exists on disk but could not be opened "
+                                    f"(see the log); fix the disk and restart the server")
+        if os.path.exists(path):  # a leftover of an interrupted delete (metadata file gone)
             shutil.rmtree(path)
         os.makedirs(path)
         try:

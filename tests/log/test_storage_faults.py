@@ -28,6 +28,7 @@ import grpc
 import iofault
 import pytest
 from rstream import AMQPMessage, Consumer, ConsumerOffsetSpecification, OffsetType, Producer
+from rstream.exceptions import StreamAlreadyExists
 
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge.api_pb2_grpc import APIStub
@@ -238,12 +239,18 @@ async def test_a_full_disk_fails_writes_until_space_returns(full_disk_server):
     assert got == [b"before", b"after"]  # the failed write left nothing behind
 
 
-async def test_an_io_error_on_read_fails_the_read_not_the_server(server):
+async def two_streams(server: Server) -> tuple[str, str]:
+    """Two new streams ("bad", "good"), each holding the confirmed message b"kept"."""
     bad, good = f"bad-{uuid.uuid4().hex[:8]}", f"good-{uuid.uuid4().hex[:8]}"
     async with Producer("127.0.0.1", server.port, **GUEST) as producer:
         for stream in (bad, good):
             await producer.create_stream(stream)
             assert len((await publish(producer, stream, [b"kept"]))[0]) == 1
+    return bad, good
+
+
+async def test_an_io_error_on_read_fails_the_read_not_the_server(server):
+    bad, good = await two_streams(server)
     arm(server, "read", f"/{bad}/")
     with pytest.raises(AssertionError, match="read 0 of at least 1"):
         await read_all(server.port, bad, 1)
@@ -252,3 +259,21 @@ async def test_an_io_error_on_read_fails_the_read_not_the_server(server):
     assert await read_all(server.port, bad, 1) == [b"kept"]  # and the data too
     async with Producer("127.0.0.1", server.port, **GUEST) as producer:
         assert len((await publish(producer, bad, [b"more"]))[0]) == 1  # reads never fence
+
+
+async def test_a_stream_that_cannot_be_read_at_start_is_skipped_and_kept(server):
+    # No crash loop: the server starts without the stream whose files fail with EIO, the
+    # others are served, and a Create of the same name cannot replace its data.
+    bad, good = await two_streams(server)
+    assert server.stop() == 0
+    arm(server, "read", f"/{bad}/")
+    server.start()
+    assert "cannot open stream folder" in server.text()
+    assert await read_all(server.port, good, 1) == [b"kept"]
+    async with Producer("127.0.0.1", server.port, **GUEST) as producer:
+        with pytest.raises(StreamAlreadyExists):
+            await producer.create_stream(bad)
+    assert server.stop() == 0
+    disarm(server, "read")
+    server.start()  # the disk is fixed: the stream is back, with its data
+    assert await read_all(server.port, bad, 1) == [b"kept"]
