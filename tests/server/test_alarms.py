@@ -25,7 +25,7 @@ from rstream.exceptions import PreconditionFailed
 from riverlog.alarms import DISK, MEMORY
 from riverlog.config import (AlarmConfig, GrpcConfig, LogConfig, MetricsConfig, NatsConfig,
                              RabbitStreamConfig, ServerConfig, Threshold)
-from riverlog.config_file import ConfigError, threshold
+from riverlog.config_file import ConfigError, build, threshold
 from riverlog.metrics import REGISTRY
 from riverlog.ops import scrape, stats_tables
 from riverlog.protocol.liftbridge import api_pb2 as pb
@@ -230,3 +230,9 @@ def test_thresholds_parse_bytes_and_fractions_and_refuse_the_rest():
     for bad in ("lots", "-5MB", "-1", "5 apples"):
         with pytest.raises(ConfigError, match="riverlog.disk.free.limit"):
             threshold("riverlog.disk.free.limit", bad)
+    # the flags and the YAML keys reach ServerConfig.alarms
+    config, _ = build({"riverlog.memory.high.watermark": "2GB"}, {"disk_free_limit": "0.05"})
+    assert config.alarms == AlarmConfig(disk_free_limit=Threshold(0.05, relative=True),
+                                        memory_high_watermark=Threshold(2_000_000_000))
+    with pytest.raises(ConfigError, match="riverlog.memory.high.watermark"):
+        build({}, {"memory_high_watermark": "plenty"})
