@@ -145,6 +145,14 @@ async def test_disk_alarm_blocks_publishers_on_every_door_and_clears(tmpfs):
                                                      ackPolicy=pb.AckPolicy.LEADER), timeout=10)
             assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert "disk alarm" in refused.value.details()
+            # gRPC PublishAsync: that message answered with an error, the stream stays open
+            call = stub.PublishAsync()
+            await call.write(pb.PublishRequest(stream=stream, value=b"async", correlationId="c1",
+                                               ackPolicy=pb.AckPolicy.LEADER))
+            answer = await asyncio.wait_for(call.read(), 20)
+            assert answer.correlationId == "c1"
+            assert "resource alarm" in answer.asyncError.message
+            await call.done_writing()
             # NATS: plain messages are dropped, and counted
             await nc.publish(stream, b"nats-dropped")
             await nc.flush()
