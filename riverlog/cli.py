@@ -126,6 +126,16 @@ def main() -> None:
 @click.option("--table-dir", default=None, metavar="DIR|URI",
               help="Where the Parquet tables of streams are written: a folder or a URI "
                    "pyarrow opens (file://, s3://, gs://, hdfs://).  [default: DATA/tables]")
+@click.option("--disk-free-limit", default=None, metavar="BYTES|FRACTION",
+              help="Block publishers on every door while the data folder's filesystem has "
+                   "less space available: bytes (50MB, 2GiB) or a fraction of the disk's "
+                   "size (0.05), as RabbitMQ's disk_free_limit (riverlog.disk.free.limit; "
+                   "docs/operations.md).  [default: 50MB]")
+@click.option("--memory-high-watermark", default=None, metavar="FRACTION|BYTES",
+              help="Block publishers on every door while the server's resident memory is "
+                   "above this: a fraction of RAM (0.4) or bytes (2GB), as RabbitMQ's "
+                   "vm_memory_high_watermark (riverlog.memory.high.watermark).  "
+                   "[default: 0.4]")
 def serve(config_file: str | None, **flags) -> None:
     """Run the server until SIGINT or SIGTERM.
 

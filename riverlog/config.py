@@ -388,6 +388,40 @@ class ClusterConfig:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Threshold:
+    """A resource limit: ``amount`` bytes, or with ``relative`` a fraction (0..1) of a total
+    (the disk's size, the machine's RAM). ``of(total)`` is the limit in bytes."""
+
+    amount: float
+    relative: bool = False
+
+    def __post_init__(self) -> None:
+        if self.amount < 0 or (self.relative and self.amount > 1):
+            raise ValueError(f"a limit must be bytes >= 0 or a fraction 0..1, got {self.amount}")
+
+    def of(self, total: int) -> int:
+        return int(self.amount * total) if self.relative else int(self.amount)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AlarmConfig:
+    """Resource alarms (docs/operations.md "Resource alarms"), RabbitMQ's ``disk_free_limit``
+    and ``vm_memory_high_watermark``: publishers are blocked on every door while the data
+    folder's filesystem has less than ``disk_free_limit`` available (default 50 MB, as
+    RabbitMQ's) or the server process' resident memory is above ``memory_high_watermark``
+    (default 0.4 of the machine's RAM, as RabbitMQ's). Both are checked every
+    ``interval_ms`` ms."""
+
+    disk_free_limit: Threshold = Threshold(50_000_000)
+    memory_high_watermark: Threshold = Threshold(0.4, relative=True)
+    interval_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.interval_ms < 10:
+            raise ValueError("the resource alarm check interval must be at least 10 ms")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ServerConfig:
     """Everything `riverlog serve` runs with: the data folder, the log defaults for every
     partition, and one section per front door. ``nats``/``grpc`` None: that Liftbridge door
@@ -407,6 +441,7 @@ class ServerConfig:
     """At most this many segment and index files open at once, over every stream
     (``riverlog.log.open.files``; least recently used closed first, reopened on use). 0: half
     the soft RLIMIT_NOFILE, which the server raises to the hard limit at start."""
+    alarms: AlarmConfig = dataclasses.field(default_factory=AlarmConfig)
 
     @property
     def table_dir(self) -> str:

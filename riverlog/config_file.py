@@ -18,9 +18,11 @@ import math
 import re
 from typing import Any, Mapping
 
-from .config import (ClusterConfig, Durability, GrpcConfig, LogConfig, MetricsConfig,
-                     NatsConfig, RabbitStreamConfig, SecurityConfig, ServerConfig, TableConfig,
-                     TlsConfig)
+import humanfriendly
+
+from .config import (AlarmConfig, ClusterConfig, Durability, GrpcConfig, LogConfig,
+                     MetricsConfig, NatsConfig, RabbitStreamConfig, SecurityConfig,
+                     ServerConfig, TableConfig, Threshold, TlsConfig)
 from .security.authz import read_policy_file
 
 log = logging.getLogger("riverlog.config")
@@ -50,7 +52,7 @@ USED_KEYS = {
     "riverlog.log.format", "riverlog.grpc.transport", "riverlog.stream.validate.sub.batches",
     "riverlog.stream.handshake.timeout", "riverlog.log.open.files",
     "streams.table.enabled", "streams.table.lag", "streams.table.archive", "streams.table.dir",
-    "streams.table.compression",
+    "streams.table.compression", "riverlog.disk.free.limit", "riverlog.memory.high.watermark",
 }
 # Liftbridge keys that have no effect on one riverlog server (accepted, logged).
 IGNORED_KEYS = {
@@ -167,6 +169,24 @@ def _int(key: str, value: Any) -> int:
         return int(str(value).strip()) if not isinstance(value, int) else value
     except ValueError:
         raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+
+
+def threshold(key: str, value: Any) -> Threshold:
+    """A resource limit: a number without a unit from 0 to 1 is a fraction ("0.4"), anything
+    else bytes, with an optional unit ("50MB" = 50,000,000, "2GiB", "1048576"; units as
+    RabbitMQ's disk_free_limit.absolute, parsed by humanfriendly). Raises ConfigError."""
+    text = str(value).strip()
+    try:
+        number = float(text)
+    except ValueError:
+        number = None
+    try:
+        if number is not None and 0 <= number <= 1:
+            return Threshold(number, relative=True)
+        return Threshold(humanfriendly.parse_size(text))
+    except (ValueError, humanfriendly.InvalidSize) as exc:
+        raise ConfigError(f"{key}: expected bytes (50MB, 2GiB) or a fraction from 0 to 1, "
+                          f"got {value!r} ({exc})") from None
 
 
 def _bool(key: str, value: Any) -> bool:
@@ -338,7 +358,9 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
                       ("tls_ca", "tls.client.auth.ca"),
                       ("stream_tls_port", "riverlog.stream.tls.port"),
                       ("grpc_transport", "riverlog.grpc.transport"),
-                      ("table_dir", "streams.table.dir")):
+                      ("table_dir", "streams.table.dir"),
+                      ("disk_free_limit", "riverlog.disk.free.limit"),
+                      ("memory_high_watermark", "riverlog.memory.high.watermark")):
         if flags.get(flag) is not None:
             v[key] = flags[flag]
     if flags.get("fsync_interval_ms") is not None:
@@ -369,7 +391,11 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
     if min_isr is not None and _int("clustering.min.insync.replicas", min_isr) > 1 \
             and v.get("riverlog.raft.address") is None:
         raise ConfigError("clustering.min.insync.replicas: a single riverlog server has one "
-                          "replica, so it must be 1 (a cluster member may ask more)")
+                          "replica, so min.insync.replicas must be 1. To make this server a "
+                          "cluster member (which may ask more), also set riverlog.raft.address "
+                          "(host:port its Raft listens on), riverlog.raft.peers (each other "
+                          "server id: its Raft address) and riverlog.raft.password (the same "
+                          "on every member); see docs/clustering.md")
     if v.get("riverlog.raft.address") is None and (
             v.get("riverlog.nats.cluster.port") is not None or v.get("riverlog.nats.routes")):
         raise ConfigError("riverlog.nats.cluster.port and riverlog.nats.routes join the "
@@ -513,6 +539,12 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 
+    alarm_kwargs: dict[str, Any] = {}
+    for key, field in (("riverlog.disk.free.limit", "disk_free_limit"),
+                       ("riverlog.memory.high.watermark", "memory_high_watermark")):
+        if v.get(key) is not None:
+            alarm_kwargs[field] = threshold(key, v[key])
+
     level = str(v.get("logging.level") or "info").lower()
     level = {"warn": "warning"}.get(level, level)
     if level not in ("debug", "info", "warning", "error"):
@@ -524,7 +556,8 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
                           rabbitmq_stream=RabbitStreamConfig(**stream_kwargs),
                           nats=nats_config, grpc=grpc_config, metrics=metrics_config,
                           security=_security(v), tables=tables, cluster=_cluster(v),
-                          log_open_files=open_files)
+                          log_open_files=open_files,
+                          alarms=AlarmConfig(**alarm_kwargs))
     return config, level
 
 

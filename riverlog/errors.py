@@ -63,6 +63,14 @@ class UncommittedTruncatedError(LogError):
     is never given; publish them again (to the partition's new leader)."""
 
 
+class LogFailedError(LogError):
+    """The commit log stopped taking writes after an I/O error it cannot write past: an EIO
+    on write, or a failed fsync (after which the page cache cannot be trusted to hold what
+    the disk lacks: PostgreSQL's and Kafka's lesson). Nothing written after its last good
+    fsync is confirmed; what was confirmed stays readable. Restart the server: the log is
+    then recovered from what the disk holds (docs/operations.md "Storage faults")."""
+
+
 class OffsetOutOfRangeError(LogError):
     """The requested offset is not in the log (removed by retention, or not yet written)."""
 

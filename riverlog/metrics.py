@@ -50,6 +50,10 @@ ERRORS = Counter(
     "PublishError frames and of Close frames the server sent; gRPC status codes of failed "
     "calls; Liftbridge Ack errors (TOO_LARGE, INCORRECT_OFFSET); NATS: messages not stored.",
     ["door", "code"], registry=REGISTRY)
+DROPPED = Counter(
+    "riverlog_dropped_messages", "Messages a door received and did not store, by reason: "
+    "\"alarm\", NATS messages that arrived while a resource alarm blocked publishers.",
+    ["door", "reason"], registry=REGISTRY)
 NATS_RECONNECTS = Counter(
     "riverlog_nats_reconnects", "Times the NATS door got its connection to the NATS server "
     "back after losing it (nats-py's own reconnects, and new connections riverlog makes when "

@@ -345,8 +345,8 @@ def stats_tables(samples) -> list[tuple[str, list[str], list[list[str]]]]:
     (partitions, disk, messages kept, messages and bytes in and out over every door since
     the server started), doors (connections,
     subscriptions, confirms, mean confirm latency, errors), consumers (lag), errors, the
-    NATS door's link to its NATS server (connected, reconnects; no row without NATS), and
-    on a cluster member ``cluster_tables``."""
+    NATS door's link to its NATS server (connected, reconnects; no row without NATS), the
+    resource alarms (``alarm_rows``), and on a cluster member ``cluster_tables``."""
     disk = _by(samples, "riverlog_stream_disk_bytes", "stream")
     first = _by(samples, "riverlog_partition_first_offset", "stream", "partition")
     kept: dict[tuple[str, ...], float] = {}
@@ -390,7 +390,28 @@ def stats_tables(samples) -> list[tuple[str, list[str], list[list[str]]]]:
         ("consumers", ["stream", "partition", "consumer", "source", "lag"], lag_rows),
         ("errors", ["door", "code", "count"], err_rows),
         ("nats", ["connected", "reconnects"], nats_rows),
+        ("alarms", ["resource", "alarm", "measure", "limit"], alarm_rows(samples)),
     ] + cluster_tables(samples)
+
+
+def alarm_rows(samples) -> list[list[str]]:
+    """The resource alarms (docs/operations.md "Resource alarms"): per resource whether its
+    alarm holds, what was measured (disk: bytes available; memory: resident bytes) and the
+    limit; and the NATS messages dropped during alarms. No rows before the first check."""
+    rows = []
+    for resource, alarm, measure, limit in (
+            ("disk", "alarms_free_disk_space_watermark", "disk_space_available_bytes",
+             "disk_space_available_limit_bytes"),
+            ("memory", "alarms_memory_used_watermark", "process_resident_memory_bytes",
+             "resident_memory_limit_bytes")):
+        value = _by(samples, f"riverlog_{measure}")
+        if value:
+            rows.append([resource, "yes" if _by(samples, f"riverlog_{alarm}").get(()) else
+                         "no", _size(value[()]), _size(_by(samples, f"riverlog_{limit}")[()])])
+    dropped = _by(samples, "riverlog_dropped_messages_total", "door", "reason")
+    rows += [[f"{door} dropped ({reason})", "-", _int(n), "-"]
+             for (door, reason), n in sorted(dropped.items())]
+    return rows
 
 
 def cluster_tables(samples) -> list[tuple[str, list[str], list[list[str]]]]:

@@ -156,7 +156,10 @@ def test_stats_prints_tables_from_metrics(server):
     for block in text.strip().split("\n\n"):
         title, *lines = block.splitlines()
         sections[title] = lines
-    assert list(sections) == ["streams:", "doors:", "consumers:", "errors:", "nats:"]
+    assert list(sections) == ["streams:", "doors:", "consumers:", "errors:", "nats:",
+                              "alarms:"]
+    alarms = {row.split()[0]: row.split() for row in sections["alarms:"][1:]}
+    assert alarms["disk"][1] == alarms["memory"][1] == "no"  # resource, alarm, measure...
     streams = {row.split()[0]: row.split() for row in sections["streams:"][1:]}
     # stream, partitions, disk (2 words), messages, published, bytes in (2 words), ...
     assert streams["counted"][:2] == ["counted", "1"]

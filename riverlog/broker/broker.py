@@ -21,6 +21,7 @@ from collections import Counter
 from typing import Callable
 from urllib.parse import quote
 
+from ..alarms import ResourceAlarms
 from ..config import LogConfig
 from ..errors import (InvalidArgumentError, LimitExceededError, ReservedStreamError,
                       ResourceExhaustedError, StreamExistsError, StreamNotFoundError)
@@ -98,6 +99,8 @@ class Broker:
         """Streams one owner may hold (``check_quota``; 0: no limit). The server sets it from
         SecurityConfig.max_streams_per_user."""
         self._owned: Counter[str] = Counter()  # owner -> streams held here
+        self.alarms = ResourceAlarms(data_dir)
+        """The resource alarms doors block publishers by (the server installs its own)."""
 
     @property
     def placement(self) -> Placement:
@@ -187,7 +190,8 @@ class Broker:
 
     def create(self, name: str, config: StreamConfig | None = None, *,
                internal: bool = False) -> Stream:
-        """Create a stream. Raises ``StreamExistsError`` when the name is taken,
+        """Create a stream. Raises ``StreamExistsError`` when the name is taken (also by a
+        stream folder ``open`` could not read: its data is never replaced),
         ``ReservedStreamError`` for a reserved name unless ``internal`` (the server's own
         streams), ``InvalidArgumentError`` for an empty or too long name or bad settings,
         ``ResourceExhaustedError`` when no file descriptor can be had and ``OSError`` for
@@ -199,7 +203,10 @@ class Broker:
         if name in self.streams:
             raise StreamExistsError(f"stream {name!r} already exists")
         path = os.path.join(self.root, folder_name(name))
-        if os.path.exists(path):  # a leftover of an interrupted delete
+        if os.path.isfile(os.path.join(path, METADATA_FILE)):  # ``open`` could not read it
+            raise StreamExistsError(f"stream {name!r} exists on disk but could not be opened "
+                                    f"(see the log); fix the disk and restart the server")
+        if os.path.exists(path):  # a leftover of an interrupted delete (metadata file gone)
             shutil.rmtree(path)
         try:
             os.makedirs(path)

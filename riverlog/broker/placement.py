@@ -97,6 +97,12 @@ class Placement:
         """Every server id of the cluster, sorted."""
         raise NotImplementedError
 
+    def forming(self) -> bool:
+        """True while the cluster is still forming: a member that has not applied the
+        metadata yet, or fewer servers registered than it started with (its bootstrap
+        peers). What needs more servers is then to be retried. A single server never is."""
+        return False
+
     def reachable(self, server_id: str) -> bool:
         """Whether server ``server_id`` runs and this one is in touch with it (a single
         server: itself)."""

@@ -109,6 +109,7 @@ class ClusterPlacement(Agreed, Placement):
         """Awaited after a create_stream applied here (ClusterNode.wait_for_leaders)."""
         self.offsets = None
         """cluster.offsets.OffsetForwarding once the NATS link runs (stored offsets)."""
+        self.bootstrap_size = 1  # the servers the cluster starts with (``forming``)
 
     def of(self, stream: str, index: int) -> PartitionPlacement | None:
         found = self.state.streams.get(stream)
@@ -129,6 +130,9 @@ class ClusterPlacement(Agreed, Placement):
 
     def servers(self) -> tuple[str, ...]:
         return tuple(sorted(self.state.servers))
+
+    def forming(self) -> bool:
+        return not self.caught_up or len(self.state.servers) < self.bootstrap_size
 
     def reachable(self, server_id: str) -> bool:
         """This server, or one whose Raft member this one's is connected to now."""
@@ -244,6 +248,7 @@ class ClusterNode:
         self.create_local = create_local
         self.delete_local = delete_local
         self.placement = ClusterPlacement(config.server_id, config.min_insync_replicas)
+        self.placement.bootstrap_size = len({config.server_id, *config.bootstrap_peers})
         self.placement.created = self.placement.settled = self.wait_for_leaders
         self.placement.local = broker.streams
         broker.placement = self.placement

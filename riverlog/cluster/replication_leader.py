@@ -3,7 +3,9 @@
 # follower's log end, advances the high watermark to the lowest log end across the ISR, wakes
 # idle followers (PartitionNotification) when there is something new for them, and asks the
 # metadata to shrink the ISR (a follower not caught up for replica_max_lag_time) or expand it
-# (a follower outside it that holds everything committed).
+# (a follower outside it that holds everything committed). A leader whose log stopped taking
+# writes (a storage fault, CommitLog.failure) refuses every fetch, so its followers report it
+# silent and one of them takes over.
 # Rules: a request that fails a check is answered with an error and changes nothing; the high
 # watermark counts only the replicas in the metadata's ISR and, for the leader itself, what its
 # durability policy counts as written (fsynced under Durability.ALWAYS), so it never passes
@@ -169,6 +171,8 @@ class Leader:
                                       f"{req.replicaID!r} is not a follower of {self.partition!r}")
         if req.leaderEpoch != self.epoch:
             return await self._refuse_epoch(msg, req.leaderEpoch)
+        if log_.failure is not None:  # the followers report this leader; one takes over
+            return await self._refuse(msg, "log-failed", str(log_.failure))
         if not log_.start_offset <= req.offset <= end:
             return await self._refuse(msg, "offset-out-of-range", f"offset {req.offset} is "
                                       f"outside {log_.start_offset}..{end}")

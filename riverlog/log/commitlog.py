@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import shutil
@@ -17,8 +18,8 @@ import time
 from typing import Callable, Sequence
 
 from ..config import Durability, LogConfig
-from ..errors import (ChunkRefusedError, LogClosedError, LogError, OffsetOutOfRangeError,
-                      UncommittedTruncatedError)
+from ..errors import (ChunkRefusedError, LogClosedError, LogError, LogFailedError,
+                      OffsetOutOfRangeError, UncommittedTruncatedError)
 from . import chunk as chunkfmt
 from . import reader
 from .bloom import BloomCache
@@ -67,6 +68,7 @@ class CommitLog:
         self._waiters = CommitWaiters()  # readers and writes waiting for a commit
         self._compacting: asyncio.Event | None = None  # set once the running compaction ends
         self._blooms = BloomCache()
+        self.failure: LogFailedError | None = None  # once writes stopped (Syncer.fail)
         self.on_roll: Callable[[int], None] | None = None
         """Called with the new base offset just before a new segment is created."""
         self.on_written: Callable[[], None] | None = None
@@ -250,6 +252,8 @@ class CommitLog:
                bloom_size: int) -> range:
         if self._closed:
             raise LogClosedError(f"commit log {self.directory} is closed")
+        if self.failure is not None:
+            raise self.failure
         now = self._clock_ms()
         ts = max(now if timestamp_ms is None else timestamp_ms, self._last_ts)
         first = self.next_offset
@@ -274,7 +278,12 @@ class CommitLog:
             seg = self._roll(now_ms)
         if first != seg.next_offset and not seg.compacted:  # a gap (append_chunks)
             seg.allow_gaps()
-        seg.append(raw, first, num_records, ts, epoch)
+        try:
+            seg.append(raw, first, num_records, ts, epoch)
+        except OSError as exc:  # nothing counted written; a full disk is retried next write
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                self._syncer.fail(exc)
+            raise
         self._blooms.appended(seg, bloom)
         self._last_ts = max(self._last_ts, ts)
 
@@ -301,6 +310,8 @@ class CommitLog:
         """
         if self._closed:
             raise LogClosedError(f"commit log {self.directory} is closed")
+        if self.failure is not None:
+            raise self.failure
         if self.auto_commit:
             raise LogError(f"commit log {self.directory} commits its own appends "
                            "(auto_commit); a follower's log is opened with auto_commit=False")
@@ -559,8 +570,8 @@ class CommitLog:
         if self._closed:
             return
         self._syncer.stop_timer()
-        if self.config.durability is not Durability.NEVER:
-            self.sync()
+        if self.config.durability is not Durability.NEVER and self.failure is None:
+            self._syncer.sync(at_close=True)  # a failure is logged; the files close anyway
         self._closed = True
         for seg in self._segments:
             seg.close()
@@ -569,7 +580,7 @@ class CommitLog:
     async def aclose(self) -> None:
         """Wait for an in-flight fsync, then ``close``."""
         if self._syncer.task is not None:
-            await asyncio.shield(self._syncer.task)
+            await asyncio.wait([self._syncer.task])  # its failure is ``failure``
         self.close()
 
     def delete(self) -> None:

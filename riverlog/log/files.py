@@ -193,10 +193,17 @@ class LazyFile:
         """The file's size in bytes (fstat)."""
         return self._call(os.fstat).st_size
 
+    def links(self) -> int:
+        """The file's hard links (fstat): 0 once its name was removed while it was open."""
+        return self._call(os.fstat).st_nlink
+
     def open(self) -> None:
-        """Open (creating, with O_CREAT) the file now: what a new segment does at once."""
+        """Open (creating, with O_CREAT) the file now: what a new segment does at once. Later
+        opens never create it: a file removed from its folder while closed for the budget
+        is an error (FileNotFoundError), not a new empty file written at an old position."""
         self.budget.acquire(self)
         self.budget.release(self)
+        self.flags &= ~os.O_CREAT
 
     def close(self, final: bool = False) -> None:
         """Close the descriptor (when its last user is done). A later use opens the file

@@ -7,6 +7,7 @@
 # worker thread while the owner keeps appending.
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
 
@@ -176,8 +177,9 @@ class Segment:
                epoch: int) -> None:
         """Write a whole encoded chunk at the end (one pwrite) and index it."""
         written = self.file.pwrite(raw, self.size)
-        if written != len(raw):  # a short write leaves a torn tail; recovery trims it
-            raise OSError(f"short write to {self.path}: {written} of {len(raw)} bytes")
+        if written != len(raw):  # the disk is full; the torn tail is overwritten next, or
+            raise OSError(errno.ENOSPC, f"short write to {self.path}: {written} of "  # trimmed
+                          f"{len(raw)} bytes (no space left on device)")  # by recovery
         self.index.append(first_offset, timestamp_ms, epoch, self.size, num_records)
         self.size += len(raw)
         self.next_offset = first_offset + num_records

@@ -4,13 +4,18 @@
 # schedules one within ``fsync_interval_ms`` of a write. Owns what is known fsynced
 # (``synced_next``) and tells the log when more is (the log commits it when it commits its
 # own appends, and calls its ``on_synced``). Rules: the fsync itself runs in a worker thread,
-# the bookkeeping on the log's event loop; one fsync runs at a time.
+# the bookkeeping on the log's event loop; one fsync runs at a time; a failed fsync stops the
+# log taking writes (``fail``) and nothing it held is ever counted synced.
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 
 from ..config import Durability
-from ..errors import LogClosedError
+from ..errors import LogClosedError, LogFailedError
+
+_log = logging.getLogger("riverlog.log")
 
 __all__ = ["Syncer", "loop_running"]
 
@@ -42,12 +47,23 @@ class Syncer:
     def _dirty(self) -> list:
         return [s for s in self.log._segments if s.unsynced]
 
-    def sync(self) -> None:
-        """Fsync every segment with unsynced writes, now, blocking; then report them."""
+    def sync(self, at_close: bool = False) -> None:
+        """Fsync every segment with unsynced writes, now, blocking; then report them. A
+        failed fsync stops the log taking writes (``fail``) and raises its failure (not
+        ``at_close``: the log is closed all the same)."""
+        if self.log.failure is not None:
+            raise self.log.failure
         upto = self.log.next_offset
-        for seg in self._dirty():
-            seg.unsynced = False
-            seg.sync()
+        try:
+            for seg in self._dirty():
+                seg.unsynced = False
+                _flush_index(seg)
+                _fsync_all([seg])
+        except OSError as exc:
+            self.fail(exc)
+            if at_close:
+                return
+            raise self.log.failure from exc
         self._synced(upto)
 
     def _synced(self, upto: int) -> None:
@@ -67,6 +83,8 @@ class Syncer:
         while self.synced_next < target:
             if log._closed:
                 raise LogClosedError(f"commit log {log.directory} is closed")
+            if log.failure is not None:  # a failed fsync: what it held is never committed
+                raise log.failure
             if self.task is None:
                 self.task = asyncio.get_running_loop().create_task(self._sync_once())
             await asyncio.shield(self.task)
@@ -77,11 +95,26 @@ class Syncer:
             segs = self._dirty()
             for seg in segs:
                 seg.unsynced = False
-                seg.index.flush()
+                _flush_index(seg)
             await asyncio.get_running_loop().run_in_executor(None, _fsync_all, segs)
             self._synced(upto)
+        except OSError as exc:  # the page cache cannot be trusted any more: fence the log
+            self.fail(exc)
+            raise self.log.failure from exc
         finally:
             self.task = None
+
+    def fail(self, exc: OSError) -> None:
+        """Stop the log taking writes after ``exc`` (an EIO on write, a failed fsync): every
+        later write and flush raises its ``failure`` (LogFailedError), nothing more is
+        committed; reads go on."""
+        log = self.log
+        if log.failure is None:
+            _log.error("commit log %s stopped taking writes: %s; offsets from %d on are not "
+                       "confirmed; restart the server to recover it from the disk",
+                       log.directory, exc, log.committed_offset + 1)
+            log.failure = LogFailedError(f"commit log {log.directory} stopped taking writes "
+                                         f"after an I/O error ({exc}); restart the server")
 
     def after_write(self) -> None:
         """A write was made from the event loop: under INTERVAL, make sure an fsync is
@@ -97,6 +130,7 @@ class Syncer:
         self.timer = None
         if not self.log._closed and self.task is None and self._dirty():
             self.task = asyncio.get_running_loop().create_task(self._sync_once())
+            self.task.add_done_callback(_seen)  # a failure is the log's (``fail``), logged
 
     def stop_timer(self) -> None:
         if self.timer is not None:
@@ -104,6 +138,25 @@ class Syncer:
             self.timer = None
 
 
+def _seen(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _flush_index(seg) -> None:
+    """Write a segment's buffered index entries; on a full disk they stay buffered for the
+    next flush (the index is a cache of the segment, rebuilt on open when short)."""
+    try:
+        seg.index.flush()
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+
+
 def _fsync_all(segs: list) -> None:
+    """Fsync each segment's file; raises OSError (ENOENT) for one removed from its folder
+    meanwhile (an open file outlives its name: what it holds would be gone after a restart)."""
     for seg in segs:
         seg.file.fsync()
+        if seg.file.links() == 0:
+            raise OSError(errno.ENOENT, "the segment file was removed while open")

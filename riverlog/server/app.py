@@ -16,6 +16,7 @@ import os
 from urllib.parse import urlsplit
 
 from .. import __version__
+from ..alarms import ResourceAlarms
 from ..broker import RESERVED_STREAMS, Broker
 from ..broker.broker import CURSORS_STREAM
 from ..config import ServerConfig
@@ -39,6 +40,7 @@ class App:
         self.guard = Guard(config.security)  # users, authorization, TLS (docs/security.md)
         self.broker = Broker(config.data_dir, config.log)
         self.broker.max_streams_per_user = config.security.max_streams_per_user
+        self.broker.alarms = ResourceAlarms(config.data_dir, config.alarms)
         self.rabbitmq_stream: RabbitStreamServer | None = None
         self.liftbridge = None  # server.liftbridge.Liftbridge, when a Liftbridge door is on
         self.nats = None  # server.nats_bridge.NatsBridge
@@ -97,6 +99,7 @@ class App:
             if self.config.metrics is not None:
                 self.metrics = MetricsServer(self, self.config.metrics)
                 self.metrics.start()
+            self.broker.alarms.start()
         except BaseException:
             if self.cluster is not None:
                 await self.cluster.stop()
@@ -161,6 +164,7 @@ class App:
 
     async def stop(self) -> None:
         log.info("shutting down")
+        await self.broker.alarms.stop()
         if self.metrics is not None:
             await self.metrics.stop()
         if self.cluster is not None:

@@ -64,6 +64,7 @@ _PUBLISH_STATUS = {
     _ASYNC.READONLY: grpc.StatusCode.FAILED_PRECONDITION,
     _ASYNC.ENCRYPTION_FAILED: grpc.StatusCode.INTERNAL,
     "INTERNAL": grpc.StatusCode.INTERNAL,  # e.g. AckPolicy ALL below the stream's minIsr
+    "RESOURCE_EXHAUSTED": grpc.StatusCode.RESOURCE_EXHAUSTED,  # a resource alarm (riverlog's)
 }
 
 
@@ -241,6 +242,9 @@ class GrpcApi:
             rf = 1
         if rf <= 0 and rf != -1:
             raise LiftbridgeError("INVALID_ARGUMENT", f"Invalid replicationFactor {rf}")
+        if rf > size and placement.forming():  # riverlog's: try again, not a bad request
+            raise LiftbridgeError("UNAVAILABLE", f"the cluster is forming ({size} servers so "
+                                  f"far): replicationFactor {rf} cannot be placed yet; retry")
         if rf > size:  # Liftbridge's metadata.go
             raise LiftbridgeError("INVALID_ARGUMENT",
                                   f"Invalid replicationFactor {rf}, cluster size {size}")

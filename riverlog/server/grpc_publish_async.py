@@ -25,7 +25,8 @@ from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge import envelope
 from ..protocol.liftbridge.envelope import varint
 from ..record import Record, encode_records
-from .liftbridge import ACK_OK, NONE, Liftbridge, LiftbridgeError, RunSink, partition_subject
+from .ack_sinks import RunSink
+from .liftbridge import ACK_OK, NONE, Liftbridge, LiftbridgeError, partition_subject
 from .server_id import new_id
 
 log = logging.getLogger("riverlog.grpc")

@@ -26,10 +26,11 @@ from ..config import GrpcConfig, NatsConfig
 from ..errors import (ClusterUnavailableError, InvalidArgumentError, LimitExceededError,
                       ReservedStreamError, ResourceExhaustedError, StreamExistsError,
                       StreamNotFoundError)
-from ..metrics import DOORS, TurnLatency, counters, error as count_error
+from ..metrics import counters, error as count_error
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.nats_subject import queue_problem, subject_problem
 from ..record import Record, encode_record
+from .ack_sinks import AckSink
 from .activity import ActivityStream
 from .auto_pause import idle_partitions
 from .server_id import load_server_id
@@ -42,8 +43,6 @@ ACK_INCORRECT_OFFSET = pb.Ack.Error.INCORRECT_OFFSET
 ACK_TOO_LARGE = pb.Ack.Error.TOO_LARGE
 ACK_UNKNOWN = pb.Ack.Error.UNKNOWN
 _RUNNING = PartitionFlags()  # the flags of a partition the placement does not know
-CONFIRMS = {door: TurnLatency(door) for door in DOORS}
-"""Confirm latency per door, observed once per event-loop turn (riverlog.metrics)."""
 
 
 class LiftbridgeError(Exception):
@@ -79,101 +78,6 @@ def writable(name: str, code: str) -> None:
         check_writable(name)
     except ReservedStreamError:
         raise LiftbridgeError(code, "Stream is reserved") from None
-
-
-class AckSink:
-    """Appender sink that turns a write into a Liftbridge Ack and hands it to ``deliver``.
-
-    ``ack`` is prefilled (stream, subjects, inbox, correlation id, policy, reception time);
-    ``offset`` and ``commitTimestamp`` are set when the policy's moment comes. ``fail`` is
-    called with the exception when the write fails (None: the failure is only logged).
-    ``door`` labels the confirm latency (reception to Ack), observed for the first Ack of
-    each event-loop turn (CONFIRMS).
-    """
-
-    __slots__ = ("ack", "deliver", "fail", "door")
-
-    def __init__(self, ack: pb.Ack, deliver: Callable[[pb.Ack], None],
-                 fail: Callable[[BaseException], None] | None = None, door: str = "") -> None:
-        self.ack = ack
-        self.deliver = deliver
-        self.fail = fail
-        self.door = door
-
-    def written(self, offset: int) -> None:
-        ack = self.ack
-        ack.offset = offset
-        if ack.ackPolicy == LEADER:
-            self._send(ack)
-
-    def committed(self, offset: int) -> None:
-        ack = self.ack
-        if ack.ackPolicy == ALL:
-            self._send(ack)
-
-    def _send(self, ack: pb.Ack) -> None:
-        ack.commitTimestamp = now = time.time_ns()
-        if self.door:
-            CONFIRMS[self.door].observe((now - ack.receptionTimestamp) / 1e9)
-        self.deliver(ack)
-
-    def failed(self, error: BaseException) -> None:
-        if self.fail is not None:
-            self.fail(error)
-
-
-class RunSink:
-    """Appender sink shared by the records of one run: consecutive publishes of one loop turn
-    to one partition with one ack policy, handed in with one ``Appender.extend``. The appender
-    tells it about them in order, so the n-th ``written``/``committed``/``failed`` call is about
-    the run's n-th record. A subclass answers record ``i`` in ``answer(i, offset, commit_ns)``
-    (LEADER: once written; any other policy: once committed) and reports a failed record not
-    answered yet in ``fail(i, error)``. The answers of one loop turn share one commit timestamp
-    (ns); the turn's first is the door's confirm latency observation (CONFIRMS). ``template``
-    is any object with ``policy`` and ``reception_ns`` (an envelope.AckTemplate)."""
-
-    __slots__ = ("template", "door", "answered", "failures", "on_commit", "now")
-
-    def __init__(self, template, door: str) -> None:
-        self.template = template
-        self.door = door
-        self.answered = 0
-        self.failures = 0
-        self.on_commit = template.policy != LEADER
-        self.now: int | None = None  # commit timestamp of this loop turn's answers
-
-    def answer(self, i: int, offset: int, commit_ns: int) -> None:
-        raise NotImplementedError
-
-    def fail(self, i: int, error: BaseException) -> None:
-        raise NotImplementedError
-
-    def _answer(self, offset: int) -> None:
-        i = self.answered
-        self.answered = i + 1
-        now = self.now
-        if now is None:
-            now = self.now = time.time_ns()
-            asyncio.get_running_loop().call_soon(self._turn_over)
-            CONFIRMS[self.door].observe((now - self.template.reception_ns) / 1e9)
-        self.answer(i, offset, now)
-
-    def _turn_over(self) -> None:
-        self.now = None
-
-    def written(self, offset: int) -> None:
-        if not self.on_commit:
-            self._answer(offset)
-
-    def committed(self, offset: int) -> None:
-        if self.on_commit:
-            self._answer(offset)
-
-    def failed(self, error: BaseException) -> None:
-        i = self.failures
-        self.failures = i + 1
-        if i >= self.answered:  # not answered yet
-            self.fail(i, error)
 
 
 class Liftbridge:
@@ -469,9 +373,10 @@ class Liftbridge:
         """Liftbridge's publish preconditions, as (code, message) of a PublishAsyncError:
         raises LiftbridgeError with code "BAD_REQUEST" (no stream name, a reserved stream,
         NONE ack policy on a stream with optimistic concurrency), "NOT_FOUND" (stream,
-        partition; in a cluster, a partition this server does not lead), "READONLY". Reserved streams are riverlog's rule: Liftbridge refuses
-        only to create and delete them, but a client-written cursor record is read back at
-        every start."""
+        partition; in a cluster, a partition this server does not lead), "READONLY",
+        "RESOURCE_EXHAUSTED" (a resource alarm holds: riverlog's). Reserved streams are
+        riverlog's rule: Liftbridge refuses only to create and delete them, but a
+        client-written cursor record is read back at every start."""
         if not name:
             raise LiftbridgeError("BAD_REQUEST", "no stream provided")
         writable(name, "BAD_REQUEST")
@@ -480,6 +385,8 @@ class Liftbridge:
             raise LiftbridgeError("NOT_FOUND", f"no such stream: {name}")
         if not 0 <= index < len(stream.partitions):
             raise LiftbridgeError("NOT_FOUND", f"no such partition: {index}")
+        if self.broker.alarms.blocked:
+            raise LiftbridgeError("RESOURCE_EXHAUSTED", self.broker.alarms.refusal())
         placement = self.broker.placement
         placed = placement.of(name, index) if placement.clustered else None  # one lookup
         if placement.clustered and (placed is None or placed.leader != placement.server_id):

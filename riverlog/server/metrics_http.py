@@ -19,6 +19,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .. import __version__
+from ..alarms import DISK, MEMORY
 from ..config import MetricsConfig
 from ..log.files import OPEN_FILES
 from ..metrics import CLUSTER_REGISTRY, GRPC, RABBITMQ_STREAM, REGISTRY, forget_stream
@@ -144,9 +145,40 @@ class StateCollector(Collector):
             nc = app.nats.nc
             nats_up.add_metric([], 1 if nc is not None and nc.is_connected else 0)
         families = [info, connections, subscriptions, nats_up, sub_lag, *_open_files()]
+        families += self._alarm_families()
         if app.cluster is not None:
             families += self._cluster_families()
         return families + self._stream_families()
+
+    def _alarm_families(self) -> list[Metric]:
+        """The resource alarms (riverlog.alarms) and what they measure, under the names of
+        RabbitMQ's Prometheus plugin with riverlog's prefix (rabbitmq_alarms_*,
+        rabbitmq_disk_space_available_*, rabbitmq_resident_memory_limit_bytes); no measure
+        before the first check."""
+        alarms = self.app.broker.alarms
+        families = []
+        for name, resource, text in (
+                ("alarms_free_disk_space_watermark", DISK, "1 while the disk alarm holds: "
+                 "the data folder's filesystem has less space available than the limit."),
+                ("alarms_memory_used_watermark", MEMORY, "1 while the memory alarm holds: "
+                 "the server's resident memory is above the high watermark.")):
+            family = GaugeMetricFamily(f"riverlog_{name}", text)
+            family.add_metric([], int(resource in alarms.raised))
+            families.append(family)
+        for name, value, text in (
+                ("disk_space_available_bytes", alarms.disk_free,
+                 "Bytes available on the data folder's filesystem."),
+                ("disk_space_available_limit_bytes", alarms.disk_limit,
+                 "The disk alarm's limit (--disk-free-limit), in bytes."),
+                ("process_resident_memory_bytes", alarms.memory_used,
+                 "The server process' resident memory, as the memory alarm measures it."),
+                ("resident_memory_limit_bytes", alarms.memory_limit,
+                 "The memory alarm's high watermark (--memory-high-watermark), in bytes.")):
+            if value is not None:
+                family = GaugeMetricFamily(f"riverlog_{name}", text)
+                family.add_metric([], value)
+                families.append(family)
+        return families
 
     def _cluster_families(self) -> list[Metric]:
         """A cluster member's Raft state, and the replication state of each partition it

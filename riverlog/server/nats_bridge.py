@@ -9,9 +9,10 @@
 # naming an ack inbox riverlog does not send to (``ack_inbox_error``; with authorization on the
 # embedded server names the publishing user, and acks go only to that user's own inboxes) is
 # not stored, counted and logged; paused partitions and streams left detached are not
-# subscribed; read-only partitions drop what arrives; only a partition's leader
-# (Broker.placement) subscribes it, and a new leader subscribes when it takes over (on one
-# server: every partition).
+# subscribed; read-only partitions drop what arrives, and so does every partition while a
+# resource alarm holds (riverlog.alarms; counted in riverlog_dropped_messages); only a
+# partition's leader (Broker.placement) subscribes it, and a new leader subscribes when it
+# takes over (on one server: every partition).
 # When the link replaces a connection the server closed, every partition is subscribed again.
 # The messages a partition gets in one event-loop turn are stored together, in order: runs of
 # them (same subject, same ack mode) encoded in one pass and appended at once, acks built from
@@ -30,7 +31,7 @@ import nats
 from nats.aio.client import Client as NatsClient
 
 from ..broker import RESERVED_STREAMS, Partition, Stream
-from ..metrics import NATS, counters, error as count_error
+from ..metrics import DROPPED, NATS, counters, error as count_error
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge.envelope import (ACK_HEADER, MAGIC, AckTemplate, decode_ack,
                                             decode_publish, encode_ack)
@@ -38,9 +39,10 @@ from ..protocol.nats_subject import has_wildcard, matches, subject_problem
 from ..record import Record, encode_records
 from ..security.nats_auth import (INBOX_PREFIX, SENDER_HEADER, NatsAuth, own_inboxes,
                                   sender_of)
+from .ack_sinks import RunSink
 from .embedded_nats import EmbeddedNats
-from .liftbridge import (ALL, LEADER, NONE, Liftbridge, LiftbridgeError, RunSink,
-                         nats_problem, partition_subject)
+from .liftbridge import (ALL, LEADER, NONE, Liftbridge, LiftbridgeError, nats_problem,
+                         partition_subject)
 from .nats_link import NatsLink
 
 log = logging.getLogger("riverlog.nats")
@@ -344,9 +346,14 @@ class NatsBridge:
     def _handler(self, stream: Stream, partition: Partition):
         arrived: list = []  # the Msgs of this loop turn, handled right after it
         ingest_turn = self._ingest_turn
+        alarms = self.service.broker.alarms
+        dropped = DROPPED.labels(NATS, "alarm")
 
         async def on_message(msg) -> None:
             if partition.readonly or partition.paused:
+                return
+            if alarms.blocked:  # a resource alarm: NATS cannot be told to wait, so dropped
+                dropped.inc()
                 return
             if not arrived:
                 asyncio.get_running_loop().call_soon(ingest_turn, stream, partition, arrived)

@@ -27,7 +27,7 @@ from ...protocol.rabbitmq_stream.constants import INITIAL_FRAME_MAX
 from ...protocol.rabbitmq_stream.draft import opens_draft
 from .consuming import Consuming, Subscription
 from .draft import DraftAdapter
-from .flow import CLUSTER, OUTPUT, UNCONFIRMED, FlowControl
+from .flow import ALARM, CLUSTER, OUTPUT, UNCONFIRMED, FlowControl
 from .link import DoorServer, Link
 from .publishing import Publisher, Publishing
 from .session import Session
@@ -315,6 +315,18 @@ class RabbitStreamConnection(asyncio.Protocol):
         self.consuming.stop()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()  # asyncio writes the buffered frames first
+
+    def alarm(self, blocked: bool) -> None:
+        """A resource alarm was raised (``blocked``) or cleared: while it holds, a connection
+        with publishers is not read, as rabbit_stream_reader stops reading a connection
+        blocked by a resource alarm (open/3, ``{resource_alarm, true}``: the socket is not
+        set active again), its heartbeat check paused; reading resumes once it clears."""
+        if blocked:
+            if self.publishers and not self.state.closing:
+                self.flow.hold(ALARM)
+        elif self.flow.holds(ALARM):
+            self.link.last_received = time.monotonic()  # the silence was ours
+            self.flow.release(ALARM)
 
     def notify(self, frame: f.Frame) -> None:
         """Send a notification (MetadataUpdate, ConsumerUpdate) now, or after the response

@@ -2,7 +2,8 @@
 # socket is read, and whether output may be written.
 # Reading stops while any reason holds it: too many unconfirmed publishes (UNCONFIRMED), too
 # much output the peer does not read (OUTPUT), a cluster change the connection waits for
-# (CLUSTER), a password check under way (LOGIN); it resumes once none does, unless the
+# (CLUSTER), a password check under way (LOGIN), a resource alarm on a connection with
+# publishers (ALARM, riverlog.alarms); it resumes once none does, unless the
 # connection is closing. Writing waits while the socket's send buffer is over its high-water
 # mark (the transport's pause_writing / resume_writing).
 # Rules: only this object pauses and resumes the transport's reading; no frames, no broker.
@@ -12,7 +13,7 @@ import asyncio
 
 from .state import CLOSE, ConnectionState
 
-UNCONFIRMED, OUTPUT, CLUSTER, LOGIN = "unconfirmed", "output", "cluster", "login"
+UNCONFIRMED, OUTPUT, CLUSTER, LOGIN, ALARM = "unconfirmed", "output", "cluster", "login", "alarm"
 
 
 class FlowControl:

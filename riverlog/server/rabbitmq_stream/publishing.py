@@ -105,7 +105,9 @@ class Publishing:
         """Add a publisher to this connection (also for the draft dialect's Publish); returns
         the response code: OK, STREAM_DOES_NOT_EXIST, ACCESS_REFUSED, PRECONDITION_FAILED
         (the id, or the reference on that stream, is taken; a reserved stream, as RabbitMQ
-        answers Create for its reserved amq.* names) or STREAM_NOT_AVAILABLE when another
+        answers Create for its reserved amq.* names; a resource alarm holds, as
+        rabbit_stream_reader answers declare_publisher on a connection it blocked) or
+        STREAM_NOT_AVAILABLE when another
         server leads the partition (RabbitMQ's code when the leader cannot be reached:
         clients ask Metadata again and connect to the leader)."""
         try:
@@ -123,6 +125,10 @@ class Publishing:
         if not link.may(name, PUBLISH, found):
             return ResponseCode.ACCESS_REFUSED
         if taken:
+            return ResponseCode.PRECONDITION_FAILED
+        if self.broker.alarms.blocked:
+            log.info("cannot create publisher %d on stream %s: publishers are blocked (%s)",
+                     publisher_id, name, self.broker.alarms.describe())
             return ResponseCode.PRECONDITION_FAILED
         if not self.broker.placement.leads(stream.name, partition.index):
             return ResponseCode.STREAM_NOT_AVAILABLE

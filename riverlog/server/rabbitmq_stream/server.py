@@ -37,6 +37,7 @@ class RabbitStreamServer:
         self.sac = SingleActiveConsumers()
         broker.deletion_listeners.append(self._stream_deleted)
         broker.leader_listeners.append(self._leader_changed)
+        broker.alarms.listeners.append(self._alarm_changed)
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -82,6 +83,11 @@ class RabbitStreamServer:
             self.sac.drop_stream(name)  # its subscriptions end with MetadataUpdate
         for conn in list(self.connections):
             conn.drop(stream.partitions)
+
+    def _alarm_changed(self, blocked: bool) -> None:
+        """Resource alarm listener: block (or release) every publishing connection."""
+        for conn in list(self.connections):
+            conn.alarm(blocked)
 
     def _leader_changed(self, stream: str, index: int) -> None:
         """Placement callback: the publishers and subscriptions on the partition end with

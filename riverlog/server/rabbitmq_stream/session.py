@@ -15,7 +15,7 @@ import time
 from ... import __version__
 from ...protocol.rabbitmq_stream import FrameDecoder, ResponseCode
 from ...protocol.rabbitmq_stream import frames as f
-from .flow import LOGIN
+from .flow import ALARM, LOGIN
 from .link import Link
 from .state import CLOSE, LOGGED_IN, OPENED, ConnectionState
 
@@ -183,6 +183,8 @@ class Session:
         while True:
             await asyncio.sleep(period / 2)
             now = time.monotonic()
+            if link.flow.holds(ALARM):  # not read during a resource alarm: not its silence
+                link.last_received = now
             # timers may fire a little early or late: judge with some slack
             if now - link.last_received > 2.25 * period:
                 link.fail(ResponseCode.OK, "missed heartbeats: the peer is gone")
