@@ -244,7 +244,7 @@ class GrpcApi:
             raise LiftbridgeError("INVALID_ARGUMENT", f"Invalid replicationFactor {rf}")
         if rf > size and placement.forming():  # riverlog's: try again, not a bad request
             raise LiftbridgeError("UNAVAILABLE", f"the cluster is forming ({size} servers so "
-                                  f"far): replicationFactor {rf} cannot be placed yet; retry")
+                                  f"far): replicationFactor {rf} cannot be placed yet; try again")
         if rf > size:  # Liftbridge's metadata.go
             raise LiftbridgeError("INVALID_ARGUMENT",
                                   f"Invalid replicationFactor {rf}, cluster size {size}")
