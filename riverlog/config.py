@@ -274,6 +274,21 @@ class MetricsConfig:
             raise ValueError("metrics port must be between 0 and 65535")
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ManagementConfig:
+    """The management HTTP API and web view (docs/operations.md): RabbitMQ's management
+    port 15672 by default, loopback only. ``port`` 0 picks a free port (logged)."""
+
+    host: str = "127.0.0.1"
+    port: int = 15672
+    port_fallback: bool = False
+    """As NatsConfig.port_fallback, for the management port."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError("management port must be between 0 and 65535")
+
+
 TABLE_CODECS = ("zstd", "snappy", "none")
 
 
@@ -376,6 +391,7 @@ class ServerConfig:
     nats: NatsConfig | None = None
     grpc: GrpcConfig | None = None
     metrics: MetricsConfig | None = None  # None: no /metrics endpoint (the CLI turns it on)
+    management: ManagementConfig | None = None  # None: no management API (the CLI turns it on)
     security: SecurityConfig = dataclasses.field(default_factory=SecurityConfig)
     tables: TableConfig = dataclasses.field(default_factory=TableConfig)
     cluster: ClusterConfig | None = None

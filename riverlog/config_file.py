@@ -18,7 +18,8 @@ import math
 import re
 from typing import Any, Mapping
 
-from .config import (ClusterConfig, Durability, GrpcConfig, LogConfig, MetricsConfig,
+from .config import (ClusterConfig, Durability, GrpcConfig, LogConfig, ManagementConfig,
+                     MetricsConfig,
                      NatsConfig, RabbitStreamConfig, SecurityConfig, ServerConfig, TableConfig,
                      TlsConfig)
 from .security.authz import read_policy_file
@@ -47,6 +48,7 @@ USED_KEYS = {
     "riverlog.durability", "riverlog.fsync.interval", "riverlog.stream.host",
     "riverlog.stream.port", "riverlog.nats.host", "riverlog.nats.port",
     "riverlog.metrics.enabled", "riverlog.metrics.host", "riverlog.metrics.port",
+    "riverlog.management.enabled", "riverlog.management.host", "riverlog.management.port",
     "riverlog.log.format", "riverlog.grpc.transport", "riverlog.stream.validate.sub.batches",
     "streams.table.enabled", "streams.table.lag", "streams.table.archive", "streams.table.dir",
     "streams.table.compression",
@@ -325,6 +327,8 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
                       ("nats_cluster_port", "riverlog.nats.cluster.port"),
                       ("metrics_host", "riverlog.metrics.host"),
                       ("metrics_port", "riverlog.metrics.port"),
+                      ("management_host", "riverlog.management.host"),
+                      ("management_port", "riverlog.management.port"),
                       ("tls_cert", "tls.cert"), ("tls_key", "tls.key"),
                       ("tls_ca", "tls.client.auth.ca"),
                       ("stream_tls_port", "riverlog.stream.tls.port"),
@@ -346,6 +350,8 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
         v["riverlog.stream.validate.sub.batches"] = True
     if flags.get("no_metrics"):
         v["riverlog.metrics.enabled"] = False
+    if flags.get("no_management"):
+        v["riverlog.management.enabled"] = False
     if flags.get("embedded_nats_config"):
         v["nats.embedded.config"] = flags["embedded_nats_config"]
     if flags.get("tables"):
@@ -486,6 +492,17 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
         else:  # the default port: if it is taken, warn and take a free one
             metrics_kwargs["port_fallback"] = True
         metrics_config = MetricsConfig(**metrics_kwargs)
+    management_config = None
+    if _bool("riverlog.management.enabled", v.get("riverlog.management.enabled", True)):
+        management_kwargs: dict[str, Any] = {}
+        if v.get("riverlog.management.host") is not None:
+            management_kwargs["host"] = str(v["riverlog.management.host"])
+        if v.get("riverlog.management.port") is not None:
+            management_kwargs["port"] = _int("riverlog.management.port",
+                                             v["riverlog.management.port"])
+        else:  # the default port: if it is taken, warn and take a free one
+            management_kwargs["port_fallback"] = True
+        management_config = ManagementConfig(**management_kwargs)
 
     table_kwargs: dict[str, Any] = {}
     for key, field, conv in (("streams.table.enabled", "enabled", _bool),
@@ -508,6 +525,7 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
     config = ServerConfig(data_dir=str(v.get("data.dir") or "./data"), log=log_config,
                           rabbitmq_stream=RabbitStreamConfig(**stream_kwargs),
                           nats=nats_config, grpc=grpc_config, metrics=metrics_config,
+                          management=management_config,
                           security=_security(v), tables=tables, cluster=_cluster(v))
     return config, level
 

@@ -79,6 +79,12 @@ class SuperStreams:
         shared = self.broker.placement.super_streams()
         return self.super_streams if shared is None else shared
 
+    def every(self) -> list[SuperStream]:
+        """Every super stream, stored and derived, by name."""
+        names = set(self._registry()) | {
+            s.name for s in self.broker.streams.values() if len(s.partitions) > 1}
+        return [self.get(name) for name in sorted(names)]
+
     def find(self, name: str) -> SuperStream | None:
         """``get``, None instead of the error."""
         try:

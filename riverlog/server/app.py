@@ -43,6 +43,7 @@ class App:
         self.nats_link = None  # server.nats_link.NatsLink, when NATS or a cluster is on
         self.grpc = None  # server.grpc_api.GrpcApi
         self.metrics = None  # server.metrics_http.MetricsServer, when config.metrics is set
+        self.management = None  # server.management.ManagementServer, when config.management
         self.tables = TableService(self.broker, config.tables, config.table_dir)
         self.cluster = None  # cluster.node.ClusterNode, when config.cluster is set
         if config.cluster is not None:
@@ -94,7 +95,13 @@ class App:
             if self.config.metrics is not None:
                 self.metrics = MetricsServer(self, self.config.metrics)
                 self.metrics.start()
+            if self.config.management is not None:
+                from .management import ManagementServer
+                self.management = ManagementServer(self, self.config.management)
+                await self.management.start()
         except BaseException:
+            if self.metrics is not None:
+                await self.metrics.stop()
             if self.cluster is not None:
                 await self.cluster.stop()
             if self.rabbitmq_stream is not None:
@@ -158,6 +165,8 @@ class App:
 
     async def stop(self) -> None:
         log.info("shutting down")
+        if self.management is not None:
+            await self.management.stop()
         if self.metrics is not None:
             await self.metrics.stop()
         if self.cluster is not None:
