@@ -12,13 +12,15 @@
 # alarm work fills `ManagementServer.alarms`).
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 import os
 import platform
 import time
 from typing import Any, Callable
 
-from aiohttp import BasicAuth, web
+from aiohttp import web
 
 from ... import __version__
 from ...errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
@@ -112,22 +114,17 @@ class ManagementServer:
     @web.middleware
     async def _authenticate(self, request: web.Request, handler: Callable) -> web.StreamResponse:
         """Basic auth on every request; the handler gets ``request["caller"]``."""
-        header = request.headers.get("Authorization", "")
-        try:
-            credentials = BasicAuth.decode(header) if header else None
-        except ValueError:
-            credentials = None
+        credentials = _basic_credentials(request.headers.get("Authorization", ""))
         refused = "password"
         if credentials is not None:
-            refused = await self.app.guard.login_async(credentials.login, credentials.password,
-                                                       request.remote)
+            refused = await self.app.guard.login_async(*credentials, request.remote)
         if refused is not None:
             reason = ("Login failed" if credentials is not None
                       else "Not management user")
             raise web.HTTPUnauthorized(
                 headers={"WWW-Authenticate": REALM}, content_type="application/json",
                 text=web.json_response({"error": "not_authorized", "reason": reason}).text)
-        request["caller"] = Caller(credentials.login, self.app.guard)
+        request["caller"] = Caller(credentials[0], self.app.guard)
         return await handler(request)
 
     # -- routes -------------------------------------------------------------------------
@@ -380,6 +377,20 @@ class ManagementServer:
 
     async def bindings(self, request: web.Request) -> web.Response:
         return web.json_response(bindings_json(self._super_stream(request)))
+
+
+def _basic_credentials(header: str) -> tuple[str, str] | None:
+    """(user, password) of an ``Authorization: Basic ...`` header (RFC 7617, UTF-8); None
+    when there is none or it is malformed."""
+    scheme, _, encoded = header.partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        user, colon, password = base64.b64decode(encoded.strip(), validate=True).decode(
+            ).partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return (user, password) if colon else None
 
 
 def _rss_bytes() -> int:
