@@ -159,6 +159,60 @@ class SuperStreams:
                               name, partition, exc)
             raise
 
+    # -- declared piece by piece (the management API: an exchange, then bindings) ----------
+    async def declare(self, name: str) -> bool:
+        """Record super stream ``name`` with no partition yet, as RabbitMQ's exchange
+        declaration before its bindings; False when it exists (a derived one too). In a
+        cluster through the placement. Raises ``InvalidArgumentError`` for a bad name."""
+        _check_name("super stream", name)
+        if self.find(name) is not None:
+            return False
+        await self._replace(name, SuperStream(name, (), ()))
+        return True
+
+    async def bind(self, name: str, partition: str, binding_key: str,
+                   order: int | None = None) -> None:
+        """Bind stream ``partition`` to super stream ``name`` with ``binding_key``, at
+        position ``order`` (RabbitMQ's ``x-stream-partition-order``; None: last). Raises
+        ``StreamNotFoundError`` (no such super stream, or a derived one: its partitions
+        are fixed), ``InvalidArgumentError`` when ``partition`` is no stream here or bound
+        already."""
+        found = self._registry().get(name)
+        if found is None:
+            raise StreamNotFoundError(f"super stream {name!r} does not exist or is fixed")
+        if self.resolve(partition) is None and self.broker.placement.of(partition, 0) is None:
+            raise InvalidArgumentError(f"no stream {partition!r} to bind")
+        if partition in found.partitions:
+            raise InvalidArgumentError(f"{partition!r} is bound to {name!r} already")
+        pairs = list(zip(found.partitions, found.binding_keys))
+        pairs.insert(len(pairs) if order is None else max(order, 0), (partition, binding_key))
+        await self._replace(name, SuperStream(name, tuple(p for p, _ in pairs),
+                                              tuple(k for _, k in pairs)))
+
+    async def forget(self, name: str) -> None:
+        """Forget super stream ``name``, keeping its partition streams (RabbitMQ deleting
+        the exchange keeps its queues). Raises ``StreamNotFoundError``."""
+        if name not in self._registry():
+            raise StreamNotFoundError(f"super stream {name!r} does not exist")
+        if self.broker.placement.clustered:
+            await self.broker.placement.delete_super_stream(name)
+        else:
+            self._forget(name)
+
+    async def _replace(self, name: str, super_stream: SuperStream) -> None:
+        """Store ``super_stream`` under ``name``: in the file, or in a cluster as a delete
+        and a create in the metadata (two Raft entries: between them the super stream is
+        missing)."""
+        placement = self.broker.placement
+        if not placement.clustered:
+            self.super_streams[name] = super_stream
+            self._save()
+            return
+        if name in self._registry():
+            await placement.delete_super_stream(name)
+        await placement.create_super_stream(name, super_stream.partitions,
+                                            super_stream.binding_keys)
+
     def _check_new(self, name: str, partitions: list[str] | tuple[str, ...],
                    binding_keys: list[str] | tuple[str, ...]) -> None:
         """What ``create`` checks before it makes anything (its errors)."""

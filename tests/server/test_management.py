@@ -198,6 +198,38 @@ async def test_queues_created_and_deleted_over_http_and_liftbridge_streams(app):
     assert (await call(app, "GET", "/api/queues/other/lb-0"))[0] == 404
 
 
+async def test_super_stream_declared_as_exchange_and_bindings(app):
+    """As the Node client's test helper builds one: a direct exchange, stream queues, one
+    binding per partition with x-stream-partition-order; then the door routes by key."""
+    assert (await call(app, "PUT", "/api/exchanges/%2F/sup", json={
+        "type": "direct", "durable": True,
+        "arguments": {"x-super-stream-enabled": "true"}}))[0] == 201
+    assert (await call(app, "PUT", "/api/exchanges/%2F/sup", json={}))[0] == 204
+    for i in (1, 0):
+        assert (await call(app, "PUT", f"/api/queues/%2F/sup-{i}", json={
+            "durable": True, "arguments": {"x-queue-type": "stream"}}))[0] == 201
+        status, _ = await call(app, "POST", f"/api/bindings/%2F/e/sup/q/sup-{i}", json={
+            "routing_key": f"k{i}", "arguments": {"x-stream-partition-order": i}})
+        assert status == 201
+    assert (await call(app, "POST", "/api/bindings/%2F/e/sup/q/nope",
+                       json={"routing_key": "x"}))[0] == 404
+    assert (await call(app, "POST", "/api/bindings/%2F/e/sup/q/sup-0",
+                       json={"routing_key": "k0"}))[0] == 400
+    status, bindings = await call(app, "GET", "/api/exchanges/%2F/sup/bindings/source")
+    assert [(b["destination"], b["routing_key"], b["arguments"]) for b in bindings] == [
+        ("sup-0", "k0", {"x-stream-partition-order": 0}),
+        ("sup-1", "k1", {"x-stream-partition-order": 1})]
+    async with Producer("127.0.0.1", _port(app), username="guest", password="guest") as p:
+        await p.send_wait("sup-1", b"x")
+    super_stream = app.rabbitmq_stream.super_streams.get("sup")
+    assert super_stream.route("k1") == ["sup-1"] and super_stream.partitions == ("sup-0",
+                                                                                 "sup-1")
+    assert (await call(app, "DELETE", "/api/exchanges/%2F/sup"))[0] == 204
+    assert (await call(app, "GET", "/api/exchanges/%2F/sup"))[0] == 404
+    assert (await call(app, "DELETE", "/api/exchanges/%2F/sup"))[0] == 404
+    assert {"sup-0", "sup-1"} <= set(app.broker.streams)  # the queues stay, as in RabbitMQ
+
+
 async def test_overview_whoami_vhosts_nodes(app):
     status, me = await call(app, "GET", "/api/whoami")
     assert status == 200 and me["name"] == "guest" and me["tags"] == ["administrator"]

@@ -28,9 +28,11 @@ def _local(conn) -> tuple[str, int]:
 
 
 def visible(connections: Iterable, caller: Caller) -> list:
-    """The opened connections ``caller`` may see, oldest first (logged-in ones only)."""
+    """The connections ``caller`` may see, oldest first: logged in, not closing (a closing
+    one is gone for RabbitMQ once its reader stops; ours lingers a moment for the Close
+    exchange)."""
     return sorted((c for c in connections if c.link.user is not None
-                   and caller.sees_connection(c.link.user)),
+                   and not c.state.closing and caller.sees_connection(c.link.user)),
                   key=lambda c: c.link.connected_at)
 
 

@@ -26,10 +26,20 @@ from .access import Caller
 from .connections import VHOST
 
 
-def node_name(server_id: str) -> str:
-    """RabbitMQ's node name of a server: ``rabbit@<server id>`` (the host name on a single
-    server without one)."""
-    return f"rabbit@{server_id or socket.gethostname()}"
+def node_name(app, server_id: str) -> str:
+    """RabbitMQ's node name (``name@host``) of a server: ``rabbit@<host>`` on a single
+    server, ``<server id>@<host>`` in a cluster, the host being where RabbitMQ Stream clients
+    reach it (its advertised host, as a RabbitMQ node's host is the one it advertises; the
+    machine's name when unknown). Clients compare the part after ``@`` with the host they
+    are connected to (the Node client's address resolver tests do)."""
+    placement = app.broker.placement
+    door = app.rabbitmq_stream
+    if server_id == placement.server_id and door is not None:
+        host = door.advertised[0]
+    else:
+        where = placement.door(server_id, "rabbitmq-stream")
+        host = where[0] if where else socket.gethostname()
+    return f"{server_id if placement.clustered else 'rabbit'}@{host}"
 
 
 def creation_arguments(stream: Stream | None) -> dict[str, Any]:
@@ -63,10 +73,10 @@ def queue_json(app, name: str, index: int, count: int, subject: str | None,
     """One partition as a stream queue."""
     placement = app.broker.placement
     where = placement.of(name, index)
-    local = node_name(placement.server_id)
-    leader = node_name(where.leader) if where is not None and where.leader else None
-    members = [node_name(s) for s in where.replicas] if where is not None else [local]
-    isr = [node_name(s) for s in where.isr] if where is not None else [local]
+    local = node_name(app, placement.server_id)
+    leader = node_name(app, where.leader) if where is not None and where.leader else None
+    members = [node_name(app, s) for s in where.replicas] if where is not None else [local]
+    isr = [node_name(app, s) for s in where.isr] if where is not None else [local]
     queue: dict[str, Any] = {
         "name": member_name(name, index) if count > 1 else name, "vhost": VHOST,
         "type": "stream", "durable": True, "auto_delete": False, "exclusive": False,

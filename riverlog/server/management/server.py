@@ -28,7 +28,7 @@ from ...security.authz import CREATE, DELETE
 from .access import Caller
 from .connections import (VHOST, connection_json, connection_name, consumers, find, publishers,
                           visible)
-from .queues import (bindings_json, create, creation_arguments, delete, exchange_json,
+from .queues import (bindings_json, create, delete, exchange_json,
                      node_name, queues, stream_arguments)
 
 log = logging.getLogger("riverlog.management")
@@ -75,7 +75,7 @@ class ManagementServer:
 
     @property
     def node(self) -> str:
-        return node_name(self.app.broker.placement.server_id)
+        return node_name(self.app, self.app.broker.placement.server_id)
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
@@ -158,6 +158,9 @@ class ManagementServer:
         web_app.router.add_delete("/api/connections/{name}", self.close_connection)
         web_app.router.add_put("/api/queues/{vhost}/{name}", self.put_queue)
         web_app.router.add_delete("/api/queues/{vhost}/{name}", self.delete_queue)
+        web_app.router.add_put("/api/exchanges/{vhost}/{name}", self.put_exchange)
+        web_app.router.add_delete("/api/exchanges/{vhost}/{name}", self.delete_exchange)
+        web_app.router.add_post("/api/bindings/{vhost}/e/{name}/q/{queue}", self.post_binding)
         web_app.router.add_get("/", self.index)
         web_app.router.add_static("/web/", WEB_DIR)
 
@@ -222,7 +225,7 @@ class ManagementServer:
 
     async def one_node(self, request: web.Request) -> web.Response:
         for server in self._servers():
-            if node_name(server) == request.match_info["node"]:
+            if node_name(self.app, server) == request.match_info["node"]:
                 return web.json_response(self._node_json(server))
         raise not_found()
 
@@ -236,10 +239,11 @@ class ManagementServer:
         placement = self.app.broker.placement
         own = server == placement.server_id
         node: dict[str, Any] = {
-            "name": node_name(server), "type": "disc",
+            "name": node_name(self.app, server), "type": "disc",
             "running": own or placement.reachable(server), "being_drained": False,
             "mem_alarm": False, "disk_free_alarm": False, "partitions": [],
-            "alarms": [a for a in self.alarms if a.get("node", self.node) == node_name(server)],
+            "alarms": [a for a in self.alarms
+                       if a.get("node", self.node) == node_name(self.app, server)],
         }
         if own:
             disk = os.statvfs(self.app.broker.data_dir)
@@ -377,6 +381,66 @@ class ManagementServer:
 
     async def bindings(self, request: web.Request) -> web.Response:
         return web.json_response(bindings_json(self._super_stream(request)))
+
+    def _registry(self, request: web.Request, action: str):
+        """The door's super streams, once the caller may do ``action`` on the one named."""
+        _vhost(request)
+        caller: Caller = request["caller"]
+        name = request.match_info["name"]
+        if not caller.may(name, action):
+            raise _error(web.HTTPUnauthorized, "not_authorized",
+                         f"access to exchange '{name}' in vhost '/' refused for user "
+                         f"'{caller.user}'")
+        if self.app.rabbitmq_stream is None:
+            raise not_found()
+        return self.app.rabbitmq_stream.super_streams
+
+    async def put_exchange(self, request: web.Request) -> web.Response:
+        """Declare an exchange: riverlog's exchanges are super streams, so this records one
+        with no partition yet (bindings add them, as RabbitMQ's super stream exchange gets
+        one binding per partition); 201 when new, 204 when it exists."""
+        registry = self._registry(request, CREATE)
+        try:
+            created = await registry.declare(request.match_info["name"])
+        except InvalidArgumentError as exc:
+            raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
+        return web.Response(status=201 if created else 204)
+
+    async def delete_exchange(self, request: web.Request) -> web.Response:
+        """Forget a super stream, its partition streams stay (RabbitMQ deletes the exchange
+        and keeps the queues); 204, 404 when there is none."""
+        registry = self._registry(request, DELETE)
+        try:
+            await registry.forget(request.match_info["name"])
+        except StreamNotFoundError:
+            raise not_found() from None
+        return web.Response(status=204)
+
+    async def post_binding(self, request: web.Request) -> web.Response:
+        """Bind a stream to a super stream: ``routing_key`` is its binding key,
+        ``arguments["x-stream-partition-order"]`` its position (RabbitMQ's
+        rabbit_stream_manager orders partitions by it); 201 with a Location, 404 when the
+        super stream or the stream does not exist, 400 when it is bound already."""
+        registry = self._registry(request, CREATE)
+        name, queue = request.match_info["name"], request.match_info["queue"]
+        try:
+            body = await request.json() if request.can_read_body else {}
+            key = str(body.get("routing_key", ""))
+            order = (body.get("arguments") or {}).get("x-stream-partition-order")
+            order = None if order is None else int(order)
+        except (ValueError, AttributeError, TypeError) as exc:
+            raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
+        if registry.find(name) is None or registry.resolve(queue) is None and \
+                self.app.broker.placement.of(queue, 0) is None:
+            raise not_found()
+        try:
+            await registry.bind(name, queue, key, order)
+        except StreamNotFoundError:
+            raise not_found() from None
+        except InvalidArgumentError as exc:
+            raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
+        location = f"/api/bindings/%2F/e/{name}/q/{queue}/{key}"
+        return web.Response(status=201, headers={"Location": location})
 
 
 def _basic_credentials(header: str) -> tuple[str, str] | None:
