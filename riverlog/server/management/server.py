@@ -162,7 +162,6 @@ class ManagementServer:
         web_app.router.add_delete("/api/exchanges/{vhost}/{name}", self.delete_exchange)
         web_app.router.add_post("/api/bindings/{vhost}/e/{name}/q/{queue}", self.post_binding)
         web_app.router.add_get("/", self.index)
-        web_app.router.add_static("/web/", WEB_DIR)
 
     async def index(self, request: web.Request) -> web.StreamResponse:
         return web.FileResponse(os.path.join(WEB_DIR, "index.html"))
