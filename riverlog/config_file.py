@@ -482,27 +482,8 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
         stream_kwargs["validate_sub_batches"] = _bool("riverlog.stream.validate.sub.batches",
                                                       v["riverlog.stream.validate.sub.batches"])
 
-    metrics_config = None
-    if _bool("riverlog.metrics.enabled", v.get("riverlog.metrics.enabled", True)):
-        metrics_kwargs: dict[str, Any] = {}
-        if v.get("riverlog.metrics.host") is not None:
-            metrics_kwargs["host"] = str(v["riverlog.metrics.host"])
-        if v.get("riverlog.metrics.port") is not None:
-            metrics_kwargs["port"] = _int("riverlog.metrics.port", v["riverlog.metrics.port"])
-        else:  # the default port: if it is taken, warn and take a free one
-            metrics_kwargs["port_fallback"] = True
-        metrics_config = MetricsConfig(**metrics_kwargs)
-    management_config = None
-    if _bool("riverlog.management.enabled", v.get("riverlog.management.enabled", True)):
-        management_kwargs: dict[str, Any] = {}
-        if v.get("riverlog.management.host") is not None:
-            management_kwargs["host"] = str(v["riverlog.management.host"])
-        if v.get("riverlog.management.port") is not None:
-            management_kwargs["port"] = _int("riverlog.management.port",
-                                             v["riverlog.management.port"])
-        else:  # the default port: if it is taken, warn and take a free one
-            management_kwargs["port_fallback"] = True
-        management_config = ManagementConfig(**management_kwargs)
+    metrics_config = _http_endpoint(v, "riverlog.metrics", MetricsConfig)
+    management_config = _http_endpoint(v, "riverlog.management", ManagementConfig)
 
     table_kwargs: dict[str, Any] = {}
     for key, field, conv in (("streams.table.enabled", "enabled", _bool),
@@ -528,6 +509,22 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
                           management=management_config,
                           security=_security(v), tables=tables, cluster=_cluster(v))
     return config, level
+
+
+def _http_endpoint(v: dict[str, Any], prefix: str, kind: type) -> Any:
+    """``kind`` (MetricsConfig, ManagementConfig) from ``<prefix>.enabled``, ``.host`` and
+    ``.port``; None when disabled. Without a port the default is taken, and another one
+    when it is in use (``port_fallback``)."""
+    if not _bool(f"{prefix}.enabled", v.get(f"{prefix}.enabled", True)):
+        return None
+    kwargs: dict[str, Any] = {}
+    if v.get(f"{prefix}.host") is not None:
+        kwargs["host"] = str(v[f"{prefix}.host"])
+    if v.get(f"{prefix}.port") is not None:
+        kwargs["port"] = _int(f"{prefix}.port", v[f"{prefix}.port"])
+    else:  # the default port: if it is taken, warn and take a free one
+        kwargs["port_fallback"] = True
+    return kind(**kwargs)
 
 
 def log_format(values: dict[str, Any], flag: str | None) -> str:

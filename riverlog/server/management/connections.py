@@ -98,21 +98,25 @@ def consumer_json(conn, sub, node: str) -> dict[str, Any]:
             else "up"}
 
 
+def _listed(connections: Iterable, caller: Caller, node: str, kind: str, stream: str | None,
+            connection: str | None) -> list[dict]:
+    """``kind`` "publishers" or "subscriptions" of the connections ``caller`` may see, as
+    JSON, on ``stream`` or ``connection`` when given."""
+    to_json = publisher_json if kind == "publishers" else consumer_json
+    return [to_json(conn, item, node)
+            for conn in visible(connections, caller)
+            if connection is None or connection_name(conn) == connection
+            for item in list(getattr(conn, kind).values())
+            if stream is None or item.name == stream]
+
+
 def publishers(connections: Iterable, caller: Caller, node: str, *,
                stream: str | None = None, connection: str | None = None) -> list[dict]:
     """The publishers ``caller`` may see, on ``stream`` or ``connection`` when given."""
-    return [publisher_json(conn, pub, node)
-            for conn in visible(connections, caller)
-            if connection is None or connection_name(conn) == connection
-            for pub in list(conn.publishers.values())
-            if stream is None or pub.name == stream]
+    return _listed(connections, caller, node, "publishers", stream, connection)
 
 
 def consumers(connections: Iterable, caller: Caller, node: str, *,
               stream: str | None = None, connection: str | None = None) -> list[dict]:
     """The consumers ``caller`` may see, on ``stream`` or ``connection`` when given."""
-    return [consumer_json(conn, sub, node)
-            for conn in visible(connections, caller)
-            if connection is None or connection_name(conn) == connection
-            for sub in list(conn.subscriptions.values())
-            if stream is None or sub.name == stream]
+    return _listed(connections, caller, node, "subscriptions", stream, connection)

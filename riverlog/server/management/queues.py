@@ -69,19 +69,27 @@ def _partitions(app) -> Iterator[tuple[str, int, int, str | None, Stream | None]
 
 
 def queue_json(app, name: str, index: int, count: int, subject: str | None,
-               stream: Stream | None, consumers: int) -> dict[str, Any]:
-    """One partition as a stream queue."""
+               stream: Stream | None, consumers: int, nodes: dict[str, str],
+               tabled: set[str]) -> dict[str, Any]:
+    """One partition as a stream queue. ``nodes``: server id -> node name, filled as
+    needed; ``tabled``: the names of the streams mirrored to tables."""
     placement = app.broker.placement
+
+    def node(server: str) -> str:
+        if server not in nodes:
+            nodes[server] = node_name(app, server)
+        return nodes[server]
+
     where = placement.of(name, index)
-    local = node_name(app, placement.server_id)
-    leader = node_name(app, where.leader) if where is not None and where.leader else None
-    members = [node_name(app, s) for s in where.replicas] if where is not None else [local]
-    isr = [node_name(app, s) for s in where.isr] if where is not None else [local]
+    local = node(placement.server_id)
+    leader = node(where.leader) if where is not None and where.leader else None
     queue: dict[str, Any] = {
         "name": member_name(name, index) if count > 1 else name, "vhost": VHOST,
         "type": "stream", "durable": True, "auto_delete": False, "exclusive": False,
         "arguments": creation_arguments(stream), "node": leader or local,
-        "leader": leader, "members": members, "online": isr,
+        "leader": leader,
+        "members": [node(s) for s in where.replicas] if where is not None else [local],
+        "online": [node(s) for s in where.isr] if where is not None else [local],
         "state": "running" if leader else "down", "consumers": consumers,
         "stream": name, "partition": index, "subject": subject,
     }
@@ -93,20 +101,21 @@ def queue_json(app, name: str, index: int, count: int, subject: str | None,
                      messages_unacknowledged=0, segments=len(p.log.segments),
                      first_offset=p.first_offset, committed_offset=committed,
                      memory=0, disk_bytes=p.log.size_bytes)
-        if app.tables.status.get((name, index)) is not None or stream in app.tables.streams():
-            lag, _ = app.tables.lag(stream, index)
-            queue["table_lag"] = lag
+        if name in tabled:
+            queue["table_lag"] = app.tables.lag(stream, index)[0]
     return queue
 
 
 def queues(app, caller: Caller, consumer_counts: dict[str, int]) -> list[dict[str, Any]]:
     """Every stream queue ``caller`` may see (``consumer_counts``: queue name -> consumers)."""
-    found = []
+    found: list[dict[str, Any]] = []
+    nodes: dict[str, str] = {}
+    tabled = {s.name for s in app.tables.streams()}
     for name, index, count, subject, stream in _partitions(app):
         if caller.sees_stream(name):
             queue_name = member_name(name, index) if count > 1 else name
             found.append(queue_json(app, name, index, count, subject, stream,
-                                    consumer_counts.get(queue_name, 0)))
+                                    consumer_counts.get(queue_name, 0), nodes, tabled))
     return found
 
 
