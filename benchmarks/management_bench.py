@@ -11,7 +11,8 @@ connections, each with one publisher.
 Run:
   .venv/bin/python benchmarks/management_bench.py [--messages 500000] [--rounds 3]
         [--connections 1000] [--streams 1000]
-Prints messages/s with and without polling (median of the rounds, alternating; the poller is
+Prints the server's CPU time per poll round (the direct cost), then messages/s and the
+server's CPU time per message with and without polling (median of the rounds, alternating; the poller is
 a process of its own) and their ratio, then per endpoint the median and worst of 10
 answers' wall time.
 """
@@ -30,7 +31,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _proc import HOST, free_port, wait_listening  # noqa: E402
+from _proc import HOST, cpu_seconds, free_port, wait_listening  # noqa: E402
 
 from riverlog.client.async_client import AsyncClient  # noqa: E402
 
@@ -61,17 +62,20 @@ def serve(data: str) -> tuple[subprocess.Popen, int, int]:
     return proc, stream_port, management_port
 
 
-async def publish(stream_port: int, stream: str, messages: int) -> float:
-    """Messages per second of one publisher, every message confirmed."""
+async def publish(stream_port: int, stream: str, messages: int,
+                  server_pid: int) -> tuple[float, float]:
+    """(messages per second, server CPU microseconds per message) of one publisher, every
+    message confirmed."""
     client = await AsyncClient.connect(HOST, stream_port)
     try:
         publisher = await client.publisher(stream)
         batch = [b"x" * 100] * 1000
-        started = time.perf_counter()
+        cpu, started = cpu_seconds(server_pid), time.perf_counter()
         for _ in range(messages // len(batch)):
             await publisher.publish(batch)
         await publisher.flush(timeout=300)
-        return messages / (time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        return messages / elapsed, (cpu_seconds(server_pid) - cpu) / messages * 1e6
     finally:
         await client.close()
 
@@ -93,20 +97,32 @@ async def publish_cost(messages: int, rounds: int) -> None:
             client = await AsyncClient.connect(HOST, stream_port)
             await client.create_stream("bench")
             await client.close()
+            for path in POLLED:  # warm: the login is checked (bcrypt) once, then remembered
+                get(management_port, path)
+            cpu = cpu_seconds(proc.pid)
+            for _ in range(50):
+                for path in POLLED:
+                    get(management_port, path)
+            print(f"server CPU per poll round ({len(POLLED)} GETs): "
+                  f"{(cpu_seconds(proc.pid) - cpu) / 50 * 1000:.1f} ms")
             plain, polled = [], []
             for _ in range(rounds):
-                plain.append(await publish(stream_port, "bench", messages))
+                plain.append(await publish(stream_port, "bench", messages, proc.pid))
                 poller = subprocess.Popen([sys.executable, __file__, "--poll",
                                            str(management_port)])
                 try:
-                    polled.append(await publish(stream_port, "bench", messages))
+                    polled.append(await publish(stream_port, "bench", messages, proc.pid))
                 finally:
                     poller.terminate()
                     poller.wait(30)
-            a, b = statistics.median(plain), statistics.median(polled)
-            print(f"publish, nobody polling: {a:,.0f} msg/s; polled once a second: "
-                  f"{b:,.0f} msg/s; ratio {b / a:.3f} (runs: {[round(x) for x in plain]} / "
-                  f"{[round(x) for x in polled]})")
+            for what, index, unit in (("throughput", 0, "msg/s"),
+                                      ("server CPU", 1, "us/msg")):
+                a = statistics.median(r[index] for r in plain)
+                b = statistics.median(r[index] for r in polled)
+                print(f"{what}: nobody polling {a:,.2f} {unit}; polled once a second "
+                      f"{b:,.2f} {unit}; ratio {b / a:.3f} (runs: "
+                      f"{[round(r[index], 2) for r in plain]} / "
+                      f"{[round(r[index], 2) for r in polled]})")
         finally:
             proc.terminate()
             proc.wait(30)
