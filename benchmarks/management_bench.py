@@ -12,9 +12,9 @@ Run:
   .venv/bin/python benchmarks/management_bench.py [--messages 500000] [--rounds 3]
         [--connections 1000] [--streams 1000]
 Prints the server's CPU time per poll round (the direct cost), then messages/s and the
-server's CPU time per message with and without polling (median of the rounds, alternating; the poller is
-a process of its own) and their ratio, then per endpoint the median and worst of 10
-answers' wall time.
+server's CPU time per message with and without polling (median of the rounds, alternating;
+the poller is a process of its own) and their ratio, then per endpoint the median and worst
+of 10 answers' wall time.
 """
 from __future__ import annotations
 
