@@ -14,9 +14,11 @@ import grpc
 import pytest
 from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, Producer
 
+from compat._raw import RawPeer
 from riverlog.config import (GrpcConfig, LogConfig, ManagementConfig, RabbitStreamConfig,
                              SecurityConfig, ServerConfig)
 from riverlog.config_file import build
+from riverlog.protocol.rabbitmq_stream import frames as f
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge.api_pb2_grpc import APIStub
 from riverlog.security.users import hash_password
@@ -162,6 +164,24 @@ async def test_close_connection_with_reason(app, caplog):
         assert (await call(app, "DELETE", f"/api/connections/{quote(name)}"))[0] == 404
 
 
+async def test_a_connection_in_its_close_exchange_is_not_listed(app):
+    """After a client's Close the door lingers (up to 1 s) for the client to hang up; it is
+    gone for RabbitMQ once its reader stops, so it is not listed (the Node suite's
+    closeAllConnections got 404s closing such connections)."""
+    peer = await RawPeer.open("127.0.0.1", _port(app))
+    try:
+        status, conns = await call(app, "GET", "/api/connections")
+        assert len(conns) == 1
+        response = await peer.request(f.Close(peer.next_corr(), 0, "bye"))
+        assert isinstance(response, f.CloseResponse)
+        assert len(app.rabbitmq_stream.connections) == 1  # the socket is still open
+        assert (await call(app, "GET", "/api/connections"))[1] == []
+        assert (await call(app, "DELETE", f"/api/connections/{quote(conns[0]['name'])}")
+                )[0] == 404
+    finally:
+        peer.close()
+
+
 async def test_queues_created_and_deleted_over_http_and_liftbridge_streams(app):
     body = {"durable": True, "arguments": {"x-queue-type": "stream", "x-max-age": "2h",
                                            "x-max-length-bytes": 1000000}}
@@ -237,6 +257,9 @@ async def test_overview_whoami_vhosts_nodes(app):
     assert [v["name"] for v in vhosts] == ["/"]
     status, nodes = await call(app, "GET", "/api/nodes")
     assert len(nodes) == 1 and nodes[0]["running"] is True and nodes[0]["alarms"] == []
+    # RabbitMQ's node names carry the host clients reach the node at; the Node client's
+    # address resolver tests compare the part after "@" with the host they connected to
+    assert nodes[0]["name"] == f"rabbit@{app.rabbitmq_stream.advertised[0]}"
     status, overview = await call(app, "GET", "/api/overview")
     assert overview["node"] == nodes[0]["name"] and overview["alarms"] == []
     assert {"protocol": "stream", "port": _port(app)}.items() <= \
