@@ -59,6 +59,7 @@ class SuperStreams:
         self.broker = broker
         self.path = os.path.join(broker.data_dir, SUPER_STREAMS_FILE)
         self.super_streams: dict[str, SuperStream] = {}
+        self._orders: dict[str, dict[str, int]] = {}  # bind(): partition orders given
         self._load()
         broker.deletion_listeners.append(self._stream_deleted)
 
@@ -172,11 +173,13 @@ class SuperStreams:
 
     async def bind(self, name: str, partition: str, binding_key: str,
                    order: int | None = None) -> None:
-        """Bind stream ``partition`` to super stream ``name`` with ``binding_key``, at
-        position ``order`` (RabbitMQ's ``x-stream-partition-order``; None: last). Raises
-        ``StreamNotFoundError`` (no such super stream, or a derived one: its partitions
-        are fixed), ``InvalidArgumentError`` when ``partition`` is no stream here or bound
-        already."""
+        """Bind stream ``partition`` to super stream ``name`` with ``binding_key``; the
+        partitions stay sorted by ``order`` (RabbitMQ's ``x-stream-partition-order``,
+        whatever order the bindings come in; None: after the others). The orders given are
+        kept in memory; partitions bound otherwise, or before a restart, count by their
+        position. Raises ``StreamNotFoundError`` (no such super stream, or a derived one:
+        its partitions are fixed), ``InvalidArgumentError`` when ``partition`` is no stream
+        here or bound already."""
         found = self._registry().get(name)
         if found is None:
             raise StreamNotFoundError(f"super stream {name!r} does not exist or is fixed")
@@ -184,16 +187,22 @@ class SuperStreams:
             raise InvalidArgumentError(f"no stream {partition!r} to bind")
         if partition in found.partitions:
             raise InvalidArgumentError(f"{partition!r} is bound to {name!r} already")
-        pairs = list(zip(found.partitions, found.binding_keys))
-        pairs.insert(len(pairs) if order is None else max(order, 0), (partition, binding_key))
-        await self._replace(name, SuperStream(name, tuple(p for p, _ in pairs),
-                                              tuple(k for _, k in pairs)))
+        orders = self._orders.setdefault(name, {})
+        ranked = [(orders.get(p, i), i, p, k) for i, (p, k) in
+                  enumerate(zip(found.partitions, found.binding_keys))]
+        rank = order if order is not None else max((r[0] for r in ranked), default=-1) + 1
+        ranked.append((rank, len(ranked), partition, binding_key))
+        ranked.sort()
+        await self._replace(name, SuperStream(name, tuple(r[2] for r in ranked),
+                                              tuple(r[3] for r in ranked)))
+        orders[partition] = rank
 
     async def forget(self, name: str) -> None:
         """Forget super stream ``name``, keeping its partition streams (RabbitMQ deleting
         the exchange keeps its queues). Raises ``StreamNotFoundError``."""
         if name not in self._registry():
             raise StreamNotFoundError(f"super stream {name!r} does not exist")
+        self._orders.pop(name, None)
         if self.broker.placement.clustered:
             await self.broker.placement.delete_super_stream(name)
         else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import socket
 from urllib.parse import quote
 
 import aiohttp
@@ -23,6 +24,7 @@ from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge.api_pb2_grpc import APIStub
 from riverlog.security.users import hash_password
 from riverlog.server.app import App
+from riverlog.server.management import ManagementServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -225,7 +227,7 @@ async def test_super_stream_declared_as_exchange_and_bindings(app):
         "type": "direct", "durable": True,
         "arguments": {"x-super-stream-enabled": "true"}}))[0] == 201
     assert (await call(app, "PUT", "/api/exchanges/%2F/sup", json={}))[0] == 204
-    for i in (1, 0):
+    for i in (2, 1, 0):  # the Node helper binds in parallel: any order may arrive
         assert (await call(app, "PUT", f"/api/queues/%2F/sup-{i}", json={
             "durable": True, "arguments": {"x-queue-type": "stream"}}))[0] == 201
         status, _ = await call(app, "POST", f"/api/bindings/%2F/e/sup/q/sup-{i}", json={
@@ -238,16 +240,17 @@ async def test_super_stream_declared_as_exchange_and_bindings(app):
     status, bindings = await call(app, "GET", "/api/exchanges/%2F/sup/bindings/source")
     assert [(b["destination"], b["routing_key"], b["arguments"]) for b in bindings] == [
         ("sup-0", "k0", {"x-stream-partition-order": 0}),
-        ("sup-1", "k1", {"x-stream-partition-order": 1})]
+        ("sup-1", "k1", {"x-stream-partition-order": 1}),
+        ("sup-2", "k2", {"x-stream-partition-order": 2})]
     async with Producer("127.0.0.1", _port(app), username="guest", password="guest") as p:
         await p.send_wait("sup-1", b"x")
     super_stream = app.rabbitmq_stream.super_streams.get("sup")
-    assert super_stream.route("k1") == ["sup-1"] and super_stream.partitions == ("sup-0",
-                                                                                 "sup-1")
+    assert super_stream.route("k1") == ["sup-1"]
+    assert super_stream.partitions == ("sup-0", "sup-1", "sup-2")
     assert (await call(app, "DELETE", "/api/exchanges/%2F/sup"))[0] == 204
     assert (await call(app, "GET", "/api/exchanges/%2F/sup"))[0] == 404
     assert (await call(app, "DELETE", "/api/exchanges/%2F/sup"))[0] == 404
-    assert {"sup-0", "sup-1"} <= set(app.broker.streams)  # the queues stay, as in RabbitMQ
+    assert {"sup-0", "sup-1", "sup-2"} <= set(app.broker.streams)  # the queues stay, as in RabbitMQ
 
 
 async def test_overview_whoami_vhosts_nodes(app):
@@ -307,6 +310,32 @@ async def test_each_caller_sees_only_what_it_may(tmp_path):
             assert "secret" in app.broker.streams and "secret2" not in app.broker.streams
     finally:
         await app.stop()
+
+
+async def test_a_taken_port(tmp_path):
+    """A taken --management-port is a clear error; the default port, when taken, is replaced
+    by a free one with a warning."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        app = await _app(tmp_path)
+        try:
+            with pytest.raises(OSError, match=f"management API on 127.0.0.1:{port}.*"
+                                              "--management-port"):
+                await ManagementServer(app, ManagementConfig(port=port)).start()
+            own = app.management
+            app.management = ManagementServer(app, ManagementConfig(port=port,
+                                                                     port_fallback=True))
+            await app.management.start()
+            try:
+                assert app.management.port not in (0, port)
+                assert (await call(app, "GET", "/api/whoami"))[0] == 200
+            finally:
+                await app.management.stop()
+                app.management = own
+        finally:
+            await app.stop()
 
 
 def test_command_line_settings():

@@ -6,6 +6,7 @@
 # `{"error": "not_authorized", ...}` and a Basic challenge, 404 `{"error": "Object Not
 # Found", "reason": "Not Found"}`, 400 `bad_request`, 201 for a queue created, 204 for one
 # that existed, a deletion or a connection closed.
+# Every route is wrapped by ``_guarded``, which logs the caller in and hands it to the handler.
 # Rules: per-server answers are this server's connections, publishers and consumers (RabbitMQ
 # lists them per node too); queues and exchanges are the cluster's (queues.py); `alarms` of
 # /api/nodes and /api/overview list the resource alarms in force (none are raised yet: the
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import logging
 import os
 import platform
@@ -39,9 +41,11 @@ REALM = 'Basic realm="RabbitMQ Management"'
 CLOSE_REASON = "Closed via management plugin"  # rabbit_mgmt_wm_connection's default
 
 
-def _error(status: type[web.HTTPException], error: str, reason: str) -> web.HTTPException:
-    return status(text=web.json_response({"error": error, "reason": reason}).text,
-                  content_type="application/json")
+def _error(status: type[web.HTTPException], error: str, reason: str, **kwargs: Any
+           ) -> web.HTTPException:
+    """An HTTP error with RabbitMQ's body: ``{"error": ..., "reason": ...}``."""
+    return status(text=json.dumps({"error": error, "reason": reason}),
+                  content_type="application/json", **kwargs)
 
 
 def not_found() -> web.HTTPException:
@@ -79,13 +83,13 @@ class ManagementServer:
 
     # -- lifecycle ----------------------------------------------------------------------
     async def start(self) -> None:
-        web_app = web.Application(middlewares=[self._authenticate])
+        web_app = web.Application()
         self._routes(web_app)
         runner = web.AppRunner(web_app, access_log=None, handle_signals=False)
         await runner.setup()
         host, port = self.config.host, self.config.port
         try:
-            site = await self._listen(runner, host, port)
+            await self._listen(runner, host, port)
         except OSError as exc:
             if not (self.config.port_fallback and port):
                 await runner.cleanup()
@@ -94,16 +98,14 @@ class ManagementServer:
                                          f"--no-management)") from None
             log.warning("management port %s:%d is taken; serving it on a free port instead "
                         "(pass --management-port to require one)", host, port)
-            site = await self._listen(runner, host, 0)
+            await self._listen(runner, host, 0)
         self._runner = runner
-        self.port = site._server.sockets[0].getsockname()[1]
+        self.port = runner.addresses[-1][1]
         log.info("management API and web view on %s", self.url)
 
     @staticmethod
-    async def _listen(runner: web.AppRunner, host: str, port: int) -> web.TCPSite:
-        site = web.TCPSite(runner, host, port, reuse_address=True)
-        await site.start()
-        return site
+    async def _listen(runner: web.AppRunner, host: str, port: int) -> None:
+        await web.TCPSite(runner, host, port, reuse_address=True).start()
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None
@@ -111,21 +113,20 @@ class ManagementServer:
             await runner.cleanup()
 
     # -- authentication -----------------------------------------------------------------
-    @web.middleware
-    async def _authenticate(self, request: web.Request, handler: Callable) -> web.StreamResponse:
-        """Basic auth on every request; the handler gets ``request["caller"]``."""
-        credentials = _basic_credentials(request.headers.get("Authorization", ""))
-        refused = "password"
-        if credentials is not None:
-            refused = await self.app.guard.login_async(*credentials, request.remote)
-        if refused is not None:
-            reason = ("Login failed" if credentials is not None
-                      else "Not management user")
-            raise web.HTTPUnauthorized(
-                headers={"WWW-Authenticate": REALM}, content_type="application/json",
-                text=web.json_response({"error": "not_authorized", "reason": reason}).text)
-        request["caller"] = Caller(credentials[0], self.app.guard)
-        return await handler(request)
+    def _guarded(self, handler: Callable) -> Callable:
+        """``handler(request, caller)`` behind basic auth: 401 with a Basic challenge
+        unless the request carries a user's valid credentials."""
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            credentials = _basic_credentials(request.headers.get("Authorization", ""))
+            refused = "password"
+            if credentials is not None:
+                refused = await self.app.guard.login_async(*credentials, request.remote)
+            if refused is not None:
+                reason = "Login failed" if credentials is not None else "Not management user"
+                raise _error(web.HTTPUnauthorized, "not_authorized", reason,
+                             headers={"WWW-Authenticate": REALM})
+            return await handler(request, Caller(credentials[0], self.app.guard))
+        return guarded
 
     # -- routes -------------------------------------------------------------------------
     def _routes(self, web_app: web.Application) -> None:
@@ -154,16 +155,18 @@ class ManagementServer:
         }
         for path, handler in get.items():
             for variant in (path, path + "/"):  # RabbitMQ takes a trailing slash too
-                web_app.router.add_get(variant, handler)
-        web_app.router.add_delete("/api/connections/{name}", self.close_connection)
-        web_app.router.add_put("/api/queues/{vhost}/{name}", self.put_queue)
-        web_app.router.add_delete("/api/queues/{vhost}/{name}", self.delete_queue)
-        web_app.router.add_put("/api/exchanges/{vhost}/{name}", self.put_exchange)
-        web_app.router.add_delete("/api/exchanges/{vhost}/{name}", self.delete_exchange)
-        web_app.router.add_post("/api/bindings/{vhost}/e/{name}/q/{queue}", self.post_binding)
-        web_app.router.add_get("/", self.index)
+                web_app.router.add_get(variant, self._guarded(handler))
+        router, guarded = web_app.router, self._guarded
+        router.add_delete("/api/connections/{name}", guarded(self.close_connection))
+        router.add_put("/api/queues/{vhost}/{name}", guarded(self.put_queue))
+        router.add_delete("/api/queues/{vhost}/{name}", guarded(self.delete_queue))
+        router.add_put("/api/exchanges/{vhost}/{name}", guarded(self.put_exchange))
+        router.add_delete("/api/exchanges/{vhost}/{name}", guarded(self.delete_exchange))
+        router.add_post("/api/bindings/{vhost}/e/{name}/q/{queue}",
+                        guarded(self.post_binding))
+        router.add_get("/", guarded(self.index))
 
-    async def index(self, request: web.Request) -> web.StreamResponse:
+    async def index(self, request: web.Request, caller: Caller) -> web.StreamResponse:
         return web.FileResponse(os.path.join(WEB_DIR, "index.html"))
 
     def _door(self) -> list:
@@ -171,8 +174,7 @@ class ManagementServer:
         return list(door.connections) if door is not None else []
 
     # -- overview, users, vhosts, nodes ---------------------------------------------------
-    async def overview(self, request: web.Request) -> web.Response:
-        caller: Caller = request["caller"]
+    async def overview(self, request: web.Request, caller: Caller) -> web.Response:
         conns = visible(self._door(), caller)
         listed = queues(self.app, caller, {})
         messages = sum(q.get("messages", 0) for q in listed)
@@ -200,15 +202,14 @@ class ManagementServer:
             "alarms": list(self.alarms),
         })
 
-    async def whoami(self, request: web.Request) -> web.Response:
-        caller: Caller = request["caller"]
+    async def whoami(self, request: web.Request, caller: Caller) -> web.Response:
         return web.json_response({"name": caller.user, "tags": caller.tags,
                                   "is_internal_user": True})
 
-    async def vhosts(self, request: web.Request) -> web.Response:
+    async def vhosts(self, request: web.Request, caller: Caller) -> web.Response:
         return web.json_response([self._vhost_json()])
 
-    async def vhost(self, request: web.Request) -> web.Response:
+    async def vhost(self, request: web.Request, caller: Caller) -> web.Response:
         _vhost(request)
         return web.json_response(self._vhost_json())
 
@@ -219,10 +220,10 @@ class ManagementServer:
                 "cluster_state": {}, "metadata": {"description": "Default virtual host",
                                                   "tags": []}}
 
-    async def nodes(self, request: web.Request) -> web.Response:
+    async def nodes(self, request: web.Request, caller: Caller) -> web.Response:
         return web.json_response([self._node_json(s) for s in self._servers()])
 
-    async def one_node(self, request: web.Request) -> web.Response:
+    async def one_node(self, request: web.Request, caller: Caller) -> web.Response:
         for server in self._servers():
             if node_name(self.app, server) == request.match_info["node"]:
                 return web.json_response(self._node_json(server))
@@ -253,52 +254,51 @@ class ManagementServer:
         return node
 
     # -- connections ----------------------------------------------------------------------
-    async def connections(self, request: web.Request) -> web.Response:
+    async def connections(self, request: web.Request, caller: Caller) -> web.Response:
         _vhost(request)
-        caller: Caller = request["caller"]
         return web.json_response([connection_json(c, self.node)
                                   for c in visible(self._door(), caller)])
 
-    def _find(self, request: web.Request):
+    def _find(self, request: web.Request, caller: Caller):
         _vhost(request)
-        conn = find(self._door(), request.match_info["name"], request["caller"])
+        conn = find(self._door(), request.match_info["name"], caller)
         if conn is None:
             raise not_found()
         return conn
 
-    async def connection(self, request: web.Request) -> web.Response:
-        return web.json_response(connection_json(self._find(request), self.node))
+    async def connection(self, request: web.Request, caller: Caller) -> web.Response:
+        return web.json_response(connection_json(self._find(request, caller), self.node))
 
-    async def close_connection(self, request: web.Request) -> web.Response:
+    async def close_connection(self, request: web.Request, caller: Caller) -> web.Response:
         """Close a connection as RabbitMQ's stream reader does when the management plugin
         asks (rabbit_stream_reader, `{shutdown, Explanation}`): the reason (the
         ``X-Reason`` header, else "Closed via management plugin") is logged and the socket
         closed, no Close frame; 204."""
-        conn = self._find(request)
+        conn = self._find(request, caller)
         reason = request.headers.get("X-Reason", CLOSE_REASON)
         log.info("forcing stream connection %s closing: %s (by %s)", connection_name(conn),
-                 reason, request["caller"].user)
+                 reason, caller.user)
         conn.close_for_shutdown()
         return web.Response(status=204)
 
-    async def connection_publishers(self, request: web.Request) -> web.Response:
-        conn = self._find(request)
-        return web.json_response(publishers(self._door(), request["caller"], self.node,
+    async def connection_publishers(self, request: web.Request, caller: Caller) -> web.Response:
+        conn = self._find(request, caller)
+        return web.json_response(publishers(self._door(), caller, self.node,
                                             connection=connection_name(conn)))
 
-    async def connection_consumers(self, request: web.Request) -> web.Response:
-        conn = self._find(request)
-        return web.json_response(consumers(self._door(), request["caller"], self.node,
+    async def connection_consumers(self, request: web.Request, caller: Caller) -> web.Response:
+        conn = self._find(request, caller)
+        return web.json_response(consumers(self._door(), caller, self.node,
                                            connection=connection_name(conn)))
 
-    async def publishers(self, request: web.Request) -> web.Response:
+    async def publishers(self, request: web.Request, caller: Caller) -> web.Response:
         _vhost(request)
-        return web.json_response(publishers(self._door(), request["caller"], self.node,
+        return web.json_response(publishers(self._door(), caller, self.node,
                                             stream=request.match_info.get("stream")))
 
-    async def consumers(self, request: web.Request) -> web.Response:
+    async def consumers(self, request: web.Request, caller: Caller) -> web.Response:
         _vhost(request)
-        return web.json_response(consumers(self._door(), request["caller"], self.node,
+        return web.json_response(consumers(self._door(), caller, self.node,
                                            stream=request.match_info.get("stream")))
 
     # -- queues and exchanges -------------------------------------------------------------
@@ -309,24 +309,23 @@ class ManagementServer:
                 counts[sub.name] = counts.get(sub.name, 0) + 1
         return counts
 
-    async def queues(self, request: web.Request) -> web.Response:
+    async def queues(self, request: web.Request, caller: Caller) -> web.Response:
         _vhost(request)
-        return web.json_response(queues(self.app, request["caller"], self._consumer_counts()))
+        return web.json_response(queues(self.app, caller, self._consumer_counts()))
 
-    async def queue(self, request: web.Request) -> web.Response:
+    async def queue(self, request: web.Request, caller: Caller) -> web.Response:
         _vhost(request)
         name = request.match_info["name"]
-        for queue in queues(self.app, request["caller"], self._consumer_counts()):
+        for queue in queues(self.app, caller, self._consumer_counts()):
             if queue["name"] == name:
                 return web.json_response(queue)
         raise not_found()
 
-    async def put_queue(self, request: web.Request) -> web.Response:
+    async def put_queue(self, request: web.Request, caller: Caller) -> web.Response:
         """Declare a stream queue: 201 when created, 204 when it exists (its arguments are
         not compared), 400 for bad arguments or another queue type, 401 without the
         ``create`` permission."""
         _vhost(request)
-        caller: Caller = request["caller"]
         name = request.match_info["name"]
         try:
             body = await request.json() if request.can_read_body else {}
@@ -345,9 +344,8 @@ class ManagementServer:
             raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
         return web.Response(status=201)
 
-    async def delete_queue(self, request: web.Request) -> web.Response:
+    async def delete_queue(self, request: web.Request, caller: Caller) -> web.Response:
         _vhost(request)
-        caller: Caller = request["caller"]
         name = request.match_info["name"]
         if not caller.sees_stream(name):
             raise not_found()
@@ -367,24 +365,23 @@ class ManagementServer:
             return []
         return [s for s in door.super_streams.every() if caller.sees_stream(s.name)]
 
-    def _super_stream(self, request: web.Request):
+    def _super_stream(self, request: web.Request, caller: Caller):
         _vhost(request)
         name = request.match_info["name"]
-        for super_stream in self._super_streams(request["caller"]):
+        for super_stream in self._super_streams(caller):
             if super_stream.name == name:
                 return super_stream
         raise not_found()
 
-    async def exchange(self, request: web.Request) -> web.Response:
-        return web.json_response(exchange_json(self._super_stream(request).name))
+    async def exchange(self, request: web.Request, caller: Caller) -> web.Response:
+        return web.json_response(exchange_json(self._super_stream(request, caller).name))
 
-    async def bindings(self, request: web.Request) -> web.Response:
-        return web.json_response(bindings_json(self._super_stream(request)))
+    async def bindings(self, request: web.Request, caller: Caller) -> web.Response:
+        return web.json_response(bindings_json(self._super_stream(request, caller)))
 
-    def _registry(self, request: web.Request, action: str):
-        """The door's super streams, once the caller may do ``action`` on the one named."""
+    def _registry(self, request: web.Request, caller: Caller, action: str):
+        """The door's super streams, once ``caller`` may do ``action`` on the one named."""
         _vhost(request)
-        caller: Caller = request["caller"]
         name = request.match_info["name"]
         if not caller.may(name, action):
             raise _error(web.HTTPUnauthorized, "not_authorized",
@@ -394,33 +391,33 @@ class ManagementServer:
             raise not_found()
         return self.app.rabbitmq_stream.super_streams
 
-    async def put_exchange(self, request: web.Request) -> web.Response:
+    async def put_exchange(self, request: web.Request, caller: Caller) -> web.Response:
         """Declare an exchange: riverlog's exchanges are super streams, so this records one
         with no partition yet (bindings add them, as RabbitMQ's super stream exchange gets
         one binding per partition); 201 when new, 204 when it exists."""
-        registry = self._registry(request, CREATE)
+        registry = self._registry(request, caller, CREATE)
         try:
             created = await registry.declare(request.match_info["name"])
         except InvalidArgumentError as exc:
             raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
         return web.Response(status=201 if created else 204)
 
-    async def delete_exchange(self, request: web.Request) -> web.Response:
+    async def delete_exchange(self, request: web.Request, caller: Caller) -> web.Response:
         """Forget a super stream, its partition streams stay (RabbitMQ deletes the exchange
         and keeps the queues); 204, 404 when there is none."""
-        registry = self._registry(request, DELETE)
+        registry = self._registry(request, caller, DELETE)
         try:
             await registry.forget(request.match_info["name"])
         except StreamNotFoundError:
             raise not_found() from None
         return web.Response(status=204)
 
-    async def post_binding(self, request: web.Request) -> web.Response:
+    async def post_binding(self, request: web.Request, caller: Caller) -> web.Response:
         """Bind a stream to a super stream: ``routing_key`` is its binding key,
         ``arguments["x-stream-partition-order"]`` its position (RabbitMQ's
         rabbit_stream_manager orders partitions by it); 201 with a Location, 404 when the
         super stream or the stream does not exist, 400 when it is bound already."""
-        registry = self._registry(request, CREATE)
+        registry = self._registry(request, caller, CREATE)
         name, queue = request.match_info["name"], request.match_info["queue"]
         try:
             body = await request.json() if request.can_read_body else {}
