@@ -51,9 +51,9 @@ class Link:
     ``connected_at`` (time.time()) when the socket opened, for the management API."""
 
     __slots__ = ("server", "broker", "config", "guard", "tls", "flow", "peer", "peer_host",
-                 "user", "client_properties", "connected_at", "pending", "last_received", "last_sent", "send", "send_chunk",
-                 "fail", "hold_for", "hang_up", "abort", "peer_certificate", "notify",
-                 "notes_after")
+                 "user", "client_properties", "connected_at", "pending", "last_received",
+                 "last_sent", "send", "send_chunk", "fail", "hold_for", "hang_up", "abort",
+                 "peer_certificate", "notify", "notes_after")
 
     def __init__(self, server: DoorServer, tls: bool, flow: FlowControl, *,
                  send: Callable[[f.Frame], None],
