@@ -1,6 +1,6 @@
 # Process helpers shared by the benchmarks that run `riverlog serve` (or nats-server) as a
 # subprocess: a free loopback port, waiting until a port accepts connections, and a process's
-# resident memory from /proc, and a private network namespace for a run. Linux only.
+# resident memory and CPU time from /proc, and a private network namespace for a run. Linux only.
 from __future__ import annotations
 
 import os
@@ -46,6 +46,13 @@ def rss_kib(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` used so far (/proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 _NETNS_MARK = "RIVERLOG_BENCH_PRIVATE_NETWORK"

@@ -117,6 +117,14 @@ def main() -> None:
               help="Port of the /metrics endpoint (0 picks a free port).  [default: 15692]")
 @click.option("--no-metrics", is_flag=True, default=False,
               help="Serve no /metrics endpoint.")
+@click.option("--management-host", default=None,
+              help="Address of the management HTTP API and web view (RabbitMQ's management "
+                   "API subset, docs/operations.md).  [default: 127.0.0.1]")
+@click.option("--management-port", type=int, default=None,
+              help="Port of the management HTTP API and web view (0 picks a free port, "
+                   "logged).  [default: 15672]")
+@click.option("--no-management", is_flag=True, default=False,
+              help="Serve no management HTTP API nor web view.")
 @click.option("--grpc-transport", type=click.Choice(["grpcio", "h2"]), default=None,
               help="gRPC server transport of the Liftbridge door: riverlog's own HTTP/2 or "
                    "grpc.aio (docs/liftbridge.md).  [default: h2]")
@@ -202,6 +210,8 @@ def _announce(app: App) -> None:
         lines.append(f"NATS: {app.nats.url}")
     if app.metrics is not None:
         lines.append(f"metrics: {app.metrics.url}")
+    if app.management is not None:
+        lines.append(f"management: {app.management.url}")
     click.echo("riverlog serving  " + "  ".join(lines), nl=True)
     sys.stdout.flush()
 

@@ -282,19 +282,39 @@ class SecurityConfig:
         return self.authz or (self.tls is not None and self.tls.client_auth)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class MetricsConfig:
-    """The Prometheus endpoint (GET /metrics, docs/operations.md). ``port`` 0 picks a free
-    port; the default 15692 is RabbitMQ's Prometheus port, loopback only."""
+@dataclasses.dataclass(frozen=True)
+class HttpEndpointConfig:
+    """Where an HTTP endpoint of the server listens: ``host``, ``port`` (0 picks a free
+    one) and ``port_fallback`` (as NatsConfig.port_fallback). Raises ``ValueError`` for a
+    port outside 0..65535."""
 
     host: str = "127.0.0.1"
-    port: int = 15692
+    port: int = 0
     port_fallback: bool = False
-    """As NatsConfig.port_fallback, for the metrics port."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
-            raise ValueError("metrics port must be between 0 and 65535")
+            raise ValueError(f"{self.what} port must be between 0 and 65535")
+
+    what = "HTTP"
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricsConfig(HttpEndpointConfig):
+    """The Prometheus endpoint (GET /metrics, docs/operations.md); the default port 15692 is
+    RabbitMQ's Prometheus port, loopback only."""
+
+    port: int = 15692
+    what = "metrics"
+
+
+@dataclasses.dataclass(frozen=True)
+class ManagementConfig(HttpEndpointConfig):
+    """The management HTTP API and web view (docs/operations.md): RabbitMQ's management
+    port 15672 by default, loopback only."""
+
+    port: int = 15672
+    what = "management"
 
 
 TABLE_CODECS = ("zstd", "snappy", "none")
@@ -433,6 +453,7 @@ class ServerConfig:
     nats: NatsConfig | None = None
     grpc: GrpcConfig | None = None
     metrics: MetricsConfig | None = None  # None: no /metrics endpoint (the CLI turns it on)
+    management: ManagementConfig | None = None  # None: no management API (the CLI turns it on)
     security: SecurityConfig = dataclasses.field(default_factory=SecurityConfig)
     tables: TableConfig = dataclasses.field(default_factory=TableConfig)
     cluster: ClusterConfig | None = None

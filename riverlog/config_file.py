@@ -21,8 +21,8 @@ from typing import Any, Mapping
 import humanfriendly
 
 from .config import (AlarmConfig, ClusterConfig, Durability, GrpcConfig, LogConfig,
-                     MetricsConfig, NatsConfig, RabbitStreamConfig, SecurityConfig,
-                     ServerConfig, TableConfig, Threshold, TlsConfig)
+                     ManagementConfig, MetricsConfig, NatsConfig, RabbitStreamConfig,
+                     SecurityConfig, ServerConfig, TableConfig, Threshold, TlsConfig)
 from .security.authz import read_policy_file
 
 log = logging.getLogger("riverlog.config")
@@ -49,6 +49,7 @@ USED_KEYS = {
     "riverlog.durability", "riverlog.fsync.interval", "riverlog.stream.host",
     "riverlog.stream.port", "riverlog.nats.host", "riverlog.nats.port",
     "riverlog.metrics.enabled", "riverlog.metrics.host", "riverlog.metrics.port",
+    "riverlog.management.enabled", "riverlog.management.host", "riverlog.management.port",
     "riverlog.log.format", "riverlog.grpc.transport", "riverlog.stream.validate.sub.batches",
     "riverlog.stream.handshake.timeout", "riverlog.log.open.files",
     "streams.table.enabled", "streams.table.lag", "streams.table.archive", "streams.table.dir",
@@ -354,6 +355,8 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
                       ("nats_cluster_port", "riverlog.nats.cluster.port"),
                       ("metrics_host", "riverlog.metrics.host"),
                       ("metrics_port", "riverlog.metrics.port"),
+                      ("management_host", "riverlog.management.host"),
+                      ("management_port", "riverlog.management.port"),
                       ("tls_cert", "tls.cert"), ("tls_key", "tls.key"),
                       ("tls_ca", "tls.client.auth.ca"),
                       ("stream_tls_port", "riverlog.stream.tls.port"),
@@ -377,6 +380,8 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
         v["riverlog.stream.validate.sub.batches"] = True
     if flags.get("no_metrics"):
         v["riverlog.metrics.enabled"] = False
+    if flags.get("no_management"):
+        v["riverlog.management.enabled"] = False
     if flags.get("embedded_nats_config"):
         v["nats.embedded.config"] = flags["embedded_nats_config"]
     if flags.get("tables"):
@@ -514,16 +519,8 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
         stream_kwargs["handshake_timeout_ms"] = _ms("riverlog.stream.handshake.timeout",
                                                     v["riverlog.stream.handshake.timeout"])
 
-    metrics_config = None
-    if _bool("riverlog.metrics.enabled", v.get("riverlog.metrics.enabled", True)):
-        metrics_kwargs: dict[str, Any] = {}
-        if v.get("riverlog.metrics.host") is not None:
-            metrics_kwargs["host"] = str(v["riverlog.metrics.host"])
-        if v.get("riverlog.metrics.port") is not None:
-            metrics_kwargs["port"] = _int("riverlog.metrics.port", v["riverlog.metrics.port"])
-        else:  # the default port: if it is taken, warn and take a free one
-            metrics_kwargs["port_fallback"] = True
-        metrics_config = MetricsConfig(**metrics_kwargs)
+    metrics_config = _http_endpoint(v, "riverlog.metrics", MetricsConfig)
+    management_config = _http_endpoint(v, "riverlog.management", ManagementConfig)
 
     table_kwargs: dict[str, Any] = {}
     for key, field, conv in (("streams.table.enabled", "enabled", _bool),
@@ -555,10 +552,27 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
     config = ServerConfig(data_dir=str(v.get("data.dir") or "./data"), log=log_config,
                           rabbitmq_stream=RabbitStreamConfig(**stream_kwargs),
                           nats=nats_config, grpc=grpc_config, metrics=metrics_config,
+                          management=management_config,
                           security=_security(v), tables=tables, cluster=_cluster(v),
                           log_open_files=open_files,
                           alarms=AlarmConfig(**alarm_kwargs))
     return config, level
+
+
+def _http_endpoint(v: dict[str, Any], prefix: str, kind: type) -> Any:
+    """``kind`` (MetricsConfig, ManagementConfig) from ``<prefix>.enabled``, ``.host`` and
+    ``.port``; None when disabled. Without a port the default is taken, and another one
+    when it is in use (``port_fallback``)."""
+    if not _bool(f"{prefix}.enabled", v.get(f"{prefix}.enabled", True)):
+        return None
+    kwargs: dict[str, Any] = {}
+    if v.get(f"{prefix}.host") is not None:
+        kwargs["host"] = str(v[f"{prefix}.host"])
+    if v.get(f"{prefix}.port") is not None:
+        kwargs["port"] = _int(f"{prefix}.port", v[f"{prefix}.port"])
+    else:  # the default port: if it is taken, warn and take a free one
+        kwargs["port_fallback"] = True
+    return kind(**kwargs)
 
 
 def log_format(values: dict[str, Any], flag: str | None) -> str:

@@ -12,7 +12,7 @@ from riverlog.log import CommitLog
 
 RIVERLOG = [sys.executable, "-m", "riverlog"]
 # the doors besides the one a test is about, on free ports (suites may run side by side)
-FREE_PORTS = ["--port", "0", "--nats-port", "0", "--metrics-port", "0"]
+FREE_PORTS = ["--port", "0", "--nats-port", "0", "--metrics-port", "0", "--management-port", "0"]
 
 
 def test_help_lists_commands():

@@ -49,7 +49,7 @@ def test_sigkill_leaves_no_embedded_nats_server_behind(tmp_path):
     nats_port, stream_port = free_port(), free_port()
     cmd = [sys.executable, "-m", "riverlog", "serve", "-d", str(tmp_path / "data"),
            "--stream-port", str(stream_port), "-p", "0", "--nats-port", str(nats_port),
-           "--metrics-port", "0",
+           "--metrics-port", "0", "--management-port", "0",
            "--level", "warning"]
     for _ in range(3):
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)

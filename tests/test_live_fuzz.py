@@ -43,7 +43,7 @@ async def test_a_client_that_never_reads_does_not_grow_the_server(tmp_path):
     port = live_fuzz.free_port()
     proc = subprocess.Popen([sys.executable, "-m", "riverlog", "serve", "-d", str(tmp_path / "d"),
                              "--stream-port", str(port), "-p", "0", "--nats-port", "0",
-                             "--metrics-port", "0",
+                             "--metrics-port", "0", "--management-port", "0",
                              "--level", "error"], stdin=subprocess.DEVNULL)
     try:
         for _ in range(300):

@@ -26,7 +26,7 @@ def server(tmp_path_factory):
     proc = subprocess.Popen(
         [sys.executable, "-m", "riverlog", "serve", "-d", str(tmp / "data"),
          "--stream-port", str(free_port()), "--port", "0", "--nats-port", "0",
-         "--metrics-port", "0", "--log-format", "json"],
+         "--metrics-port", "0", "--management-port", "0", "--log-format", "json"],
         stdout=out, stderr=err, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while "riverlog serving" not in (tmp / "stdout").read_text():

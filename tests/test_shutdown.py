@@ -37,7 +37,8 @@ class Serve:
     def start(self) -> None:
         cmd = [sys.executable, "-m", "riverlog", "serve", "-d", self.data_dir,
                "--stream-port", str(self.port), "--port", "0", "--nats-port", "0",
-               "--metrics-port", "0", "--durability", self.durability, "--level", "info"]
+               "--metrics-port", "0", "--management-port", "0",
+               "--durability", self.durability, "--level", "info"]
         runs = self.log().count("riverlog serving")
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL)

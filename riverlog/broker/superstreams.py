@@ -59,6 +59,7 @@ class SuperStreams:
         self.broker = broker
         self.path = os.path.join(broker.data_dir, SUPER_STREAMS_FILE)
         self.super_streams: dict[str, SuperStream] = {}
+        self._orders: dict[str, dict[str, int]] = {}  # bind(): partition orders given
         self._load()
         broker.deletion_listeners.append(self._stream_deleted)
 
@@ -78,6 +79,12 @@ class SuperStreams:
         """The stored super streams: the cluster's, else this server's own."""
         shared = self.broker.placement.super_streams()
         return self.super_streams if shared is None else shared
+
+    def every(self) -> list[SuperStream]:
+        """Every super stream, stored and derived, by name."""
+        names = set(self._registry()) | {
+            s.name for s in self.broker.streams.values() if len(s.partitions) > 1}
+        return [self.get(name) for name in sorted(names)]
 
     def find(self, name: str) -> SuperStream | None:
         """``get``, None instead of the error."""
@@ -152,6 +159,68 @@ class SuperStreams:
                     log.error("super stream %r: partition %r made, not deleted again: %s",
                               name, partition, exc)
             raise
+
+    # -- declared piece by piece (the management API: an exchange, then bindings) ----------
+    async def declare(self, name: str) -> bool:
+        """Record super stream ``name`` with no partition yet, as RabbitMQ's exchange
+        declaration before its bindings; False when it exists (a derived one too). In a
+        cluster through the placement. Raises ``InvalidArgumentError`` for a bad name."""
+        _check_name("super stream", name)
+        if self.find(name) is not None:
+            return False
+        await self._replace(name, SuperStream(name, (), ()))
+        return True
+
+    async def bind(self, name: str, partition: str, binding_key: str,
+                   order: int | None = None) -> None:
+        """Bind stream ``partition`` to super stream ``name`` with ``binding_key``; the
+        partitions stay sorted by ``order`` (RabbitMQ's ``x-stream-partition-order``,
+        whatever order the bindings come in; None: after the others). The orders given are
+        kept in memory; partitions bound otherwise, or before a restart, count by their
+        position. Raises ``StreamNotFoundError`` (no such super stream, or a derived one:
+        its partitions are fixed), ``InvalidArgumentError`` when ``partition`` is no stream
+        here or bound already."""
+        found = self._registry().get(name)
+        if found is None:
+            raise StreamNotFoundError(f"super stream {name!r} does not exist or is fixed")
+        if self.resolve(partition) is None and self.broker.placement.of(partition, 0) is None:
+            raise InvalidArgumentError(f"no stream {partition!r} to bind")
+        if partition in found.partitions:
+            raise InvalidArgumentError(f"{partition!r} is bound to {name!r} already")
+        orders = self._orders.setdefault(name, {})
+        ranked = [(orders.get(p, i), i, p, k) for i, (p, k) in
+                  enumerate(zip(found.partitions, found.binding_keys))]
+        rank = order if order is not None else max((r[0] for r in ranked), default=-1) + 1
+        ranked.append((rank, len(ranked), partition, binding_key))
+        ranked.sort()
+        await self._replace(name, SuperStream(name, tuple(r[2] for r in ranked),
+                                              tuple(r[3] for r in ranked)))
+        orders[partition] = rank
+
+    async def forget(self, name: str) -> None:
+        """Forget super stream ``name``, keeping its partition streams (RabbitMQ deleting
+        the exchange keeps its queues). Raises ``StreamNotFoundError``."""
+        if name not in self._registry():
+            raise StreamNotFoundError(f"super stream {name!r} does not exist")
+        self._orders.pop(name, None)
+        if self.broker.placement.clustered:
+            await self.broker.placement.delete_super_stream(name)
+        else:
+            self._forget(name)
+
+    async def _replace(self, name: str, super_stream: SuperStream) -> None:
+        """Store ``super_stream`` under ``name``: in the file, or in a cluster as a delete
+        and a create in the metadata (two Raft entries: between them the super stream is
+        missing)."""
+        placement = self.broker.placement
+        if not placement.clustered:
+            self.super_streams[name] = super_stream
+            self._save()
+            return
+        if name in self._registry():
+            await placement.delete_super_stream(name)
+        await placement.create_super_stream(name, super_stream.partitions,
+                                            super_stream.binding_keys)
 
     def _check_new(self, name: str, partitions: list[str] | tuple[str, ...],
                    binding_keys: list[str] | tuple[str, ...]) -> None:

@@ -27,7 +27,7 @@ from typing import Callable
 
 PASSWORD_FILE = "raft-password"
 LAYOUT_FILE = "cluster.json"
-PORTS = ("stream", "grpc", "nats", "nats_cluster", "raft", "metrics")
+PORTS = ("stream", "grpc", "nats", "nats_cluster", "raft", "metrics", "management")
 """The ports each server takes, by what listens there."""
 STOP_GRACE_S = 15.0
 LOOPBACK = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}
@@ -159,6 +159,9 @@ def serve_command(member: Member, members: list[Member],
                "--stream-port", str(p["stream"]), "--port", str(p["grpc"]),
                "--nats-port", str(p["nats"]), "--nats-cluster-port", str(p["nats_cluster"]),
                "--metrics-host", member.host, "--metrics-port", str(p["metrics"])]
+    # a layout saved before the management API has no port for it: a free one then
+    command += ["--management-host", member.host,
+                "--management-port", str(p.get("management", 0))]
     if advertised != member.host:
         command += ["--advertised-host", advertised]
     if others:
@@ -190,7 +193,7 @@ def table(members: list[Member], pids: list[int]) -> str:
     """Where each door of each server is reached (its advertised host) and its process id,
     one line per server."""
     head = ("server", "RabbitMQ Stream", "Liftbridge gRPC", "NATS", "NATS routes", "Raft",
-            "metrics", "pid")
+            "metrics", "management", "pid")
     rows = [head] + [(m.id, *(_address(m.advertised, m.ports[n]) for n in PORTS), str(pid))
                      for m, pid in zip(members, pids)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]

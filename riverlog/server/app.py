@@ -47,6 +47,7 @@ class App:
         self.nats_link = None  # server.nats_link.NatsLink, when NATS or a cluster is on
         self.grpc = None  # server.grpc_api.GrpcApi
         self.metrics = None  # server.metrics_http.MetricsServer, when config.metrics is set
+        self.management = None  # server.management.ManagementServer, when config.management
         self.tables = TableService(self.broker, config.tables, config.table_dir)
         self.cluster = None  # cluster.node.ClusterNode, when config.cluster is set
         if config.cluster is not None:
@@ -100,7 +101,13 @@ class App:
                 self.metrics = MetricsServer(self, self.config.metrics)
                 self.metrics.start()
             self.broker.alarms.start()
+            if self.config.management is not None:
+                from .management import ManagementServer
+                self.management = ManagementServer(self, self.config.management)
+                await self.management.start()
         except BaseException:
+            if self.metrics is not None:
+                await self.metrics.stop()
             if self.cluster is not None:
                 await self.cluster.stop()
             if self.rabbitmq_stream is not None:
@@ -164,6 +171,8 @@ class App:
 
     async def stop(self) -> None:
         log.info("shutting down")
+        if self.management is not None:
+            await self.management.stop()
         await self.broker.alarms.stop()
         if self.metrics is not None:
             await self.metrics.stop()

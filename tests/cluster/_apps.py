@@ -1,7 +1,8 @@
 # Three real riverlog Apps in this process forming one cluster, for tests/cluster: each with
-# its Raft member, its embedded nats-server routed to the others', every door and its
-# Prometheus endpoint on free ports. `configs` makes their ServerConfigs, `until` polls the
-# loop; the `cluster` fixture (tests/cluster/conftest.py) starts them.
+# its Raft member, its embedded nats-server routed to the others', every door, its
+# Prometheus endpoint and its management API on free ports. `configs` makes their
+# ServerConfigs, `until` polls the loop; the `cluster` fixture (tests/cluster/conftest.py)
+# starts them.
 from __future__ import annotations
 
 import asyncio
@@ -11,8 +12,8 @@ import grpc
 
 from compat._servers import HOST, free_port
 from riverlog.broker import StreamConfig
-from riverlog.config import (ClusterConfig, GrpcConfig, MetricsConfig, NatsConfig,
-                             RabbitStreamConfig, SecurityConfig, ServerConfig)
+from riverlog.config import (ClusterConfig, GrpcConfig, ManagementConfig, MetricsConfig,
+                             NatsConfig, RabbitStreamConfig, SecurityConfig, ServerConfig)
 from riverlog.cluster.metadata import RaftBindError
 from riverlog.protocol.liftbridge import api_pb2_grpc
 from riverlog.server.app import App
@@ -31,6 +32,7 @@ def configs(tmp_path, password: str = "pw", security: SecurityConfig | None = No
         nats=NatsConfig(port=0, cluster_port=int(routes[i].rsplit(":", 1)[1]),
                         routes=tuple(r for j, r in routes.items() if j != i)),
         grpc=GrpcConfig(port=0, **grpc), metrics=MetricsConfig(port=0),
+        management=ManagementConfig(port=0),
         cluster=ClusterConfig(server_id=i, raft_address=raft[i], bootstrap_peers=IDS,
                               raft_peers=tuple((j, a) for j, a in raft.items() if j != i),
                               raft_password=password),

@@ -120,7 +120,7 @@ async def test_cluster_up_on_a_wildcard_address_advertises_loopback(tmp_path):
         rows = read_table(proc)
         addresses = [v for row in rows.values() for k, v in row.items()
                      if k not in ("server", "pid")]
-        assert len(addresses) == 12 and all(a.startswith("127.0.0.1:") for a in addresses)
+        assert len(addresses) == 14 and all(a.startswith("127.0.0.1:") for a in addresses)
         for server_id, row in rows.items():
             meta = await until("FetchMetadata", lambda r=row: metadata(r["Liftbridge gRPC"]))
             assert sorted((b.id, f"{b.host}:{b.port}") for b in meta.brokers) == sorted(

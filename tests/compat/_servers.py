@@ -44,7 +44,8 @@ class RiverlogServer:
     def start(self, timeout: float = 30) -> None:
         cmd = [sys.executable, "-m", "riverlog", "serve", "-d", self.data_dir,
                "--stream-port", str(self.port), "--port", "0", "--nats-port", "0",
-               "--metrics-port", "0", "--level", "warning"]  # free ports: suites side by side
+               "--metrics-port", "0", "--management-port", "0",
+               "--level", "warning"]  # free ports: suites side by side
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
                                          env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -65,15 +65,20 @@ class Subscription:
     """One Subscribe: a task that sends chunks from ``offset`` on while credit lasts. With
     ``offset`` None (a single active consumer not active yet) there is no task until
     ``start``; meanwhile ``offset`` is the partition's next offset (lag 0). ``name`` is
-    the stream name subscribed to, ``partition`` the partition of ``stream`` it serves."""
+    the stream name subscribed to, ``partition`` the partition of ``stream`` it serves.
+    ``properties`` are the Subscribe properties; ``consumed`` counts the messages sent, as
+    RabbitMQ's messages_consumed counter (for the management API)."""
 
     __slots__ = ("link", "id", "stream", "partition", "name", "offset", "credit",
-                 "_credit_event", "_buffer", "task", "chunk_filter")
+                 "_credit_event", "_buffer", "task", "chunk_filter", "properties", "consumed")
 
     def __init__(self, link: Link, sub_id: int, stream: Stream, partition: Partition,
                  name: str, offset: int | None, credit: int,
-                 chunk_filter: ChunkFilter | None = None) -> None:
+                 chunk_filter: ChunkFilter | None = None,
+                 properties: dict[str, str] | None = None) -> None:
         self.link = link
+        self.properties = properties or {}
+        self.consumed = 0
         # with a filter, chunks that cannot match are skipped: not sent, no credit used
         self.chunk_filter = chunk_filter
         self.id = sub_id
@@ -152,6 +157,7 @@ class Subscription:
                     messages += chunk.header.num_records
                     sent += len(data)
                 if messages:
+                    self.consumed += messages
                     counted.delivered(messages, sent)
         except LogClosedError:  # stream deleted or server stopping
             return
@@ -200,7 +206,8 @@ class Consuming:
         self.send(f.SubscribeResponse(frame.correlation_id, OK))
         self.subscriptions[frame.subscription_id] = Subscription(
             link, frame.subscription_id, stream, partition, frame.stream,
-            None if sac else offset, frame.credit, filter_from_properties(frame.properties))
+            None if sac else offset, frame.credit, filter_from_properties(frame.properties),
+            properties)
         if sac:
             self.groups.join(frame, group, index)
 

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Awaitable, Callable, ContextManager, Protocol
 
 from ...broker import Broker, Partition, SingleActiveConsumers, Stream, SuperStreams
@@ -46,12 +47,13 @@ class Link:
     (MetadataUpdate, ConsumerUpdate), after the response when a request is being handled
     inside ``with notes_after():`` or a cluster change runs (a response goes before the
     notifications it causes, as rabbit_stream_reader.erl orders them). ``user`` is the
-    authenticated user (None before)."""
+    authenticated user (None before); ``client_properties`` the client's PeerProperties and
+    ``connected_at`` (time.time()) when the socket opened, for the management API."""
 
     __slots__ = ("server", "broker", "config", "guard", "tls", "flow", "peer", "peer_host",
-                 "user", "pending", "last_received", "last_sent", "send", "send_chunk",
-                 "fail", "hold_for", "hang_up", "abort", "peer_certificate", "notify",
-                 "notes_after")
+                 "user", "client_properties", "connected_at", "pending", "last_received",
+                 "last_sent", "send", "send_chunk", "fail", "hold_for", "hang_up", "abort",
+                 "peer_certificate", "notify", "notes_after")
 
     def __init__(self, server: DoorServer, tls: bool, flow: FlowControl, *,
                  send: Callable[[f.Frame], None],
@@ -71,6 +73,8 @@ class Link:
         self.peer = "?"
         self.peer_host: str | None = None
         self.user: str | None = None
+        self.client_properties: dict[str, str] = {}
+        self.connected_at = time.time()
         self.pending: set[asyncio.Future] = set()  # background work; shutdown waits for it
         self.last_received = self.last_sent = 0.0  # time.monotonic() of the last frame
         self.send = send

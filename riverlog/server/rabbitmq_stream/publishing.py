@@ -40,9 +40,13 @@ CHUNK_MAX_ENTRIES = 4096
 
 class Publisher:
     """A declared publisher: ``name`` is the stream name the client declared it on,
-    ``partition`` the partition of ``stream`` that name serves."""
+    ``partition`` the partition of ``stream`` that name serves. ``published``,
+    ``confirmed`` and ``errored`` count its messages (publishing ids) as RabbitMQ's
+    publisher counters do (rabbit_stream_reader: messages_published, _confirmed, _errored)
+    for the management API."""
 
-    __slots__ = ("id", "reference", "stream", "partition", "name")
+    __slots__ = ("id", "reference", "stream", "partition", "name", "published", "confirmed",
+                 "errored")
 
     def __init__(self, publisher_id: int, reference: str | None, stream: Stream,
                  partition: Partition, name: str) -> None:
@@ -51,6 +55,7 @@ class Publisher:
         self.stream = stream
         self.partition = partition
         self.name = name
+        self.published = self.confirmed = self.errored = 0
 
 
 class _Staged:
@@ -166,6 +171,7 @@ class Publishing:
                 return
             ids = [e[0] for e in entries]
         self.unconfirmed += len(ids)
+        pub.published += len(ids)
         flow = self.link.flow
         if self.unconfirmed > self.config.max_unconfirmed and not flow.holds(UNCONFIRMED):
             flow.hold(UNCONFIRMED)
@@ -279,8 +285,12 @@ class Publishing:
         ``received`` (time.monotonic()) is when the first Publish frame of these ids came."""
         n = 0
         latency = time.monotonic() - received
+        publishers = self.publishers
         for publisher_id, ids in confirms.items():
             self.send(f.PublishConfirm(publisher_id, tuple(ids)))
+            pub = publishers.get(publisher_id)
+            if pub is not None:
+                pub.confirmed += len(ids)
             CONFIRM_RABBITMQ.observe(latency)  # one per frame (docs/operations.md)
             n += len(ids)
         self._unconfirmed_done(n)
@@ -295,6 +305,9 @@ class Publishing:
         """PublishError (0x04) with ``code`` for every id, counted as one error."""
         self.send(f.PublishError(publisher_id, tuple((i, code) for i in ids)))
         count_error(RABBITMQ_STREAM, code)
+        pub = self.publishers.get(publisher_id)
+        if pub is not None:
+            pub.errored += len(ids)
 
     def _unconfirmed_done(self, n: int) -> None:
         self.unconfirmed -= n

@@ -57,6 +57,7 @@ class Session:
         self._close_timer: asyncio.TimerHandle | None = None  # set by the client's Close
 
     def on_peer_properties(self, frame: f.PeerProperties) -> None:
+        self.link.client_properties = dict(frame.properties or {})
         self.send(f.PeerPropertiesResponse(frame.correlation_id, OK, {
             "product": "riverlog", "version": "3.13.0", "riverlog_version": __version__,
             "cluster_name": "riverlog", "platform": "Python",

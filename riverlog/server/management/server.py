@@ -1,0 +1,471 @@
+# The management HTTP server: aiohttp on the server's event loop, HTTP basic auth with
+# riverlog's users (bcrypt checks off the loop, Guard.login_async, and the loopback rule:
+# `guest` only from loopback), the routes of RabbitMQ's management API that stream users and
+# clients use, and the web view at `/` (web/index.html, which reads the same API).
+# Status codes and error bodies are RabbitMQ's (rabbit_mgmt_util): 401 with
+# `{"error": "not_authorized", ...}` and a Basic challenge, 404 `{"error": "Object Not
+# Found", "reason": "Not Found"}`, 400 `bad_request`, 201 for a queue created, 204 for one
+# that existed, a deletion or a connection closed.
+# Every route is wrapped by ``_guarded``, which logs the caller in and hands it to the handler.
+# Rules: per-server answers are this server's connections, publishers and consumers (RabbitMQ
+# lists them per node too); queues and exchanges are the cluster's (queues.py); `alarms` of
+# /api/nodes and /api/overview list the resource alarms in force (riverlog.alarms: this
+# server's own; RabbitMQ's shape {"node", "resource": "disk"|"memory"}).
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import os
+import platform
+import time
+from typing import Any, Callable
+
+from aiohttp import web
+
+from ... import __version__
+from ...alarms import DISK, MEMORY
+from ...errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
+from ...security.authz import CREATE, DELETE
+from .access import Caller
+from .connections import (VHOST, connection_json, connection_name, consumers, find, publishers,
+                          visible)
+from .queues import (bindings_json, create, delete, exchange_json,
+                     node_name, queues, stream_arguments)
+
+log = logging.getLogger("riverlog.management")
+
+WEB_DIR = os.path.join(os.path.dirname(__file__), "web")
+RABBITMQ_VERSION = "3.13.0"  # what the stream door's PeerProperties says it is
+REALM = 'Basic realm="RabbitMQ Management"'
+CLOSE_REASON = "Closed via management plugin"  # rabbit_mgmt_wm_connection's default
+
+
+def _error(status: type[web.HTTPException], error: str, reason: str, **kwargs: Any
+           ) -> web.HTTPException:
+    """An HTTP error with RabbitMQ's body: ``{"error": ..., "reason": ...}``."""
+    return status(text=json.dumps({"error": error, "reason": reason}),
+                  content_type="application/json", **kwargs)
+
+
+def not_found() -> web.HTTPException:
+    return _error(web.HTTPNotFound, "Object Not Found", "Not Found")
+
+
+def _vhost(request: web.Request) -> None:
+    """404 for a virtual host other than riverlog's one, ``/``."""
+    if request.match_info.get("vhost", VHOST) != VHOST:
+        raise not_found()
+
+
+class ManagementServer:
+    """The management API and web view of ``app`` (riverlog.server.app.App) on
+    ``config.host``:``config.port`` (ManagementConfig; 0 picks a free port, ``port`` tells
+    which). ``await start()`` raises OSError naming the address when it cannot listen."""
+
+    def __init__(self, app, config) -> None:
+        self.app = app
+        self.config = config
+        self.port = config.port
+        self.started = time.time()
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def alarms(self) -> list[dict[str, Any]]:
+        """This server's resource alarms in force, as RabbitMQ lists them (resource "disk" or
+        "memory", riverlog.alarms)."""
+        return [{"node": self.node, "resource": resource}
+                for resource in sorted(self.app.broker.alarms.raised)]
+
+    @property
+    def url(self) -> str:
+        host = self.config.host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}/"
+
+    @property
+    def node(self) -> str:
+        return node_name(self.app, self.app.broker.placement.server_id)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    async def start(self) -> None:
+        web_app = web.Application()
+        self._routes(web_app)
+        runner = web.AppRunner(web_app, access_log=None, handle_signals=False)
+        await runner.setup()
+        host, port = self.config.host, self.config.port
+        try:
+            await self._listen(runner, host, port)
+        except OSError as exc:
+            if not (self.config.port_fallback and port):
+                await runner.cleanup()
+                raise OSError(exc.errno, f"cannot serve the management API on {host}:{port}: "
+                                         f"{exc.strerror} (use --management-port, or "
+                                         f"--no-management)") from None
+            log.warning("management port %s:%d is taken; serving it on a free port instead "
+                        "(pass --management-port to require one)", host, port)
+            await self._listen(runner, host, 0)
+        self._runner = runner
+        self.port = runner.addresses[-1][1]
+        log.info("management API and web view on %s", self.url)
+
+    @staticmethod
+    async def _listen(runner: web.AppRunner, host: str, port: int) -> None:
+        await web.TCPSite(runner, host, port, reuse_address=True).start()
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    # -- authentication -----------------------------------------------------------------
+    def _guarded(self, handler: Callable) -> Callable:
+        """``handler(request, caller)`` behind basic auth: 401 with a Basic challenge
+        unless the request carries a user's valid credentials."""
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            credentials = _basic_credentials(request.headers.get("Authorization", ""))
+            refused = "password"
+            if credentials is not None:
+                refused = await self.app.guard.login_async(*credentials, request.remote)
+            if refused is not None:
+                reason = "Login failed" if credentials is not None else "Not management user"
+                raise _error(web.HTTPUnauthorized, "not_authorized", reason,
+                             headers={"WWW-Authenticate": REALM})
+            return await handler(request, Caller(credentials[0], self.app.guard))
+        return guarded
+
+    # -- routes -------------------------------------------------------------------------
+    def _routes(self, web_app: web.Application) -> None:
+        get = {
+            "/api/overview": self.overview, "/api/whoami": self.whoami,
+            "/api/vhosts": self.vhosts, "/api/vhosts/{vhost}": self.vhost,
+            "/api/nodes": self.nodes, "/api/nodes/{node}": self.one_node,
+            "/api/connections": self.connections,
+            "/api/connections/{name}": self.connection,
+            "/api/stream/connections": self.connections,
+            "/api/stream/connections/{vhost}": self.connections,
+            "/api/stream/connections/{vhost}/{name}": self.connection,
+            "/api/stream/connections/{vhost}/{name}/publishers": self.connection_publishers,
+            "/api/stream/connections/{vhost}/{name}/consumers": self.connection_consumers,
+            "/api/vhosts/{vhost}/connections": self.connections,
+            "/api/stream/publishers": self.publishers,
+            "/api/stream/publishers/{vhost}": self.publishers,
+            "/api/stream/publishers/{vhost}/{stream}": self.publishers,
+            "/api/stream/consumers": self.consumers,
+            "/api/stream/consumers/{vhost}": self.consumers,
+            "/api/stream/consumers/{vhost}/{stream}": self.consumers,
+            "/api/queues": self.queues, "/api/queues/{vhost}": self.queues,
+            "/api/queues/{vhost}/{name}": self.queue,
+            "/api/exchanges/{vhost}/{name}": self.exchange,
+            "/api/exchanges/{vhost}/{name}/bindings/source": self.bindings,
+        }
+        for path, handler in get.items():
+            for variant in (path, path + "/"):  # RabbitMQ takes a trailing slash too
+                web_app.router.add_get(variant, self._guarded(handler))
+        router, guarded = web_app.router, self._guarded
+        router.add_delete("/api/connections/{name}", guarded(self.close_connection))
+        router.add_put("/api/queues/{vhost}/{name}", guarded(self.put_queue))
+        router.add_delete("/api/queues/{vhost}/{name}", guarded(self.delete_queue))
+        router.add_put("/api/exchanges/{vhost}/{name}", guarded(self.put_exchange))
+        router.add_delete("/api/exchanges/{vhost}/{name}", guarded(self.delete_exchange))
+        router.add_post("/api/bindings/{vhost}/e/{name}/q/{queue}",
+                        guarded(self.post_binding))
+        router.add_get("/", guarded(self.index))
+
+    async def index(self, request: web.Request, caller: Caller) -> web.StreamResponse:
+        return web.FileResponse(os.path.join(WEB_DIR, "index.html"))
+
+    def _door(self) -> list:
+        door = self.app.rabbitmq_stream
+        return list(door.connections) if door is not None else []
+
+    # -- overview, users, vhosts, nodes ---------------------------------------------------
+    async def overview(self, request: web.Request, caller: Caller) -> web.Response:
+        conns = visible(self._door(), caller)
+        listed = queues(self.app, caller, {})
+        messages = sum(q.get("messages", 0) for q in listed)
+        door = self.app.rabbitmq_stream
+        listeners = [] if door is None else [
+            {"node": self.node, "protocol": "stream", "ip_address": door.config.host,
+             "port": door.port}]
+        return web.json_response({
+            "management_version": RABBITMQ_VERSION, "rabbitmq_version": RABBITMQ_VERSION,
+            "product_name": "riverlog", "product_version": __version__,
+            "cluster_name": "riverlog", "node": self.node, "rates_mode": "basic",
+            "erlang_version": platform.python_version(),
+            "exchange_types": [{"name": "direct", "description": "AMQP direct exchange type",
+                                "enabled": True}],
+            "listeners": listeners,
+            "contexts": [{"node": self.node, "description": "RabbitMQ Management",
+                          "path": "/", "port": str(self.port)}],
+            "object_totals": {
+                "connections": len(conns), "channels": 0, "queues": len(listed),
+                "consumers": sum(len(c.subscriptions) for c in conns),
+                "exchanges": len(self._super_streams(caller))},
+            "queue_totals": {"messages": messages, "messages_ready": messages,
+                             "messages_unacknowledged": 0},
+            "message_stats": {}, "statistics_db_event_queue": 0,
+            "alarms": list(self.alarms),
+        })
+
+    async def whoami(self, request: web.Request, caller: Caller) -> web.Response:
+        return web.json_response({"name": caller.user, "tags": caller.tags,
+                                  "is_internal_user": True})
+
+    async def vhosts(self, request: web.Request, caller: Caller) -> web.Response:
+        return web.json_response([self._vhost_json()])
+
+    async def vhost(self, request: web.Request, caller: Caller) -> web.Response:
+        _vhost(request)
+        return web.json_response(self._vhost_json())
+
+    @staticmethod
+    def _vhost_json() -> dict[str, Any]:
+        return {"name": VHOST, "description": "Default virtual host", "tags": [],
+                "default_queue_type": "stream", "tracing": False,
+                "cluster_state": {}, "metadata": {"description": "Default virtual host",
+                                                  "tags": []}}
+
+    async def nodes(self, request: web.Request, caller: Caller) -> web.Response:
+        return web.json_response([self._node_json(s) for s in self._servers()])
+
+    async def one_node(self, request: web.Request, caller: Caller) -> web.Response:
+        for server in self._servers():
+            if node_name(self.app, server) == request.match_info["node"]:
+                return web.json_response(self._node_json(server))
+        raise not_found()
+
+    def _servers(self) -> list[str]:
+        placement = self.app.broker.placement
+        return list(placement.servers()) if placement.clustered else [placement.server_id]
+
+    def _node_json(self, server: str) -> dict[str, Any]:
+        """A server as a RabbitMQ node; ``running`` says whether this one is in touch with it
+        (its memory, disk and uptime are given for this server only)."""
+        placement = self.app.broker.placement
+        own = server == placement.server_id
+        node: dict[str, Any] = {
+            "name": node_name(self.app, server), "type": "disc",
+            "running": own or placement.reachable(server), "being_drained": False,
+            "mem_alarm": False, "disk_free_alarm": False, "partitions": [], "alarms": [],
+        }
+        if own:
+            alarms = self.app.broker.alarms
+            disk = os.statvfs(self.app.broker.data_dir)
+            node.update(mem_alarm=MEMORY in alarms.raised, disk_free_alarm=DISK in alarms.raised,
+                        alarms=self.alarms, mem_limit=alarms.memory_limit,
+                        disk_free_limit=alarms.disk_limit)
+            node.update(os_pid=str(os.getpid()), processors=os.cpu_count() or 1,
+                        uptime=int((time.time() - self.started) * 1000),
+                        disk_free=disk.f_bavail * disk.f_frsize,
+                        mem_used=_rss_bytes(), run_queue=0)
+        return node
+
+    # -- connections ----------------------------------------------------------------------
+    async def connections(self, request: web.Request, caller: Caller) -> web.Response:
+        _vhost(request)
+        return web.json_response([connection_json(c, self.node)
+                                  for c in visible(self._door(), caller)])
+
+    def _find(self, request: web.Request, caller: Caller):
+        _vhost(request)
+        conn = find(self._door(), request.match_info["name"], caller)
+        if conn is None:
+            raise not_found()
+        return conn
+
+    async def connection(self, request: web.Request, caller: Caller) -> web.Response:
+        return web.json_response(connection_json(self._find(request, caller), self.node))
+
+    async def close_connection(self, request: web.Request, caller: Caller) -> web.Response:
+        """Close a connection as RabbitMQ's stream reader does when the management plugin
+        asks (rabbit_stream_reader, `{shutdown, Explanation}`): the reason (the
+        ``X-Reason`` header, else "Closed via management plugin") is logged and the socket
+        closed, no Close frame; 204."""
+        conn = self._find(request, caller)
+        reason = request.headers.get("X-Reason", CLOSE_REASON)
+        log.info("forcing stream connection %s closing: %s (by %s)", connection_name(conn),
+                 reason, caller.user)
+        conn.close_for_shutdown()
+        return web.Response(status=204)
+
+    async def connection_publishers(self, request: web.Request, caller: Caller) -> web.Response:
+        conn = self._find(request, caller)
+        return web.json_response(publishers(self._door(), caller, self.node,
+                                            connection=connection_name(conn)))
+
+    async def connection_consumers(self, request: web.Request, caller: Caller) -> web.Response:
+        conn = self._find(request, caller)
+        return web.json_response(consumers(self._door(), caller, self.node,
+                                           connection=connection_name(conn)))
+
+    async def publishers(self, request: web.Request, caller: Caller) -> web.Response:
+        _vhost(request)
+        return web.json_response(publishers(self._door(), caller, self.node,
+                                            stream=request.match_info.get("stream")))
+
+    async def consumers(self, request: web.Request, caller: Caller) -> web.Response:
+        _vhost(request)
+        return web.json_response(consumers(self._door(), caller, self.node,
+                                           stream=request.match_info.get("stream")))
+
+    # -- queues and exchanges -------------------------------------------------------------
+    def _consumer_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for conn in self._door():
+            for sub in list(conn.subscriptions.values()):
+                counts[sub.name] = counts.get(sub.name, 0) + 1
+        return counts
+
+    async def queues(self, request: web.Request, caller: Caller) -> web.Response:
+        _vhost(request)
+        return web.json_response(queues(self.app, caller, self._consumer_counts()))
+
+    async def queue(self, request: web.Request, caller: Caller) -> web.Response:
+        _vhost(request)
+        name = request.match_info["name"]
+        for queue in queues(self.app, caller, self._consumer_counts()):
+            if queue["name"] == name:
+                return web.json_response(queue)
+        raise not_found()
+
+    async def put_queue(self, request: web.Request, caller: Caller) -> web.Response:
+        """Declare a stream queue: 201 when created, 204 when it exists (its arguments are
+        not compared), 400 for bad arguments or another queue type, 401 without the
+        ``create`` permission."""
+        _vhost(request)
+        name = request.match_info["name"]
+        try:
+            body = await request.json() if request.can_read_body else {}
+            arguments = stream_arguments(dict(body.get("arguments") or {}))
+        except (ValueError, AttributeError, TypeError) as exc:
+            raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
+        if not caller.may(name, CREATE):
+            raise _error(web.HTTPUnauthorized, "not_authorized",
+                         f"access to queue '{name}' in vhost '/' refused for user "
+                         f"'{caller.user}'")
+        try:
+            await create(self.app, name, arguments)
+        except StreamExistsError:
+            return web.Response(status=204)
+        except InvalidArgumentError as exc:
+            raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
+        return web.Response(status=201)
+
+    async def delete_queue(self, request: web.Request, caller: Caller) -> web.Response:
+        _vhost(request)
+        name = request.match_info["name"]
+        if not caller.sees_stream(name):
+            raise not_found()
+        if not caller.may(name, DELETE):
+            raise _error(web.HTTPUnauthorized, "not_authorized",
+                         f"access to queue '{name}' in vhost '/' refused for user "
+                         f"'{caller.user}'")
+        try:
+            await delete(self.app, name)
+        except (StreamNotFoundError, InvalidArgumentError):
+            raise not_found() from None
+        return web.Response(status=204)
+
+    def _super_streams(self, caller: Caller) -> list:
+        door = self.app.rabbitmq_stream
+        if door is None:
+            return []
+        return [s for s in door.super_streams.every() if caller.sees_stream(s.name)]
+
+    def _super_stream(self, request: web.Request, caller: Caller):
+        _vhost(request)
+        name = request.match_info["name"]
+        for super_stream in self._super_streams(caller):
+            if super_stream.name == name:
+                return super_stream
+        raise not_found()
+
+    async def exchange(self, request: web.Request, caller: Caller) -> web.Response:
+        return web.json_response(exchange_json(self._super_stream(request, caller).name))
+
+    async def bindings(self, request: web.Request, caller: Caller) -> web.Response:
+        return web.json_response(bindings_json(self._super_stream(request, caller)))
+
+    def _registry(self, request: web.Request, caller: Caller, action: str):
+        """The door's super streams, once ``caller`` may do ``action`` on the one named."""
+        _vhost(request)
+        name = request.match_info["name"]
+        if not caller.may(name, action):
+            raise _error(web.HTTPUnauthorized, "not_authorized",
+                         f"access to exchange '{name}' in vhost '/' refused for user "
+                         f"'{caller.user}'")
+        if self.app.rabbitmq_stream is None:
+            raise not_found()
+        return self.app.rabbitmq_stream.super_streams
+
+    async def put_exchange(self, request: web.Request, caller: Caller) -> web.Response:
+        """Declare an exchange: riverlog's exchanges are super streams, so this records one
+        with no partition yet (bindings add them, as RabbitMQ's super stream exchange gets
+        one binding per partition); 201 when new, 204 when it exists."""
+        registry = self._registry(request, caller, CREATE)
+        try:
+            created = await registry.declare(request.match_info["name"])
+        except InvalidArgumentError as exc:
+            raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
+        return web.Response(status=201 if created else 204)
+
+    async def delete_exchange(self, request: web.Request, caller: Caller) -> web.Response:
+        """Forget a super stream, its partition streams stay (RabbitMQ deletes the exchange
+        and keeps the queues); 204, 404 when there is none."""
+        registry = self._registry(request, caller, DELETE)
+        try:
+            await registry.forget(request.match_info["name"])
+        except StreamNotFoundError:
+            raise not_found() from None
+        return web.Response(status=204)
+
+    async def post_binding(self, request: web.Request, caller: Caller) -> web.Response:
+        """Bind a stream to a super stream: ``routing_key`` is its binding key,
+        ``arguments["x-stream-partition-order"]`` its position (RabbitMQ's
+        rabbit_stream_manager orders partitions by it); 201 with a Location, 404 when the
+        super stream or the stream does not exist, 400 when it is bound already."""
+        registry = self._registry(request, caller, CREATE)
+        name, queue = request.match_info["name"], request.match_info["queue"]
+        try:
+            body = await request.json() if request.can_read_body else {}
+            key = str(body.get("routing_key", ""))
+            order = (body.get("arguments") or {}).get("x-stream-partition-order")
+            order = None if order is None else int(order)
+        except (ValueError, AttributeError, TypeError) as exc:
+            raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
+        if registry.find(name) is None or registry.resolve(queue) is None and \
+                self.app.broker.placement.of(queue, 0) is None:
+            raise not_found()
+        try:
+            await registry.bind(name, queue, key, order)
+        except StreamNotFoundError:
+            raise not_found() from None
+        except InvalidArgumentError as exc:
+            raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
+        location = f"/api/bindings/%2F/e/{name}/q/{queue}/{key}"
+        return web.Response(status=201, headers={"Location": location})
+
+
+def _basic_credentials(header: str) -> tuple[str, str] | None:
+    """(user, password) of an ``Authorization: Basic ...`` header (RFC 7617, UTF-8); None
+    when there is none or it is malformed."""
+    scheme, _, encoded = header.partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        user, colon, password = base64.b64decode(encoded.strip(), validate=True).decode(
+            ).partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return (user, password) if colon else None
+
+
+def _rss_bytes() -> int:
+    """This process's resident memory (Linux /proc; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

@@ -1,0 +1,44 @@
+"""The management API in a cluster: any server answers /api/queues and /api/nodes for the
+whole cluster from the Raft metadata (leader, members, ISR), its own replica's figures where
+it holds one; connections and publishers are per server, as RabbitMQ lists them per node."""
+from __future__ import annotations
+
+from rstream import Producer
+
+from _apps import created, until
+from server.test_management import call
+
+
+async def test_any_server_answers_for_the_cluster(cluster):
+    placement = await created(cluster, "one", replication_factor=1)
+    holder = next(x for x in cluster if x.broker.placement.server_id == placement.leader)
+    other = next(x for x in cluster if x is not holder)
+    host, port = holder.rabbitmq_stream.advertised
+    async with Producer(host, port, username="guest", password="guest",
+                        connection_name="cluster-producer") as producer:
+        for i in range(5):
+            await producer.send_wait("one", b"m%d" % i)
+
+        status, nodes = await call(other, "GET", "/api/nodes")
+        assert status == 200
+        names = sorted(n["name"] for n in nodes)
+        assert [n.split("@")[0] for n in names] == ["a", "b", "c"]
+        assert all(n["running"] for n in nodes)
+
+        async def listed():
+            status, queue = await call(other, "GET", "/api/queues/%2F/one")
+            return queue if status == 200 else None
+        queue = await until("'one' listed on a server without its replica", listed)
+        leader_node = next(n for n in names if n.startswith(f"{placement.leader}@"))
+        assert queue["leader"] == queue["node"] == leader_node
+        assert queue["members"] == [leader_node] and queue["online"] == [leader_node]
+        assert "messages" not in queue  # no replica here: the holder's figures are its own
+
+        async def committed():
+            status, queue = await call(holder, "GET", "/api/queues/%2F/one")
+            return queue.get("messages") == 5 and queue
+        assert (await until("5 messages on the holder", committed))["segments"] == 1
+
+        status, here = await call(holder, "GET", "/api/stream/publishers")
+        assert [p["queue"]["name"] for p in here] == ["one"]
+        assert (await call(other, "GET", "/api/stream/publishers"))[1] == []
