@@ -20,8 +20,17 @@ install: $(BIN)/python
 # `make install-test` and `make test` regenerate them; `make proto` after editing api.proto.
 proto: install
 
+# The web view's test drives Debian's chromium (tests/server/test_management_web.py): installed
+# here when missing and apt-get can (as root); elsewhere that one test is skipped, saying why.
 install-test: $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
+	@if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing chromium (apt-get) for the web view's test"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+	      || echo "note: chromium could not be installed: the web view's test will be skipped"; \
+	  else echo "note: no chromium and no root apt-get: the web view's test will be skipped"; fi; \
+	fi
 
 serve: install
 	$(BIN)/riverlog serve --data-dir $(DATA)
