@@ -556,8 +556,8 @@ class ClusterNode:
                     held.add((name, part.index))
                     replication.assign(local.partitions[part.index],
                                        self.placement.of(name, part.index))
-        for name, index in self._assigned - held:
-            replication.unassign(name, index)
+        for name, index in self._assigned - held:  # a replica deleted: its records go too
+            replication.unassign(name, index, forget=name in self.broker.streams)
         self._assigned = held
 
     # -- ReplicationEvents: what replication asks of the metadata -------------------------

@@ -1,0 +1,201 @@
+# Replica moves in a running cluster (docs/clustering.md "Moving replicas"), with real Apps
+# (their Raft members, embedded nats-servers, gRPC doors) and the real command line:
+# `riverlog cluster remove-server --move-replicas` moves every partition of a 3-server cluster
+# to a joined fourth server under a running publisher asking ALL acks, losing no acked
+# message; `riverlog stream add-replica` / `delete-replica` add a replica that catches up,
+# move leadership off a deleted leader's replica, remove the deleted replica's files, and
+# refuse what is unknown or unsafe with a clear error.
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import grpc
+
+from _apps import IDS, joiner_config, replica_bytes, stub_of, until
+from riverlog.broker import StreamConfig
+from riverlog.protocol.liftbridge import api_pb2 as pb
+from riverlog.protocol.liftbridge import api_pb2_grpc
+from riverlog.server.app import App
+
+
+async def _riverlog(*args: str) -> tuple[int, str]:
+    """`riverlog ARGS` with the cluster's Raft password in the environment; (exit code,
+    output)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "riverlog", *args,
+        env={**os.environ, "LIFTBRIDGE_RIVERLOG_RAFT_PASSWORD": "pw"},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await proc.communicate()
+    return proc.returncode, out.decode()
+
+
+async def _read(app: App, stream: str, partition: int, last: int) -> dict[int, bytes]:
+    """offset -> value of ``partition`` of ``stream`` up to offset ``last``, read from
+    ``app``'s own replica (gRPC Subscribe with readISRReplica)."""
+    got: dict[int, bytes] = {}
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc.port}") as channel:
+        call = api_pb2_grpc.APIStub(channel).Subscribe(pb.SubscribeRequest(
+            stream=stream, partition=partition, startPosition=pb.StartPosition.EARLIEST,
+            readISRReplica=True))
+        first = True
+        async for message in call:
+            if first:  # the empty message that says the subscription started (Liftbridge's)
+                first = False
+                continue
+            got[message.offset] = message.value
+            if message.offset >= last:
+                call.cancel()
+                break
+    return got
+
+
+async def test_every_replica_moves_to_a_fourth_server_under_all_acked_publishes(cluster,
+                                                                                tmp_path):
+    """A 2-partition stream with 3 replicas (minIsr 2) and `__cursors` on a, b, c; d joins;
+    every partition's replicas are on a, b, c, so each move goes to d;
+    a publisher asks ALL acks through gRPC all along; `remove-server --move-replicas` moves
+    every replica of the first server that is not the Raft leader (pysyncobj removes no
+    leader) to d, then removes it. Every acked message is read back from d's replicas at its
+    acked offset, the publisher gets acks after the move, and no partition lists the removed
+    server, which deleted its replicas' files."""
+    await cluster[0].broker.placement.create_stream("orders", StreamConfig(
+        subject="orders", partitions=2, replication_factor=3, min_isr=2))
+    await until("orders and __cursors applied everywhere", lambda: all(
+        a.broker.placement.of(s, 0) is not None for a in cluster
+        for s in ("orders", "__cursors")))
+    joiner = App(joiner_config(tmp_path, cluster))
+    await joiner.start()
+    stop = asyncio.Event()
+    publisher = None
+    try:
+        members = (*cluster, joiner)
+        await until("d registered everywhere, caught up", lambda: joiner.broker.placement.caught_up
+                    and all(a.broker.placement.servers() == (*IDS, "d") for a in members))
+        via = next(a for a in cluster if a.cluster.metadata.is_leader)
+        removed = next(a for a in cluster if a is not via)
+        gone = removed.config.cluster.server_id
+        acked: dict[int, dict[int, bytes]] = {0: {}, 1: {}}
+
+        async def publish() -> None:
+            channel, stub = stub_of(via)
+            sent = 0
+            async with channel:
+                while not stop.is_set():
+                    part, value = sent % 2, b"m%d" % sent
+                    sent += 1
+                    try:
+                        ack = (await stub.Publish(pb.PublishRequest(
+                            stream="orders", partition=part, value=value,
+                            ackPolicy=pb.AckPolicy.ALL), timeout=10)).ack
+                    except grpc.aio.AioRpcError:  # a leader change under way: not acked
+                        await asyncio.sleep(0.05)
+                        continue
+                    acked[part][ack.offset] = value
+        publisher = asyncio.create_task(publish())
+        await until("acks on both partitions", lambda: min(map(len, acked.values())) >= 20)
+
+        code, out = await _riverlog(
+            "cluster", "remove-server", removed.config.cluster.raft_address, "--move-replicas",
+            "--member", via.config.cluster.raft_address, "--wait", "120")
+        assert code == 0, out
+        assert f"moved 3 replicas off {gone}" in out, out  # orders/0, orders/1, __cursors/0
+        after = {p: len(a) for p, a in acked.items()}
+        await until("acks after the move", lambda: all(
+            len(acked[p]) >= after[p] + 20 for p in acked))
+        stop.set()
+        await publisher
+
+        others = [a for a in members if a is not removed]
+        await until(f"{gone} out of the metadata everywhere", lambda: all(
+            gone not in a.broker.placement.servers() for a in others))
+        for app in others:
+            for name, stream in app.broker.placement.state.streams.items():
+                for part in stream.partitions:
+                    assert gone not in part.replicas and gone not in part.isr, (name, part)
+                    assert "d" in part.replicas, (name, part)
+        assert "orders" not in removed.broker.streams  # its replicas' files are deleted
+        assert not os.path.exists(os.path.join(removed.config.data_dir, "streams", "orders"))
+        for part, messages in acked.items():
+            got = await _read(joiner, "orders", part, max(messages))
+            lost = {o: v for o, v in messages.items() if got.get(o) != v}
+            assert not lost, f"partition {part}: {len(lost)} acked messages not on d"
+    finally:
+        stop.set()
+        if publisher is not None:
+            await asyncio.gather(publisher, return_exceptions=True)
+        await joiner.stop()
+
+
+async def test_add_and_delete_replica_commands_and_their_refusals(cluster):
+    """`stream add-replica` puts a replica on the third server that catches up byte for byte
+    and joins the ISR; `delete-replica` of the leader's replica moves the leadership first,
+    and of one partition removes only that partition's records on its server. Unknown
+    stream, partition or server, a replica that exists, and deletions under minIsr or of
+    the only replica are refused with a clear error and change nothing."""
+    a, b, c = cluster
+    member = ("--member", b.config.cluster.raft_address)
+    placement = a.broker.placement
+    await placement.create_stream("two", StreamConfig(subject="two", partitions=2,
+                                                      replication_factor=2, min_isr=1))
+    await until("two applied everywhere", lambda: all(
+        x.broker.placement.of("two", 1) is not None for x in cluster))
+    channel, stub = stub_of(a)
+    async with channel:
+        for i in range(30):
+            await stub.Publish(pb.PublishRequest(stream="two", partition=0, value=b"v%d" % i,
+                                                 ackPolicy=pb.AckPolicy.ALL), timeout=10)
+    part0 = placement.of("two", 0)
+    spare = next(s for s in IDS if s not in part0.replicas)
+    code, out = await _riverlog("stream", "add-replica", "two", spare, "-p", "0", *member)
+    assert code == 0, out
+    assert f"two partition 0: {spare} is in sync" in out
+    target = cluster[IDS.index(spare)]
+    assert spare in target.broker.placement.of("two", 0).isr
+    leader = cluster[IDS.index(part0.leader)]
+    await until("the new replica holds the leader's bytes", lambda: replica_bytes(
+        target, "two") == replica_bytes(leader, "two"))
+
+    refusals = [
+        (("add-replica", "nope", "a"), "no stream 'nope'"),
+        (("add-replica", "two", "zz", "-p", "0"), "no server 'zz'"),
+        (("add-replica", "two", spare, "-p", "0"), "holds a replica already"),
+        (("add-replica", "two", spare, "-p", "7"), "has no partition 7"),
+        (("delete-replica", "nope", "a"), "no stream 'nope'"),
+    ]
+    for args, words in refusals:
+        code, out = await _riverlog("stream", *args, *member)
+        assert code == 1 and words in out, (args, out)
+
+    # the leader's replica: another in-sync replica leads first, then its files go
+    epoch = part0.leader_epoch
+    code, out = await _riverlog("stream", "delete-replica", "two", part0.leader, "-p", "0",
+                                *member)
+    assert code == 0, out
+    await until("a new leader of two/0 everywhere", lambda: all(
+        x.broker.placement.of("two", 0).leader not in (None, part0.leader) for x in cluster))
+    now = a.broker.placement.of("two", 0)
+    assert now.leader_epoch == epoch + 1 and part0.leader not in now.replicas
+    holds_one = part0.leader in placement.of("two", 1).replicas
+    await until(f"{part0.leader} dropped its records of two/0", lambda: (
+        leader.broker.streams["two"].partitions[0].next_offset == 0) if holds_one
+        else "two" not in leader.broker.streams)
+
+    last = a.broker.placement.of("two", 1)  # two replicas, minIsr 1: one may go, not both
+    code, out = await _riverlog("stream", "delete-replica", "two", last.replicas[1], "-p", "1",
+                                *member)
+    assert code == 0, out
+    code, out = await _riverlog("stream", "delete-replica", "two", last.replicas[0], "-p", "1",
+                                *member)
+    assert code == 1 and "holds the only replica" in out, out
+    code, out = await _riverlog("stream", "delete-replica", "two", last.replicas[1], "-p", "1",
+                                *member)
+    assert code == 1 and "holds no replica" in out, out
+
+    await placement.create_stream("strict", StreamConfig(subject="strict",
+                                                         replication_factor=3, min_isr=3))
+    await until("strict applied on b", lambda: b.broker.placement.of("strict", 0) is not None)
+    code, out = await _riverlog("stream", "delete-replica", "strict", "a", *member)
+    assert code == 1 and "below the stream's minimum of 3" in out, out
+    assert sorted(a.broker.placement.of("strict", 0).replicas) == list(IDS)  # unchanged
