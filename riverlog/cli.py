@@ -290,7 +290,8 @@ def cluster_up(servers: int, directory: str, host: str, advertise: str | None) -
 @click.option("--move-replicas", is_flag=True,
               help="First move every replica the server holds to the other servers (the "
                    "ones holding the fewest replicas), each deleted once its replacement is "
-                   "in sync.")
+                   "in sync; then, if the server leads the Raft, it hands the leadership "
+                   "over.")
 @click.option("--wait", "wait_s", type=float, default=WAIT_S, show_default=True,
               help="With --move-replicas: seconds to wait for the new replicas to join the "
                    "ISR (nothing is deleted or removed if they do not).")
@@ -301,14 +302,17 @@ def cluster_remove_server(raft_address: str, member: str, password: str, move_re
     the metadata Raft (pysyncobj's removeNodeFromCluster, over --member's Raft port with
     the Raft password), then, by the Raft leader, out of the cluster metadata (new streams
     no longer place replicas on it). Its replicas stay in the partitions' replica lists
-    unless --move-replicas moves them first. The Raft leader cannot be removed: ask again
-    once another member leads."""
-    from .cluster.metadata import admin_at, remove_member_at
+    unless --move-replicas moves them first; then a server leading the Raft hands the
+    leadership over before it is removed. Without --move-replicas the Raft leader cannot be
+    removed: ask again once another member leads."""
+    from .cluster.metadata import admin_at, hand_over_leadership, remove_member_at
     from .cluster.reassign import move_replicas_off, server_with_raft_address
     if move_replicas:
         server = server_with_raft_address(admin_at(member, password, "state"), raft_address)
         moves = move_replicas_off(member, password, server, wait_s, click.echo)
         click.echo(f"moved {len(moves)} replicas off {server}")
+        if hand_over_leadership(raft_address, password):
+            click.echo(f"{raft_address} handed the Raft leadership over")
     remove_member_at(member, raft_address, password)
     click.echo(f"removed {raft_address} from the metadata Raft; the Raft leader removes its "
                f"server from the metadata within a second")

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
@@ -43,6 +44,8 @@ MEMBERS_POLL_S = 0.02
 """How often add_member looks whether the leader holds the change."""
 ADMIN_TIMEOUT_S = 30.0
 """How long an admin request (remove_member_at) waits for its answer."""
+LEADER_POLL_S = 0.1
+"""How often hand_over_leadership asks whether another member leads."""
 
 ADMIN_REQUEST = "riverlog"
 """The pysyncobj utility message riverlog's admin requests travel as: [ADMIN_REQUEST,
@@ -338,6 +341,32 @@ def remove_member_at(member: str, address: str, password: str,
         raise RaftUnavailable(f"the Raft did not remove {address}: {answer} (it must be a "
                               f"member, neither the Raft leader nor {member} itself, and a "
                               f"leader must be elected)")
+
+
+def hand_over_leadership(address: str, password: str, timeout: float = ADMIN_TIMEOUT_S) -> bool:
+    """If the member at ``address`` ("host:port") leads the Raft, ask it to hand the
+    leadership to its most caught-up follower (pysyncobj's admin request "transfer", Raft's
+    TimeoutNow; refused while no follower holds its whole log, so asked again until
+    ``timeout``) and return True once another member leads; False when it does not lead or
+    does not answer (not running: it leads nothing). Blocking. Raises RaftUnavailable (no
+    other leader within ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    try:
+        status = _utility(address, ["status"], password, timeout)
+    except RaftUnavailable:
+        return False
+    if str(status.get("leader")) != str(status.get("self")):
+        return False
+    answer = None
+    while time.monotonic() < deadline:
+        status = _utility(address, ["status"], password, timeout)
+        if status.get("leader") is not None and str(status["leader"]) != address:
+            return True
+        if answer != "SUCCESS TRANSFER":
+            answer = _utility(address, ["transfer"], password, timeout)
+        time.sleep(LEADER_POLL_S)
+    raise RaftUnavailable(f"the Raft leader {address} did not hand its leadership over within "
+                          f"{timeout:g} s (last answer {answer}): try again")
 
 
 def admin_at(member: str, password: str, command: str, timeout: float = ADMIN_TIMEOUT_S,

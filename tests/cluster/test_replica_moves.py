@@ -15,6 +15,7 @@ import grpc
 
 from _apps import IDS, joiner_config, replica_bytes, stub_of, until
 from riverlog.broker import StreamConfig
+from riverlog.cluster.metadata import hand_over_leadership
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge import api_pb2_grpc
 from riverlog.server.app import App
@@ -55,9 +56,9 @@ async def test_every_replica_moves_to_a_fourth_server_under_all_acked_publishes(
                                                                                 tmp_path):
     """A 2-partition stream with 3 replicas (minIsr 2) and `__cursors` on a, b, c; d joins;
     every partition's replicas are on a, b, c, so each move goes to d;
-    a publisher asks ALL acks through gRPC all along; `remove-server --move-replicas` moves
-    every replica of the first server that is not the Raft leader (pysyncobj removes no
-    leader) to d, then removes it. Every acked message is read back from d's replicas at its
+    a publisher asks ALL acks through gRPC (on b) all along; `remove-server --move-replicas`
+    moves every replica of the first server, a, to d, then removes it (handing the Raft
+    leadership over first if a leads). Every acked message is read back from d's replicas at its
     acked offset, the publisher gets acks after the move, and no partition lists the removed
     server, which deleted its replicas' files."""
     await cluster[0].broker.placement.create_stream("orders", StreamConfig(
@@ -73,8 +74,7 @@ async def test_every_replica_moves_to_a_fourth_server_under_all_acked_publishes(
         members = (*cluster, joiner)
         await until("d registered everywhere, caught up", lambda: joiner.broker.placement.caught_up
                     and all(a.broker.placement.servers() == (*IDS, "d") for a in members))
-        via = next(a for a in cluster if a.cluster.metadata.is_leader)
-        removed = next(a for a in cluster if a is not via)
+        removed, via = cluster[0], cluster[1]
         gone = removed.config.cluster.server_id
         acked: dict[int, dict[int, bytes]] = {0: {}, 1: {}}
 
@@ -199,3 +199,18 @@ async def test_add_and_delete_replica_commands_and_their_refusals(cluster):
     code, out = await _riverlog("stream", "delete-replica", "strict", "a", *member)
     assert code == 1 and "below the stream's minimum of 3" in out, out
     assert sorted(a.broker.placement.of("strict", 0).replicas) == list(IDS)  # unchanged
+
+
+async def test_the_raft_leader_hands_its_leadership_over(cluster):
+    """hand_over_leadership (remove-server --move-replicas before removing a Raft leader):
+    pysyncobj's "transfer" request to the leader makes another member lead; a member that
+    does not lead, or does not answer, is left alone."""
+    leader = next(a for a in cluster if a.cluster.metadata.is_leader)
+    other = next(a for a in cluster if a is not leader)
+    address = leader.config.cluster.raft_address
+    assert not await asyncio.to_thread(hand_over_leadership,
+                                       other.config.cluster.raft_address, "pw")
+    assert await asyncio.to_thread(hand_over_leadership, address, "pw")
+    await until("another member leads everywhere", lambda: all(
+        a.cluster.metadata.leader not in (None, address) for a in cluster))
+    assert not leader.cluster.metadata.is_leader
