@@ -1,8 +1,8 @@
 # Replica moves in a running cluster (docs/clustering.md "Moving replicas"), with real Apps
 # (their Raft members, embedded nats-servers, gRPC doors) and the real command line:
 # `riverlog cluster remove-server --move-replicas` moves every partition of a 3-server cluster
-# to a joined fourth server under a running publisher asking ALL acks, losing no acked
-# message; `riverlog stream add-replica` / `delete-replica` add a replica that catches up,
+# to a joined fourth server under running publishers (gRPC asking ALL acks, rstream waiting
+# for confirms), losing no acked or confirmed message; `riverlog stream add-replica` / `delete-replica` add a replica that catches up,
 # move leadership off a deleted leader's replica, remove the deleted replica's files, and
 # refuse what is unknown or unsafe with a clear error.
 from __future__ import annotations
@@ -12,8 +12,11 @@ import os
 import sys
 
 import grpc
+from rstream import Producer
+from rstream.exceptions import ServerError
 
 from _apps import IDS, joiner_config, replica_bytes, stub_of, until
+from compat._servers import HOST
 from riverlog.broker import StreamConfig
 from riverlog.cluster.metadata import hand_over_leadership
 from riverlog.protocol.liftbridge import api_pb2 as pb
@@ -54,22 +57,27 @@ async def _read(app: App, stream: str, partition: int, last: int) -> dict[int, b
 
 async def test_every_replica_moves_to_a_fourth_server_under_all_acked_publishes(cluster,
                                                                                 tmp_path):
-    """A 2-partition stream with 3 replicas (minIsr 2) and `__cursors` on a, b, c; d joins;
+    """A 2-partition stream and a 1-partition one with 3 replicas (minIsr 2) and `__cursors`
+    on a, b, c; d joins;
     every partition's replicas are on a, b, c, so each move goes to d;
-    a publisher asks ALL acks through gRPC (on b) all along; `remove-server --move-replicas`
+    a publisher asks ALL acks through gRPC (on b) and an rstream Producer (seeded at b) waits
+    for confirms all along; `remove-server --move-replicas`
     moves every replica of the first server, a, to d, then removes it (handing the Raft
     leadership over first if a leads). Every acked message is read back from d's replicas at its
-    acked offset, the publisher gets acks after the move, and no partition lists the removed
+    acked offset and every confirmed message exactly once, both publishers are answered
+    after the move, and no partition lists the removed
     server, which deleted its replicas' files."""
     await cluster[0].broker.placement.create_stream("orders", StreamConfig(
         subject="orders", partitions=2, replication_factor=3, min_isr=2))
-    await until("orders and __cursors applied everywhere", lambda: all(
+    await cluster[0].broker.placement.create_stream("confirmed", StreamConfig(
+        subject="confirmed", replication_factor=3, min_isr=2))
+    await until("the streams and __cursors applied everywhere", lambda: all(
         a.broker.placement.of(s, 0) is not None for a in cluster
-        for s in ("orders", "__cursors")))
+        for s in ("orders", "confirmed", "__cursors")))
     joiner = App(joiner_config(tmp_path, cluster))
     await joiner.start()
     stop = asyncio.Event()
-    publisher = None
+    publishers = []
     try:
         members = (*cluster, joiner)
         await until("d registered everywhere, caught up", lambda: joiner.broker.placement.caught_up
@@ -93,19 +101,36 @@ async def test_every_replica_moves_to_a_fourth_server_under_all_acked_publishes(
                         await asyncio.sleep(0.05)
                         continue
                     acked[part][ack.offset] = value
-        publisher = asyncio.create_task(publish())
-        await until("acks on both partitions", lambda: min(map(len, acked.values())) >= 20)
+        confirmed: list[bytes] = []
+
+        async def publish_rstream() -> None:  # rstream finds the leader in Metadata and
+            sent = 0                          # follows it on a MetadataUpdate
+            async with Producer(HOST, via.rabbitmq_stream.port, username="guest",
+                                password="guest") as producer:
+                while not stop.is_set():
+                    value = b"r%d" % sent
+                    sent += 1
+                    try:
+                        await asyncio.wait_for(producer.send_wait("confirmed", value), 10)
+                    except (asyncio.TimeoutError, OSError, ServerError):
+                        await asyncio.sleep(0.05)
+                        continue
+                    confirmed.append(value)
+        publishers = [asyncio.create_task(publish()), asyncio.create_task(publish_rstream())]
+        await until("acks on both partitions, confirms", lambda: min(
+            map(len, acked.values())) >= 20 and len(confirmed) >= 20)
 
         code, out = await _riverlog(
             "cluster", "remove-server", removed.config.cluster.raft_address, "--move-replicas",
             "--member", via.config.cluster.raft_address, "--wait", "120")
         assert code == 0, out
-        assert f"moved 3 replicas off {gone}" in out, out  # orders/0, orders/1, __cursors/0
+        assert f"moved 4 replicas off {gone}" in out, out  # orders/0, /1, confirmed, __cursors
         after = {p: len(a) for p, a in acked.items()}
-        await until("acks after the move", lambda: all(
-            len(acked[p]) >= after[p] + 20 for p in acked))
+        confirms_after = len(confirmed) + 20
+        await until("acks and confirms after the move", lambda: all(
+            len(acked[p]) >= after[p] + 20 for p in acked) and len(confirmed) >= confirms_after)
         stop.set()
-        await publisher
+        await asyncio.gather(*publishers)
 
         others = [a for a in members if a is not removed]
         await until(f"{gone} out of the metadata everywhere", lambda: all(
@@ -121,10 +146,14 @@ async def test_every_replica_moves_to_a_fourth_server_under_all_acked_publishes(
             got = await _read(joiner, "orders", part, max(messages))
             lost = {o: v for o, v in messages.items() if got.get(o) != v}
             assert not lost, f"partition {part}: {len(lost)} acked messages not on d"
+        log = joiner.broker.streams["confirmed"].partitions[0].log
+        await until("d committed every confirm", lambda: log.committed_offset >= len(confirmed) - 1)
+        stored = list((await _read(joiner, "confirmed", 0, log.committed_offset)).values())
+        missing = [v for v in confirmed if stored.count(v) != 1]
+        assert not missing, f"{len(missing)} confirmed messages not once on d: {missing[:5]}"
     finally:
         stop.set()
-        if publisher is not None:
-            await asyncio.gather(publisher, return_exceptions=True)
+        await asyncio.gather(*publishers, return_exceptions=True)
         await joiner.stop()
 
 
