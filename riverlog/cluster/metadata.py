@@ -52,6 +52,7 @@ ADMIN_REQUEST = "riverlog"
 command, JSON arguments], answered with one JSON object."""
 ADMIN_COMMANDS = ("add_replica", "delete_replica")
 """The metadata commands an operator may submit with admin_at (besides reading "state")."""
+_ADMIN_ARGUMENTS = {"stream": str, "index": int, "server": str}
 
 _FAIL_NAMES = {v: k for k, v in vars(FAIL_REASON).items() if k.isupper()}
 
@@ -178,8 +179,12 @@ class RaftMetadata:
             return
         try:
             arguments = json.loads(args[1]) if len(args) > 1 else {}
-            if command not in ADMIN_COMMANDS or not isinstance(arguments, dict):
+            if command not in ADMIN_COMMANDS:
                 raise ValueError(f"unknown admin request {command!r}")
+            if not (isinstance(arguments, dict) and set(arguments) == set(_ADMIN_ARGUMENTS)
+                    and all(type(arguments[k]) is t for k, t in _ADMIN_ARGUMENTS.items())):
+                raise ValueError(f"{command} takes stream (a string), index (an integer) and "
+                                 f"server (a string), got {arguments!r}")
         except ValueError as exc:
             answer(json.dumps({"error": str(exc)}), None)
             return

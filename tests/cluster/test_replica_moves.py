@@ -12,24 +12,26 @@ import os
 import sys
 
 import grpc
+import pytest
 from rstream import Producer
 from rstream.exceptions import ServerError
 
 from _apps import IDS, joiner_config, replica_bytes, stub_of, until
 from compat._servers import HOST
 from riverlog.broker import StreamConfig
-from riverlog.cluster.metadata import hand_over_leadership
+from riverlog.cluster.metadata import admin_at, hand_over_leadership
+from riverlog.cluster.state import MetadataError
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge import api_pb2_grpc
 from riverlog.server.app import App
 
 
-async def _riverlog(*args: str) -> tuple[int, str]:
-    """`riverlog ARGS` with the cluster's Raft password in the environment; (exit code,
-    output)."""
+async def _riverlog(*args: str, password: str = "pw") -> tuple[int, str]:
+    """`riverlog ARGS` with ``password`` (the cluster's) as the Raft password in the
+    environment; (exit code, output)."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "riverlog", *args,
-        env={**os.environ, "LIFTBRIDGE_RIVERLOG_RAFT_PASSWORD": "pw"},
+        env={**os.environ, "LIFTBRIDGE_RIVERLOG_RAFT_PASSWORD": password},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     out, _ = await proc.communicate()
     return proc.returncode, out.decode()
@@ -196,6 +198,15 @@ async def test_add_and_delete_replica_commands_and_their_refusals(cluster):
     for args, words in refusals:
         code, out = await _riverlog("stream", *args, *member)
         assert code == 1 and words in out, (args, out)
+    code, out = await _riverlog("stream", "add-replica", "two", spare, *member, password="no")
+    assert code == 1 and "a wrong password is disconnected without an answer" in out, out
+    raft = b.config.cluster.raft_address  # only add/delete_replica, with well-typed arguments
+    for command, arguments, words in [
+            ("change_leader", {"stream": "two", "index": 0}, "unknown admin request"),
+            ("add_replica", {"stream": "two", "index": "0", "server": "c"}, "an integer"),
+            ("delete_replica", {"stream": "two", "index": 0}, "takes stream")]:
+        with pytest.raises(MetadataError, match=words):
+            await asyncio.to_thread(admin_at, raft, "pw", command, **arguments)
 
     # the leader's replica: another in-sync replica leads first, then its files go
     epoch = part0.leader_epoch
