@@ -398,15 +398,16 @@ def admin_at(member: str, password: str, command: str, timeout: float = ADMIN_TI
 
 
 def summary(state: ClusterState) -> dict:
-    """``state`` as JSON values: ``servers`` (id -> Raft address "host:port", or None) and
+    """``state`` as JSON values: ``servers`` (id -> Raft address "host:port", or None),
     ``streams`` (name -> one dict per partition: ``index``, ``replicas``, ``isr``,
-    ``leader``, ``leader_epoch``)."""
+    ``leader``, ``leader_epoch``) and ``super_streams`` (name -> its partition streams)."""
     return {"servers": {i: (f"{d.host}:{d.port}" if (d := server.doors.get("raft")) else None)
                         for i, server in state.servers.items()},
             "streams": {name: [{"index": p.index, "replicas": list(p.replicas),
                                 "isr": list(p.isr), "leader": p.leader,
                                 "leader_epoch": p.leader_epoch} for p in stream.partitions]
-                        for name, stream in state.streams.items()}}
+                        for name, stream in state.streams.items()},
+            "super_streams": {name: list(s.partitions) for name, s in state.super_streams.items()}}
 
 
 def _settle(future: asyncio.Future[object], result: object, error: int) -> None:

@@ -32,7 +32,11 @@ def partitions_of(state: dict, stream: str, partitions: tuple[int, ...] = ()) ->
     stream or partition)."""
     found = state["streams"].get(stream)
     if found is None:
-        raise MetadataError(f"no stream {stream!r}")
+        partitions = state.get("super_streams", {}).get(stream)
+        hint = "" if partitions is None else (
+            f": {stream!r} is a super stream, name its partition streams "
+            f"({', '.join(partitions)}) one by one")
+        raise MetadataError(f"no stream {stream!r}{hint}")
     indexes = list(partitions) or [p["index"] for p in found]
     for index in indexes:
         if not 0 <= index < len(found):

@@ -48,3 +48,12 @@ def test_a_request_names_partitions_and_servers_or_says_what_is_unknown():
     assert server_with_raft_address(state, f"h:{ord('b')}") == "b"
     with pytest.raises(s.MetadataError, match="no registered server has the Raft address"):
         server_with_raft_address(state, "h:1")
+
+
+def test_a_super_stream_named_as_a_stream_gets_its_partitions_named():
+    state, _ = s.create_stream(_state("ab"), "invoices-0", "invoices-0")
+    state, _ = s.create_super_stream(state, "invoices", ("invoices-0",), ("0",))
+    with pytest.raises(s.MetadataError, match="'invoices' is a super stream, name its "
+                                              "partition streams \\(invoices-0\\)"):
+        partitions_of(summary(state), "invoices")
+    assert partitions_of(summary(state), "invoices-0") == [0]

@@ -1,10 +1,11 @@
 # Replica moves in a running cluster (docs/clustering.md "Moving replicas"), with real Apps
-# (their Raft members, embedded nats-servers, gRPC doors) and the real command line:
-# `riverlog cluster remove-server --move-replicas` moves every partition of a 3-server cluster
-# to a joined fourth server under running publishers (gRPC asking ALL acks, rstream waiting
-# for confirms), losing no acked or confirmed message; `riverlog stream add-replica` / `delete-replica` add a replica that catches up,
-# move leadership off a deleted leader's replica, remove the deleted replica's files, and
-# refuse what is unknown or unsafe with a clear error.
+# (their Raft members, embedded nats-servers, gRPC and RabbitMQ Stream doors) and the real
+# command line: `riverlog cluster remove-server --move-replicas` moves every partition of a
+# 3-server cluster to a joined fourth server under running publishers (gRPC asking ALL acks,
+# rstream waiting for confirms), losing no acked or confirmed message; `riverlog stream
+# add-replica` / `delete-replica` add a replica that catches up, move leadership off a
+# deleted leader's replica, remove the deleted replica's files, and refuse what is unknown or
+# unsafe with a clear error.
 from __future__ import annotations
 
 import asyncio
