@@ -306,11 +306,14 @@ def cluster_remove_server(raft_address: str, member: str, password: str, move_re
     leadership over before it is removed. Without --move-replicas the Raft leader cannot be
     removed: ask again once another member leads."""
     from .cluster.metadata import admin_at, hand_over_leadership, remove_member_at
-    from .cluster.reassign import move_replicas_off, server_with_raft_address
+    from .cluster.reassign import move_replicas_off, server_with_raft_address, wait_applied_off
     if move_replicas:
         server = server_with_raft_address(admin_at(member, password, "state"), raft_address)
         moves = move_replicas_off(member, password, server, wait_s, click.echo)
         click.echo(f"moved {len(moves)} replicas off {server}")
+        if not wait_applied_off(raft_address, password, server, wait_s):
+            click.echo(f"{server} does not answer: it removes its replicas' files when it "
+                       f"runs again")
         if hand_over_leadership(raft_address, password):
             click.echo(f"{raft_address} handed the Raft leadership over")
     remove_member_at(member, raft_address, password)

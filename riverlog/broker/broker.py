@@ -187,11 +187,13 @@ class Broker:
         log.info("created stream %r (%d partition(s))", name, len(stream.partitions))
         return stream
 
-    def delete(self, name: str) -> None:
+    def delete(self, name: str, internal: bool = False) -> None:
         """Delete a stream and its data. Readers waiting on it get ``LogClosedError``;
         deletion listeners are told. Raises ``StreamNotFoundError``, or
-        ``ReservedStreamError`` for an internal stream."""
-        check_writable(name)
+        ``ReservedStreamError`` for an internal stream unless ``internal`` (a cluster
+        member whose replica of ``__cursors`` was deleted)."""
+        if not internal:
+            check_writable(name)
         stream = self.get(name)
         del self.streams[name]
         os.unlink(os.path.join(stream.directory, METADATA_FILE))

@@ -495,13 +495,16 @@ class ClusterNode:
             except Exception:
                 log.exception("cannot create the local replica of stream %r", name)
         for name in list(broker.streams):
-            if name in RESERVED_STREAMS:
-                continue
             stream = state.streams.get(name)
+            if name in RESERVED_STREAMS and stream is None:  # this server's own
+                continue
             held = stream is not None and any(me in p.replicas for p in stream.partitions)
             if not held and (caught_up or name in old.streams):
                 try:
-                    self.delete_local(name)
+                    if name in RESERVED_STREAMS:  # __cursors: its replica here was deleted
+                        broker.delete(name, internal=True)
+                    else:
+                        self.delete_local(name)
                 except Exception:
                     log.exception("cannot delete the local replica of stream %r", name)
         self._assign(state)

@@ -14,7 +14,7 @@ import time
 from typing import Callable
 
 from ..errors import ClusterUnavailableError
-from .metadata import admin_at
+from .metadata import RaftUnavailable, admin_at
 from .state import MetadataError
 
 POLL_S = 0.2
@@ -136,3 +136,25 @@ def move_replicas_off(member: str, password: str, server: str, wait_s: float,
     add_replicas(member, password, [m for m in moves if m[2] is not None], wait_s, echo)
     delete_replicas(member, password, [(s, i, server) for s, i, _ in moves], echo)
     return moves
+
+
+def wait_applied_off(address: str, password: str, server: str, wait_s: float) -> bool:
+    """Return True once the member at Raft ``address`` (``server``'s own) has applied the
+    deletion of all its replicas (then it removes their files), False at once when it does
+    not answer (not running: it removes them when it restarts and catches up). A server is
+    removed from the Raft only after this: removed earlier, it may never hear of the last
+    deletions, and would keep their files. Raises ReplicaNotInSync after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            state = admin_at(address, password, "state")
+        except RaftUnavailable:
+            return False
+        held = [f"{name}/{p['index']}" for name, parts in state["streams"].items()
+                for p in parts if server in p["replicas"]]
+        if not held:
+            return True
+        if time.monotonic() > deadline:
+            raise ReplicaNotInSync(f"{server} has not applied the deletion of its replicas "
+                                   f"{', '.join(held)} after {wait_s:g} s")
+        time.sleep(POLL_S)
