@@ -184,8 +184,9 @@ def add_server(state: ClusterState, server: Server) -> tuple[ClusterState, Serve
 
 def remove_server(state: ClusterState, server_id: str) -> tuple[ClusterState, None]:
     """Take server ``server_id`` out of the cluster: new streams no longer place replicas on
-    it. Partitions keep it in their replicas (nothing is reassigned); the ISR loses it as it
-    stops fetching, as for any server that stopped. Raises NoSuchServer."""
+    it. Partitions keep it in their replicas (delete_replica takes it out; `riverlog cluster
+    remove-server --move-replicas` moves them first); the ISR loses it as it stops fetching,
+    as for any server that stopped. Raises NoSuchServer."""
     if server_id not in state.servers:
         raise NoSuchServer(f"no server {server_id!r}")
     servers = {i: server for i, server in state.servers.items() if i != server_id}
