@@ -100,10 +100,9 @@ async def measure(local: LocalCluster, password: str, args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=200_000)
-    parser.add_argument("--size", type=int, default=250)
-    parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--seconds", type=float, default=5.0)
+    for flag, default in (("messages", 200_000), ("size", 250), ("batch", 100),
+                          ("seconds", 5.0)):
+        parser.add_argument(f"--{flag}", type=type(default), default=default)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         local = LocalCluster(directory, 3)
