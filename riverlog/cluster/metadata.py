@@ -400,12 +400,15 @@ def admin_at(member: str, password: str, command: str, timeout: float = ADMIN_TI
 def summary(state: ClusterState) -> dict:
     """``state`` as JSON values: ``servers`` (id -> Raft address "host:port", or None),
     ``streams`` (name -> one dict per partition: ``index``, ``replicas``, ``isr``,
-    ``leader``, ``leader_epoch``) and ``super_streams`` (name -> its partition streams)."""
+    ``leader``, ``leader_epoch``, ``min_isr``) and ``super_streams`` (name -> its partition
+    streams)."""
     return {"servers": {i: (f"{d.host}:{d.port}" if (d := server.doors.get("raft")) else None)
                         for i, server in state.servers.items()},
             "streams": {name: [{"index": p.index, "replicas": list(p.replicas),
                                 "isr": list(p.isr), "leader": p.leader,
-                                "leader_epoch": p.leader_epoch} for p in stream.partitions]
+                                "leader_epoch": p.leader_epoch,
+                                "min_isr": max(1, int(stream.config.get("min_isr") or 1))}
+                               for p in stream.partitions]
                         for name, stream in state.streams.items()},
             "super_streams": {name: list(s.partitions) for name, s in state.super_streams.items()}}
 

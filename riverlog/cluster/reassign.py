@@ -130,9 +130,19 @@ def move_replicas_off(member: str, password: str, server: str, wait_s: float,
                       echo: Callable[[str], None] = print) -> list[tuple[str, int, str | None]]:
     """Move every replica ``server`` holds to other servers (``plan_moves``): add each new
     replica, wait until every one is in sync, then delete ``server``'s (also where no
-    server was free to take it). Returns the moves. Raises MetadataError (e.g. a deletion
-    under minIsr), ReplicaNotInSync (nothing deleted then), RaftUnavailable."""
-    moves = plan_moves(admin_at(member, password, "state"), server)
+    server was free to take it). Returns the moves. Raises MetadataError (e.g. a partition
+    no other server can take whose deletion would go under minIsr: found before anything
+    changes), ReplicaNotInSync (nothing deleted then), RaftUnavailable."""
+    state = admin_at(member, password, "state")
+    moves = plan_moves(state, server)
+    for stream, index, target in moves:  # refused before anything changes
+        part = state["streams"][stream][index]
+        isr = [r for r in part["isr"] if r != server]
+        if target is None and server in part["isr"] and len(isr) < part["min_isr"]:
+            raise MetadataError(
+                f"stream {stream!r} partition {index}: every other server holds a replica, and "
+                f"deleting {server!r}'s would leave {len(isr)} in-sync replicas, below the "
+                f"stream's minimum of {part['min_isr']}: add a server first (nothing was moved)")
     add_replicas(member, password, [m for m in moves if m[2] is not None], wait_s, echo)
     delete_replicas(member, password, [(s, i, server) for s, i, _ in moves], echo)
     return moves

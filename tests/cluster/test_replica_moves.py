@@ -166,7 +166,8 @@ async def test_add_and_delete_replica_commands_and_their_refusals(cluster):
     and joins the ISR; `delete-replica` of the leader's replica moves the leadership first,
     and of one partition removes only that partition's records on its server. Unknown
     stream, partition or server, a replica that exists, and deletions under minIsr or of
-    the only replica are refused with a clear error and change nothing."""
+    the only replica are refused with a clear error and change nothing, and so is a
+    `remove-server --move-replicas` that would have to."""
     a, b, c = cluster
     member = ("--member", b.config.cluster.raft_address)
     placement = a.broker.placement
@@ -241,6 +242,12 @@ async def test_add_and_delete_replica_commands_and_their_refusals(cluster):
     code, out = await _riverlog("stream", "delete-replica", "strict", "a", *member)
     assert code == 1 and "below the stream's minimum of 3" in out, out
     assert sorted(a.broker.placement.of("strict", 0).replicas) == list(IDS)  # unchanged
+    # no fourth server to take c's replica of strict: refused before anything moves
+    code, out = await _riverlog("cluster", "remove-server", c.config.cluster.raft_address,
+                                "--move-replicas", *member)
+    assert code == 1 and "below the stream's minimum of 3: add a server first" in out, out
+    assert "c" in a.broker.placement.servers()
+    assert sorted(a.broker.placement.of("strict", 0).replicas) == list(IDS)
 
 
 async def test_the_raft_leader_hands_its_leadership_over(cluster):
