@@ -5,8 +5,9 @@
 # it), and the metadata changes the replication engine asks for (ReplicationEvents: ISR
 # shrink/expand, a leader reported unresponsive).
 # Rules: the metadata is the truth: a stream with a replica here exists locally with the
-# settings the metadata carries (the same on every replica), a stream gone from the metadata is
-# deleted here, but only once this member has caught up with the Raft log (a member restarting
+# settings the metadata carries (the same on every replica), a stream gone from the metadata (or
+# holding no replica here any more) is deleted here, a partition whose replica here was deleted
+# loses its records, but only once this member has caught up with the Raft log (a member restarting
 # starts from an empty state and must not delete what it has not replayed yet); until it has
 # caught up this server leads nothing (placement names no leader, replication plays no role,
 # doors take no write): its Raft member replays its journal first, whose leaderships may be
