@@ -285,6 +285,11 @@ def cluster_up(servers: int, directory: str, host: str, advertise: str | None) -
         cluster.stop()
 
 
+HAND_OVER_TRIES = 3
+"""remove-server --move-replicas: hand-over-and-remove attempts (a server that handed the
+Raft leadership over can be elected again before its removal, on a loaded machine)."""
+
+
 @cluster_group.command("remove-server")
 @click.argument("raft_address")
 @click.option("--move-replicas", is_flag=True,
@@ -305,7 +310,8 @@ def cluster_remove_server(raft_address: str, member: str, password: str, move_re
     unless --move-replicas moves them first; then a server leading the Raft hands the
     leadership over before it is removed. Without --move-replicas the Raft leader cannot be
     removed: ask again once another member leads."""
-    from .cluster.metadata import admin_at, hand_over_leadership, remove_member_at
+    from .cluster.metadata import (RaftUnavailable, admin_at, hand_over_leadership,
+                                   remove_member_at)
     from .cluster.reassign import move_replicas_off, server_with_raft_address, wait_applied_off
     if move_replicas:
         server = server_with_raft_address(admin_at(member, password, "state"), raft_address)
@@ -314,9 +320,15 @@ def cluster_remove_server(raft_address: str, member: str, password: str, move_re
         if not wait_applied_off(raft_address, password, server, wait_s):
             click.echo(f"{server} does not answer: it removes its replicas' files when it "
                        f"runs again")
-        if hand_over_leadership(raft_address, password):
+    for attempt in range(HAND_OVER_TRIES if move_replicas else 1):
+        if move_replicas and hand_over_leadership(raft_address, password):
             click.echo(f"{raft_address} handed the Raft leadership over")
-    remove_member_at(member, raft_address, password)
+        try:
+            remove_member_at(member, raft_address, password)
+            break
+        except RaftUnavailable:  # e.g. elected again right after it handed over
+            if attempt == HAND_OVER_TRIES - 1 or not move_replicas:
+                raise
     click.echo(f"removed {raft_address} from the metadata Raft; the Raft leader removes its "
                f"server from the metadata within a second")
 

@@ -252,14 +252,14 @@ async def test_add_and_delete_replica_commands_and_their_refusals(cluster):
 
 async def test_the_raft_leader_hands_its_leadership_over(cluster):
     """hand_over_leadership (remove-server --move-replicas before removing a Raft leader):
-    pysyncobj's "transfer" request to the leader makes another member lead; a member that
-    does not lead, or does not answer, is left alone."""
+    pysyncobj's "transfer" request to the leader makes another member lead (in a new term;
+    on a loaded machine the former leader may be elected again later); a member that does
+    not lead is left alone."""
     leader = next(a for a in cluster if a.cluster.metadata.is_leader)
     other = next(a for a in cluster if a is not leader)
     address = leader.config.cluster.raft_address
     assert not await asyncio.to_thread(hand_over_leadership,
                                        other.config.cluster.raft_address, "pw")
-    assert await asyncio.to_thread(hand_over_leadership, address, "pw")
-    await until("another member leads everywhere", lambda: all(
-        a.cluster.metadata.leader not in (None, address) for a in cluster))
-    assert not leader.cluster.metadata.is_leader
+    term = leader.cluster.metadata.status()["term"]
+    assert await asyncio.to_thread(hand_over_leadership, address, "pw")  # once another leads
+    assert leader.cluster.metadata.status()["term"] > term  # an election took place
