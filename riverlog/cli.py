@@ -14,6 +14,8 @@ import click
 
 from . import __version__
 from .cli_ops import COMMANDS as OPS_COMMANDS
+from .cli_ops import stream_group
+from .cli_replicas import REPLICA_COMMANDS, WAIT_S, raft_options
 from .config import Durability, ServerConfig
 from .errors import RiverlogError
 from .log.recovery import verify_partition
@@ -218,6 +220,8 @@ def _announce(app: App) -> None:
 
 for _command in OPS_COMMANDS:  # stream, publish, tail, stats (riverlog/cli_ops.py)
     main.add_command(_command)
+for _command in REPLICA_COMMANDS:
+    stream_group.add_command(_command)
 main.add_command(demo)  # riverlog demo ... (riverlog/spark/demo.py)
 
 
@@ -301,33 +305,50 @@ def cluster_up(servers: int, directory: str, host: str, advertise: str | None) -
         cluster.stop()
 
 
+HAND_OVER_TRIES = 3
+"""remove-server --move-replicas: hand-over-and-remove attempts (a server that handed the
+Raft leadership over can be elected again before its removal, on a loaded machine)."""
+
+
 @cluster_group.command("remove-server")
 @click.argument("raft_address")
-@click.option("--member", required=True, metavar="HOST:PORT",
-              help="The Raft address of another member of the cluster, which takes the "
-                   "request (not the server removed).")
-@click.option("--password-file", type=click.Path(exists=True, dir_okay=False),
-              help="A file holding the Raft password (e.g. DIR/raft-password of `cluster "
-                   "up`).  [default: LIFTBRIDGE_RIVERLOG_RAFT_PASSWORD]")
-def cluster_remove_server(raft_address: str, member: str, password_file: str | None) -> None:
+@click.option("--move-replicas", is_flag=True,
+              help="First move every replica the server holds to the other servers (the "
+                   "ones holding the fewest replicas), each deleted once its replacement is "
+                   "in sync; then, if the server leads the Raft, it hands the leadership "
+                   "over.")
+@click.option("--wait", "wait_s", type=float, default=WAIT_S, show_default=True,
+              help="With --move-replicas: seconds to wait for the new replicas to join the "
+                   "ISR (nothing is deleted or removed if they do not).")
+@raft_options
+def cluster_remove_server(raft_address: str, member: str, password: str, move_replicas: bool,
+                          wait_s: float) -> None:
     """Take the server whose Raft address is RAFT_ADDRESS out of a running cluster: out of
     the metadata Raft (pysyncobj's removeNodeFromCluster, over --member's Raft port with
     the Raft password), then, by the Raft leader, out of the cluster metadata (new streams
-    no longer place replicas on it; existing replicas stay). The Raft leader cannot be
+    no longer place replicas on it). Its replicas stay in the partitions' replica lists
+    unless --move-replicas moves them first; then a server leading the Raft hands the
+    leadership over before it is removed. Without --move-replicas the Raft leader cannot be
     removed: ask again once another member leads."""
-    from .cluster.metadata import RaftUnavailable, remove_member_at
-    if password_file:
-        with open(password_file) as f:
-            password = f.read().strip()
-    else:
-        password = os.environ.get("LIFTBRIDGE_RIVERLOG_RAFT_PASSWORD", "")
-    if not password:
-        raise click.ClickException("the Raft password: give --password-file or set "
-                                   "LIFTBRIDGE_RIVERLOG_RAFT_PASSWORD")
-    try:
-        remove_member_at(member, raft_address, password)
-    except RaftUnavailable as exc:
-        raise click.ClickException(str(exc)) from None
+    from .cluster.metadata import (RaftUnavailable, admin_at, hand_over_leadership,
+                                   remove_member_at)
+    from .cluster.reassign import move_replicas_off, server_with_raft_address, wait_applied_off
+    if move_replicas:
+        server = server_with_raft_address(admin_at(member, password, "state"), raft_address)
+        moves = move_replicas_off(member, password, server, wait_s, click.echo)
+        click.echo(f"moved {len(moves)} replicas off {server}")
+        if not wait_applied_off(raft_address, password, server, wait_s):
+            click.echo(f"{server} does not answer: it removes its replicas' files when it "
+                       f"runs again")
+    for attempt in range(HAND_OVER_TRIES if move_replicas else 1):
+        if move_replicas and hand_over_leadership(raft_address, password):
+            click.echo(f"{raft_address} handed the Raft leadership over")
+        try:
+            remove_member_at(member, raft_address, password)
+            break
+        except RaftUnavailable:  # e.g. elected again right after it handed over
+            if attempt == HAND_OVER_TRIES - 1 or not move_replicas:
+                raise
     click.echo(f"removed {raft_address} from the metadata Raft; the Raft leader removes its "
                f"server from the metadata within a second")
 

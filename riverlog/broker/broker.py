@@ -250,11 +250,13 @@ class Broker:
                 f"user {owner!r} owns {held} stream(s); {streams} more would pass the limit of "
                 f"{limit} per user (riverlog.limits.streams.per.user)")
 
-    def delete(self, name: str) -> None:
+    def delete(self, name: str, internal: bool = False) -> None:
         """Delete a stream and its data. Readers waiting on it get ``LogClosedError``;
         deletion listeners are told. Raises ``StreamNotFoundError``, or
-        ``ReservedStreamError`` for an internal stream."""
-        check_writable(name)
+        ``ReservedStreamError`` for an internal stream unless ``internal`` (a cluster
+        member whose replica of ``__cursors`` was deleted)."""
+        if not internal:
+            check_writable(name)
         stream = self.get(name)
         del self.streams[name]
         if stream.config.owner is not None:

@@ -15,13 +15,18 @@
 # section 6's one-server-at-a-time change), one change at a time (pysyncobj refuses a second
 # until the first is committed), and replayed from the journal, or read from the snapshot,
 # when a member restarts; a member's own start partners are only where it starts from.
+# Operators reach the metadata over the Raft port with the Raft password (as RabbitMQ's
+# CLI tools reach a node with the Erlang cookie): pysyncobj's admin requests, and riverlog's
+# own `riverlog` request (``admin_at``: read the state, or ADMIN_COMMANDS only).
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import os
 import threading
+import time
 from typing import Any, Callable
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
@@ -39,6 +44,15 @@ MEMBERS_POLL_S = 0.02
 """How often add_member looks whether the leader holds the change."""
 ADMIN_TIMEOUT_S = 30.0
 """How long an admin request (remove_member_at) waits for its answer."""
+LEADER_POLL_S = 0.1
+"""How often hand_over_leadership asks whether another member leads."""
+
+ADMIN_REQUEST = "riverlog"
+"""The pysyncobj utility message riverlog's admin requests travel as: [ADMIN_REQUEST,
+command, JSON arguments], answered with one JSON object."""
+ADMIN_COMMANDS = ("add_replica", "delete_replica")
+"""The metadata commands an operator may submit with admin_at (besides reading "state")."""
+_ADMIN_ARGUMENTS = {"stream": str, "index": int, "server": str}
 
 _FAIL_NAMES = {v: k for k, v in vars(FAIL_REASON).items() if k.isupper()}
 
@@ -152,6 +166,40 @@ class RaftMetadata:
             self._raft.destroy_synchronous()
             raise RaftBindError(f"cannot listen for Raft on {settings.address} (in use, or "
                                 f"not an address of this machine)") from None
+        self._raft._SyncObj__transport.setOnUtilityMessageCallback(ADMIN_REQUEST, self._admin)
+
+    def _admin(self, args: list, answer: Callable[[str, None], None]) -> None:
+        """An admin request (admin_at), in pysyncobj's thread, from a peer that proved the
+        Raft password: ``["state"]`` is answered with this member's applied metadata
+        (``summary``); ``[command, JSON arguments]`` of ADMIN_COMMANDS is applied through
+        Raft and answered once applied here, ``{"ok": true}`` or ``{"error": reason}``."""
+        command = args[0] if args else None
+        if command == "state":
+            answer(json.dumps(summary(self.state)), None)
+            return
+        try:
+            arguments = json.loads(args[1]) if len(args) > 1 else {}
+            if command not in ADMIN_COMMANDS:
+                raise ValueError(f"unknown admin request {command!r}")
+            if not (isinstance(arguments, dict) and set(arguments) == set(_ADMIN_ARGUMENTS)
+                    and all(type(arguments[k]) is t for k, t in _ADMIN_ARGUMENTS.items())):
+                raise ValueError(f"{command} takes stream (a string), index (an integer) and "
+                                 f"server (a string), got {arguments!r}")
+        except ValueError as exc:
+            answer(json.dumps({"error": str(exc)}), None)
+            return
+
+        def done(result: object, error: int) -> None:
+            if error != FAIL_REASON.SUCCESS:
+                reply = {"error": f"Raft did not apply {command}: "
+                                  f"{_FAIL_NAMES.get(error, error)} (read the metadata "
+                                  f"before trying again)"}
+            elif isinstance(result, MetadataError):
+                reply = {"error": str(result)}
+            else:
+                reply = {"ok": True}
+            answer(json.dumps(reply), None)
+        self._replicated.apply(command, arguments, callback=done)
 
     @property
     def state(self) -> ClusterState:
@@ -271,6 +319,20 @@ class RaftMetadata:
         self._raft.destroy_synchronous()
 
 
+def _utility(member: str, message: list, password: str, timeout: float, *addresses: str):
+    """Send pysyncobj utility ``message`` to the member at ``member`` ("host:port") and
+    return its answer. Raises RaftUnavailable (an address that is no host:port, no answer)."""
+    for where in (member, *addresses):
+        host, sep, port = where.rpartition(":")
+        if not (sep and host and port.isdigit()):
+            raise RaftUnavailable(f"{where!r} is no Raft address (host:port)")
+    try:
+        return TcpUtility(password, timeout).executeCommand(member, message)
+    except UtilityException as exc:
+        raise RaftUnavailable(f"no answer from the Raft member at {member} ({exc}; a wrong "
+                              f"password is disconnected without an answer)") from None
+
+
 def remove_member_at(member: str, address: str, password: str,
                      timeout: float = ADMIN_TIMEOUT_S) -> None:
     """Ask the running member at ``member`` ("host:port", its Raft address) to take the
@@ -279,19 +341,76 @@ def remove_member_at(member: str, address: str, password: str,
     committed. Blocking. Raises RaftUnavailable saying why (no connection, a wrong
     password, ``address`` no member, the Raft leader's or ``member``'s own address, no
     leader)."""
-    for where in (member, address):
-        host, sep, port = where.rpartition(":")
-        if not (sep and host and port.isdigit()):
-            raise RaftUnavailable(f"{where!r} is no Raft address (host:port)")
-    try:
-        answer = TcpUtility(password, timeout).executeCommand(member, ["remove", address])
-    except UtilityException as exc:
-        raise RaftUnavailable(f"no answer from the Raft member at {member} ({exc}; a wrong "
-                              f"password is disconnected without an answer)") from None
+    answer = _utility(member, ["remove", address], password, timeout, address)
     if answer != f"SUCCESS REMOVE {address}":
         raise RaftUnavailable(f"the Raft did not remove {address}: {answer} (it must be a "
                               f"member, neither the Raft leader nor {member} itself, and a "
                               f"leader must be elected)")
+
+
+def hand_over_leadership(address: str, password: str, timeout: float = ADMIN_TIMEOUT_S) -> bool:
+    """If the member at ``address`` ("host:port") leads the Raft, ask it to hand the
+    leadership to its most caught-up follower (pysyncobj's admin request "transfer", Raft's
+    TimeoutNow; refused while no follower holds its whole log, so asked again until
+    ``timeout``) and return True once another member leads; False when it does not lead or
+    does not answer (not running: it leads nothing). Blocking. Raises RaftUnavailable (no
+    other leader within ``timeout`` seconds)."""
+    deadline = time.monotonic() + timeout
+    try:
+        status = _utility(address, ["status"], password, timeout)
+    except RaftUnavailable:
+        return False
+    if str(status.get("leader")) != str(status.get("self")):
+        return False
+    answer = None
+    while time.monotonic() < deadline:
+        status = _utility(address, ["status"], password, timeout)
+        if status.get("leader") is not None and str(status["leader"]) != address:
+            return True
+        if answer != "SUCCESS TRANSFER":
+            answer = _utility(address, ["transfer"], password, timeout)
+        time.sleep(LEADER_POLL_S)
+    raise RaftUnavailable(f"the Raft leader {address} did not hand its leadership over within "
+                          f"{timeout:g} s (last answer {answer}): try again")
+
+
+def admin_at(member: str, password: str, command: str, timeout: float = ADMIN_TIMEOUT_S,
+             **arguments: Any) -> dict:
+    """Ask the running member at ``member`` ("host:port", its Raft address; the Raft
+    password ``password``) for riverlog's admin request ``command``: "state" returns
+    ``summary`` of its applied metadata; one of ADMIN_COMMANDS (with ``arguments``, JSON
+    values) is applied through Raft and returns ``{"ok": True}``. Blocking. Raises
+    MetadataError (the command was refused; the message says why), RaftUnavailable (no
+    answer, or Raft could not apply it: the outcome is unknown)."""
+    answer = _utility(member, [ADMIN_REQUEST, command, json.dumps(arguments)], password,
+                      timeout)
+    try:
+        reply = json.loads(answer)
+    except (TypeError, ValueError):
+        raise RaftUnavailable(f"the Raft member at {member} answered {answer!r}: not a "
+                              f"riverlog server of this version?") from None
+    error = reply.get("error")
+    if error is not None:
+        if error.startswith("Raft did not apply"):
+            raise RaftUnavailable(error)
+        raise MetadataError(error)
+    return reply
+
+
+def summary(state: ClusterState) -> dict:
+    """``state`` as JSON values: ``servers`` (id -> Raft address "host:port", or None),
+    ``streams`` (name -> one dict per partition: ``index``, ``replicas``, ``isr``,
+    ``leader``, ``leader_epoch``, ``min_isr``) and ``super_streams`` (name -> its partition
+    streams)."""
+    return {"servers": {i: (f"{d.host}:{d.port}" if (d := server.doors.get("raft")) else None)
+                        for i, server in state.servers.items()},
+            "streams": {name: [{"index": p.index, "replicas": list(p.replicas),
+                                "isr": list(p.isr), "leader": p.leader,
+                                "leader_epoch": p.leader_epoch,
+                                "min_isr": max(1, int(stream.config.get("min_isr") or 1))}
+                               for p in stream.partitions]
+                        for name, stream in state.streams.items()},
+            "super_streams": {name: list(s.partitions) for name, s in state.super_streams.items()}}
 
 
 def _settle(future: asyncio.Future[object], result: object, error: int) -> None:

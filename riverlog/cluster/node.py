@@ -5,8 +5,9 @@
 # it), and the metadata changes the replication engine asks for (ReplicationEvents: ISR
 # shrink/expand, a leader reported unresponsive).
 # Rules: the metadata is the truth: a stream with a replica here exists locally with the
-# settings the metadata carries (the same on every replica), a stream gone from the metadata is
-# deleted here, but only once this member has caught up with the Raft log (a member restarting
+# settings the metadata carries (the same on every replica), a stream gone from the metadata (or
+# holding no replica here any more) is deleted here, a partition whose replica here was deleted
+# loses its records, but only once this member has caught up with the Raft log (a member restarting
 # starts from an empty state and must not delete what it has not replayed yet); until it has
 # caught up this server leads nothing (placement names no leader, replication plays no role,
 # doors take no write): its Raft member replays its journal first, whose leaderships may be
@@ -500,13 +501,16 @@ class ClusterNode:
             except Exception:
                 log.exception("cannot create the local replica of stream %r", name)
         for name in list(broker.streams):
-            if name in RESERVED_STREAMS:
-                continue
             stream = state.streams.get(name)
+            if name in RESERVED_STREAMS and stream is None:  # this server's own
+                continue
             held = stream is not None and any(me in p.replicas for p in stream.partitions)
             if not held and (caught_up or name in old.streams):
                 try:
-                    self.delete_local(name)
+                    if name in RESERVED_STREAMS:  # __cursors: its replica here was deleted
+                        broker.delete(name, internal=True)
+                    else:
+                        self.delete_local(name)
                 except Exception:
                     log.exception("cannot delete the local replica of stream %r", name)
         self._assign(state)
@@ -561,8 +565,8 @@ class ClusterNode:
                     held.add((name, part.index))
                     replication.assign(local.partitions[part.index],
                                        self.placement.of(name, part.index))
-        for name, index in self._assigned - held:
-            replication.unassign(name, index)
+        for name, index in self._assigned - held:  # a replica deleted: its records go too
+            replication.unassign(name, index, forget=name in self.broker.streams)
         self._assigned = held
 
     # -- ReplicationEvents: what replication asks of the metadata -------------------------

@@ -20,6 +20,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..broker.placement import PartitionPlacement
+from ..errors import LogError
 from ..log.high_watermark import HighWatermarkCheckpoint
 from ..protocol.liftbridge.envelope import EnvelopeError, MsgType, decode_internal
 from .replication_context import ReplicationEvents, ReplicationSettings
@@ -147,12 +148,14 @@ class Replication:
         elif placement.leader is not None and self.server_id in placement.replicas:
             replica.role = Follower(self, partition, placement, *subjects)
 
-    def unassign(self, stream: str, index: int) -> None:
+    def unassign(self, stream: str, index: int, forget: bool = False) -> None:
         """Stop replicating partition ``index`` of ``stream`` (deleted, or no longer held
-        here); its high watermark is saved unless its folder is gone."""
+        here); its high watermark is saved unless its folder is gone. ``forget``: its
+        replica here was deleted while the stream stays (state.delete_replica): its records
+        and segment files are removed too (CommitLog.reset to offset 0)."""
         replica = self._replicas.pop((stream, index), None)
         if replica is not None:
-            asyncio.get_running_loop().create_task(self._drop(replica))
+            asyncio.get_running_loop().create_task(self._drop(replica, forget))
 
     def stats(self, stream: str, index: int) -> dict:
         """What describe and /metrics show: ``role`` ("leader", "follower" or "none"),
@@ -183,9 +186,15 @@ class Replication:
             role.stop()
             replica.chain(role.finished())
 
-    async def _drop(self, replica: _Replica) -> None:
+    async def _drop(self, replica: _Replica, forget: bool = False) -> None:
         self._stop_role(replica)
         await replica.settled()
+        if forget:
+            try:
+                replica.partition.log.reset(0)
+            except LogError as exc:  # closed meanwhile (the stream went), compacting
+                log.warning("the deleted replica of %r keeps its records: %s",
+                            replica.partition, exc)
         self._save(replica)
 
     def _restore(self, replica: _Replica) -> None:

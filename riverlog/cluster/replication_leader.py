@@ -140,7 +140,12 @@ class Leader:
             await sub.unsubscribe()
 
     def update(self, placement: "PartitionPlacement") -> None:
-        """The same leader and epoch with another ISR (a shrink or expand applied)."""
+        """The same leader and epoch with another ISR (a shrink or expand applied) or other
+        replicas (state.add_replica, delete_replica): a new replica is a follower out of
+        sync until it catches up, a deleted one is forgotten."""
+        now = self._loop.time()
+        self._followers = {r: self._followers.get(r) or _Follower(now, False)
+                           for r in placement.replicas if r != self.engine.server_id}
         for replica, f in self._followers.items():
             f.asked = False
             in_sync = replica in placement.isr

@@ -53,6 +53,15 @@ class SuperStreamExists(MetadataError):
     """create_super_stream of a super stream name that is taken."""
 
 
+class ReplicaExists(MetadataError):
+    """add_replica on a server that holds a replica of the partition already."""
+
+
+class UnsafeReplicaChange(MetadataError):
+    """delete_replica that would leave fewer in-sync replicas than the stream's minIsr (at
+    least 1), or no replica: add a replica and let it catch up first."""
+
+
 class StaleLeaderEpoch(MetadataError):
     """A request made under a leader epoch that is no longer the partition's: re-read the
     metadata."""
@@ -175,8 +184,9 @@ def add_server(state: ClusterState, server: Server) -> tuple[ClusterState, Serve
 
 def remove_server(state: ClusterState, server_id: str) -> tuple[ClusterState, None]:
     """Take server ``server_id`` out of the cluster: new streams no longer place replicas on
-    it. Partitions keep it in their replicas (nothing is reassigned); the ISR loses it as it
-    stops fetching, as for any server that stopped. Raises NoSuchServer."""
+    it. Partitions keep it in their replicas (delete_replica takes it out; `riverlog cluster
+    remove-server --move-replicas` moves them first); the ISR loses it as it stops fetching,
+    as for any server that stopped. Raises NoSuchServer."""
     if server_id not in state.servers:
         raise NoSuchServer(f"no server {server_id!r}")
     servers = {i: server for i, server in state.servers.items() if i != server_id}
@@ -336,6 +346,56 @@ def expand_isr(state: ClusterState, stream: str, index: int, replica: str,
         return state, part
     new = dataclasses.replace(part, isr=tuple(r for r in part.replicas
                                               if r in part.isr or r == replica))
+    return _with_partition(state, new), new
+
+
+def add_replica(state: ClusterState, stream: str, index: int,
+                server: str) -> tuple[ClusterState, Partition]:
+    """Add a replica of the partition on ``server`` (rabbitmq-streams add_replica): last in
+    the replicas, outside the ISR. It copies the leader's log like any follower, and the
+    leader asks it into the ISR (expand_isr) once it holds everything committed, so it
+    counts for commits only then. Raises NoSuchStream, NoSuchPartition, NoSuchServer,
+    ReplicaExists."""
+    part = state.partition(stream, index)
+    if server not in state.servers:
+        raise NoSuchServer(f"no server {server!r} (servers: {', '.join(sorted(state.servers))})")
+    if server in part.replicas:
+        raise ReplicaExists(f"stream {stream!r} partition {index}: {server!r} holds a replica "
+                            f"already (replicas {list(part.replicas)})")
+    new = dataclasses.replace(part, replicas=part.replicas + (server,))
+    return _with_partition(state, new), new
+
+
+def delete_replica(state: ClusterState, stream: str, index: int,
+                   server: str) -> tuple[ClusterState, Partition]:
+    """Take ``server``'s replica out of the partition (rabbitmq-streams delete_replica; the
+    server need not be in the cluster any more). The leader's replica hands the leadership
+    to the first other in-sync replica in replica order first (epoch + 1, as change_leader).
+    Refused when an in-sync ``server`` leaves fewer in-sync replicas than the stream's
+    ``min_isr`` (at least 1): ALL acks and confirms could no longer be given, or nothing
+    committed would be left. Raises NoSuchStream, NoSuchPartition, NotAReplica,
+    UnsafeReplicaChange."""
+    part = state.partition(stream, index)
+    where = f"stream {stream!r} partition {index}"
+    if server not in part.replicas:
+        raise NotAReplica(f"{where}: {server!r} holds no replica (replicas "
+                          f"{list(part.replicas)})")
+    isr = tuple(r for r in part.isr if r != server)
+    need = max(1, int(state.streams[stream].config.get("min_isr") or 1))
+    if len(part.replicas) == 1:
+        raise UnsafeReplicaChange(f"{where}: {server!r} holds the only replica (delete the "
+                                  f"stream instead)")
+    if server in part.isr and len(isr) < need:
+        raise UnsafeReplicaChange(
+            f"{where}: deleting {server!r} would leave {len(isr)} in-sync replicas "
+            f"{list(isr)}, below the stream's minimum of {need}: add a replica and wait until "
+            f"it is in sync first")
+    new = dataclasses.replace(part, replicas=tuple(r for r in part.replicas if r != server),
+                              isr=isr, witnesses=tuple(w for w in part.witnesses
+                                                       if w[0] != server))
+    if part.leader == server:
+        new = dataclasses.replace(new, leader=isr[0], leader_epoch=part.leader_epoch + 1,
+                                  witnesses=())
     return _with_partition(state, new), new
 
 
@@ -514,5 +574,6 @@ TRANSITIONS: Mapping[str, Callable[..., tuple[ClusterState, object]]] = {
     f.__name__: f for f in (add_server, create_stream, delete_stream, change_leader,
                             report_leader, shrink_isr, expand_isr, set_partition_flags, join_group,
                             leave_group, report_group_coordinator, remove_server,
-                            create_super_stream, delete_super_stream)}
+                            create_super_stream, delete_super_stream, add_replica,
+                            delete_replica)}
 """The commands Raft replicates, by name: ``TRANSITIONS[name](state, **arguments)``."""

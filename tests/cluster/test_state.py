@@ -178,6 +178,10 @@ commands = st.one_of(
         "stream": st.sampled_from("xyz"), "index": st.integers(0, 2),
         "replica": st.sampled_from(SERVERS)}))
       for name in ("shrink_isr", "expand_isr")),
+    *(st.tuples(st.just(name), st.fixed_dictionaries({
+        "stream": st.sampled_from("xyz"), "index": st.integers(0, 2),
+        "server": st.sampled_from(SERVERS)}))
+      for name in ("add_replica", "delete_replica")),
     st.tuples(st.just("change_leader"), st.fixed_dictionaries({
         "stream": st.sampled_from("xyz"), "index": st.integers(0, 2),
         "leader": st.none() | st.sampled_from(SERVERS)})),
@@ -207,7 +211,9 @@ def test_any_command_sequence_keeps_partitions_consistent(sequence):
         assert pickle.dumps(old) == frozen  # the old state is never changed
         for stream in state.streams.values():
             for p in stream.partitions:
-                assert set(p.isr) <= set(p.replicas)
+                assert set(p.isr) <= set(p.replicas) and p.replicas
+                if name == "delete_replica" and stream.name in old.streams:  # never the last
+                    assert p.isr or not old.partition(p.stream, p.index).isr  # in sync
                 assert len(set(p.replicas)) == len(p.replicas)
                 assert p.leader is None or p.leader in p.isr
                 if stream.name not in old.streams:
@@ -304,3 +310,55 @@ def test_super_streams_are_in_the_metadata():
     assert not state.super_streams and "r-us" in state.streams
     with pytest.raises(s.NoSuchStream):
         s.delete_super_stream(state, "r")
+
+
+def test_add_replica_joins_outside_the_isr_until_it_is_asked_in():
+    state, _ = s.create_stream(cluster("a", "b", "c", "d"), "x", "x", partitions=2,
+                               replication_factor=3)
+    state, part = s.add_replica(state, "x", 1, "a")
+    assert part.replicas == ("b", "c", "d", "a") and part.isr == ("b", "c", "d")
+    assert state.partition("x", 0).replicas == ("a", "b", "c")  # the other partition as it was
+    state, part = s.expand_isr(state, "x", 1, "a")
+    assert part.isr == ("b", "c", "d", "a")
+
+
+@pytest.mark.parametrize("args, error, words", [
+    ({"stream": "nope", "index": 0, "server": "d"}, s.NoSuchStream, "no stream 'nope'"),
+    ({"stream": "x", "index": 5, "server": "d"}, s.NoSuchPartition, "no partition 5"),
+    ({"stream": "x", "index": 0, "server": "zz"}, s.NoSuchServer, "no server 'zz'"),
+    ({"stream": "x", "index": 0, "server": "b"}, s.ReplicaExists, "holds a replica already"),
+])
+def test_add_replica_refusals_say_why(args, error, words):
+    state, _ = s.create_stream(cluster("a", "b", "c", "d"), "x", "x", replication_factor=3)
+    with pytest.raises(error, match=words):
+        s.add_replica(state, **args)
+
+
+def test_delete_replica_of_the_leader_moves_the_leadership_first():
+    state, _ = s.create_stream(cluster("a", "b", "c"), "x", "x", replication_factor=3,
+                               config={"min_isr": 2})
+    state, part = s.delete_replica(state, "x", 0, "a")
+    assert (part.replicas, part.isr, part.leader, part.leader_epoch) == (
+        ("b", "c"), ("b", "c"), "b", 2)
+    with pytest.raises(s.UnsafeReplicaChange, match="below the stream's minimum of 2"):
+        s.delete_replica(state, "x", 0, "c")  # min_isr 2: two in sync stay
+    with pytest.raises(s.NotAReplica, match="holds no replica"):
+        s.delete_replica(state, "x", 0, "a")
+
+
+def test_delete_replica_never_takes_the_last_in_sync_replica():
+    state, _ = s.create_stream(cluster("a", "b"), "x", "x", replication_factor=2)
+    state, _ = s.shrink_isr(state, "x", 0, "b")  # b lags: a is the last in-sync replica
+    with pytest.raises(s.UnsafeReplicaChange, match="would leave 0 in-sync replicas"):
+        s.delete_replica(state, "x", 0, "a")
+    state, part = s.delete_replica(state, "x", 0, "b")  # one out of sync may go
+    assert (part.replicas, part.isr, part.leader, part.leader_epoch) == (("a",), ("a",), "a", 1)
+    with pytest.raises(s.UnsafeReplicaChange, match="the only replica"):
+        s.delete_replica(state, "x", 0, "a")
+
+
+def test_a_removed_server_replica_can_still_be_deleted():
+    state, _ = s.create_stream(cluster("a", "b", "c"), "x", "x", replication_factor=3)
+    state, _ = s.remove_server(state, "c")
+    state, part = s.delete_replica(state, "x", 0, "c")
+    assert part.replicas == ("a", "b")
