@@ -24,7 +24,7 @@ from typing import Callable
 import grpc
 from google.protobuf.message import DecodeError
 
-from ..broker import Partition, StreamConfig
+from ..broker import StreamConfig
 from ..broker.stream import MAX_NAME_BYTES
 from ..broker.cursors import CursorsDisabledError, NotCursorLeaderError
 from ..broker.groups import GroupError
@@ -38,6 +38,7 @@ from ..security.grpc_auth import GrpcAuth
 from ..security.guard import Guard
 from ..security.tls import grpc_server_credentials, server_context
 from ..security.users import listens_on_loopback
+from .grpc_metadata import fetch_metadata, partition_metadata
 from .grpc_publish_async import ack_error_to_async, exact_nats_size, nats_size, publish_async
 from .grpc_subscribe import subscribe
 from .liftbridge import NONE, Liftbridge, LiftbridgeError, partition_subject
@@ -296,88 +297,9 @@ class GrpcApi:
         return pb.SetStreamReadonlyResponse()
 
     # -- metadata -----------------------------------------------------------------------
-    def _partition_metadata(self, stream: str, partition: Partition) -> pb.PartitionMetadata:
-        placed = self.service.broker.placement.of(stream, partition.index)
-        leader = "" if placed is None or placed.leader is None else placed.leader
-        events = partition.events
-
-        def stamps(kind: str) -> pb.PartitionEventTimestamps:
-            first, latest = events.get(kind, (0, 0))
-            return pb.PartitionEventTimestamps(firstTimestamp=first, latestTimestamp=latest)
-
-        return pb.PartitionMetadata(
-            id=partition.index, leader=leader, replicas=placed.replicas if placed else (),
-            isr=placed.isr if placed else (), highWatermark=partition.committed_offset,
-            newestOffset=partition.next_offset - 1,
-            paused=partition.paused, readonly=partition.readonly,
-            messagesReceivedTimestamps=stamps("received"), pauseTimestamps=stamps("pause"),
-            readonlyTimestamps=stamps("readonly"))
-
-    def _brokers(self) -> list[pb.Broker]:
-        """Every server that runs (Liftbridge's fetchBrokerInfo lists the servers answering
-        its survey; here: this one and those its Raft member is connected to): id, advertised
-        gRPC host and port, the partitions it holds and leads. go-liftbridge dials every
-        broker listed when it connects and fails if one does not answer."""
-        service = self.service
-        placement = service.broker.placement
-        if not placement.clustered:
-            total = sum(len(s.partitions) for s in service.broker.streams.values())
-            host, port = service.advertised
-            return [pb.Broker(id=service.server_id, host=host, port=port,
-                              partitionCount=total, leaderCount=total)]
-        held: dict[str, int] = {}
-        led: dict[str, int] = {}
-        for name, stream in service.broker.streams.items():
-            for index in range(len(stream.partitions)):
-                placed = placement.of(name, index)
-                for replica in placed.replicas if placed else ():
-                    held[replica] = held.get(replica, 0) + 1
-                if placed is not None and placed.leader is not None:
-                    led[placed.leader] = led.get(placed.leader, 0) + 1
-        brokers = []
-        for server_id in filter(placement.reachable, placement.servers()):
-            host, port = placement.door(server_id, "grpc") or ("", 0)
-            brokers.append(pb.Broker(id=server_id, host=host, port=port,
-                                     partitionCount=held.get(server_id, 0),
-                                     leaderCount=led.get(server_id, 0)))
-        return brokers
-
     async def FetchMetadata(self, raw: bytes, context) -> pb.FetchMetadataResponse:
         req = await _parse(pb.FetchMetadataRequest, raw, context)
-        service = self.service
-        streams = service.broker.streams
-        elsewhere = service.broker.placement.streams() or {}  # a cluster's, held here or not
-        names = list(req.streams) or list(streams) + [n for n in elsewhere if n not in streams]
-        resp = pb.FetchMetadataResponse(brokers=self._brokers())
-        for name in names:
-            stream = streams.get(name)
-            if stream is None and name in elsewhere:  # no replica here: no offsets either
-                subject, count = elsewhere[name]
-                meta = resp.streamMetadata.add(name=name, subject=subject)
-                for index in range(count):
-                    placed = service.broker.placement.of(name, index)
-                    flags = service.broker.placement.flags(name, index)
-                    meta.partitions[index].CopyFrom(pb.PartitionMetadata(
-                        id=index, leader=placed.leader or "", replicas=placed.replicas,
-                        isr=placed.isr, highWatermark=-1, newestOffset=-1,
-                        paused=flags.paused, readonly=flags.read_only))
-                continue
-            if stream is None:
-                resp.streamMetadata.add(name=name, error=pb.StreamMetadata.Error.UNKNOWN_STREAM)
-                continue
-            meta = resp.streamMetadata.add(name=name, subject=stream.config.subject or "",
-                                           creationTimestamp=stream.created_ns)
-            for partition in stream.partitions:
-                meta.partitions[partition.index].CopyFrom(
-                    self._partition_metadata(name, partition))
-        for group_id in req.groups:
-            found = service.groups.coordinator_of(group_id)
-            if found is None:
-                resp.groupMetadata.add(groupId=group_id,
-                                       error=pb.ConsumerGroupMetadata.Error.UNKNOWN_GROUP)
-            else:
-                resp.groupMetadata.add(groupId=group_id, coordinator=found[0], epoch=found[1])
-        return resp
+        return await fetch_metadata(self.service, req)
 
     async def FetchPartitionMetadata(self, raw: bytes, context):
         req = await _parse(pb.FetchPartitionMetadataRequest, raw, context)
@@ -388,7 +310,7 @@ class GrpcApi:
             raise LiftbridgeError("FAILED_PRECONDITION",
                                   "The request should be sent to partition leader")
         return pb.FetchPartitionMetadataResponse(
-            metadata=self._partition_metadata(req.stream, partition))
+            metadata=partition_metadata(self.service, req.stream, partition))
 
     # -- publishing ---------------------------------------------------------------------
     async def Publish(self, raw: bytes, context) -> pb.PublishResponse:
