@@ -10,7 +10,9 @@
 # ProtocolError (the owner closes the connection). Responses are queued per stream and sent as
 # the peer's windows allow; trailers go after the last queued byte. A connection not trusted
 # yet (no call authenticated) keeps HTTP/2's initial 65,535-byte connection window and lends
-# no window for big messages: before login a peer can make us hold at most that much.
+# no window for big messages: before login a peer can make us hold at most that much. Stream
+# resets from the peer are counted (a token bucket, nghttp2's limits): a flood of them
+# (HTTP/2 rapid reset, CVE-2023-44487) gets GOAWAY ENHANCE_YOUR_CALM and ProtocolError.
 # Wire facts: RFC 9113 (HTTP/2: 4.1 frame layout, 6.1 DATA, 6.9 WINDOW_UPDATE, 5.1 stream
 # states), gRPC's PROTOCOL-HTTP2.md (length-prefixed messages, grpc-timeout, grpc-status and
 # grpc-message trailers, percent-encoding).
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import struct
+import time
 
 import h2.config
 import h2.connection
@@ -35,6 +38,12 @@ UNTRUSTED_WINDOW = 65535
 """... and before the connection is trusted (RFC 9113 6.9.2: the initial window)."""
 MAX_CONCURRENT_STREAMS = 100
 MAX_FRAME = 16384  # SETTINGS_MAX_FRAME_SIZE we keep (the RFC 9113 default)
+RESET_BURST = 1000
+"""Stream resets (RST_STREAM from the client) a connection may send at once, and
+RESET_RATE: how many a second refill that allowance. More, and the connection gets GOAWAY
+ENHANCE_YOUR_CALM (HTTP/2 rapid reset, CVE-2023-44487). nghttp2's defaults
+(NGHTTP2_DEFAULT_STREAM_RESET_BURST 1000, _RATE 33, lib/nghttp2_session.c)."""
+RESET_RATE = 33.0
 _DATA, _HEADERS, _PUSH_PROMISE, _CONTINUATION = 0x0, 0x1, 0x5, 0x9
 _END_STREAM, _END_HEADERS, _PADDED = 0x1, 0x4, 0x8
 _FRAME_HEADER = struct.Struct(">IBI")  # length (24 bits) + type, flags, R + stream id
@@ -121,8 +130,12 @@ class GrpcH2Connection:
     connection window stays UNTRUSTED_WINDOW and no window is lent for big messages until
     ``trust()`` (the owner calls it once a call is authenticated)."""
 
-    def __init__(self, max_message: int, trusted: bool = True) -> None:
+    def __init__(self, max_message: int, trusted: bool = True,
+                 clock=time.monotonic) -> None:
         self.max_message = max_message
+        self._clock = clock
+        self._resets = float(RESET_BURST)  # resets allowed now (a token bucket)
+        self._resets_at = clock()
         config = h2.config.H2Configuration(client_side=False, header_encoding=None)
         self.h2 = h2.connection.H2Connection(config)
         self.h2.local_settings = h2.settings.Settings(client=False, initial_values={
@@ -279,6 +292,8 @@ class GrpcH2Connection:
                     if stream.local_done:
                         self._drop(event.stream_id)
             elif isinstance(event, h2.events.StreamReset):
+                if event.remote_reset:
+                    self._reset_counted()
                 if self._drop(event.stream_id) is not None:
                     events.append((RESET, event.stream_id))
             elif isinstance(event, h2.events.WindowUpdated):
@@ -320,6 +335,18 @@ class GrpcH2Connection:
             self._drop(sid)
             return
         events.append((CALL, sid, path.decode("latin-1"), metadata, timeout))
+
+    def _reset_counted(self) -> None:
+        """One more stream reset by the client; too many (RESET_BURST, refilled at
+        RESET_RATE a second) end the connection with ENHANCE_YOUR_CALM, as nghttp2 does."""
+        now = self._clock()
+        self._resets = min(RESET_BURST, self._resets + (now - self._resets_at) * RESET_RATE)
+        self._resets_at = now
+        if self._resets < 1:
+            self._fail(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM,
+                       f"more than {RESET_BURST} stream resets (at most {RESET_RATE:g}/s "
+                       f"after them): rapid reset")
+        self._resets -= 1
 
     def _fail(self, code: h2.errors.ErrorCodes, message: str):
         self.h2.close_connection(error_code=code)

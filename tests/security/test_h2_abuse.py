@@ -1,0 +1,85 @@
+# Abuse of the gRPC door's HTTP/2 transport by a logged-in client (issue 24): HTTP/2 rapid
+# reset (CVE-2023-44487) gets GOAWAY ENHANCE_YOUR_CALM as nghttp2 answers it, and a request
+# over the maximum message size is refused at once with RESOURCE_EXHAUSTED. Real server in
+# this process (_sec.running) with authorization on; a raw HTTP/2 client built with `h2`
+# over a socket and real grpcio clients.
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+
+from _sec import PASSWORDS, running, security
+from riverlog.protocol.grpc_h2 import RESET_BURST
+
+
+class RawClient:
+    """An HTTP/2 client (`h2`) logged in as alice: opens calls and resets them."""
+
+    def __init__(self, reader, writer) -> None:
+        self.reader, self.writer = reader, writer
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(
+            client_side=True, header_encoding="utf-8"))
+        self.conn.initiate_connection()
+        token = base64.b64encode(f"alice:{PASSWORDS['alice']}".encode()).decode()
+        self.headers = [(":method", "POST"), (":scheme", "http"),
+                        (":path", "/proto.API/FetchMetadata"), (":authority", "riverlog"),
+                        ("content-type", "application/grpc"), ("te", "trailers"),
+                        ("authorization", f"Basic {token}")]
+        self.terminated: h2.events.ConnectionTerminated | None = None
+
+    async def open_and_reset(self, count: int) -> None:
+        for i in range(count):
+            sid = self.conn.get_next_available_stream_id()
+            self.conn.send_headers(sid, self.headers)
+            self.conn.reset_stream(sid, h2.errors.ErrorCodes.CANCEL)
+            if i % 100 == 99:
+                await self.flush()
+        await self.flush()
+
+    async def flush(self) -> None:
+        self.writer.write(self.conn.data_to_send())
+        await self.writer.drain()
+
+    async def read(self, quiet: float) -> bool:
+        """Read what the server sends until it is quiet for ``quiet`` seconds (True) or
+        closes the connection (False)."""
+        while True:
+            try:
+                data = await asyncio.wait_for(self.reader.read(65536), quiet)
+            except asyncio.TimeoutError:
+                return True
+            if not data:
+                return False
+            for event in self.conn.receive_data(data):
+                if isinstance(event, h2.events.ConnectionTerminated):
+                    self.terminated = event
+            await self.flush()
+
+
+async def test_rapid_reset_gets_goaway_enhance_your_calm(tmp_path, users):
+    """20,000 opens and resets in 3.2 s drew no GOAWAY before, and stalled the loop."""
+    async with running(tmp_path, security(users)) as app:
+        client = RawClient(*await asyncio.open_connection("127.0.0.1", app.grpc.port))
+        try:
+            await client.open_and_reset(RESET_BURST // 2)  # within the allowance: served
+            assert await client.read(0.5) and client.terminated is None
+            await client.open_and_reset(RESET_BURST)
+            open_ = True
+            for _ in range(50):
+                open_ = await client.read(0.2)
+                if not open_ or client.terminated is not None:
+                    break
+            assert client.terminated is not None, "no GOAWAY after a flood of resets"
+            assert client.terminated.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+            for _ in range(50):
+                if not open_:
+                    break
+                open_ = await client.read(0.2)
+            assert not open_, "the connection stayed open after GOAWAY"
+        finally:
+            client.writer.close()
