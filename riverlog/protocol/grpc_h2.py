@@ -11,6 +11,9 @@
 # the peer's windows allow; trailers go after the last queued byte. A connection not trusted
 # yet (no call authenticated) keeps HTTP/2's initial 65,535-byte connection window and lends
 # no window for big messages: before login a peer can make us hold at most that much. Stream
+# A message bigger than its call's window is lent the stream and connection window it needs
+# (at most twice the largest message per connection; calls over that wait for a lend), so big
+# messages never deadlock on the connection window nor take it from small calls. Stream
 # resets from the peer are counted (a token bucket, nghttp2's limits): a flood of them
 # (HTTP/2 rapid reset, CVE-2023-44487) gets GOAWAY ENHANCE_YOUR_CALM and ProtocolError.
 # Wire facts: RFC 9113 (HTTP/2: 4.1 frame layout, 6.1 DATA, 6.9 WINDOW_UPDATE, 5.1 stream
@@ -149,6 +152,9 @@ class GrpcH2Connection:
         self._header_block = False    # inside HEADERS..CONTINUATION: every frame goes to h2
         self._limit = self._window = UNTRUSTED_WINDOW  # the window we grant, what is left
         self._unacked = 0
+        self.lend_limit = max(CONNECTION_WINDOW, 2 * (max_message + 5))
+        self._lent = 0  # window lent to big messages, all calls
+        self._lend_waiting: list[int] = []  # calls whose big message waits for a lend
         self._out = bytearray(self.h2.data_to_send())
         if trusted:
             self.trust()
@@ -264,13 +270,37 @@ class GrpcH2Connection:
             pos += 5 + size
         stream.buf = data[pos:end] if pos < end else b""
         if end - pos >= 5 and self.trusted:  # a message bigger than the window: lend
-            missing = size + 5 - (end - pos) - stream.window
-            if missing > 0:
-                stream.lent += missing
-                stream.window += missing
-                self._out += _window_update(sid, missing)
+            self._lend(sid, stream)
         if messages:
             events.append((MESSAGES, sid, messages))
+
+    def _lend(self, sid: int, stream: _Stream) -> None:
+        """Lend call ``sid`` the stream and connection window its partial message still
+        needs beyond its window, so one big message neither waits for itself nor takes the
+        connection window other calls need. At most ``lend_limit`` bytes are lent per
+        connection; a call over it waits (``_lend_waiting``) until lent bytes come back."""
+        missing = _MESSAGE_PREFIX.unpack_from(stream.buf)[1] + 5 - len(stream.buf) \
+            - stream.window
+        if missing <= 0:
+            return
+        if self._lent + missing > self.lend_limit:
+            if sid not in self._lend_waiting:
+                self._lend_waiting.append(sid)
+            return
+        stream.lent += missing
+        stream.window += missing
+        self._lent += missing
+        self._window += missing
+        self._out += _window_update(sid, missing) + _window_update(0, missing)
+
+    def _lent_back(self, nbytes: int) -> None:
+        """``nbytes`` lent are consumed or dropped: lend to calls waiting for it."""
+        self._lent -= nbytes
+        waiting, self._lend_waiting = self._lend_waiting, []
+        for sid in waiting:
+            stream = self.streams.get(sid)
+            if stream is not None and not stream.remote_done and len(stream.buf) >= 5:
+                self._lend(sid, stream)
 
     def _to_h2(self, data: bytes, events: list) -> None:
         if not data:
@@ -363,6 +393,11 @@ class GrpcH2Connection:
             if stream is None:
                 return
             stream.held -= nbytes
+            if stream.lent:  # window lent for a big message is not given back
+                kept = min(stream.lent, nbytes)
+                stream.lent -= kept
+                nbytes -= kept
+                self._lent_back(kept)
         self._unacked += nbytes
         if self._unacked >= self._limit // 4:
             self._out += _window_update(0, self._unacked)
@@ -370,10 +405,6 @@ class GrpcH2Connection:
             self._unacked = 0
         if stream is None or stream.remote_done:
             return
-        if stream.lent:  # window lent for a big message is not given back twice
-            kept = min(stream.lent, nbytes)
-            stream.lent -= kept
-            nbytes -= kept
         stream.unacked += nbytes
         if stream.unacked >= STREAM_WINDOW // 4:
             self._out += _window_update(sid, stream.unacked)
@@ -453,7 +484,10 @@ class GrpcH2Connection:
         stream = self.streams.pop(sid, None)
         if stream is not None and stream.held:
             held, stream.held = stream.held, 0
-            self.consumed(0, held)
+            lent, stream.lent = min(stream.lent, held), 0
+            if lent:
+                self._lent_back(lent)
+            self.consumed(0, held - lent)
         return stream
 
     def reset(self, sid: int) -> None:

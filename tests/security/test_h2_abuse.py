@@ -7,14 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
+
+import grpc
 
 import h2.config
 import h2.connection
 import h2.errors
 import h2.events
 
-from _sec import PASSWORDS, running, security
+from _memory import MIB
+from _sec import PASSWORDS, basic, running, security, status_of
 from riverlog.protocol.grpc_h2 import RESET_BURST
+from riverlog.protocol.liftbridge import api_pb2 as pb
+from riverlog.protocol.liftbridge import api_pb2_grpc
 
 
 class RawClient:
@@ -83,3 +89,45 @@ async def test_rapid_reset_gets_goaway_enhance_your_calm(tmp_path, users):
             assert not open_, "the connection stayed open after GOAWAY"
         finally:
             client.writer.close()
+
+
+async def test_a_request_over_the_maximum_size_is_refused_at_once(tmp_path, users):
+    """A Publish of 8-60 MB hung until the client's deadline before."""
+    async with running(tmp_path, security(users)) as app, \
+            grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc.port}") as channel:
+        stub = api_pb2_grpc.APIStub(channel)
+        alice = basic("alice")
+        for size in (5 * MIB, 9 * MIB, 60 * MIB):
+            started = time.monotonic()
+            assert await status_of(stub.Publish(pb.PublishRequest(
+                stream="orders.eu", value=bytes(size)), metadata=alice, timeout=60)) == \
+                grpc.StatusCode.RESOURCE_EXHAUSTED, size
+            assert time.monotonic() - started < 20, size
+        await stub.FetchMetadata(pb.FetchMetadataRequest(), metadata=alice, timeout=10)
+
+
+async def test_a_message_larger_than_the_connection_window_is_taken(tmp_path, users):
+    """With the maximum message size raised past the 8 MiB connection window, a 9-20 MiB
+    Publish hung until the client's deadline before: the connection window was spent on
+    the message's first 8 MiB and given back only once the whole message was in."""
+    async with running(tmp_path, security(users), grpc={"max_message_bytes": 32 * MIB,
+                                                   "replication_max_bytes": 32 * MIB}) as app, \
+            grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc.port}", options=[
+                ("grpc.max_send_message_length", 64 * MIB)]) as channel:
+        stub = api_pb2_grpc.APIStub(channel)
+        await stub.CreateStream(pb.CreateStreamRequest(name="orders.eu", subject="orders.eu"),
+                                metadata=basic("ops"), timeout=10)
+        for size in (9 * MIB, 20 * MIB):
+            ack = (await stub.Publish(pb.PublishRequest(
+                stream="orders.eu", value=bytes(size), ackPolicy=pb.AckPolicy.LEADER),
+                metadata=basic("alice"), timeout=30)).ack
+            assert ack.stream == "orders.eu"
+        # three big calls at once and a small one on the same connection: none waits
+        big = [stub.Publish(pb.PublishRequest(stream="orders.eu", value=bytes(12 * MIB)),
+                            metadata=basic("alice"), timeout=30) for _ in range(3)]
+        small = stub.FetchMetadata(pb.FetchMetadataRequest(), metadata=basic("alice"),
+                                   timeout=30)
+        await asyncio.gather(small, *big)
+        assert await status_of(stub.Publish(pb.PublishRequest(
+            stream="orders.eu", value=bytes(40 * MIB)), metadata=basic("alice"),
+            timeout=30)) == grpc.StatusCode.RESOURCE_EXHAUSTED
