@@ -51,18 +51,23 @@ _RULES: dict[str, tuple[type, str, Callable]] = {
 }
 
 
-def streams_on_subject(streams: Iterable, subject: str) -> list:
-    """The streams a partition of which listens on the literal ``subject`` (partition 0 on the
-    stream's subject, partition N on ``subject.N``; wildcard subjects match as NATS does)."""
+def partitions_on_subject(streams: Iterable, subject: str) -> list[tuple]:
+    """(stream, partition index) of each partition that listens on the literal ``subject``
+    (partition 0 on the stream's subject, partition N on ``subject.N``; wildcard subjects
+    match as NATS does)."""
     found = []
     parent, _, last = subject.rpartition(".")
     index = int(last) if parent and last.isdigit() else 0
     for stream in streams:
         base = stream.config.subject
-        if base and (matches(base, subject) or (
-                0 < index < len(stream.partitions) and matches(base, parent))):
-            found.append(stream)
+        if not base:
+            continue
+        if matches(base, subject):
+            found.append((stream, 0))
+        elif 0 < index < len(stream.partitions) and matches(base, parent):
+            found.append((stream, index))
     return found
+
 
 
 def _peer_host(peer: str) -> str | None:
@@ -127,7 +132,7 @@ class GrpcAuth(grpc.aio.ServerInterceptor):
             except DecodeError:
                 return
             subject = request.subject
-            streams = streams_on_subject(self.streams(), subject)
+            streams = [s for s, _ in partitions_on_subject(self.streams(), subject)]
             if not streams:
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                     f"no stream listens on subject {subject!r}")

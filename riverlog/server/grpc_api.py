@@ -34,7 +34,7 @@ from ..metrics import GRPC, CallTracker
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge.envelope import encode_publish
 from ..protocol.nats_subject import subject_problem
-from ..security.grpc_auth import GrpcAuth
+from ..security.grpc_auth import GrpcAuth, partitions_on_subject
 from ..security.guard import Guard
 from ..security.tls import grpc_server_credentials, server_context
 from ..security.users import listens_on_loopback
@@ -409,6 +409,12 @@ class GrpcApi:
             error = bridge.ack_inbox_error(req.ackInbox)
             if error is not None:
                 raise error
+        try:  # Liftbridge's Publish precondition; its own PublishToSubject times out here
+            for stream, index in partitions_on_subject(self.service.broker.streams.values(),
+                                                       req.subject):
+                self.service.refuse_read_only(stream.name, index)
+        except LiftbridgeError as exc:
+            await context.abort(_PUBLISH_STATUS[exc.code], exc.message)
         ack = await self._through_nats(req.subject, pb.Message(
             key=req.key, value=req.value, subject=req.subject, headers=dict(req.headers),
             ackInbox=req.ackInbox, correlationId=req.correlationId, ackPolicy=req.ackPolicy),
