@@ -165,7 +165,8 @@ class GrpcApi:
         if guard is None or not (guard.require_auth
                                  or not listens_on_loopback(self.config.host)):
             return None
-        return GrpcAuth(guard, lambda: self.service.broker.streams.values())
+        return GrpcAuth(guard, lambda: self.service.broker.streams.values(),
+                        lambda: self.service.groups)
 
     @staticmethod
     def _listen(server, address: str, credentials) -> int:
