@@ -26,7 +26,7 @@ from google.protobuf.message import DecodeError
 
 from ..broker import StreamConfig
 from ..broker.stream import MAX_NAME_BYTES
-from ..broker.cursors import CursorsDisabledError, NotCursorLeaderError
+from ..broker.cursors import CursorLimitError, CursorsDisabledError, NotCursorLeaderError
 from ..broker.groups import GroupError
 from ..config import GrpcConfig
 from ..errors import ClusterUnavailableError, LogClosedError
@@ -215,6 +215,8 @@ class GrpcApi:
                 await context.abort(code, str(exc))
             except NotCursorLeaderError as exc:  # Liftbridge's cursors.go
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            except CursorLimitError as exc:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             except CursorsDisabledError as exc:
                 await context.abort(grpc.StatusCode.INTERNAL, str(exc))
             except LogClosedError as exc:
@@ -445,12 +447,22 @@ class GrpcApi:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
     # -- cursors ------------------------------------------------------------------------
-    async def SetCursor(self, raw: bytes, context) -> pb.SetCursorResponse:
-        req = await _parse(pb.SetCursorRequest, raw, context)
+    @staticmethod
+    def _cursor_ids(req) -> None:
+        """Liftbridge's checks of a cursor request, and riverlog's bound on the cursor id
+        (as on a stream name: every cursor is kept, and read back at every start). Raises
+        LiftbridgeError INVALID_ARGUMENT."""
         if not req.stream:
             raise LiftbridgeError("INVALID_ARGUMENT", "No stream provided")
         if not req.cursorId:
             raise LiftbridgeError("INVALID_ARGUMENT", "No cursorId provided")
+        if len(req.cursorId.encode()) > MAX_NAME_BYTES:
+            raise LiftbridgeError("INVALID_ARGUMENT",
+                                  f"cursorId longer than {MAX_NAME_BYTES} bytes")
+
+    async def SetCursor(self, raw: bytes, context) -> pb.SetCursorResponse:
+        req = await _parse(pb.SetCursorRequest, raw, context)
+        self._cursor_ids(req)
         try:
             await self.service.cursors.set(req.cursorId, req.stream, req.partition, req.offset)
         except (OSError, LogClosedError) as exc:
@@ -459,10 +471,7 @@ class GrpcApi:
 
     async def FetchCursor(self, raw: bytes, context) -> pb.FetchCursorResponse:
         req = await _parse(pb.FetchCursorRequest, raw, context)
-        if not req.stream:
-            raise LiftbridgeError("INVALID_ARGUMENT", "No stream provided")
-        if not req.cursorId:
-            raise LiftbridgeError("INVALID_ARGUMENT", "No cursorId provided")
+        self._cursor_ids(req)
         return pb.FetchCursorResponse(
             offset=self.service.cursors.get(req.cursorId, req.stream, req.partition))
 
