@@ -57,6 +57,13 @@ class Command(IntEnum):
     ResolveOffsetSpec = 0x1F
 
 
+MAX_METADATA_NAMES = 10_000
+"""Stream names one Metadata frame may carry (more: the connection is closed with 0x0e frame
+too large). riverlog's bound; RabbitMQ's is frame_max alone (~350,000 short names in 1 MiB),
+but its reader parses and answers a frame in the connection's own Erlang process, where
+riverlog's door shares one event loop."""
+
+
 class ResponseCode(IntEnum):
     """Response codes (u16) carried by responses, Close, MetadataUpdate and PublishError."""
 
