@@ -14,7 +14,7 @@
 # A message bigger than its call's window is lent the stream and connection window it needs
 # (at most twice the largest message per connection; calls over that wait for a lend), so big
 # messages never deadlock on the connection window nor take it from small calls. Stream
-# resets from the peer are counted (a token bucket, nghttp2's limits): a flood of them
+# resets from the peer are counted (ResetBudget, nghttp2's limits): a flood of them
 # (HTTP/2 rapid reset, CVE-2023-44487) gets GOAWAY ENHANCE_YOUR_CALM and ProtocolError.
 # Wire facts: RFC 9113 (HTTP/2: 4.1 frame layout, 6.1 DATA, 6.9 WINDOW_UPDATE, 5.1 stream
 # states), gRPC's PROTOCOL-HTTP2.md (length-prefixed messages, grpc-timeout, grpc-status and
@@ -125,6 +125,30 @@ def _window_update(sid: int, increment: int) -> bytes:
     return b"\x00\x00\x04\x08\x00" + sid.to_bytes(4, "big") + increment.to_bytes(4, "big")
 
 
+class ResetBudget:
+    """Stream resets allowed: a token bucket of RESET_BURST tokens refilled at RESET_RATE a
+    second. ``take()`` spends one (False: none left)."""
+
+    __slots__ = ("tokens", "at", "clock")
+
+    def __init__(self, clock=time.monotonic) -> None:
+        self.clock = clock
+        self.tokens = float(RESET_BURST)
+        self.at = clock()
+
+    def take(self) -> bool:
+        now = self.clock()
+        self.tokens = min(RESET_BURST, self.tokens + (now - self.at) * RESET_RATE)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+    def full(self) -> bool:
+        return self.tokens + (self.clock() - self.at) * RESET_RATE >= RESET_BURST
+
+
 class GrpcH2Connection:
     """One server-side connection. Feed ``receive(data)``, send ``data_to_send()``.
 
@@ -133,12 +157,9 @@ class GrpcH2Connection:
     connection window stays UNTRUSTED_WINDOW and no window is lent for big messages until
     ``trust()`` (the owner calls it once a call is authenticated)."""
 
-    def __init__(self, max_message: int, trusted: bool = True,
-                 clock=time.monotonic) -> None:
+    def __init__(self, max_message: int, trusted: bool = True) -> None:
         self.max_message = max_message
-        self._clock = clock
-        self._resets = float(RESET_BURST)  # resets allowed now (a token bucket)
-        self._resets_at = clock()
+        self.resets = ResetBudget()  # the owner may share one between connections
         config = h2.config.H2Configuration(client_side=False, header_encoding=None)
         self.h2 = h2.connection.H2Connection(config)
         self.h2.local_settings = h2.settings.Settings(client=False, initial_values={
@@ -234,7 +255,18 @@ class GrpcH2Connection:
             self.consumed(sid, pad + 1)
             start, stop = start + 1, stop - pad
         if stream.buf:
-            self._messages(sid, stream, stream.buf + buf[start:stop], 0, None, events)
+            partial = stream.buf
+            if len(partial) >= 5 and len(partial) + stop - start < \
+                    _MESSAGE_PREFIX.unpack_from(partial)[1] + 5:
+                # the message goes on past this frame: append (copying the whole of it for
+                # every 16 KiB frame cost O(size^2), 0.1 s for one 4 MiB message)
+                if type(partial) is not bytearray:
+                    partial = stream.buf = bytearray(partial)
+                partial += memoryview(buf)[start:stop]
+                if self.trusted:
+                    self._lend(sid, stream)
+            else:
+                self._messages(sid, stream, bytes(partial) + buf[start:stop], 0, None, events)
         else:
             self._messages(sid, stream, buf, start, stop, events)
         if flags & _END_STREAM:
@@ -367,16 +399,12 @@ class GrpcH2Connection:
         events.append((CALL, sid, path.decode("latin-1"), metadata, timeout))
 
     def _reset_counted(self) -> None:
-        """One more stream reset by the client; too many (RESET_BURST, refilled at
-        RESET_RATE a second) end the connection with ENHANCE_YOUR_CALM, as nghttp2 does."""
-        now = self._clock()
-        self._resets = min(RESET_BURST, self._resets + (now - self._resets_at) * RESET_RATE)
-        self._resets_at = now
-        if self._resets < 1:
+        """One more stream reset by the client; past its ResetBudget the connection ends
+        with ENHANCE_YOUR_CALM, as nghttp2 ends it."""
+        if not self.resets.take():
             self._fail(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM,
                        f"more than {RESET_BURST} stream resets (at most {RESET_RATE:g}/s "
                        f"after them): rapid reset")
-        self._resets -= 1
 
     def _fail(self, code: h2.errors.ErrorCodes, message: str):
         self.h2.close_connection(error_code=code)
