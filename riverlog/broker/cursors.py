@@ -78,14 +78,14 @@ def decode_cursor_offset(data: bytes) -> int | None:
     pos, end, offset = 0, len(data), 0
     try:
         while pos < end:
-            tag, pos = _read_varint(data, pos)
+            tag, pos = read_varint(data, pos)
             number, kind = tag >> 3, tag & 7
             if kind == 0:
-                value, pos = _read_varint(data, pos)
+                value, pos = read_varint(data, pos)
                 if number == 4:
                     offset = value - (1 << 64) if value >= 1 << 63 else value
             elif kind == 2:
-                size, pos = _read_varint(data, pos)
+                size, pos = read_varint(data, pos)
                 pos += size
             elif kind == 1:
                 pos += 8
@@ -98,7 +98,9 @@ def decode_cursor_offset(data: bytes) -> int | None:
         return None
 
 
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+def read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    """A protobuf varint at ``pos``: (value, position after it). Raises IndexError when it
+    runs past the end or over 64 bits."""
     result = shift = 0
     while True:
         b = data[pos]

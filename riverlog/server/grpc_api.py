@@ -38,7 +38,7 @@ from ..security.grpc_auth import GrpcAuth, partitions_on_subject
 from ..security.guard import Guard
 from ..security.tls import grpc_server_credentials, server_context
 from ..security.users import listens_on_loopback
-from .grpc_metadata import fetch_metadata, partition_metadata
+from .grpc_metadata import check_names, fetch_metadata, partition_metadata
 from .grpc_publish_async import ack_error_to_async, exact_nats_size, nats_size, publish_async
 from .grpc_subscribe import subscribe
 from .liftbridge import NONE, Liftbridge, LiftbridgeError, partition_subject
@@ -301,6 +301,7 @@ class GrpcApi:
 
     # -- metadata -----------------------------------------------------------------------
     async def FetchMetadata(self, raw: bytes, context) -> pb.FetchMetadataResponse:
+        check_names(raw)
         req = await _parse(pb.FetchMetadataRequest, raw, context)
         return await fetch_metadata(self.service, req)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 from ..broker import Partition
+from ..broker.cursors import read_varint
 from ..protocol.liftbridge import api_pb2 as pb
 from .liftbridge import Liftbridge, LiftbridgeError
 
@@ -96,17 +97,33 @@ def _stream_metadata(service: Liftbridge, resp: pb.FetchMetadataResponse, name: 
         meta.partitions[partition.index].CopyFrom(partition_metadata(service, name, partition))
 
 
+def check_names(raw: bytes) -> None:
+    """Raise LiftbridgeError RESOURCE_EXHAUSTED when the FetchMetadataRequest ``raw`` has
+    more than MAX_METADATA_NAMES fields (streams, groups), counting at most one more than
+    that; anything it cannot walk is left to the parser."""
+    pos, end, count = 0, len(raw), 0
+    try:
+        while pos < end:
+            tag, pos = read_varint(raw, pos)
+            if tag & 7 != 2:  # not length-delimited: no field of this message
+                return
+            count += 1
+            if count > MAX_METADATA_NAMES:
+                raise LiftbridgeError("RESOURCE_EXHAUSTED",
+                                      f"FetchMetadata names more than {MAX_METADATA_NAMES} "
+                                      f"streams and groups; at most {MAX_METADATA_NAMES} "
+                                      f"per request")
+            size, pos = read_varint(raw, pos)
+            pos += size
+    except IndexError:
+        return
+
+
 async def fetch_metadata(service: Liftbridge, req: pb.FetchMetadataRequest
                          ) -> pb.FetchMetadataResponse:
     """The answer to ``req``: the brokers, the named streams (every stream when none is
-    named) and groups. Raises LiftbridgeError RESOURCE_EXHAUSTED when ``req`` names more
-    than MAX_METADATA_NAMES streams and groups. Yields to the event loop every
+    named) and groups; ``req`` passed check_names. Yields to the event loop every
     METADATA_SLICE names."""
-    named = len(req.streams) + len(req.groups)
-    if named > MAX_METADATA_NAMES:
-        raise LiftbridgeError("RESOURCE_EXHAUSTED",
-                              f"FetchMetadata names {named} streams and groups; at most "
-                              f"{MAX_METADATA_NAMES} per request")
     streams = service.broker.streams
     elsewhere = service.broker.placement.streams() or {}  # a cluster's, held here or not
     names = list(req.streams) or list(streams) + [n for n in elsewhere if n not in streams]
