@@ -69,7 +69,7 @@ async def test_a_large_fetch_metadata_lets_the_event_loop_turn(tmp_path, users):
 
 async def test_rabbitmq_metadata_names_are_bounded(tmp_path, users):
     """A Metadata frame of 1 MiB names ~130,000 streams: before, every one was decoded and
-    answered on the event loop (seconds); now more than MAX_METADATA_NAMES close the
+    answered on the event loop (seconds); now more than RABBITMQ_MAX_NAMES close the
     connection with 0x0e (frame too large) before they are read, and a name asked twice is
     answered once, as RabbitMQ answers from a map."""
     async with running(tmp_path, security(users)) as app:
