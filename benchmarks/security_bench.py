@@ -21,6 +21,15 @@ Clients run in this process; the servers are separate processes. Compare ratios 
 
     .venv/bin/python benchmarks/security_bench.py [--messages 1000000] [--grpc-messages 50000]
         [--logins 200]
+
+With ``--attacks`` it measures instead what one logged-in user's attacks (issue 24) cost
+another user (security_attacks.py): a secured server (authorization on, users ``attacker``
+and ``canary``), a canary that publishes over gRPC (Publish, ack policy LEADER: publish to
+ack), consumes the same stream (Subscribe) and asks FetchMetadata for one stream, while an
+attacker process runs each attack for ``--seconds``. Per attack: canary publish p99, canary
+FetchMetadata p99, messages the canary consumer missed, server RSS growth.
+
+    .venv/bin/python benchmarks/security_bench.py --attacks [--seconds 10] [--attack NAME]
 """
 from __future__ import annotations
 
@@ -208,7 +217,16 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--grpc-messages", type=int, default=50_000)
     parser.add_argument("--logins", type=int, default=200)
+    parser.add_argument("--attacks", action="store_true",
+                        help="measure issue 24's attacks against a canary user instead")
+    parser.add_argument("--seconds", type=float, default=10.0, help="each attack's length")
+    parser.add_argument("--attack", action="append",
+                        help="with --attacks: only this one (repeatable)")
     args = parser.parse_args()
+    if args.attacks:
+        import security_attacks
+        security_attacks.main(args.seconds, args.attack)
+        return
     work = tempfile.mkdtemp(prefix="security-bench-")
     servers = []
     try:

@@ -47,6 +47,10 @@ RESET_RATE: how many a second refill that allowance. More, and the connection ge
 ENHANCE_YOUR_CALM (HTTP/2 rapid reset, CVE-2023-44487). nghttp2's defaults
 (NGHTTP2_DEFAULT_STREAM_RESET_BURST 1000, _RATE 33, lib/nghttp2_session.c)."""
 RESET_RATE = 33.0
+H2_RUN = 64
+"""Frames handed to h2 at most at once: h2 parses all it is given before its events are
+seen, so a flood of HEADERS and RST_STREAM past the reset budget costs at most this many
+frames' work before GOAWAY (a 256 KiB read holds ~2,500 such pairs)."""
 _DATA, _HEADERS, _PUSH_PROMISE, _CONTINUATION = 0x0, 0x1, 0x5, 0x9
 _END_STREAM, _END_HEADERS, _PADDED = 0x1, 0x4, 0x8
 _FRAME_HEADER = struct.Struct(">IBI")  # length (24 bits) + type, flags, R + stream id
@@ -222,9 +226,13 @@ class GrpcH2Connection:
                 self._data(buf, pos + 9, stop, flags, sid & 0x7FFFFFFF, events)
             else:
                 if passthrough < 0:
-                    passthrough = pos
+                    passthrough, run = pos, 0
                 if kind in (_HEADERS, _PUSH_PROMISE, _CONTINUATION):
                     self._header_block = not buf[pos + 4] & _END_HEADERS
+                run += 1
+                if run == H2_RUN:  # h2 parses a whole run before its events are seen
+                    self._to_h2(buf[passthrough:stop], events)
+                    passthrough = -1
             pos = stop
         if passthrough >= 0:
             self._to_h2(buf[passthrough:pos], events)

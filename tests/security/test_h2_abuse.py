@@ -15,10 +15,12 @@ import h2.config
 import h2.connection
 import h2.errors
 import h2.events
+import pytest
 
 from _memory import MIB
 from _sec import PASSWORDS, basic, running, security, status_of
-from riverlog.protocol.grpc_h2 import RESET_BURST
+from riverlog.protocol.grpc_h2 import (H2_RUN, RESET_BURST, GrpcH2Connection, ProtocolError,
+                                       ResetBudget)
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge import api_pb2_grpc
 
@@ -148,3 +150,25 @@ async def test_a_message_larger_than_the_connection_window_is_taken(tmp_path, us
         assert await status_of(stub.Publish(pb.PublishRequest(
             stream="orders.eu", value=bytes(13 * MIB)), metadata=basic("alice"),
             timeout=30)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_a_flood_past_the_budget_is_parsed_only_a_little():
+    """h2 parses all it is handed before its events are seen: a 256 KiB read of ~2,500
+    HEADERS+RST_STREAM pairs was parsed whole (~0.2 s) before the budget's GOAWAY. Now at
+    most H2_RUN frames go to h2 at once, so it stops soon after the budget is spent."""
+    server = GrpcH2Connection(4 * MIB)
+    server.resets = ResetBudget(clock=lambda: 0.0)  # no refill: time stands still
+    client = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True,
+                                                                  header_encoding="utf-8"))
+    client.initiate_connection()
+    client.receive_data(server.data_to_send())
+    headers = [(":method", "POST"), (":scheme", "http"), (":path", "/proto.API/FetchMetadata"),
+               (":authority", "riverlog"), ("content-type", "application/grpc")]
+    for _ in range(RESET_BURST + 2000):
+        sid = client.get_next_available_stream_id()
+        client.send_headers(sid, headers)
+        client.reset_stream(sid, h2.errors.ErrorCodes.CANCEL)
+    with pytest.raises(ProtocolError, match="rapid reset"):
+        server.receive(client.data_to_send())
+    parsed = server.h2.highest_inbound_stream_id // 2 + 1  # client streams are odd
+    assert RESET_BURST < parsed <= RESET_BURST + H2_RUN, parsed
