@@ -171,4 +171,4 @@ def test_a_flood_past_the_budget_is_parsed_only_a_little():
     with pytest.raises(ProtocolError, match="rapid reset"):
         server.receive(client.data_to_send())
     parsed = server.h2.highest_inbound_stream_id // 2 + 1  # client streams are odd
-    assert RESET_BURST < parsed <= RESET_BURST + H2_RUN, parsed
+    assert RESET_BURST < parsed <= RESET_BURST + H2_RUN < RESET_BURST + 2000, parsed
