@@ -51,17 +51,9 @@ def basic(user: str) -> tuple[tuple[str, str]]:
 
 def config(work: str) -> str:
     path = os.path.join(work, "attacks.yaml")
-    with open(path, "w") as out:
-        out.write(f"""tls:
-  client.authz.enabled: true
-riverlog:
-  users:
-    attacker: "{hash_password(PASSWORDS['attacker'], 4)}"
-    canary: "{hash_password(PASSWORDS['canary'], 4)}"
-  authz.rules:
-    - [attacker, "att*", "*"]
-    - [canary, "canary*", "*"]
-""")
+    security_bench.write_config(path, {user: hash_password(pw, 4)
+                                       for user, pw in PASSWORDS.items()},
+                                [["attacker", "att*", "*"], ["canary", "canary*", "*"]])
     return path
 
 

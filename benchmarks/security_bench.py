@@ -49,6 +49,7 @@ import time
 import uuid
 
 import grpc
+import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(HERE, "..", "tests", "security")]
@@ -99,20 +100,19 @@ def secured_config(work: str) -> tuple[str, str]:
     ca = Authority(work)
     server = ca.issue("localhost", server=True)
     path = os.path.join(work, "secured.yaml")
-    with open(path, "w") as f_:
-        f_.write(f"""tls:
-  cert: {server.cert}
-  key: {server.key}
-  client.authz.enabled: true
-riverlog:
-  users:
-    guest: "{GUEST_HASH}"
-    bench: "{hash_password(BENCH_PASSWORD, 12)}"
-  authz.rules:
-    - [guest, "*", "*"]
-    - [bench, "*", "*"]
-""")
+    write_config(path, {"guest": GUEST_HASH, "bench": hash_password(BENCH_PASSWORD, 12)},
+                 [["guest", "*", "*"], ["bench", "*", "*"]],
+                 {"cert": server.cert, "key": server.key})
     return path, ca.pem
+
+
+def write_config(path: str, users: dict[str, str], rules: list[list[str]],
+                 tls: dict[str, str] | None = None) -> None:
+    """A riverlog configuration file at ``path``: authorization on, ``users`` (name: bcrypt
+    hash), casbin ``rules``, and ``tls`` keys (cert, key) when given."""
+    with open(path, "w") as out:
+        yaml.safe_dump({"tls": {**(tls or {}), "client.authz.enabled": True},
+                        "riverlog": {"users": users, "authz.rules": rules}}, out)
 
 
 def password_checks() -> list[tuple[str, float]]:
