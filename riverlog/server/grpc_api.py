@@ -6,7 +6,10 @@
 # message type; every refusal uses exactly the gRPC status code Liftbridge uses, with its
 # message; Publish waits for its ack only when the call has a deadline and the ack policy is
 # not NONE; a subject or ack inbox that NATS or riverlog refuses (NatsBridge.ack_inbox_error)
-# is refused before anything is stored.
+# is refused before anything is stored. Bounds Liftbridge lacks (issue 24): ids (cursor,
+# group, consumer) of at most 255 bytes, as stream names; FetchMetadata's names
+# (grpc_metadata.py); cursors per stream (RESOURCE_EXHAUSTED); a PublishToSubject that would
+# reach a read-only partition is refused as Publish is, where Liftbridge's times out.
 # In a cluster (Broker.placement): CreateStream/DeleteStream, PauseStream/SetStreamReadonly and
 # the consumer group calls go through the metadata, FetchMetadata lists every server and
 # stream, and a Publish for a partition led elsewhere goes to the leader through its NATS
