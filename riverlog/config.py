@@ -178,8 +178,8 @@ class GrpcConfig:
     cursors_replication_factor: int = -1
     cursors_max_per_stream: int = 10_000
     """Distinct cursors (cursor id and partition) one stream may have
-    (``riverlog.cursors.max.per.stream``; Liftbridge has no limit): a SetCursor of a new one
-    past it is refused with RESOURCE_EXHAUSTED. Each costs memory and a record read at every
+    (``riverlog.cursors.max.per.stream``; Liftbridge has no limit), and all names that are no
+    stream together: a SetCursor of a new one past it is refused with RESOURCE_EXHAUSTED. Each costs memory and a record read at every
     start; RabbitMQ's per-vhost ``max-queues`` is the model."""
     activity_enabled: bool = False
     activity_publish_timeout_ms: int = 5000

@@ -5,7 +5,8 @@
 # protobuf {1 stream, 2 partition, 3 cursorId, 4 offset}; the cursor partition is the
 # key's CRC-32 (IEEE) modulo the partition count; on open every record of ``__cursors`` is
 # read back, the newest per key wins. A cursor never set reads as -1. Bounds: a stream has at
-# most ``max_per_stream`` cursors (a new one past that: CursorLimitError; ids are at most 255
+# most ``max_per_stream`` cursors, and the streams no server has (Liftbridge takes cursors
+# for any name) share one such allowance (a new one past that: CursorLimitError; ids are at most 255
 # bytes, checked by the door), and ``__cursors`` is compacted in CURSORS_SEGMENT_BYTES
 # segments, so what a restart reads back stays near one record per cursor.
 # Wire facts: reference/liftbridge.md ("FetchCursor returns -1 ...; key <cursorId>,<stream>,
@@ -123,7 +124,8 @@ class NotCursorLeaderError(LogError):
 
 
 class CursorLimitError(LogError):
-    """A stream has ``max_per_stream`` cursors already (gRPC: RESOURCE_EXHAUSTED)."""
+    """A stream (or the streams that do not exist, together) has ``max_per_stream``
+    cursors already (gRPC: RESOURCE_EXHAUSTED)."""
 
 
 class _CommitWaiter:
@@ -256,13 +258,21 @@ class Cursors:
         """The ``__cursors`` partition that holds ``key`` (CRC-32 IEEE of the key, modulo)."""
         return zlib.crc32(key) % len(self._stream().partitions)
 
-    def _count(self, key: bytes, change: int) -> None:
+    def _bucket(self, key: bytes) -> str:
+        """Whose allowance a cursor counts in: its stream's, or "" for the streams that
+        exist nowhere (so names that are no stream cannot multiply the allowance)."""
         stream = _stream_of(key)
-        count = self._counts.get(stream, 0) + change
+        if stream in self.broker.streams or stream in (self.broker.placement.streams() or ()):
+            return stream
+        return ""
+
+    def _count(self, key: bytes, change: int) -> None:
+        bucket = self._bucket(key)
+        count = self._counts.get(bucket, 0) + change
         if count > 0:
-            self._counts[stream] = count
+            self._counts[bucket] = count
         else:
-            self._counts.pop(stream, None)
+            self._counts.pop(bucket, None)
 
     def items(self) -> list[tuple[str, str, int, int]]:
         """Every stored cursor as (cursor id, stream, partition, offset), a copy. The key
@@ -295,16 +305,18 @@ class Cursors:
     async def set(self, cursor_id: str, stream: str, partition: int, offset: int) -> None:
         """Store ``offset`` and return once the record is committed. Raises
         ``CursorsDisabledError``, ``NotCursorLeaderError``, ``CursorLimitError`` (a new
-        cursor of a stream that has ``max_per_stream``), ``LogClosedError`` or ``OSError``."""
+        cursor past ``max_per_stream``), ``LogClosedError`` or ``OSError``."""
         key = cursor_key(cursor_id, stream, partition)
         index, part = self._led(key)
         subject = self.subject if index == 0 else f"{self.subject}.{index}"
         new = key not in self._cache
         if new:
-            if self._counts.get(_stream_of(key), 0) >= self.max_per_stream:
-                raise CursorLimitError(f"stream {stream[:64]!r} has {self.max_per_stream} "
-                                       f"cursors, the most allowed "
-                                       f"(riverlog.cursors.max.per.stream)")
+            bucket = self._bucket(key)
+            if self._counts.get(bucket, 0) >= self.max_per_stream:
+                whose = f"stream {stream[:64]!r}" if bucket else "streams that do not exist"
+                raise CursorLimitError(f"{whose} {'has' if bucket else 'have'} "
+                                       f"{self.max_per_stream} cursors, the "
+                                       f"most allowed (riverlog.cursors.max.per.stream)")
             self._count(key, 1)  # held while it is stored, so concurrent sets count it
             self._cache[key] = -1
         record = encode_record(Record(

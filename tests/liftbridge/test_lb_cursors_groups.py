@@ -62,6 +62,7 @@ async def test_cursors_are_bounded(server_factory):
     server = await server_factory(cursors_max_per_stream=3)
     async with grpc.aio.insecure_channel(server.grpc_addr) as channel:
         stub = api_pb2_grpc.APIStub(channel)
+        await create(stub, "s", "s", partitions=2)
         for cursor_id in ("x" * 256, "é" * 128):  # 256 bytes
             await expect_error(stub.SetCursor(pb.SetCursorRequest(
                 stream="s", cursorId=cursor_id, offset=1), timeout=5),
@@ -79,7 +80,13 @@ async def test_cursors_are_bounded(server_factory):
             stream="s", partition=1, cursorId="a", offset=1), timeout=5),
             Code.RESOURCE_EXHAUSTED)  # a cursor is an id and a partition
         await stub.SetCursor(pb.SetCursorRequest(stream="s", cursorId="a", offset=7), timeout=5)
-        await stub.SetCursor(pb.SetCursorRequest(stream="t", cursorId="c", offset=1), timeout=5)
+        # streams that do not exist (Liftbridge takes cursors for any name) share one allowance
+        for i in range(3):
+            await stub.SetCursor(pb.SetCursorRequest(stream=f"none{i}", cursorId="c", offset=1),
+                                 timeout=5)
+        await expect_error(stub.SetCursor(pb.SetCursorRequest(
+            stream="none9", cursorId="c", offset=1), timeout=5), Code.RESOURCE_EXHAUSTED,
+            "streams that do not exist")
         config = server.app.broker.streams["__cursors"].config
         assert config.compact and config.segment_max_bytes == 16 * 1024 * 1024
     await server_factory.stop(server.app)
