@@ -31,6 +31,15 @@ over the first start), and one more message to every stream. Prints counts, time
 descriptors the server holds (/proc/PID/fd).
 
     .venv/bin/python benchmarks/security_bench.py --case files [--streams 5000]
+
+With ``--attacks`` it measures instead what one logged-in user's attacks (issue 24) cost
+another user (security_attacks.py): a secured server (authorization on, users ``attacker``
+and ``canary``), a canary that publishes over gRPC (Publish, ack policy LEADER: publish to
+ack), consumes the same stream (Subscribe) and asks FetchMetadata for one stream, while an
+attacker process runs each attack for ``--seconds``. Per attack: canary publish p99, canary
+FetchMetadata p99, messages the canary consumer missed, server RSS growth.
+
+    .venv/bin/python benchmarks/security_bench.py --attacks [--seconds 10] [--attack NAME]
 """
 from __future__ import annotations
 
@@ -52,6 +61,7 @@ import time
 import uuid
 
 import grpc
+import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(HERE, "..", "tests", "security")]
@@ -109,20 +119,19 @@ def secured_config(work: str) -> tuple[str, str]:
     ca = Authority(work)
     server = ca.issue("localhost", server=True)
     path = os.path.join(work, "secured.yaml")
-    with open(path, "w") as f_:
-        f_.write(f"""tls:
-  cert: {server.cert}
-  key: {server.key}
-  client.authz.enabled: true
-riverlog:
-  users:
-    guest: "{GUEST_HASH}"
-    bench: "{hash_password(BENCH_PASSWORD, 12)}"
-  authz.rules:
-    - [guest, "*", "*"]
-    - [bench, "*", "*"]
-""")
+    write_config(path, {"guest": GUEST_HASH, "bench": hash_password(BENCH_PASSWORD, 12)},
+                 [["guest", "*", "*"], ["bench", "*", "*"]],
+                 {"cert": server.cert, "key": server.key})
     return path, ca.pem
+
+
+def write_config(path: str, users: dict[str, str], rules: list[list[str]],
+                 tls: dict[str, str] | None = None) -> None:
+    """A riverlog configuration file at ``path``: authorization on, ``users`` (name: bcrypt
+    hash), casbin ``rules``, and ``tls`` keys (cert, key) when given."""
+    with open(path, "w") as out:
+        yaml.safe_dump({"tls": {**(tls or {}), "client.authz.enabled": True},
+                        "riverlog": {"users": users, "authz.rules": rules}}, out)
 
 
 def password_checks() -> list[tuple[str, float]]:
@@ -309,7 +318,16 @@ def main() -> None:
                         help="costs: what TLS and authorization cost; files: the open-file "
                              "target of issue 24")
     parser.add_argument("--streams", type=int, default=5000, help="--case files: Creates")
+    parser.add_argument("--attacks", action="store_true",
+                        help="measure issue 24's attacks against a canary user instead")
+    parser.add_argument("--seconds", type=float, default=10.0, help="each attack's length")
+    parser.add_argument("--attack", action="append",
+                        help="with --attacks: only this one (repeatable)")
     args = parser.parse_args()
+    if args.attacks:
+        import security_attacks
+        security_attacks.main(args.seconds, args.attack)
+        return
     if args.case == "files":
         for name, value in files_case(args):
             print(f"{name:58s} {value:14,.2f}")

@@ -184,6 +184,11 @@ class GrpcConfig:
     replication_max_bytes: int = 1024 * 1024
     cursors_partitions: int = 1
     cursors_replication_factor: int = -1
+    cursors_max_per_stream: int = 10_000
+    """Distinct cursors (cursor id and partition) one stream may have
+    (``riverlog.cursors.max.per.stream``; Liftbridge has no limit), and all names that are no
+    stream together: a SetCursor of a new one past it is refused with RESOURCE_EXHAUSTED. Each costs memory and a record read at every
+    start; RabbitMQ's per-vhost ``max-queues`` is the model."""
     activity_enabled: bool = False
     activity_publish_timeout_ms: int = 5000
     consumer_timeout_ms: int = 15_000
@@ -216,6 +221,8 @@ class GrpcConfig:
             raise ValueError("cursors.stream.partitions must be >= 0")
         if self.cursors_replication_factor == 0 or self.cursors_replication_factor < -1:
             raise ValueError("cursors.stream.replication.factor must be >= 1 or -1")
+        if self.cursors_max_per_stream < 1:
+            raise ValueError("riverlog.cursors.max.per.stream must be >= 1")
         if not 1 <= self.batch_max_messages <= 0xFFFF:
             raise ValueError("batch.max.messages must be between 1 and 65535")
         if self.transport not in GRPC_TRANSPORTS:

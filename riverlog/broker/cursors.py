@@ -4,7 +4,11 @@
 # record's key is ``<cursorId>,<stream>,<partition>`` and its value Liftbridge's ``Cursor``
 # protobuf {1 stream, 2 partition, 3 cursorId, 4 offset}; the cursor partition is the
 # key's CRC-32 (IEEE) modulo the partition count; on open every record of ``__cursors`` is
-# read back, the newest per key wins. A cursor never set reads as -1.
+# read back, the newest per key wins. A cursor never set reads as -1. Bounds: a stream has at
+# most ``max_per_stream`` cursors, and the streams no server has (Liftbridge takes cursors
+# for any name) share one such allowance (a new one past that: CursorLimitError; ids are at most 255
+# bytes, checked by the door), and ``__cursors`` is compacted in CURSORS_SEGMENT_BYTES
+# segments, so what a restart reads back stays near one record per cursor.
 # Wire facts: reference/liftbridge.md ("FetchCursor returns -1 ...; key <cursorId>,<stream>,
 # <partition>, compacted"); the value layout and partition choice from liftbridge's
 # server/cursors.go and server/protocol/internal.proto (liftbridge-io/liftbridge 50ac358).
@@ -31,10 +35,17 @@ from .partition import Partition
 from .stream import Stream, StreamConfig
 
 log = logging.getLogger("riverlog.broker")
+CURSORS_SEGMENT_BYTES = 16 * 1024 * 1024
+"""Segment size of ``__cursors``: compaction rewrites closed segments only."""
 
 def cursor_key(cursor_id: str, stream: str, partition: int) -> bytes:
     """The record key of a cursor: ``b"<cursorId>,<stream>,<partition>"``."""
     return f"{cursor_id},{stream},{partition}".encode()
+
+
+def _stream_of(key: bytes) -> str:
+    """The stream of a cursor key (the part after the cursor id's last comma)."""
+    return key.decode(errors="replace").rsplit(",", 2)[-2] if key.count(b",") >= 2 else ""
 
 
 def _varint(n: int) -> bytes:
@@ -68,14 +79,14 @@ def decode_cursor_offset(data: bytes) -> int | None:
     pos, end, offset = 0, len(data), 0
     try:
         while pos < end:
-            tag, pos = _read_varint(data, pos)
+            tag, pos = read_varint(data, pos)
             number, kind = tag >> 3, tag & 7
             if kind == 0:
-                value, pos = _read_varint(data, pos)
+                value, pos = read_varint(data, pos)
                 if number == 4:
                     offset = value - (1 << 64) if value >= 1 << 63 else value
             elif kind == 2:
-                size, pos = _read_varint(data, pos)
+                size, pos = read_varint(data, pos)
                 pos += size
             elif kind == 1:
                 pos += 8
@@ -88,7 +99,9 @@ def decode_cursor_offset(data: bytes) -> int | None:
         return None
 
 
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+def read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    """A protobuf varint at ``pos``: (value, position after it). Raises IndexError when it
+    runs past the end or over 64 bits."""
     result = shift = 0
     while True:
         b = data[pos]
@@ -108,6 +121,11 @@ class CursorsDisabledError(LogError):
 class NotCursorLeaderError(LogError):
     """In a cluster: this server does not lead the cursor partition that holds the cursor
     (Liftbridge answers FailedPrecondition; the client asks the leader)."""
+
+
+class CursorLimitError(LogError):
+    """A stream (or the streams that do not exist, together) has ``max_per_stream``
+    cursors already (gRPC: RESOURCE_EXHAUSTED)."""
 
 
 class _CommitWaiter:
@@ -132,13 +150,16 @@ class Cursors:
     """The cursor store over ``__cursors``. ``open()`` after the broker is open."""
 
     def __init__(self, broker: Broker, appenders: Appenders, partitions: int,
-                 subject: str, replication_factor: int = -1) -> None:
+                 subject: str, replication_factor: int = -1,
+                 max_per_stream: int = 10_000) -> None:
         self.broker = broker
         self.appenders = appenders
         self.partitions = partitions
         self.replication_factor = replication_factor  # in a cluster; -1: every server
         self.subject = subject
+        self.max_per_stream = max_per_stream
         self._cache: dict[bytes, int] = {}
+        self._counts: dict[str, int] = {}  # stream -> its cursors, stored or being stored
 
     @property
     def enabled(self) -> bool:
@@ -149,7 +170,8 @@ class Cursors:
         ``replication_factor`` replicas each (cursors.stream.replication.factor; -1, the
         default as Liftbridge's: every server)."""
         return StreamConfig(subject=self.subject, partitions=self.partitions, compact=True,
-                            replication_factor=self.replication_factor)
+                            replication_factor=self.replication_factor,
+                            segment_max_bytes=CURSORS_SEGMENT_BYTES)
 
     def open(self) -> Stream | None:
         """Create ``__cursors`` if cursors are on and it does not exist, then load every
@@ -184,6 +206,7 @@ class Cursors:
             return
         for key in [k for k in self._cache if zlib.crc32(k) % len(local.partitions) == index]:
             del self._cache[key]
+            self._count(key, -1)
         self._load(local.partitions[index], committed_only=False)
         log.info("leading cursor partition %d: its cursors read from its log", index)
 
@@ -219,6 +242,8 @@ class Cursors:
                     record = decode_record(raw)
                     value = decode_cursor_offset(record.value)
                     if record.key is not None and value is not None:
+                        if record.key not in self._cache:
+                            self._count(record.key, 1)
                         self._cache[record.key] = value
 
     def _stream(self) -> Stream:
@@ -232,6 +257,22 @@ class Cursors:
     def partition_of(self, key: bytes) -> int:
         """The ``__cursors`` partition that holds ``key`` (CRC-32 IEEE of the key, modulo)."""
         return zlib.crc32(key) % len(self._stream().partitions)
+
+    def _bucket(self, key: bytes) -> str:
+        """Whose allowance a cursor counts in: its stream's, or "" for the streams that
+        exist nowhere (so names that are no stream cannot multiply the allowance)."""
+        stream = _stream_of(key)
+        if stream in self.broker.streams or stream in (self.broker.placement.streams() or ()):
+            return stream
+        return ""
+
+    def _count(self, key: bytes, change: int) -> None:
+        bucket = self._bucket(key)
+        count = self._counts.get(bucket, 0) + change
+        if count > 0:
+            self._counts[bucket] = count
+        else:
+            self._counts.pop(bucket, None)
 
     def items(self) -> list[tuple[str, str, int, int]]:
         """Every stored cursor as (cursor id, stream, partition, offset), a copy. The key
@@ -263,16 +304,32 @@ class Cursors:
 
     async def set(self, cursor_id: str, stream: str, partition: int, offset: int) -> None:
         """Store ``offset`` and return once the record is committed. Raises
-        ``CursorsDisabledError``, ``NotCursorLeaderError``, ``LogClosedError`` or
-        ``OSError``."""
+        ``CursorsDisabledError``, ``NotCursorLeaderError``, ``CursorLimitError`` (a new
+        cursor past ``max_per_stream``), ``LogClosedError`` or ``OSError``."""
         key = cursor_key(cursor_id, stream, partition)
         index, part = self._led(key)
         subject = self.subject if index == 0 else f"{self.subject}.{index}"
+        new = key not in self._cache
+        if new:
+            bucket = self._bucket(key)
+            if self._counts.get(bucket, 0) >= self.max_per_stream:
+                whose = f"stream {stream[:64]!r}" if bucket else "streams that do not exist"
+                raise CursorLimitError(f"{whose} {'has' if bucket else 'have'} "
+                                       f"{self.max_per_stream} cursors, the "
+                                       f"most allowed (riverlog.cursors.max.per.stream)")
+            self._count(key, 1)  # held while it is stored, so concurrent sets count it
+            self._cache[key] = -1
         record = encode_record(Record(
             value=encode_cursor(stream, partition, cursor_id, offset), key=key,
             headers={"subject": subject.encode(), "reply": b""}, timestamp_ns=time.time_ns(),
             subject=subject))
         waiter = _CommitWaiter()
-        self.appenders.get(part).append(record, waiter)
-        await waiter.future
+        try:
+            self.appenders.get(part).append(record, waiter)
+            await waiter.future
+        except BaseException:
+            if new and self._cache.get(key) == -1:
+                del self._cache[key]
+                self._count(key, -1)
+            raise
         self._cache[key] = offset

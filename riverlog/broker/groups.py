@@ -285,6 +285,12 @@ class ConsumerGroups:
         group = self.groups.get(group_id)
         return group is not None and consumer_id in group.members
 
+    def member_streams(self, group_id: str, consumer_id: str) -> tuple[str, ...] | None:
+        """The streams the member consumes; None when it is no member."""
+        group = self.groups.get(group_id)
+        member = None if group is None else group.members.get(consumer_id)
+        return None if member is None else tuple(member.streams)
+
     # -- internals ----------------------------------------------------------------------
     def _next_epoch(self) -> int:
         self._epoch += 1

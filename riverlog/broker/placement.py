@@ -184,8 +184,8 @@ class Placement:
         epoch), ``await leave(group, consumer)``, ``assignments(group, consumer, epoch)``
         -> ({stream: [partition]}, epoch) (the consumer's heartbeat, on its coordinator),
         ``await report_coordinator(group, consumer, coordinator, epoch)``,
-        ``coordinator_of(group)`` -> (coordinator, epoch) or None, ``is_member``, and
-        ``start()``, ``close()``, ``stream_deleted(name)``; their refusals are
+        ``coordinator_of(group)`` -> (coordinator, epoch) or None, ``is_member``,
+        ``member_streams(group, consumer)`` -> the member's streams or None, and ``start()``, ``close()``, ``stream_deleted(name)``; their refusals are
         broker.groups.GroupError. ``partitions_of(stream)``: its partition count (0: none);
         ``on_leave(group, consumer, expired)`` after a consumer left through this server or
         timed out on it."""

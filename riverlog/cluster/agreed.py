@@ -213,6 +213,11 @@ class ClusterGroups:
         group = self._group(group_id)
         return group is not None and consumer_id in group.members
 
+    def member_streams(self, group_id: str, consumer_id: str) -> tuple[str, ...] | None:
+        """The streams the member consumes; None when it is no member."""
+        group = self._group(group_id)
+        return None if group is None else group.members.get(consumer_id)
+
     def stream_deleted(self, name: str) -> None:
         """Nothing to do: the metadata's delete_stream takes the stream out of the groups."""
 

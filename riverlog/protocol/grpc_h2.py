@@ -10,7 +10,12 @@
 # ProtocolError (the owner closes the connection). Responses are queued per stream and sent as
 # the peer's windows allow; trailers go after the last queued byte. A connection not trusted
 # yet (no call authenticated) keeps HTTP/2's initial 65,535-byte connection window and lends
-# no window for big messages: before login a peer can make us hold at most that much.
+# no window for big messages: before login a peer can make us hold at most that much. Stream
+# A message bigger than its call's window is lent the stream and connection window it needs
+# (at most twice the largest message per connection; calls over that wait for a lend), so big
+# messages never deadlock on the connection window nor take it from small calls. Stream
+# resets from the peer are counted (ResetBudget, nghttp2's limits): a flood of them
+# (HTTP/2 rapid reset, CVE-2023-44487) gets GOAWAY ENHANCE_YOUR_CALM and ProtocolError.
 # Wire facts: RFC 9113 (HTTP/2: 4.1 frame layout, 6.1 DATA, 6.9 WINDOW_UPDATE, 5.1 stream
 # states), gRPC's PROTOCOL-HTTP2.md (length-prefixed messages, grpc-timeout, grpc-status and
 # grpc-message trailers, percent-encoding).
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import struct
+import time
 
 import h2.config
 import h2.connection
@@ -35,6 +41,16 @@ UNTRUSTED_WINDOW = 65535
 """... and before the connection is trusted (RFC 9113 6.9.2: the initial window)."""
 MAX_CONCURRENT_STREAMS = 100
 MAX_FRAME = 16384  # SETTINGS_MAX_FRAME_SIZE we keep (the RFC 9113 default)
+RESET_BURST = 1000
+"""Stream resets (RST_STREAM from the client) a connection may send at once, and
+RESET_RATE: how many a second refill that allowance. More, and the connection gets GOAWAY
+ENHANCE_YOUR_CALM (HTTP/2 rapid reset, CVE-2023-44487). nghttp2's defaults
+(NGHTTP2_DEFAULT_STREAM_RESET_BURST 1000, _RATE 33, lib/nghttp2_session.c)."""
+RESET_RATE = 33.0
+H2_RUN = 64
+"""Frames handed to h2 at most at once: h2 parses all it is given before its events are
+seen, so a flood of HEADERS and RST_STREAM past the reset budget costs at most this many
+frames' work before GOAWAY (a 256 KiB read holds ~2,500 such pairs)."""
 _DATA, _HEADERS, _PUSH_PROMISE, _CONTINUATION = 0x0, 0x1, 0x5, 0x9
 _END_STREAM, _END_HEADERS, _PADDED = 0x1, 0x4, 0x8
 _FRAME_HEADER = struct.Struct(">IBI")  # length (24 bits) + type, flags, R + stream id
@@ -113,6 +129,30 @@ def _window_update(sid: int, increment: int) -> bytes:
     return b"\x00\x00\x04\x08\x00" + sid.to_bytes(4, "big") + increment.to_bytes(4, "big")
 
 
+class ResetBudget:
+    """Stream resets allowed: a token bucket of RESET_BURST tokens refilled at RESET_RATE a
+    second. ``take()`` spends one (False: none left)."""
+
+    __slots__ = ("tokens", "at", "clock")
+
+    def __init__(self, clock=time.monotonic) -> None:
+        self.clock = clock
+        self.tokens = float(RESET_BURST)
+        self.at = clock()
+
+    def take(self) -> bool:
+        now = self.clock()
+        self.tokens = min(RESET_BURST, self.tokens + (now - self.at) * RESET_RATE)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+    def full(self) -> bool:
+        return self.tokens + (self.clock() - self.at) * RESET_RATE >= RESET_BURST
+
+
 class GrpcH2Connection:
     """One server-side connection. Feed ``receive(data)``, send ``data_to_send()``.
 
@@ -123,6 +163,7 @@ class GrpcH2Connection:
 
     def __init__(self, max_message: int, trusted: bool = True) -> None:
         self.max_message = max_message
+        self.resets = ResetBudget()  # the owner may share one between connections
         config = h2.config.H2Configuration(client_side=False, header_encoding=None)
         self.h2 = h2.connection.H2Connection(config)
         self.h2.local_settings = h2.settings.Settings(client=False, initial_values={
@@ -136,6 +177,9 @@ class GrpcH2Connection:
         self._header_block = False    # inside HEADERS..CONTINUATION: every frame goes to h2
         self._limit = self._window = UNTRUSTED_WINDOW  # the window we grant, what is left
         self._unacked = 0
+        self.lend_limit = max(CONNECTION_WINDOW, 2 * (max_message + 5))
+        self._lent = 0  # window lent to big messages, all calls
+        self._lend_waiting: list[int] = []  # calls whose big message waits for a lend
         self._out = bytearray(self.h2.data_to_send())
         if trusted:
             self.trust()
@@ -182,9 +226,13 @@ class GrpcH2Connection:
                 self._data(buf, pos + 9, stop, flags, sid & 0x7FFFFFFF, events)
             else:
                 if passthrough < 0:
-                    passthrough = pos
+                    passthrough, run = pos, 0
                 if kind in (_HEADERS, _PUSH_PROMISE, _CONTINUATION):
                     self._header_block = not buf[pos + 4] & _END_HEADERS
+                run += 1
+                if run == H2_RUN:  # h2 parses a whole run before its events are seen
+                    self._to_h2(buf[passthrough:stop], events)
+                    passthrough = -1
             pos = stop
         if passthrough >= 0:
             self._to_h2(buf[passthrough:pos], events)
@@ -215,7 +263,18 @@ class GrpcH2Connection:
             self.consumed(sid, pad + 1)
             start, stop = start + 1, stop - pad
         if stream.buf:
-            self._messages(sid, stream, stream.buf + buf[start:stop], 0, None, events)
+            partial = stream.buf
+            if len(partial) >= 5 and len(partial) + stop - start < \
+                    _MESSAGE_PREFIX.unpack_from(partial)[1] + 5:
+                # the message goes on past this frame: append (copying the whole of it for
+                # every 16 KiB frame cost O(size^2), 0.1 s for one 4 MiB message)
+                if type(partial) is not bytearray:
+                    partial = stream.buf = bytearray(partial)
+                partial += memoryview(buf)[start:stop]
+                if self.trusted:
+                    self._lend(sid, stream)
+            else:
+                self._messages(sid, stream, bytes(partial) + buf[start:stop], 0, None, events)
         else:
             self._messages(sid, stream, buf, start, stop, events)
         if flags & _END_STREAM:
@@ -251,13 +310,37 @@ class GrpcH2Connection:
             pos += 5 + size
         stream.buf = data[pos:end] if pos < end else b""
         if end - pos >= 5 and self.trusted:  # a message bigger than the window: lend
-            missing = size + 5 - (end - pos) - stream.window
-            if missing > 0:
-                stream.lent += missing
-                stream.window += missing
-                self._out += _window_update(sid, missing)
+            self._lend(sid, stream)
         if messages:
             events.append((MESSAGES, sid, messages))
+
+    def _lend(self, sid: int, stream: _Stream) -> None:
+        """Lend call ``sid`` the stream and connection window its partial message still
+        needs beyond its window, so one big message neither waits for itself nor takes the
+        connection window other calls need. At most ``lend_limit`` bytes are lent per
+        connection; a call over it waits (``_lend_waiting``) until lent bytes come back."""
+        missing = _MESSAGE_PREFIX.unpack_from(stream.buf)[1] + 5 - len(stream.buf) \
+            - stream.window
+        if missing <= 0:
+            return
+        if self._lent + missing > self.lend_limit:
+            if sid not in self._lend_waiting:
+                self._lend_waiting.append(sid)
+            return
+        stream.lent += missing
+        stream.window += missing
+        self._lent += missing
+        self._window += missing
+        self._out += _window_update(sid, missing) + _window_update(0, missing)
+
+    def _lent_back(self, nbytes: int) -> None:
+        """``nbytes`` lent are consumed or dropped: lend to calls waiting for it."""
+        self._lent -= nbytes
+        waiting, self._lend_waiting = self._lend_waiting, []
+        for sid in waiting:
+            stream = self.streams.get(sid)
+            if stream is not None and not stream.remote_done and len(stream.buf) >= 5:
+                self._lend(sid, stream)
 
     def _to_h2(self, data: bytes, events: list) -> None:
         if not data:
@@ -279,6 +362,8 @@ class GrpcH2Connection:
                     if stream.local_done:
                         self._drop(event.stream_id)
             elif isinstance(event, h2.events.StreamReset):
+                if event.remote_reset:
+                    self._reset_counted()
                 if self._drop(event.stream_id) is not None:
                     events.append((RESET, event.stream_id))
             elif isinstance(event, h2.events.WindowUpdated):
@@ -321,6 +406,14 @@ class GrpcH2Connection:
             return
         events.append((CALL, sid, path.decode("latin-1"), metadata, timeout))
 
+    def _reset_counted(self) -> None:
+        """One more stream reset by the client; past its ResetBudget the connection ends
+        with ENHANCE_YOUR_CALM, as nghttp2 ends it."""
+        if not self.resets.take():
+            self._fail(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM,
+                       f"more than {RESET_BURST} stream resets (at most {RESET_RATE:g}/s "
+                       f"after them): rapid reset")
+
     def _fail(self, code: h2.errors.ErrorCodes, message: str):
         self.h2.close_connection(error_code=code)
         self._out += self.h2.data_to_send()
@@ -336,6 +429,11 @@ class GrpcH2Connection:
             if stream is None:
                 return
             stream.held -= nbytes
+            if stream.lent:  # window lent for a big message is not given back
+                kept = min(stream.lent, nbytes)
+                stream.lent -= kept
+                nbytes -= kept
+                self._lent_back(kept)
         self._unacked += nbytes
         if self._unacked >= self._limit // 4:
             self._out += _window_update(0, self._unacked)
@@ -343,10 +441,6 @@ class GrpcH2Connection:
             self._unacked = 0
         if stream is None or stream.remote_done:
             return
-        if stream.lent:  # window lent for a big message is not given back twice
-            kept = min(stream.lent, nbytes)
-            stream.lent -= kept
-            nbytes -= kept
         stream.unacked += nbytes
         if stream.unacked >= STREAM_WINDOW // 4:
             self._out += _window_update(sid, stream.unacked)
@@ -426,7 +520,10 @@ class GrpcH2Connection:
         stream = self.streams.pop(sid, None)
         if stream is not None and stream.held:
             held, stream.held = stream.held, 0
-            self.consumed(0, held)
+            lent, stream.lent = min(stream.lent, held), 0
+            if lent:
+                self._lent_back(lent)
+            self.consumed(0, held - lent)
         return stream
 
     def reset(self, sid: int) -> None:

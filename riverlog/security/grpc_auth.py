@@ -12,9 +12,12 @@
 # PublishToSubject `publish` on the subject of every stream it reaches, so no stream gives a
 # user NATS subjects the policy does not; with authorization on, the ack inbox of Publish and
 # PublishToSubject must be one of the caller's own (nats_auth.own_inboxes), so no user sends
-# acks to another's inbox. FetchMetadata and the consumer-group bookkeeping
-# calls need a user but no stream permission. A request that does not parse is left to the
-# handler, which answers INVALID_ARGUMENT.
+# acks to another's inbox. FetchMetadata needs a user but no stream permission. The consumer
+# group calls of a member (LeaveConsumerGroup, FetchConsumerGroupAssignments,
+# ReportConsumerGroupCoordinator) need `consume` on the member's streams, and a member that
+# joined through this door may be acted for only by the user who joined it (no one leaves on
+# another's behalf). A request that does not parse is left to the handler, which answers
+# INVALID_ARGUMENT.
 from __future__ import annotations
 
 import base64
@@ -50,20 +53,31 @@ _RULES: dict[str, tuple[type, str, Callable]] = {
     "FetchCursor": (pb.FetchCursorRequest, CONSUME, lambda r: (r.stream,)),
     "JoinConsumerGroup": (pb.JoinConsumerGroupRequest, CONSUME, lambda r: tuple(r.streams)),
 }
+# the calls of a consumer group member: request type (groupId, consumerId)
+_MEMBER_CALLS: dict[str, type] = {
+    "LeaveConsumerGroup": pb.LeaveConsumerGroupRequest,
+    "FetchConsumerGroupAssignments": pb.FetchConsumerGroupAssignmentsRequest,
+    "ReportConsumerGroupCoordinator": pb.ReportConsumerGroupCoordinatorRequest,
+}
 
 
-def streams_on_subject(streams: Iterable, subject: str) -> list:
-    """The streams a partition of which listens on the literal ``subject`` (partition 0 on the
-    stream's subject, partition N on ``subject.N``; wildcard subjects match as NATS does)."""
+def partitions_on_subject(streams: Iterable, subject: str) -> list[tuple]:
+    """(stream, partition index) of each partition that listens on the literal ``subject``
+    (partition 0 on the stream's subject, partition N on ``subject.N``; wildcard subjects
+    match as NATS does)."""
     found = []
     parent, _, last = subject.rpartition(".")
     index = int(last) if parent and last.isdigit() else 0
     for stream in streams:
         base = stream.config.subject
-        if base and (matches(base, subject) or (
-                0 < index < len(stream.partitions) and matches(base, parent))):
-            found.append(stream)
+        if not base:
+            continue
+        if matches(base, subject):
+            found.append((stream, 0))
+        elif 0 < index < len(stream.partitions) and matches(base, parent):
+            found.append((stream, index))
     return found
+
 
 
 def _peer_host(peer: str) -> str | None:
@@ -82,11 +96,18 @@ checks on the door); what per-user limits count by (CreateStream's stream owner)
 
 
 class GrpcAuth(grpc.aio.ServerInterceptor):
-    """The interceptor. ``streams`` returns the broker's streams (for PublishToSubject)."""
+    """The interceptor. ``streams`` returns the broker's streams (for PublishToSubject),
+    ``groups`` the consumer groups (Placement.consumer_groups', for their members' calls)."""
 
-    def __init__(self, guard: Guard, streams: Callable[[], Iterable]) -> None:
+    def __init__(self, guard: Guard, streams: Callable[[], Iterable],
+                 groups: Callable[[], object] | None = None) -> None:
         self.guard = guard
         self.streams = streams
+        self.groups = groups
+        # (group id, consumer id) -> the user who joined it through this door; entries of
+        # members that are gone are dropped when the table doubles
+        self.joined: dict[tuple[str, str], str] = {}
+        self._joined_kept = 1024
         tls = guard.config.tls
         self.certificates = tls is not None and tls.client_auth  # CN only when verified
         self.anonymous = not guard.require_auth  # loopback clients need no credentials
@@ -133,12 +154,15 @@ class GrpcAuth(grpc.aio.ServerInterceptor):
             except DecodeError:
                 return
             subject = request.subject
-            streams = streams_on_subject(self.streams(), subject)
+            streams = [s for s, _ in partitions_on_subject(self.streams(), subject)]
             if not streams:
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED,
                                     f"no stream listens on subject {subject!r}")
             action, names = PUBLISH, [s.name for s in streams]
             subjects = tuple((s.config.subject, PUBLISH) for s in streams)
+        elif method in _MEMBER_CALLS:
+            await self._check_member(method, user, raw, context)
+            return
         else:
             rule = _RULES.get(method)
             if rule is None:
@@ -167,6 +191,42 @@ class GrpcAuth(grpc.aio.ServerInterceptor):
                                     f"ack inbox {inbox[:64]!r} is not an inbox of user {user!r} "
                                     f"({own or 'it has none'}>)")
 
+    async def _check_member(self, method: str, user: str | None, raw: bytes, context) -> None:
+        """A member's call: PERMISSION_DENIED when another user joined that member, or when
+        ``user`` may not consume one of the member's streams. A non-member is left to the
+        handler (Liftbridge's NotFound / FailedPrecondition)."""
+        try:
+            request = _MEMBER_CALLS[method].FromString(raw)
+        except DecodeError:
+            return
+        member = (request.groupId, request.consumerId)
+        owner = self.joined.get(member)
+        if owner is not None and owner != user:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                f"consumer {request.consumerId[:64]!r} of group "
+                                f"{request.groupId[:64]!r} was joined by another user")
+        streams = self.groups().member_streams(*member) if self.groups is not None else None
+        for name in streams or ():
+            if not self.guard.allowed(user, name, CONSUME):
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                                    f"user {user!r} may not {CONSUME} stream {name!r}")
+
+    def _called(self, method: str, user: str | None, raw: bytes) -> None:
+        """``method`` succeeded: note who joined a member, forget a member that left."""
+        if user is None or method not in ("JoinConsumerGroup", "LeaveConsumerGroup"):
+            return
+        request = (pb.JoinConsumerGroupRequest if method == "JoinConsumerGroup"
+                   else pb.LeaveConsumerGroupRequest).FromString(raw)
+        member = (request.groupId, request.consumerId)
+        if method == "LeaveConsumerGroup":
+            self.joined.pop(member, None)
+            return
+        self.joined[member] = user
+        if len(self.joined) > self._joined_kept and self.groups is not None:
+            groups = self.groups()
+            self.joined = {m: u for m, u in self.joined.items() if groups.is_member(*m)}
+            self._joined_kept = max(1024, 2 * len(self.joined))
+
     async def intercept_service(self, continuation, details):
         """The grpc.aio transport's hook: ``wrap`` of the method's handler."""
         handler = await continuation(details)
@@ -189,7 +249,9 @@ class GrpcAuth(grpc.aio.ServerInterceptor):
             user = await self.user(context)
             await self.check(method, user, raw, context)
             CALLER.set(user)  # each call runs in its own task: the variable is the call's
-            return await inner(raw, context)
+            response = await inner(raw, context)
+            self._called(method, user, raw)
+            return response
         return behavior
 
     def _unary_stream(self, method: str, inner):

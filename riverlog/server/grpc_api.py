@@ -6,7 +6,10 @@
 # message type; every refusal uses exactly the gRPC status code Liftbridge uses, with its
 # message; Publish waits for its ack only when the call has a deadline and the ack policy is
 # not NONE; a subject or ack inbox that NATS or riverlog refuses (NatsBridge.ack_inbox_error)
-# is refused before anything is stored.
+# is refused before anything is stored. Bounds Liftbridge lacks (issue 24): ids (cursor,
+# group, consumer) of at most 255 bytes, as stream names; FetchMetadata's names
+# (grpc_metadata.py); cursors per stream (RESOURCE_EXHAUSTED); a PublishToSubject that would
+# reach a read-only partition is refused as Publish is, where Liftbridge's times out.
 # In a cluster (Broker.placement): CreateStream/DeleteStream, PauseStream/SetStreamReadonly and
 # the consumer group calls go through the metadata, FetchMetadata lists every server and
 # stream, and a Publish for a partition led elsewhere goes to the leader through its NATS
@@ -24,9 +27,9 @@ from typing import Callable
 import grpc
 from google.protobuf.message import DecodeError
 
-from ..broker import Partition, StreamConfig
+from ..broker import StreamConfig
 from ..broker.stream import MAX_NAME_BYTES
-from ..broker.cursors import CursorsDisabledError, NotCursorLeaderError
+from ..broker.cursors import CursorLimitError, CursorsDisabledError, NotCursorLeaderError
 from ..broker.groups import GroupError
 from ..config import GrpcConfig
 from ..errors import ClusterUnavailableError, LogClosedError
@@ -34,10 +37,11 @@ from ..metrics import GRPC, CallTracker
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge.envelope import encode_publish
 from ..protocol.nats_subject import subject_problem
-from ..security.grpc_auth import CALLER, GrpcAuth
+from ..security.grpc_auth import CALLER, GrpcAuth, partitions_on_subject
 from ..security.guard import Guard
 from ..security.tls import grpc_server_credentials, server_context
 from ..security.users import listens_on_loopback
+from .grpc_metadata import check_names, fetch_metadata, partition_metadata
 from .grpc_publish_async import ack_error_to_async, exact_nats_size, nats_size, publish_async
 from .grpc_subscribe import subscribe
 from .group_quota import GroupQuota
@@ -168,7 +172,8 @@ class GrpcApi:
         if guard is None or not (guard.require_auth
                                  or not listens_on_loopback(self.config.host)):
             return None
-        return GrpcAuth(guard, lambda: self.service.broker.streams.values())
+        return GrpcAuth(guard, lambda: self.service.broker.streams.values(),
+                        lambda: self.service.groups)
 
     @staticmethod
     def _listen(server, address: str, credentials) -> int:
@@ -217,6 +222,8 @@ class GrpcApi:
                 await context.abort(code, str(exc))
             except NotCursorLeaderError as exc:  # Liftbridge's cursors.go
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            except CursorLimitError as exc:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             except CursorsDisabledError as exc:
                 await context.abort(grpc.StatusCode.INTERNAL, str(exc))
             except LogClosedError as exc:
@@ -304,88 +311,10 @@ class GrpcApi:
         return pb.SetStreamReadonlyResponse()
 
     # -- metadata -----------------------------------------------------------------------
-    def _partition_metadata(self, stream: str, partition: Partition) -> pb.PartitionMetadata:
-        placed = self.service.broker.placement.of(stream, partition.index)
-        leader = "" if placed is None or placed.leader is None else placed.leader
-        events = partition.events
-
-        def stamps(kind: str) -> pb.PartitionEventTimestamps:
-            first, latest = events.get(kind, (0, 0))
-            return pb.PartitionEventTimestamps(firstTimestamp=first, latestTimestamp=latest)
-
-        return pb.PartitionMetadata(
-            id=partition.index, leader=leader, replicas=placed.replicas if placed else (),
-            isr=placed.isr if placed else (), highWatermark=partition.committed_offset,
-            newestOffset=partition.next_offset - 1,
-            paused=partition.paused, readonly=partition.readonly,
-            messagesReceivedTimestamps=stamps("received"), pauseTimestamps=stamps("pause"),
-            readonlyTimestamps=stamps("readonly"))
-
-    def _brokers(self) -> list[pb.Broker]:
-        """Every server that runs (Liftbridge's fetchBrokerInfo lists the servers answering
-        its survey; here: this one and those its Raft member is connected to): id, advertised
-        gRPC host and port, the partitions it holds and leads. go-liftbridge dials every
-        broker listed when it connects and fails if one does not answer."""
-        service = self.service
-        placement = service.broker.placement
-        if not placement.clustered:
-            total = sum(len(s.partitions) for s in service.broker.streams.values())
-            host, port = service.advertised
-            return [pb.Broker(id=service.server_id, host=host, port=port,
-                              partitionCount=total, leaderCount=total)]
-        held: dict[str, int] = {}
-        led: dict[str, int] = {}
-        for name, stream in service.broker.streams.items():
-            for index in range(len(stream.partitions)):
-                placed = placement.of(name, index)
-                for replica in placed.replicas if placed else ():
-                    held[replica] = held.get(replica, 0) + 1
-                if placed is not None and placed.leader is not None:
-                    led[placed.leader] = led.get(placed.leader, 0) + 1
-        brokers = []
-        for server_id in filter(placement.reachable, placement.servers()):
-            host, port = placement.door(server_id, "grpc") or ("", 0)
-            brokers.append(pb.Broker(id=server_id, host=host, port=port,
-                                     partitionCount=held.get(server_id, 0),
-                                     leaderCount=led.get(server_id, 0)))
-        return brokers
-
     async def FetchMetadata(self, raw: bytes, context) -> pb.FetchMetadataResponse:
+        check_names(raw)
         req = await _parse(pb.FetchMetadataRequest, raw, context)
-        service = self.service
-        streams = service.broker.streams
-        elsewhere = service.broker.placement.streams() or {}  # a cluster's, held here or not
-        names = list(req.streams) or list(streams) + [n for n in elsewhere if n not in streams]
-        resp = pb.FetchMetadataResponse(brokers=self._brokers())
-        for name in names:
-            stream = streams.get(name)
-            if stream is None and name in elsewhere:  # no replica here: no offsets either
-                subject, count = elsewhere[name]
-                meta = resp.streamMetadata.add(name=name, subject=subject)
-                for index in range(count):
-                    placed = service.broker.placement.of(name, index)
-                    flags = service.broker.placement.flags(name, index)
-                    meta.partitions[index].CopyFrom(pb.PartitionMetadata(
-                        id=index, leader=placed.leader or "", replicas=placed.replicas,
-                        isr=placed.isr, highWatermark=-1, newestOffset=-1,
-                        paused=flags.paused, readonly=flags.read_only))
-                continue
-            if stream is None:
-                resp.streamMetadata.add(name=name, error=pb.StreamMetadata.Error.UNKNOWN_STREAM)
-                continue
-            meta = resp.streamMetadata.add(name=name, subject=stream.config.subject or "",
-                                           creationTimestamp=stream.created_ns)
-            for partition in stream.partitions:
-                meta.partitions[partition.index].CopyFrom(
-                    self._partition_metadata(name, partition))
-        for group_id in req.groups:
-            found = service.groups.coordinator_of(group_id)
-            if found is None:
-                resp.groupMetadata.add(groupId=group_id,
-                                       error=pb.ConsumerGroupMetadata.Error.UNKNOWN_GROUP)
-            else:
-                resp.groupMetadata.add(groupId=group_id, coordinator=found[0], epoch=found[1])
-        return resp
+        return await fetch_metadata(self.service, req)
 
     async def FetchPartitionMetadata(self, raw: bytes, context):
         req = await _parse(pb.FetchPartitionMetadataRequest, raw, context)
@@ -396,7 +325,7 @@ class GrpcApi:
             raise LiftbridgeError("FAILED_PRECONDITION",
                                   "The request should be sent to partition leader")
         return pb.FetchPartitionMetadataResponse(
-            metadata=self._partition_metadata(req.stream, partition))
+            metadata=partition_metadata(self.service, req.stream, partition))
 
     # -- publishing ---------------------------------------------------------------------
     async def Publish(self, raw: bytes, context) -> pb.PublishResponse:
@@ -495,6 +424,12 @@ class GrpcApi:
             error = bridge.ack_inbox_error(req.ackInbox)
             if error is not None:
                 raise error
+        try:  # Liftbridge's Publish precondition; its own PublishToSubject times out here
+            for stream, index in partitions_on_subject(self.service.broker.streams.values(),
+                                                       req.subject):
+                self.service.refuse_read_only(stream.name, index)
+        except LiftbridgeError as exc:
+            await context.abort(_PUBLISH_STATUS[exc.code], exc.message)
         ack = await self._through_nats(req.subject, pb.Message(
             key=req.key, value=req.value, subject=req.subject, headers=dict(req.headers),
             ackInbox=req.ackInbox, correlationId=req.correlationId, ackPolicy=req.ackPolicy),
@@ -524,12 +459,22 @@ class GrpcApi:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
 
     # -- cursors ------------------------------------------------------------------------
-    async def SetCursor(self, raw: bytes, context) -> pb.SetCursorResponse:
-        req = await _parse(pb.SetCursorRequest, raw, context)
+    @staticmethod
+    def _cursor_ids(req) -> None:
+        """Liftbridge's checks of a cursor request, and riverlog's bound on the cursor id
+        (as on a stream name: every cursor is kept, and read back at every start). Raises
+        LiftbridgeError INVALID_ARGUMENT."""
         if not req.stream:
             raise LiftbridgeError("INVALID_ARGUMENT", "No stream provided")
         if not req.cursorId:
             raise LiftbridgeError("INVALID_ARGUMENT", "No cursorId provided")
+        if len(req.cursorId.encode()) > MAX_NAME_BYTES:
+            raise LiftbridgeError("INVALID_ARGUMENT",
+                                  f"cursorId longer than {MAX_NAME_BYTES} bytes")
+
+    async def SetCursor(self, raw: bytes, context) -> pb.SetCursorResponse:
+        req = await _parse(pb.SetCursorRequest, raw, context)
+        self._cursor_ids(req)
         try:
             await self.service.cursors.set(req.cursorId, req.stream, req.partition, req.offset)
         except (OSError, LogClosedError) as exc:
@@ -538,10 +483,7 @@ class GrpcApi:
 
     async def FetchCursor(self, raw: bytes, context) -> pb.FetchCursorResponse:
         req = await _parse(pb.FetchCursorRequest, raw, context)
-        if not req.stream:
-            raise LiftbridgeError("INVALID_ARGUMENT", "No stream provided")
-        if not req.cursorId:
-            raise LiftbridgeError("INVALID_ARGUMENT", "No cursorId provided")
+        self._cursor_ids(req)
         return pb.FetchCursorResponse(
             offset=self.service.cursors.get(req.cursorId, req.stream, req.partition))
 

@@ -13,7 +13,10 @@
 # windows only once one of its calls is authenticated, which is checked as soon as the call's
 # headers arrive (a refused call ends with UNAUTHENTICATED before its body is read); until
 # then it may send at most 64 KiB (grpc_h2.UNTRUSTED_WINDOW), and a connection with no
-# accepted call within ``handshake_timeout`` seconds is closed.
+# accepted call within ``handshake_timeout`` seconds is closed. Stream resets are counted per
+# client host across its connections (grpc_h2.ResetBudget): a rapid-reset flood gets GOAWAY
+# ENHANCE_YOUR_CALM, and so does a reconnected connection's first reset until the budget
+# refills.
 # Wire facts: grpc's PROTOCOL-HTTP2.md and doc/statuscodes.md, RFC 9113.
 from __future__ import annotations
 
@@ -149,6 +152,8 @@ class _Connection(asyncio.Protocol):
             if cn is not None:
                 self.auth["x509_common_name"] = [cn.encode()]
         self.server.connections.add(self)
+        if address:
+            self.conn.resets = self.server.reset_budget(address[0])
         self.handshake = self.loop.call_later(self.server.handshake_timeout, self._too_slow)
         transport.write(self.conn.data_to_send())
 
@@ -451,6 +456,18 @@ class GrpcH2Server:
         self.handshake_timeout = handshake_timeout
         self.connections: set[_Connection] = set()
         self._server: asyncio.AbstractServer | None = None
+        self._resets: dict[str, grpc_h2.ResetBudget] = {}
+
+    def reset_budget(self, host: str) -> grpc_h2.ResetBudget:
+        """The stream resets the connections from ``host`` may still send, shared, so a
+        client that reconnects after GOAWAY does not start with a full budget again (nghttp2
+        counts per connection). Budgets that have refilled are forgotten."""
+        budget = self._resets.get(host)
+        if budget is None:
+            if len(self._resets) >= 1024:
+                self._resets = {h: b for h, b in self._resets.items() if not b.full()}
+            budget = self._resets[host] = grpc_h2.ResetBudget()
+        return budget
 
     async def start(self) -> int:
         if self.ssl_context is not None:

@@ -93,7 +93,8 @@ class Liftbridge:
             broker.placement.server_id = self.server_id
         self.appenders = Appenders(config.batch_max_messages)
         self.cursors = Cursors(broker, self.appenders, config.cursors_partitions,
-                               f"{self.namespace}.cursors", config.cursors_replication_factor)
+                               f"{self.namespace}.cursors", config.cursors_replication_factor,
+                               config.cursors_max_per_stream)
         self.groups = broker.placement.consumer_groups(
             broker.data_dir, config.consumer_timeout_ms, config.coordinator_timeout_ms,
             self._partition_count, self._group_left)

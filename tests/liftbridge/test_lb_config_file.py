@@ -53,6 +53,7 @@ clustering:
 activity.stream.enabled: true
 cursors.stream.partitions: 3
 cursors.stream.replication.factor: 2
+riverlog.cursors.max.per.stream: 50
 groups:
   consumer.timeout: 10s
 """)
@@ -64,6 +65,7 @@ groups:
     assert (config.grpc.server_id, config.grpc.replication_max_bytes) == ("s1", 2048)
     assert (config.grpc.cursors_partitions, config.grpc.activity_enabled) == (3, True)
     assert config.grpc.cursors_replication_factor == 2
+    assert config.grpc.cursors_max_per_stream == 50
     assert (config.grpc.consumer_timeout_ms, config.grpc.auto_pause_time_ms) == (10_000, 30_000)
     assert config.grpc.concurrency_control and config.grpc.batch_max_messages == 512
     assert config.nats.servers == ("nats://a:4222", "nats://b:4222") and not config.nats.embedded

@@ -57,6 +57,47 @@ async def test_cursors_set_fetch_and_survive_restart(server_factory):
     await channel.close()
 
 
+async def test_cursors_are_bounded(server_factory):
+    """Issue 24: SetCursor took ids of any size (6 MB ones were stored) in any number."""
+    server = await server_factory(cursors_max_per_stream=3)
+    async with grpc.aio.insecure_channel(server.grpc_addr) as channel:
+        stub = api_pb2_grpc.APIStub(channel)
+        await create(stub, "s", "s", partitions=2)
+        for cursor_id in ("x" * 256, "é" * 128):  # 256 bytes
+            await expect_error(stub.SetCursor(pb.SetCursorRequest(
+                stream="s", cursorId=cursor_id, offset=1), timeout=5),
+                Code.INVALID_ARGUMENT, "cursorId longer than 255 bytes")
+            await expect_error(stub.FetchCursor(pb.FetchCursorRequest(
+                stream="s", cursorId=cursor_id), timeout=5),
+                Code.INVALID_ARGUMENT, "cursorId longer than 255 bytes")
+        for cursor_id in ("x" * 255, "a", "b"):
+            await stub.SetCursor(pb.SetCursorRequest(stream="s", cursorId=cursor_id, offset=1),
+                                 timeout=5)
+        full = pb.SetCursorRequest(stream="s", cursorId="c", offset=1)
+        await expect_error(stub.SetCursor(full, timeout=5), Code.RESOURCE_EXHAUSTED,
+                           "riverlog.cursors.max.per.stream")
+        await expect_error(stub.SetCursor(pb.SetCursorRequest(
+            stream="s", partition=1, cursorId="a", offset=1), timeout=5),
+            Code.RESOURCE_EXHAUSTED)  # a cursor is an id and a partition
+        await stub.SetCursor(pb.SetCursorRequest(stream="s", cursorId="a", offset=7), timeout=5)
+        # streams that do not exist (Liftbridge takes cursors for any name) share one allowance
+        for i in range(3):
+            await stub.SetCursor(pb.SetCursorRequest(stream=f"none{i}", cursorId="c", offset=1),
+                                 timeout=5)
+        await expect_error(stub.SetCursor(pb.SetCursorRequest(
+            stream="none9", cursorId="c", offset=1), timeout=5), Code.RESOURCE_EXHAUSTED,
+            "streams that do not exist")
+        config = server.app.broker.streams["__cursors"].config
+        assert config.compact and config.segment_max_bytes == 16 * 1024 * 1024
+    await server_factory.stop(server.app)
+    again = await server_factory(data_dir=server.data_dir, cursors_max_per_stream=3)
+    async with grpc.aio.insecure_channel(again.grpc_addr) as channel:  # counted on load
+        stub = api_pb2_grpc.APIStub(channel)
+        await expect_error(stub.SetCursor(full, timeout=5), Code.RESOURCE_EXHAUSTED)
+        assert (await stub.FetchCursor(pb.FetchCursorRequest(stream="s", cursorId="a"),
+                                       timeout=5)).offset == 7
+
+
 async def test_cursors_off(server_factory):
     server = await server_factory(cursors_partitions=0)
     channel = grpc.aio.insecure_channel(server.grpc_addr)

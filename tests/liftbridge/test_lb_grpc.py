@@ -210,6 +210,19 @@ async def test_publish_to_subject(server, stub, nc):
         subject="nobody.listens", value=b"v"), timeout=0.5), Code.DEADLINE_EXCEEDED)
 
 
+async def test_publish_to_subject_of_a_read_only_partition_is_refused(server, stub, nc):
+    """Issue 24: it timed out before (the NATS message was not stored, no ack came)."""
+    await create(stub, "ptsro", "ptsro.subject", partitions=2)
+    await stub.SetStreamReadonly(pb.SetStreamReadonlyRequest(name="ptsro", partitions=[1],
+                                                             readonly=True), timeout=5)
+    await expect_error(stub.PublishToSubject(pb.PublishToSubjectRequest(
+        subject="ptsro.subject.1", value=b"v"), timeout=10), Code.FAILED_PRECONDITION,
+        "readonly partition: 1")
+    resp = await stub.PublishToSubject(pb.PublishToSubjectRequest(
+        subject="ptsro.subject", value=b"v"), timeout=10)
+    assert (resp.ack.stream, resp.ack.partitionSubject) == ("ptsro", "ptsro.subject")
+
+
 async def test_pause_and_resume(server, stub):
     await create(stub, "pause", partitions=3)
     await stub.PauseStream(pb.PauseStreamRequest(name="pause", partitions=[1, 2],

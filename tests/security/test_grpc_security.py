@@ -173,3 +173,34 @@ async def test_a_first_login_runs_bcrypt_once(tmp_path, users, monkeypatch):
                 pb.FetchMetadataRequest(), metadata=basic("bob", "wrong"),
                 timeout=10)) == UNAUTHENTICATED
         assert runs == [b"alice-pw", b"wrong"]
+
+
+async def test_consumer_group_calls_need_consume_and_the_members_own_user(tmp_path, users):
+    """Issue 24: a user could read another user's group assignment, and LeaveConsumerGroup on
+    her behalf kicked her out."""
+    async with running(tmp_path, security(users)) as app, channel(app) as ch:
+        stub = APIStub(ch)
+        ops, alice, bob = basic("ops"), basic("alice"), basic("bob")
+        await stub.CreateStream(pb.CreateStreamRequest(name="orders.eu", subject="orders.eu"),
+                                metadata=ops, timeout=10)
+        joined = await stub.JoinConsumerGroup(pb.JoinConsumerGroupRequest(
+            groupId="g", consumerId="c1", streams=["orders.eu"]), metadata=bob, timeout=10)
+        fetch = pb.FetchConsumerGroupAssignmentsRequest(groupId="g", consumerId="c1",
+                                                        epoch=joined.epoch)
+        leave = pb.LeaveConsumerGroupRequest(groupId="g", consumerId="c1")
+        report = pb.ReportConsumerGroupCoordinatorRequest(
+            groupId="g", consumerId="c1", coordinator=joined.coordinator, epoch=joined.epoch)
+        for metadata in (alice, ops):  # alice may not consume orders.eu; ops did not join c1
+            assert await status_of(stub.FetchConsumerGroupAssignments(
+                fetch, metadata=metadata, timeout=10)) == DENIED
+            assert await status_of(stub.ReportConsumerGroupCoordinator(
+                report, metadata=metadata, timeout=10)) == DENIED
+            assert await status_of(stub.LeaveConsumerGroup(
+                leave, metadata=metadata, timeout=10)) == DENIED
+        got = await stub.FetchConsumerGroupAssignments(fetch, metadata=bob, timeout=10)
+        assert [(a.stream, list(a.partitions)) for a in got.assignments] == [("orders.eu", [0])]
+        await stub.LeaveConsumerGroup(leave, metadata=bob, timeout=10)
+        # once c1 left, the id is free: another user with the right may join as c1
+        await stub.JoinConsumerGroup(pb.JoinConsumerGroupRequest(
+            groupId="g", consumerId="c1", streams=["orders.eu"]), metadata=ops, timeout=10)
+        await stub.LeaveConsumerGroup(leave, metadata=ops, timeout=10)

@@ -39,6 +39,7 @@ from rstream.recovery import BackOffRecoveryStrategy
 
 from riverlog.broker import StreamConfig
 from riverlog.metrics import RABBITMQ_STREAM, REGISTRY
+from riverlog.protocol.rabbitmq_stream.constants import MAX_METADATA_NAMES
 from riverlog.server.rabbitmq_stream import PUBLISH_FRAME_MAX
 
 pytestmark = pytest.mark.timeout(60)
@@ -271,6 +272,8 @@ async def _closed_with(client: DraftClient) -> int:
     (frame(0x11, struct.pack(">ii", 1, 0), version=1), UNKNOWN_FRAME),  # a current frame
     (struct.pack(">iHH", 2 * 1024 * 1024, 2, 0) + b"\0" * 64, FRAME_TOO_LARGE),  # Subscribe
     (struct.pack(">iHH", PUBLISH_FRAME_MAX + 1, 0, 0) + b"\0" * 64, FRAME_TOO_LARGE),  # Publish
+    (frame(8, struct.pack(">ii", 1, MAX_METADATA_NAMES + 1) + string("s") * (MAX_METADATA_NAMES + 1)),
+     FRAME_TOO_LARGE),  # Metadata naming more streams than riverlog answers at once
 ])
 async def test_bad_frames_close_only_that_connection(app, wire, code):
     good = await draft_for(app)

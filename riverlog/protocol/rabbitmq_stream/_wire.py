@@ -13,8 +13,8 @@ from dataclasses import fields
 from operator import attrgetter
 from typing import Any, Callable
 
-from .constants import OffsetType
-from .errors import malformed
+from .constants import OffsetType, ResponseCode
+from .errors import FrameError, malformed
 
 ReadFn = Callable[[bytes, int], tuple[Any, int]]
 WriteFn = Callable[[Any], bytes]
@@ -148,12 +148,16 @@ def _count(b: bytes, o: int) -> tuple[int, int]:
     return n, o + 4
 
 
-def array(item: Kind) -> Kind:
-    """``[item]``: i32 count then items; read as a tuple."""
+def array(item: Kind, max_count: int | None = None) -> Kind:
+    """``[item]``: i32 count then items; read as a tuple. More than ``max_count`` items:
+    FrameError FRAME_TOO_LARGE (0x0e), before any is read."""
     iread, iwrite = item.read, item.write
 
     def read(b: bytes, o: int) -> tuple[tuple, int]:
         n, o = _count(b, o)
+        if max_count is not None and n > max_count:
+            raise FrameError(ResponseCode.FRAME_TOO_LARGE,
+                             f"{n} items of {item.name}; at most {max_count} per frame")
         out = []
         append = out.append
         for _ in range(n):  # every item consumes >= 1 byte: a lying count fails fast

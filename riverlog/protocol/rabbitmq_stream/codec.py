@@ -43,7 +43,8 @@ from ._wire import (
     optional,
     record,
 )
-from .constants import DEFAULT_FRAME_MAX, RESPONSE_FLAG, Command, ResponseCode
+from .constants import (DEFAULT_FRAME_MAX, MAX_METADATA_NAMES, RESPONSE_FLAG, Command,
+                        ResponseCode)
 from .errors import FrameError, malformed
 
 __all__ = [
@@ -197,6 +198,7 @@ _STREAM_METADATA = record(f.StreamMetadata, STR, U16, U16, array(U16))
 _COMMAND_VERSION = record(f.CommandVersion, U16, U16, U16)
 _STRINGS = array(STR)
 _NAMES = array(NAME)  # stream names, binding keys: never null
+_METADATA_NAMES = array(NAME, MAX_METADATA_NAMES)  # RabbitMQ: frame_max only (docs/security.md)
 _R = RESPONSE_FLAG
 
 # (frame class, key, version, layout): layout is the body's kinds in field order, or a
@@ -227,7 +229,7 @@ _CURRENT_ROWS: tuple = (
     (f.CreateResponse, _R | 0x000D, 1, (U32, U16)),
     (f.Delete, 0x000E, 1, (U32, NAME)),
     (f.DeleteResponse, _R | 0x000E, 1, (U32, U16)),
-    (f.Metadata, 0x000F, 1, (U32, _NAMES)),
+    (f.Metadata, 0x000F, 1, (U32, _METADATA_NAMES)),
     (f.MetadataResponse, _R | 0x000F, 1, (U32, array(_BROKER), array(_STREAM_METADATA))),
     (f.MetadataUpdate, 0x0010, 1, (U16, STR)),
     (f.PeerProperties, 0x0011, 1, (U32, MAP)),

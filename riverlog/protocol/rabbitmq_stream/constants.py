@@ -57,6 +57,15 @@ class Command(IntEnum):
     ResolveOffsetSpec = 0x1F
 
 
+MAX_METADATA_NAMES = 1000
+"""Stream names one Metadata frame may carry (more: the connection is closed with 0x0e frame
+too large). riverlog's bound; RabbitMQ's is frame_max alone (~350,000 short names in 1 MiB),
+but its reader parses and answers a frame in the connection's own Erlang process, where
+riverlog's door answers on the one event loop every connection shares (10,000 names held it
+for ~0.2 s on a loaded machine). Clients name the streams they use, or a super stream's
+partitions."""
+
+
 class ResponseCode(IntEnum):
     """Response codes (u16) carried by responses, Close, MetadataUpdate and PublishError."""
 

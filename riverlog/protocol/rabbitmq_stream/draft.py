@@ -40,7 +40,7 @@ from ._wire import (
 )
 from .codec import (Dialect, _read_publish_confirm, _write_publish_confirm, read_publish_body,
                     write_publish_body)
-from .constants import ResponseCode
+from .constants import MAX_METADATA_NAMES, ResponseCode
 from .errors import malformed
 
 __all__ = [
@@ -211,7 +211,7 @@ _FROM_CLIENT = (
     (f.Subscribe, Key.Subscribe, (U32, U8, NAME, OFFSET_SPEC, U16, DROPPED)),
     (f.Credit, Key.Credit, (U8, U16)),
     (f.Unsubscribe, Key.Unsubscribe, (U32, U8)),
-    (f.Metadata, Key.Metadata, (U32, array(NAME))),
+    (f.Metadata, Key.Metadata, (U32, array(NAME, MAX_METADATA_NAMES))),
     (f.SaslHandshake, Key.SaslHandshake, (U32,)),
     (f.SaslAuthenticate, Key.SaslAuthenticate, (U32, STR, BYTES)),
     (f.TuneResponse, Key.Tune, (U32, U32)),  # the client's answer to the server's Tune

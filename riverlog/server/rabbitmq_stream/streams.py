@@ -193,7 +193,9 @@ class Streams:
         stream's replicas are its in-sync followers, the leader not among them (RabbitMQ
         lists the members whose replica runs); a partition without a leader is OK with
         leader 0xFFFF (clients ask again); 0x06 when the placement of a local stream is
-        unknown, 0x02 for a name no server has."""
+        unknown, 0x02 for a name no server has. A name asked twice is answered once (RabbitMQ
+        answers from a map); a frame of more than MAX_METADATA_NAMES names never gets here
+        (the codec refuses it, 0x0e)."""
         link = self.link
         placement = self.broker.placement
         door = TLS_DOOR if link.tls else DOOR
@@ -208,7 +210,7 @@ class Streams:
 
         endpoint(placement.server_id)
         asked = []
-        for name in frame.streams:
+        for name in dict.fromkeys(frame.streams):  # each name once, as RabbitMQ's map
             placed = link.place(name, link.resolve(name))
             where = placed[2] if placed else None
             if where is None:
