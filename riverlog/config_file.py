@@ -49,7 +49,8 @@ USED_KEYS = {
     "riverlog.metrics.enabled", "riverlog.metrics.host", "riverlog.metrics.port",
     "riverlog.log.format", "riverlog.grpc.transport", "riverlog.stream.validate.sub.batches",
     "streams.table.enabled", "streams.table.lag", "streams.table.archive", "streams.table.dir",
-    "streams.table.compression",
+    "streams.table.compression", "streams.table.format", "streams.table.catalog",
+    "streams.table.snapshot.expiry",
 }
 # Liftbridge keys that have no effect on one riverlog server (accepted, logged).
 IGNORED_KEYS = {
@@ -493,7 +494,10 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
                              ("streams.table.archive", "archive", _bool),
                              ("streams.table.dir", "directory", lambda k, x: str(x) or None),
                              ("streams.table.compression", "compression",
-                              lambda k, x: str(x).lower())):
+                              lambda k, x: str(x).lower()),
+                             ("streams.table.format", "format", lambda k, x: str(x).lower()),
+                             ("streams.table.catalog", "catalog", lambda k, x: str(x) or None),
+                             ("streams.table.snapshot.expiry", "expiry_ms", _ms)):
         if v.get(key) is not None:
             table_kwargs[field] = conv(key, v[key])
     try:

@@ -152,7 +152,9 @@ class TableService:
                     "segments": [(s.base_offset, s.next_offset) for s in segments],
                     "first": p.first_offset, "committed": p.committed_offset})
         return {"table_dir": self.table_dir, "archive": self.config.archive,
-                "compression": self.config.compression, "partitions": partitions,
+                "compression": self.config.compression, "format": self.config.format,
+                "catalog": self.config.catalog, "expiry_ms": self.config.expiry_ms,
+                "partitions": partitions,
                 "drop": list(self._dropped)}
 
     async def _call(self, request: dict) -> dict:
