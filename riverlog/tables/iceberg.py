@@ -11,8 +11,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import urllib.parse
+
+log = logging.getLogger("riverlog.tables")
 
 NAMESPACE = "riverlog"
 OFFSETS_PROPERTY = "riverlog.offsets"
@@ -120,6 +123,26 @@ def snapshot_segments(snapshot) -> dict[int, dict[int, tuple[int, int]]]:
             for p, segs in _summary_json(snapshot, SEGMENTS_PROPERTY).items()}
 
 
+def data_files(table) -> dict[int, list]:
+    """The current snapshot's data files per stream partition: ``(DataFile, lowest offset,
+    highest offset)`` (from the files' column bounds), in offset order."""
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.types import LongType
+
+    if table.current_snapshot() is None:
+        return {}
+    field = table.schema().find_field("offset").field_id
+    out: dict[int, list] = {}
+    for task in table.scan().plan_files():
+        f = task.file
+        lo = from_bytes(LongType(), f.lower_bounds[field])
+        hi = from_bytes(LongType(), f.upper_bounds[field])
+        out.setdefault(f.partition[0], []).append((f, lo, hi))
+    for files in out.values():
+        files.sort(key=lambda x: x[1])
+    return out
+
+
 def _summary_json(snapshot, key: str) -> dict:
     if snapshot is None or snapshot.summary is None:
         return {}
@@ -132,3 +155,47 @@ def _redacted(uri: str) -> str:
     if parts.password:
         return uri.replace(f":{parts.password}@", ":***@")
     return uri
+
+
+class TableSnapshot:
+    """What the current snapshot of ``stream``'s table (in the catalog ``catalog``, with data
+    under ``table_dir``) holds, for a reader: ``held(partition, start, end)`` and
+    ``first(partition, log_first)``. A stream without a table holds nothing."""
+
+    def __init__(self, table_dir: str, catalog: str | None, stream: str) -> None:
+        self.table = load_table(load_catalog(table_dir, catalog), stream)
+        snapshot = self.table.current_snapshot() if self.table is not None else None
+        self.offsets = snapshot_offsets(snapshot)
+        self._files = data_files(self.table) if snapshot is not None else {}
+        self.stream = stream
+
+    def first(self, partition: int, log_first: int) -> int:
+        """``log_first``, or the table's first offset when the table holds, without a gap,
+        offsets older than the log's (``streams.table.archive``)."""
+        first, end = self.offsets.get(partition, (log_first, log_first))
+        return first if first < log_first <= end else log_first
+
+    def held(self, partition: int, start: int, end: int) -> tuple[int, int, list]:
+        """``(lo, hi, files)``: the part ``[lo, hi)`` of ``[start, end)`` the snapshot holds
+        (``lo == hi``: none) and its data files ``(location, lowest offset, highest offset)``
+        holding any of it. A data file that is missing or not the size the snapshot lists
+        is reported (warning, with its path) and the partition's offsets are read from the
+        log instead."""
+        from pyarrow import fs
+
+        first, stop = self.offsets.get(partition, (start, start))
+        lo, hi = max(start, first), min(end, stop)
+        if hi <= lo:
+            return start, start, []
+        files = [(f, a, b) for f, a, b in self._files.get(partition, []) if b >= lo and a < hi]
+        for f, _, _ in files:
+            filesystem, path = fs.FileSystem.from_uri(f.file_path)
+            info = filesystem.get_file_info(path)
+            problem = ("is missing" if info.type != fs.FileType.File else
+                       f"is {info.size} bytes, the snapshot says {f.file_size_in_bytes}"
+                       if info.size != f.file_size_in_bytes else None)
+            if problem is not None:
+                log.warning("table of %r partition %d: %s %s; offsets %d..%d read from the "
+                            "log", self.stream, partition, f.file_path, problem, lo, hi - 1)
+                return start, start, []
+        return lo, hi, [(f.file_path, a, b) for f, a, b in files]

@@ -82,7 +82,7 @@ class IcebergWriter:
             self._cleaned.pop(stream, None)  # files a failed commit wrote go next pass
         self._report(stream, error)
         held = ice.snapshot_offsets(table.current_snapshot()) if table is not None else {}
-        sizes = _partition_files(table) if table is not None else {}
+        sizes = ice.data_files(table) if table is not None else {}
         out = []
         for s in states:
             first, end = held.get(s.partition, (None, None))
@@ -129,7 +129,7 @@ class IcebergWriter:
         snapshot = table.current_snapshot()
         held = ice.snapshot_offsets(snapshot)
         whole = ice.snapshot_segments(snapshot)
-        files = _partition_files(table)
+        files = ice.data_files(table)
         removed, written = [], []  # DataFiles to delete; (partition, segment, start, end)
         for s in states:
             mine = files.get(s.partition, [])
@@ -267,26 +267,6 @@ def _tables(batches, schema):
             group, rows = [], 0
     if rows:
         yield pa.Table.from_batches(group, schema)
-
-
-def _partition_files(table) -> dict[int, list]:
-    """The current snapshot's data files per stream partition: ``(DataFile, lowest offset,
-    highest offset)`` (from the files' column bounds), in offset order."""
-    from pyiceberg.conversions import from_bytes
-    from pyiceberg.types import LongType
-
-    if table.current_snapshot() is None:
-        return {}
-    field = table.schema().find_field("offset").field_id
-    out: dict[int, list] = {}
-    for task in table.scan().plan_files():
-        f = task.file
-        lo = from_bytes(LongType(), f.lower_bounds[field])
-        hi = from_bytes(LongType(), f.upper_bounds[field])
-        out.setdefault(f.partition[0], []).append((f, lo, hi))
-    for files in out.values():
-        files.sort(key=lambda x: x[1])
-    return out
 
 
 def _source(log_dir: str, base: int) -> tuple[int, int] | None:

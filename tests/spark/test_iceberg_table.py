@@ -184,3 +184,40 @@ def test_snapshot_summary_is_json_per_partition(iceberg_server):
     raw = table.current_snapshot().summary.additional_properties[ice.OFFSETS_PROPERTY]
     assert json.loads(raw) == {"0": [0, partition_of(iceberg_server, "ice").committed_offset
                                      + 1]}
+
+
+def test_read_table_through_the_catalog_equals_the_source(iceberg_server, spark):
+    """read_table(catalog=...) gives the source's rows: the snapshot's data files (Spark's
+    Parquet reader), records the table has not got yet (its writer stopped) from the log,
+    and a range starting inside the table (files filtered)."""
+    import asyncio
+
+    import riverlog.spark
+    from riverlog.tables.iceberg import catalog_uri
+
+    with iceberg_server.client() as c:
+        c.create_stream("iceread", {"x-riverlog-table": "true"})
+    send(iceberg_server, "iceread", varied(0, 400))
+    wait_iceberg(iceberg_server, "iceread")
+    app = iceberg_server.app
+    asyncio.run_coroutine_threadsafe(app.tables.stop(), iceberg_server.loop).result(60)
+    try:
+        send(iceberg_server, "iceread", varied(400, 50))  # only in the log
+        uri = catalog_uri(app.config.table_dir, None)
+        cols = ["stream", "partition", "offset", "key", "value", "timestamp", "headers"]
+        for start in ("earliest", json.dumps({"iceread": {"0": 123}})):
+            table = riverlog.spark.read_table(spark, "iceread", catalog=uri,
+                                              servers=iceberg_server.servers,
+                                              startingOffsets=start).select(*cols)
+            source = (spark.read.format("riverlog").option("servers", iceberg_server.servers)
+                      .option("stream", "iceread").option("startingOffsets", start)
+                      .load().select(*cols))
+            assert any(f.endswith(".parquet") for f in table.inputFiles())  # the table's
+            got = table.orderBy("offset").collect()
+            assert got == source.orderBy("offset").collect()
+            assert [r.offset for r in got] == list(range(0 if start == "earliest" else 123,
+                                                         450))
+        assert ice.snapshot_offsets(ice.load_table(catalog(iceberg_server), "iceread")
+                                    .current_snapshot()) == {0: (0, 400)}
+    finally:
+        iceberg_server.loop.call_soon_threadsafe(app.tables.start)
