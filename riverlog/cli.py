@@ -126,6 +126,13 @@ def main() -> None:
 @click.option("--table-dir", default=None, metavar="DIR|URI",
               help="Where the Parquet tables of streams are written: a folder or a URI "
                    "pyarrow opens (file://, s3://, gs://, hdfs://).  [default: DATA/tables]")
+@click.option("--table-format", type=click.Choice(["parquet", "iceberg"]), default=None,
+              help="Tables as Apache Iceberg v2 tables in a catalog, or as Parquet files "
+                   "listed by riverlog's manifest (streams.table.format).  [default: parquet]")
+@click.option("--table-catalog", default=None, metavar="URI",
+              help="The Iceberg catalog: a REST catalog's http(s):// URI or an SQLAlchemy URL "
+                   "(streams.table.catalog).  [default: SQLite in the table folder, "
+                   "sqlite:///TABLE_DIR/catalog.db]")
 def serve(config_file: str | None, **flags) -> None:
     """Run the server until SIGINT or SIGTERM.
 

@@ -330,7 +330,9 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
                       ("tls_ca", "tls.client.auth.ca"),
                       ("stream_tls_port", "riverlog.stream.tls.port"),
                       ("grpc_transport", "riverlog.grpc.transport"),
-                      ("table_dir", "streams.table.dir")):
+                      ("table_dir", "streams.table.dir"),
+                      ("table_format", "streams.table.format"),
+                      ("table_catalog", "streams.table.catalog")):
         if flags.get(flag) is not None:
             v[key] = flags[flag]
     if flags.get("fsync_interval_ms") is not None:
