@@ -100,13 +100,16 @@ def create_table(catalog, table_dir: str, stream: str, created_ns: int,
 
 
 def load_table(catalog, stream: str):
-    """``stream``'s table; None when the catalog has none."""
-    from pyiceberg.exceptions import NoSuchTableError
+    """``stream``'s table; None when the catalog has none. Raises ValueError when its
+    current metadata file cannot be read (damaged), naming the table."""
+    from pyiceberg.exceptions import NoSuchTableError, ValidationError
 
     try:
         return catalog.load_table(identifier(stream))
     except NoSuchTableError:
         return None
+    except ValidationError as exc:
+        raise ValueError(f"table {NAMESPACE}.{stream}: damaged metadata: {exc}") from None
 
 
 def snapshot_offsets(snapshot) -> dict[int, tuple[int, int]]:

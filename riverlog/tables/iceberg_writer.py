@@ -114,7 +114,13 @@ class IcebergWriter:
 
     # -- the table ------------------------------------------------------------------------
     def _table(self, stream: str, created_ns: int):
-        table = ice.load_table(self.catalog, stream)
+        try:
+            table = ice.load_table(self.catalog, stream)
+        except ValueError as exc:  # pydantic's and json's errors: damaged metadata
+            log.error("table of %r: its metadata cannot be read (%s); writing it again from "
+                      "the log", stream, exc)
+            self.catalog.drop_table(ice.identifier(stream))
+            table = None
         if table is not None and table.properties.get(ice.CREATED_PROPERTY) != str(created_ns):
             log.warning("table of %r belongs to an earlier stream of that name; writing it "
                         "again", stream)

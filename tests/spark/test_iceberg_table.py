@@ -221,3 +221,74 @@ def test_read_table_through_the_catalog_equals_the_source(iceberg_server, spark)
                                     .current_snapshot()) == {0: (0, 400)}
     finally:
         iceberg_server.loop.call_soon_threadsafe(app.tables.start)
+
+
+def test_retention_compaction_and_damaged_metadata_reach_the_table(iceberg_server):
+    """Retention removes the data files below the log's first offset (one overwrite
+    snapshot), a compaction makes the writer write the compacted segments again, and a
+    current metadata file that cannot be read is reported and the table written again from
+    the log."""
+    import asyncio
+
+    from riverlog.broker.broker import record_key
+
+    with iceberg_server.client() as c:
+        c.create_stream("icekept", dict(SMALL_SEGMENTS, **{"max-length-bytes": "60000"}))
+    for start in range(0, 3000, 500):
+        send(iceberg_server, "icekept", varied(start, 500))
+        wait_iceberg(iceberg_server, "icekept")
+    p = partition_of(iceberg_server, "icekept")
+    assert p.first_offset > 0 and len(p.log.segments) >= 2
+    deadline = time.monotonic() + 60
+    while True:
+        table = wait_iceberg(iceberg_server, "icekept")
+        first, end = ice.snapshot_offsets(table.current_snapshot())[0]
+        rows = by_offset(table.scan().to_arrow())
+        if rows.column("offset")[0].as_py() >= p.log.segments[0].base_offset - 500:
+            break  # files wholly below the log's first offset are gone
+        assert time.monotonic() < deadline, (first, rows.column("offset")[0])
+        time.sleep(0.1)
+    assert "overwrite" in {s.summary.operation.value for s in table.snapshots()}
+    first = max(first, p.first_offset)  # retention may have gone on after the snapshot
+    keep = rows.filter(pa.compute.greater_equal(rows.column("offset"), first))
+    assert keep.cast(rows.schema).to_pylist() == source_rows(
+        iceberg_server, "icekept", first, end).to_pylist()
+    # compaction of the sealed segments: they are written again, fewer rows
+    before = ice.snapshot_segments(table.current_snapshot())[0]
+    asyncio.run_coroutine_threadsafe(p.log.compact(record_key),
+                                     iceberg_server.loop).result(30)
+    deadline = time.monotonic() + 60
+    while True:
+        table = wait_iceberg(iceberg_server, "icekept")
+        after = ice.snapshot_segments(table.current_snapshot())[0]
+        if all(after.get(b) != v for b, v in before.items()
+               if b >= p.log.segments[0].base_offset):
+            break
+        assert time.monotonic() < deadline, (before, after)
+        time.sleep(0.1)
+    first, end = ice.snapshot_offsets(table.current_snapshot())[0]
+    first = max(first, p.first_offset)
+    rows = by_offset(table.scan().to_arrow())
+    rows = rows.filter(pa.compute.greater_equal(rows.column("offset"), first))
+    assert rows.num_rows < end - first
+    assert rows.cast(rows.schema).to_pylist() == source_rows(
+        iceberg_server, "icekept", first, end).to_pylist()
+    # damaged current metadata: reported, written again from the log
+    path = table.metadata_location.removeprefix("file://")
+    with open(path, "w") as f:
+        f.write("{not json")
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            table = ice.load_table(catalog(iceberg_server), "icekept")
+            if table.metadata_location.removeprefix("file://") != path:
+                break
+        except ValueError:
+            pass
+        assert time.monotonic() < deadline, "the damaged table was never written again"
+        time.sleep(0.1)
+    table = wait_iceberg(iceberg_server, "icekept")
+    first, end = ice.snapshot_offsets(table.current_snapshot())[0]
+    assert first == p.first_offset
+    assert by_offset(table.scan().to_arrow()).cast(rows.schema).to_pylist() == source_rows(
+        iceberg_server, "icekept", first, end).to_pylist()
