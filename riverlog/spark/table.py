@@ -1,15 +1,14 @@
 # Reading a stream through its table on Spark: ``read_table`` plans a batch read like the
 # riverlog source does, then serves each offset range from the table's Parquet files where
-# they hold it (the stream's Iceberg table, found through the catalog: its current
-# snapshot's files and the offsets its summary says it holds, riverlog.tables.iceberg; or
-# the Parquet mirror's manifest) (Spark's own Parquet reader: column pruning, no Python per row) and from the
-# riverlog source for the rest (offsets the table has not got yet, or whose file is damaged),
-# as one DataFrame with the source's schema. Which files hold what, and whether they pass
-# their checks, is riverlog.tables.read's (TableFiles).
-# Rules: a file used whole gets no filter, so a full scan costs what reading the Parquet files
-# costs; the files are handed to Spark by their Hadoop URI (Storage.spark_path); pyspark and
-# the source's modules are imported in the function (importing riverlog.spark needs neither
-# pyspark nor pyarrow).
+# they hold it (the stream's Iceberg table, found through the catalog: its current snapshot's
+# files and the offsets its summary says it holds, riverlog.tables.iceberg; or the Parquet
+# mirror's manifest) (Spark's own Parquet reader: column pruning, no Python per row) and from
+# the riverlog source for the rest (offsets the table has not got yet, or whose file is
+# damaged), as one DataFrame with the source's schema. Which files hold what, and whether they
+# pass their checks, is riverlog.tables.read's (TableFiles). Rules: a file used whole gets no
+# filter, so a full scan costs what reading the Parquet files costs; the files are handed to
+# Spark by their Hadoop URI (Storage.spark_path); pyspark and the source's modules are
+# imported in the function (importing riverlog.spark needs neither pyspark nor pyarrow).
 from __future__ import annotations
 
 import functools

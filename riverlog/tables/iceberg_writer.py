@@ -1,18 +1,18 @@
 # The Iceberg table writer: brings a stream's Apache Iceberg table (riverlog.tables.iceberg)
 # up to date with its partitions' committed chunks, in the table worker process
-# (riverlog.tables.writer's loop, for ``streams.table.format: iceberg``).
-# Rules: one pass commits at most one snapshot per stream (an append, or an overwrite when
-# files are replaced or removed) whose summary records each partition's committed offsets;
-# data files are written by pyiceberg from the segment files (riverlog.tables.segments: only
-# committed user chunks, converted by riverlog.spark.arrow, so a row is what the Spark
-# source returns), one segment at a time, so no data file holds records of two segments. A
-# sealed segment is written again whole, replacing its pieces, once it is sealed and when
-# compaction changes it; more than MAX_SMALL_FILES pieces of the active segment are written
-# again as one. Without ``archive`` data files below the log's first offset are removed. A
-# crash before the commit leaves files no snapshot lists: on the first visit of a table (and
-# after snapshots expire) every data file no snapshot lists is deleted. A table whose
-# offsets run past the log's end, or of an earlier stream of the same name, is written
-# again from the log.
+# (riverlog.tables.writer's loop, for ``streams.table.format: iceberg``). Rules: one pass
+# commits at most one snapshot per stream (an append, merging manifests as Iceberg's
+# commit.manifest.min-count-to-merge says, so planning stays cheap; or an overwrite when files
+# are replaced or removed) whose summary records each partition's committed offsets; data
+# files are written by pyiceberg from the segment files (riverlog.tables.segments: only
+# committed user chunks, converted by riverlog.spark.arrow, so a row is what the Spark source
+# returns), one segment at a time, so no data file holds records of two segments. A sealed
+# segment is written again whole, replacing its pieces, once it is sealed and when compaction
+# changes it; more than MAX_SMALL_FILES pieces of the active segment are written again as one.
+# Without ``archive`` data files below the log's first offset are removed. A crash before the
+# commit leaves files no snapshot lists: on the first visit of a table (and after snapshots
+# expire) every data file no snapshot lists is deleted. A table whose offsets run past the
+# log's end, or of an earlier stream of the same name, is written again from the log.
 from __future__ import annotations
 
 import datetime
@@ -23,6 +23,7 @@ import os
 import time
 
 from ..log.chunk import ChunkFormatError
+from . import convert
 from . import iceberg as ice
 from .segments import SegmentRuns, segment_path
 from .state import Status
@@ -54,6 +55,7 @@ class IcebergWriter:
         self._catalog = None
         self._segments = SegmentRuns()
         self._cleaned: dict[str, float] = {}  # stream -> time.monotonic() of its last cleanup
+        self._converting: list[tuple[str, int]] = []  # partitions new in this pass
         self._errors: dict[str, str] = {}
 
     @property
@@ -69,7 +71,12 @@ class IcebergWriter:
         table = None
         try:
             table = self._table(stream, created_ns)
+            self._converting = []
             table = self._advance(table, stream, states)
+            for name, partition in self._converting:  # the Iceberg table holds them now
+                if convert.remove_old(self.table_dir, name, partition):
+                    log.info("table of %r partition %d: the old Parquet table is converted "
+                             "and removed", name, partition)
             table = self._cleanup(table, stream)
             error = None
         except (OSError, ValueError, ChunkFormatError, ice.CatalogError) as exc:
@@ -157,6 +164,14 @@ class IcebergWriter:
                     end = None if first is None else end
             segs = {b: v for b, v in segs.items() if any(b == base for base, _ in s.segments)}
             start = end if end is not None and end >= s.first else s.first
+            if first is None:  # a new table: what only an old Parquet-mirror table holds
+                old_first, rows = (convert.archived_rows(self.table_dir, stream, s.partition,
+                                                         s.first)
+                                   if self.archive else (s.first, []))
+                written += [(s, None, table, None) for table in rows]
+                first = old_first if rows else None
+                end = s.first if rows else None
+                self._converting.append((stream, s.partition))
             *sealed, (active, _) = s.segments
             for base, nxt in sealed:
                 if nxt > committed_end or nxt <= base or first is None or base < first \
@@ -196,7 +211,8 @@ class IcebergWriter:
         return self._commit(table, stream, removed, written, props)
 
     def _commit(self, table, stream: str, removed: list, written: list, props: dict):
-        """One snapshot: ``written`` ranges added (written now, from the segments),
+        """One snapshot: ``written`` ranges added (written now, from the segments; or
+        ``(state, None, rows, None)``: Arrow rows converted from an old table),
         ``removed`` data files deleted, ``props`` in its summary."""
         from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
@@ -206,10 +222,16 @@ class IcebergWriter:
         tasks = itertools.count()  # data file names: one write uuid per commit, a task each
         tx = table.transaction()
         update = tx.update_snapshot(snapshot_properties=props)
-        with (update.overwrite() if removed else update.fast_append()) as producer:
+        with (update.overwrite() if removed else update.merge_append()) as producer:
             for f in removed:
                 producer.delete_data_file(f)
             for s, base, lo, hi in written:
+                if base is None:  # rows converted from an old table (riverlog.tables.convert)
+                    for data_file in _dataframe_to_data_files(
+                            table_metadata=tx.table_metadata, df=lo.cast(schema),
+                            io=table.io, write_uuid=producer.commit_uuid, counter=tasks):
+                        producer.append_data_file(data_file)
+                    continue
                 path = segment_path(s.log_dir, base)
                 fd = os.open(path, os.O_RDONLY)
                 try:

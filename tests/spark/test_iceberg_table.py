@@ -97,7 +97,8 @@ def test_the_table_is_iceberg_and_holds_what_the_source_reads(iceberg_server):
     assert frame["offset"].tolist() == list(range(end))
     duckdb = pytest.importorskip("duckdb")
     arrow_scan = table.scan().to_arrow()
-    got = duckdb.sql('select "offset", key, value from arrow_scan order by "offset"').arrow().read_all()
+    got = duckdb.sql('select "offset", key, value from arrow_scan order by "offset"')
+    got = got.arrow().read_all()
     assert arrow_scan.num_rows == end
     assert got.equals(expected.select(["offset", "key", "value"]))
     # every snapshot riverlog committed says what it holds; ranges only grow here
@@ -292,3 +293,48 @@ def test_retention_compaction_and_damaged_metadata_reach_the_table(iceberg_serve
     assert first == p.first_offset
     assert by_offset(table.scan().to_arrow()).cast(rows.schema).to_pylist() == source_rows(
         iceberg_server, "icekept", first, end).to_pylist()
+
+
+def test_an_archived_parquet_table_is_converted_on_start(tmp_path):
+    """A Parquet-mirror table (manifest layout) that archived offsets the log dropped: the
+    server started with the Iceberg format carries them over (the old files' rows) and
+    writes the rest from the log; then the old folder is gone."""
+    from riverlog.tables import manifest as mf
+
+    from .conftest import wait_table
+
+    data = str(tmp_path / "data")
+    old = ThreadServer(data, tables=TableConfig(lag_ms=300, archive=True, enabled=True)).start()
+    try:
+        with old.client() as c:
+            c.create_stream("legacy", {"stream-max-segment-size-bytes": "8192",
+                                       "max-length-bytes": "30000"})
+        for start in range(0, 1500, 100):  # steps the writer keeps up with (test_table_writer)
+            send(old, "legacy", varied(start, 100))
+            m = wait_table(old, "legacy")
+        log_first = partition_of(old, "legacy").first_offset
+        assert log_first > 0 and m.first == 0
+        table_dir = old.app.config.table_dir
+    finally:
+        old.stop()
+    config = TableConfig(lag_ms=300, archive=True, enabled=True, format="iceberg")
+    server = ThreadServer(data, tables=config).start()
+    try:
+        table = wait_iceberg(server, "legacy", sealed=False)
+        end = partition_of(server, "legacy").committed_offset + 1
+        assert ice.snapshot_offsets(table.current_snapshot()) == {0: (0, end)}
+        rows = by_offset(table.scan().to_arrow())
+        assert rows.column("offset").to_pylist() == list(range(end))
+        assert rows.column("value").to_pylist()[:3] == [b"raw0", b"v1", b"v2"]
+        log_first = partition_of(server, "legacy").first_offset  # retention went on
+        tail = rows.slice(log_first)
+        assert tail.cast(tail.schema).to_pylist() == source_rows(
+            server, "legacy", log_first, end).to_pylist()
+        from riverlog.tables.storage import Storage
+        storage = Storage(table_dir)
+        deadline = time.monotonic() + 60
+        while storage.names(mf.partition_dir(storage.root, "legacy", 0)):
+            assert time.monotonic() < deadline, "the old table folder was never removed"
+            time.sleep(0.1)
+    finally:
+        server.stop()
