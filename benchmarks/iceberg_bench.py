@@ -22,7 +22,8 @@ import sys
 import tempfile
 import time
 
-from spark_bench import load, start_server  # benchmarks/spark_bench.py
+from spark_bench import start_server  # benchmarks/spark_bench.py
+from table_bench import publish_rounds  # benchmarks/table_bench.py
 
 from riverlog.broker.broker import folder_name
 
@@ -128,19 +129,9 @@ def main() -> None:
     data = os.path.join(work, "data")
     table_dir = os.path.join(data, "tables")
     proc, servers = start_server(data, table_format="iceberg")
-    rates = {"without table": 0.0, "with table": 0.0}
-    lag = []
     try:
-        for r in range(args.rounds):
-            for kind, arguments in (("without table", None),
-                                    ("with table", {"x-riverlog-table": "true"})):
-                stream = f"{kind.replace(' ', '-')}-{r}"
-                took = load(servers, stream, args.records, args.value_size, arguments)
-                rates[kind] = max(rates[kind], args.records / took)
-                print(f"  round {r + 1} {kind:<14} {args.records / took:>12,.0f} records/s",
-                      file=sys.stderr)
-                if arguments:
-                    lag.append(wait_snapshot(table_dir, stream, args.records))
+        rates, lag = publish_rounds(servers, args,
+                                    lambda stream: wait_snapshot(table_dir, stream, args.records))
         stream = f"with-table-{args.rounds - 1}"
         reads = spark_reads(servers, stream, table_dir, work, args.records, args.rounds)
     finally:

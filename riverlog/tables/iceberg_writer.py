@@ -47,11 +47,8 @@ class IcebergWriter:
 
     def __init__(self, table_dir: str, catalog: str | None, archive: bool = False,
                  compression: str = "zstd", expire_ms: int = 3_600_000) -> None:
-        self.table_dir = table_dir
-        self.catalog_name = catalog
-        self.archive = archive
-        self.compression = compression
-        self.expire_ms = expire_ms
+        self.table_dir, self.catalog_name, self.archive = table_dir, catalog, archive
+        self.compression, self.expire_ms = compression, expire_ms
         self._catalog = None
         self._segments = SegmentRuns()
         self._cleaned: dict[str, float] = {}  # stream -> time.monotonic() of its last cleanup
