@@ -66,7 +66,7 @@ def load_catalog(table_dir: str, catalog: str | None = None):
             os.makedirs(os.path.dirname(uri[len("sqlite:///"):]), exist_ok=True)
         return SqlCatalog(NAMESPACE, uri=uri, warehouse=warehouse(table_dir))
     except Exception as exc:  # pyiceberg raises many types (sqlalchemy, requests, its own)
-        raise CatalogError(f"catalog {_redacted(uri)}: {exc}") from exc
+        raise CatalogError(f"catalog {redacted(uri)}: {exc}") from exc
 
 
 def identifier(stream: str) -> tuple[str, str]:
@@ -153,7 +153,8 @@ def _summary_json(snapshot, key: str) -> dict:
     return json.loads(raw) if raw else {}
 
 
-def _redacted(uri: str) -> str:
+def redacted(uri: str) -> str:
+    """``uri`` with its password (``user:secret@``) shown as ``***``."""
     parts = urllib.parse.urlsplit(uri)
     if parts.password:
         return uri.replace(f":{parts.password}@", ":***@")
