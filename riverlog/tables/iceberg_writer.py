@@ -53,6 +53,7 @@ class IcebergWriter:
         self._segments = SegmentRuns()
         self._cleaned: dict[str, float] = {}  # stream -> time.monotonic() of its last cleanup
         self._converting: list[tuple[str, int]] = []  # partitions new in this pass
+        self._planned: dict[str, tuple[int | None, dict]] = {}  # stream -> (snapshot, files)
         self._errors: dict[str, str] = {}
 
     @property
@@ -86,7 +87,7 @@ class IcebergWriter:
             self._cleaned.pop(stream, None)  # files a failed commit wrote go next pass
         self._report(stream, error)
         held = ice.snapshot_offsets(table.current_snapshot()) if table is not None else {}
-        sizes = ice.data_files(table) if table is not None else {}
+        sizes = self._files(stream, table) if table is not None else {}
         out = []
         for s in states:
             first, end = held.get(s.partition, (None, None))
@@ -106,6 +107,17 @@ class IcebergWriter:
         except Exception as exc:  # as in update: the catalog's errors are of many types
             log.error("table of %r: cannot remove it: %s", stream, exc)
         self._cleaned.pop(stream, None)
+        self._planned.pop(stream, None)
+
+    def _files(self, stream: str, table) -> dict[int, list]:
+        """riverlog.tables.iceberg.data_files of ``table``, planned once per snapshot (a
+        snapshot never changes)."""
+        snapshot = table.current_snapshot()
+        sid = snapshot.snapshot_id if snapshot is not None else None
+        cached = self._planned.get(stream)
+        if cached is None or cached[0] != sid:
+            cached = self._planned[stream] = (sid, ice.data_files(table))
+        return cached[1]
 
     def _report(self, stream: str, error: str | None) -> None:
         last = self._errors.pop(stream, None)
@@ -139,7 +151,7 @@ class IcebergWriter:
         snapshot = table.current_snapshot()
         held = ice.snapshot_offsets(snapshot)
         whole = ice.snapshot_segments(snapshot)
-        files = ice.data_files(table)
+        files = self._files(stream, table)
         removed, written = [], []  # DataFiles to delete; (partition, segment, start, end)
         for s in states:
             mine = files.get(s.partition, [])
