@@ -28,9 +28,9 @@ import tempfile
 import time
 
 
-def _serve(data_dir: str, port_pipe, compression: str) -> None:
+def _serve(data_dir: str, port_pipe, compression: str, table_format: str = "parquet") -> None:
     """Child process: a riverlog with only its RabbitMQ Stream door, on a free port; tables
-    in Parquet files with ``compression``."""
+    in ``table_format`` (streams.table.format), Parquet files with ``compression``."""
     import asyncio
     import signal
 
@@ -39,7 +39,8 @@ def _serve(data_dir: str, port_pipe, compression: str) -> None:
 
     async def serve() -> None:
         app = App(ServerConfig(data_dir=data_dir, rabbitmq_stream=RabbitStreamConfig(port=0),
-                               tables=TableConfig(compression=compression)))
+                               tables=TableConfig(compression=compression,
+                                                  format=table_format)))
         await app.start()
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -54,14 +55,15 @@ def _serve(data_dir: str, port_pipe, compression: str) -> None:
         asyncio.run(serve())
 
 
-def start_server(data_dir: str, compression: str = "zstd"):
-    """A riverlog server process (RabbitMQ Stream door only; table files in
-    ``compression``); returns (process, servers)."""
+def start_server(data_dir: str, compression: str = "zstd", table_format: str = "parquet"):
+    """A riverlog server process (RabbitMQ Stream door only; tables in ``table_format``,
+    files in ``compression``); returns (process, servers)."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_serve, args=(data_dir, child, compression), daemon=True)
+    proc = ctx.Process(target=_serve, args=(data_dir, child, compression, table_format),
+                       daemon=True)
     proc.start()
     if not parent.poll(30):
         proc.kill()

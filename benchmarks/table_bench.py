@@ -49,6 +49,26 @@ def write_throughput(log_dir: str, stream: str, work: str) -> tuple[int, float, 
     return status.end - status.first, took, status.bytes
 
 
+def publish_rounds(servers: str, args, wait) -> tuple[dict[str, float], list[float]]:
+    """``args.rounds`` rounds of publishing ``args.records`` into a stream without a table
+    and into one with a table (x-riverlog-table); returns the best rate of each (records/s)
+    and, per table round, ``wait(stream)``: the seconds until the table held them all."""
+    rates: dict[str, float] = {"without table": 0.0, "with table": 0.0}
+    catch_up = []
+    for r in range(args.rounds):
+        for kind, arguments in (("without table", None),
+                                ("with table", {"x-riverlog-table": "true"})):
+            stream = f"{kind.replace(' ', '-')}-{r}"
+            took = load(servers, stream, args.records, args.value_size, arguments,
+                        getattr(args, "random_values", False))
+            rates[kind] = max(rates[kind], args.records / took)
+            print(f"  round {r + 1} {kind:<14} {args.records / took:>12,.0f} records/s",
+                  file=sys.stderr)
+            if arguments:
+                catch_up.append(wait(stream))
+    return rates, catch_up
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--records", type=int, default=1_000_000, help="per stream and round")
@@ -60,21 +80,9 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="riverlog-table-bench-")
     data = os.path.join(work, "data")
     proc, servers = start_server(data)
-    rates: dict[str, float] = {"without table": 0.0, "with table": 0.0}
-    catch_up = []
     try:
-        for r in range(args.rounds):
-            for kind, arguments in (("without table", None),
-                                    ("with table", {"x-riverlog-table": "true"})):
-                stream = f"{kind.replace(' ', '-')}-{r}"
-                took = load(servers, stream, args.records, args.value_size, arguments,
-                            args.random_values)
-                rates[kind] = max(rates[kind], args.records / took)
-                print(f"  round {r + 1} {kind:<14} {args.records / took:>12,.0f} records/s",
-                      file=sys.stderr)
-                if arguments:
-                    catch_up.append(wait_table(os.path.join(data, "tables"), stream,
-                                               args.records))
+        rates, catch_up = publish_rounds(servers, args, lambda stream: wait_table(
+            os.path.join(data, "tables"), stream, args.records))
     finally:
         proc.terminate()
         proc.join(30)

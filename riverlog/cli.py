@@ -146,6 +146,13 @@ def main() -> None:
                    "above this: a fraction of RAM (0.4) or bytes (2GB), as RabbitMQ's "
                    "vm_memory_high_watermark (riverlog.memory.high.watermark).  "
                    "[default: 0.4]")
+@click.option("--table-format", type=click.Choice(["parquet", "iceberg"]), default=None,
+              help="Tables as Apache Iceberg v2 tables in a catalog, or as Parquet files "
+                   "listed by riverlog's manifest (streams.table.format).  [default: parquet]")
+@click.option("--table-catalog", default=None, metavar="URI",
+              help="The Iceberg catalog: a REST catalog's http(s):// URI or an SQLAlchemy URL "
+                   "(streams.table.catalog).  [default: SQLite in the table folder, "
+                   "sqlite:///TABLE_DIR/catalog.db]")
 def serve(config_file: str | None, **flags) -> None:
     """Run the server until SIGINT or SIGTERM.
 

@@ -325,6 +325,7 @@ class ManagementConfig(HttpEndpointConfig):
 
 
 TABLE_CODECS = ("zstd", "snappy", "none")
+TABLE_FORMATS = ("parquet", "iceberg")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -337,17 +338,30 @@ class TableConfig:
     the table alone, so it keeps what the log drops (``streams.table.archive``);
     ``directory`` is where tables live (``streams.table.dir``, ``--table-dir``; None:
     ``DATA/tables``); ``compression`` is the Parquet codec of new files
-    (``streams.table.compression``: ``zstd``, smaller, or ``snappy``, faster to read)."""
+    (``streams.table.compression``: ``zstd``, smaller, or ``snappy``, faster to read).
+    ``format`` is ``parquet`` (Parquet files listed by riverlog's manifest) or ``iceberg``
+    (an Apache Iceberg v2 table per stream, riverlog.tables.iceberg; ``streams.table.format``);
+    an Iceberg table is in the catalog ``catalog`` (``streams.table.catalog``: a REST
+    catalog's http(s) URI or an SQLAlchemy URL; None: SQLite in the table folder) and its
+    snapshots expire after ``expiry_ms`` (``streams.table.snapshot.expiry``, default 1 h)."""
 
     enabled: bool = False
     lag_ms: int = 5000
     archive: bool = False
     directory: str | None = None
     compression: str = "zstd"
+    format: str = "parquet"
+    catalog: str | None = None
+    expiry_ms: int = 3_600_000
 
     def __post_init__(self) -> None:
         if self.lag_ms < 100:
             raise ValueError("streams.table.lag must be at least 100ms")
+        if self.format not in TABLE_FORMATS:
+            raise ValueError(f"streams.table.format: expected one of "
+                             f"{', '.join(TABLE_FORMATS)}, got {self.format!r}")
+        if self.expiry_ms < 0:
+            raise ValueError("streams.table.snapshot.expiry must not be negative")
         if self.compression not in TABLE_CODECS:
             raise ValueError(f"streams.table.compression: expected one of "
                              f"{', '.join(TABLE_CODECS)}, got {self.compression!r}")

@@ -55,6 +55,8 @@ USED_KEYS = {
     "riverlog.cursors.max.per.stream",
     "streams.table.enabled", "streams.table.lag", "streams.table.archive", "streams.table.dir",
     "streams.table.compression", "riverlog.disk.free.limit", "riverlog.memory.high.watermark",
+    "streams.table.format", "streams.table.catalog",
+    "streams.table.snapshot.expiry",
 }
 # Liftbridge keys that have no effect on one riverlog server (accepted, logged).
 IGNORED_KEYS = {
@@ -364,7 +366,9 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
                       ("grpc_transport", "riverlog.grpc.transport"),
                       ("table_dir", "streams.table.dir"),
                       ("disk_free_limit", "riverlog.disk.free.limit"),
-                      ("memory_high_watermark", "riverlog.memory.high.watermark")):
+                      ("memory_high_watermark", "riverlog.memory.high.watermark"),
+                      ("table_format", "streams.table.format"),
+                      ("table_catalog", "streams.table.catalog")):
         if flags.get(flag) is not None:
             v[key] = flags[flag]
     if flags.get("fsync_interval_ms") is not None:
@@ -530,7 +534,10 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
                              ("streams.table.archive", "archive", _bool),
                              ("streams.table.dir", "directory", lambda k, x: str(x) or None),
                              ("streams.table.compression", "compression",
-                              lambda k, x: str(x).lower())):
+                              lambda k, x: str(x).lower()),
+                             ("streams.table.format", "format", lambda k, x: str(x).lower()),
+                             ("streams.table.catalog", "catalog", lambda k, x: str(x) or None),
+                             ("streams.table.snapshot.expiry", "expiry_ms", _ms)):
         if v.get(key) is not None:
             table_kwargs[field] = conv(key, v[key])
     try:

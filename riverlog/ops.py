@@ -215,6 +215,10 @@ def table_rows(samples, name: str) -> list[tuple[str, str]]:
         if metrics["failing"][p]:
             text += ", the last pass failed (see the server log)"
         rows.append(("table" if len(ends) == 1 else f"table partition {p}", text))
+    for labels, _ in samples.get("riverlog_table_info", ()):
+        if labels.get("stream") == name:  # read_table(..., catalog=...) finds it there
+            rows.append(("table catalog", f"{labels.get('format')} table "
+                                          f"{labels.get('table')} in {labels.get('catalog')}"))
     return rows
 
 

@@ -4,6 +4,7 @@ publish (arguments and stdin), tail (every start position, --follow, --format js
 (scraped from /metrics), the errors when no server listens, and --help on each command."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,15 +19,15 @@ from compat._servers import free_port
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """A `riverlog serve` subprocess; yields the environment that points the CLI at it."""
-    tmp = tmp_path_factory.mktemp("ops")
+@contextlib.contextmanager
+def serving(tmp, *flags: str):
+    """A `riverlog serve` subprocess on ``tmp/data`` with ``flags``; yields the environment
+    that points the CLI at it."""
     out, err = open(tmp / "stdout", "wb"), open(tmp / "stderr", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "riverlog", "serve", "-d", str(tmp / "data"),
          "--stream-port", str(free_port()), "--port", "0", "--nats-port", "0",
-         "--metrics-port", "0", "--management-port", "0", "--log-format", "json"],
+         "--metrics-port", "0", "--management-port", "0", "--log-format", "json", *flags],
         stdout=out, stderr=err, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while "riverlog serving" not in (tmp / "stdout").read_text():
@@ -38,11 +39,21 @@ def server(tmp_path_factory):
            "RIVERLOG_SERVER": re.search(r"RabbitMQ Stream: (\S+)", line).group(1),
            "RIVERLOG_GRPC": re.search(r"Liftbridge gRPC: (\S+)", line).group(1),
            "RIVERLOG_METRICS_URL": re.search(r"metrics: (\S+)", line).group(1)}
-    yield env, tmp
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(15) == 0
-    out.close()
-    err.close()
+    try:
+        yield env
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+        out.close()
+        err.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A `riverlog serve` subprocess; yields the environment that points the CLI at it."""
+    tmp = tmp_path_factory.mktemp("ops")
+    with serving(tmp) as env:
+        yield env, tmp
 
 
 def cli(env, *args, stdin: bytes | None = None, check: bool = True):
@@ -110,6 +121,17 @@ def test_stream_with_a_table(server):
         time.sleep(0.5)
     assert re.fullmatch(r"on, offsets 0\.\.2, 1 file, \d+ bytes, lag 0 messages \(0\.0s\)",
                         described["table"]), described["table"]
+
+
+def test_describe_names_the_iceberg_catalog(tmp_path):
+    """With Iceberg tables, describe says where readers find a stream's table: the catalog
+    (the embedded SQLite one in the table folder) and the table's name in it."""
+    with serving(tmp_path, "--tables", "--table-format", "iceberg") as env:
+        cli(env, "stream", "create", "iced")
+        described = dict(re.split(r"\s{2,}", row, 1) for row in
+                         out(cli(env, "stream", "describe", "iced")).splitlines())
+    catalog = f"sqlite:///{tmp_path / 'data' / 'tables' / 'catalog.db'}"
+    assert described["table catalog"] == f"iceberg table riverlog.iced in {catalog}"
 
 
 def test_publish_and_tail(server):

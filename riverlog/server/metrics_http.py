@@ -293,8 +293,15 @@ class StateCollector(Collector):
         failing = GaugeMetricFamily("riverlog_table_failing", "1 when the last pass of the "
                                     "table writer failed (the server log says why).",
                                     labels=labels)
+        info = GaugeMetricFamily("riverlog_table_info", "1 for each stream with an Iceberg "
+                                 "table: where readers find it (the catalog, passwords "
+                                 "left out, and the table's name in it).",
+                                 labels=["stream", "format", "catalog", "table"])
         tables = app.tables
         for stream in tables.streams():
+            where = tables.catalog(stream.name)
+            if where is not None:
+                info.add_metric([stream.name, "iceberg", *where], 1)
             for p in stream.partitions:
                 key = [stream.name, str(p.index)]
                 status = tables.status.get((stream.name, p.index))
@@ -307,7 +314,7 @@ class StateCollector(Collector):
                 lag.add_metric(key, messages)
                 lag_s.add_metric(key, seconds)
                 failing.add_metric(key, int(status is not None and status.error is not None))
-        return [first, end, size, files, lag, lag_s, failing]
+        return [first, end, size, files, lag, lag_s, failing, info]
 
 
 class MetricsServer:

@@ -1,13 +1,14 @@
 # Reading a stream through its table on Spark: ``read_table`` plans a batch read like the
 # riverlog source does, then serves each offset range from the table's Parquet files where
-# they hold it (Spark's own Parquet reader: column pruning, no Python per row) and from the
-# riverlog source for the rest (offsets the table has not got yet, or whose file is damaged),
-# as one DataFrame with the source's schema. Which files hold what, and whether they pass
-# their checks, is riverlog.tables.read's (TableFiles).
-# Rules: a file used whole gets no filter, so a full scan costs what reading the Parquet files
-# costs; the files are handed to Spark by their Hadoop URI (Storage.spark_path); pyspark and
-# the source's modules are imported in the function (importing riverlog.spark needs neither
-# pyspark nor pyarrow).
+# they hold it (the stream's Iceberg table, found through the catalog: its current snapshot's
+# files and the offsets its summary says it holds, riverlog.tables.iceberg; or the Parquet
+# mirror's manifest) (Spark's own Parquet reader: column pruning, no Python per row) and from
+# the riverlog source for the rest (offsets the table has not got yet, or whose file is
+# damaged), as one DataFrame with the source's schema. Which files hold what, and whether they
+# pass their checks, is riverlog.tables.read's (TableFiles). Rules: a file used whole gets no
+# filter, so a full scan costs what reading the Parquet files costs; the files are handed to
+# Spark by their Hadoop URI (Storage.spark_path); pyspark and the source's modules are
+# imported in the function (importing riverlog.spark needs neither pyspark nor pyarrow).
 from __future__ import annotations
 
 import functools
@@ -21,30 +22,49 @@ __all__ = ["read_table"]
 _PLANNING = ("stream", "streams", "startingoffsets", "endingoffsets", "startingtimestamp")
 
 
-def read_table(spark, stream: str, table_dir: str, *, columns: Iterable[str] | None = None,
+def read_table(spark, stream: str, table_dir: str | None = None, *,
+               columns: Iterable[str] | None = None, catalog: str | None = None,
                **options: str):
     """A DataFrame of ``stream`` (one name, or a comma-separated list) with the riverlog
     source's schema (riverlog.spark.schema), or only ``columns`` of it, in that order.
-    ``table_dir``: where the server writes tables (``streams.table.dir``, default
-    ``DATA/tables``), a path or URI (riverlog.tables.storage) the driver reads with
-    pyarrow and Spark's executors with their Hadoop filesystems (``s3://`` as ``s3a://``).
+    The table is either the stream's Apache Iceberg table (``streams.table.format:
+    iceberg``), found in the catalog ``catalog`` (``streams.table.catalog``: a REST
+    catalog's http(s) URI or an SQLAlchemy URL such as ``sqlite:////data/tables/catalog.db``;
+    riverlog.tables.iceberg.catalog_uri), whose current snapshot's summary says which
+    offsets it holds; or, without ``catalog``, the Parquet mirror under ``table_dir``
+    (``streams.table.dir``, default ``DATA/tables``), a path or URI
+    (riverlog.tables.storage) the driver reads with pyarrow and Spark's executors with
+    their Hadoop filesystems (``s3://`` as ``s3a://``). Either way the table's data files
+    are read by Spark's Parquet reader and the offsets the table does not hold (the newest,
+    or those of a missing or damaged file) by the riverlog source.
     ``options``: the riverlog source's read options (``servers``, ``startingOffsets``,
     ``endingOffsets``, ``startingTimestamp``, ``failOnDataLoss``, ``user``, ...;
     docs/spark.md), resolved once here; "earliest" is the table's first offset when the
-    table holds, without a gap, offsets older than the log's first (TableFiles.first).
-    Raises what the source raises for bad options, DataLossError, and ValueError (also
-    for ``columns`` naming a column the schema does not have)."""
-    from . import register
+    table holds, without a gap, offsets older than the log's first. Raises what the source
+    raises for bad options, DataLossError, ValueError (also for ``columns`` naming a column
+    the schema does not have, or for neither ``table_dir`` nor ``catalog``) and
+    riverlog.tables.iceberg.CatalogError (the catalog cannot be reached)."""
     from .options import read_options
-    from .reader import planned_ranges
-    from .schema import column_names, projected_schema, spark_schema
+    from .schema import column_names, spark_schema
 
     full = spark_schema()
     names = column_names(columns, "read_table") if columns is not None else tuple(full.names)
     opts = read_options(dict(options, stream=stream))
+    if catalog is not None:
+        whole, partial, from_log = _iceberg_plan(opts, table_dir, catalog)
+    elif table_dir is not None:
+        whole, partial, from_log = _parquet_plan(opts, table_dir)
+    else:
+        raise ValueError("read_table: give the table's catalog (catalog=) or its folder")
+    return _frame(spark, full, names, whole, partial, from_log, options)
+
+
+def _parquet_plan(opts, table_dir: str):
+    """``(whole files, partial pieces, ranges from the log)`` of the Parquet mirror."""
+    from .reader import planned_ranges
+
     files = TableFiles(table_dir)
     storage = files.storage
-    schema = projected_schema(names)
     whole: list[str] = []
     partial: list[tuple[str, str, int, int, int]] = []  # path, stream, partition, lo, hi
     from_log = []
@@ -61,6 +81,40 @@ def read_table(spark, stream: str, table_dir: str, *, columns: Iterable[str] | N
             pos = hi
         if pos < r.end:
             from_log.append((r.stream, r.partition, pos, r.end))
+    return whole, partial, from_log
+
+
+def _iceberg_plan(opts, table_dir: str | None, catalog: str):
+    """The same plan from each stream's Iceberg table: its current snapshot's files, whole
+    when all their offsets are in the range asked, else filtered."""
+    from ..tables.iceberg import TableSnapshot
+    from ..tables.storage import spark_uri
+    from .reader import planned_ranges
+
+    snapshots = {s: TableSnapshot(table_dir or "", catalog, s) for s in opts.streams}
+    whole, partial, from_log = [], [], []
+    for r in planned_ranges(opts, lambda s, p, first: snapshots[s].first(p, first)):
+        lo, hi, files = snapshots[r.stream].held(r.partition, r.start, r.end)
+        if lo > r.start:
+            from_log.append((r.stream, r.partition, r.start, lo))
+        for location, a, b in files:
+            path = location if location.startswith("file:") else spark_uri(location, "")[:-1]
+            if lo <= a and b < hi:
+                whole.append(path)
+            else:
+                partial.append((path, r.stream, r.partition, lo, hi))
+        if hi < r.end:
+            from_log.append((r.stream, r.partition, max(hi, r.start), r.end))
+    return whole, partial, from_log
+
+
+def _frame(spark, full, names, whole, partial, from_log, options):
+    """One DataFrame: ``whole`` Parquet files, ``partial`` pieces filtered, ``from_log``
+    ranges through the riverlog source."""
+    from . import register
+    from .schema import projected_schema
+
+    schema = projected_schema(names)
     frames = []
     if whole:
         frames.append(spark.read.schema(full).parquet(*whole).select(*names))

@@ -68,6 +68,19 @@ class TableService:
         return [s for s in list(self.broker.streams.values()) if not s.name.startswith("__")
                 and (self.config.enabled if s.config.table is None else s.config.table)]
 
+    def catalog(self, stream: str) -> tuple[str, str] | None:
+        """``(catalog URI, table name)`` of ``stream``'s Iceberg table for readers (the
+        catalog's password left out); None when tables are not Iceberg or the table folder
+        has no catalog (riverlog.tables.iceberg.catalog_uri)."""
+        if self.config.format != "iceberg":
+            return None
+        from .iceberg import NAMESPACE, catalog_uri, redacted
+        try:
+            uri = catalog_uri(self.table_dir, self.config.catalog)
+        except ValueError:
+            return None
+        return redacted(uri), f"{NAMESPACE}.{stream}"
+
     def lag(self, stream: Stream, partition: int) -> tuple[int, float]:
         """``(messages, seconds)`` the table of ``partition`` is behind: committed records it
         does not hold yet, and how long it has not held them all (since the service started,
@@ -152,7 +165,9 @@ class TableService:
                     "segments": [(s.base_offset, s.next_offset) for s in segments],
                     "first": p.first_offset, "committed": p.committed_offset})
         return {"table_dir": self.table_dir, "archive": self.config.archive,
-                "compression": self.config.compression, "partitions": partitions,
+                "compression": self.config.compression, "format": self.config.format,
+                "catalog": self.config.catalog, "expiry_ms": self.config.expiry_ms,
+                "partitions": partitions,
                 "drop": list(self._dropped)}
 
     async def _call(self, request: dict) -> dict:

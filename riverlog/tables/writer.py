@@ -16,26 +16,24 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import logging
 import os
 import posixpath
 import sys
 import time
-from typing import Iterator
 
-from ..log.chunk import (CHUNK_USER, HEADER_SIZE, ChunkFormatError, check_chunk,
-                         chunk_extent, parse_header)
-from ..log.segment import SEGMENT_SUFFIX, ChunkSlice, segment_name
+from ..log.chunk import ChunkFormatError
 from . import manifest as mf
+from .segments import SegmentRuns, segment_path
+from .state import PartitionState, Status
 from .storage import Storage
 
 log = logging.getLogger("riverlog.tables")
 
 ROW_GROUP_ROWS = 1 << 20
 """Rows per Parquet row group at most (Spark splits scans by row group)."""
-READ_BYTES = 32 * 1024 * 1024
-"""Bytes of chunks read and converted at a time."""
 MAX_SMALL_FILES = 16
 """Small files of the active segment before they are rewritten as one."""
 STATISTICS = ["stream", "partition", "offset", "timestamp"]
@@ -43,35 +41,6 @@ STATISTICS = ["stream", "partition", "offset", "timestamp"]
 NICE = 10
 EXIT_MISSING = 2
 """The worker's exit code when pyarrow or pyspark is not installed."""
-
-
-@dataclasses.dataclass(frozen=True)
-class PartitionState:
-    """What the server tells about one table-enabled partition: the stream's ``created_ns``,
-    the partition's ``log_dir``, its segments ``[(base offset, next offset)]`` oldest first,
-    ``first`` (oldest offset kept) and ``committed`` (newest committed offset, -1: none)."""
-
-    stream: str
-    partition: int
-    created_ns: int
-    log_dir: str
-    segments: list[tuple[int, int]]
-    first: int
-    committed: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Status:
-    """A partition's table after a pass: offsets ``[first, end)`` (None: empty), files,
-    bytes, and the error that stopped the pass (None: up to date)."""
-
-    stream: str
-    partition: int
-    first: int | None
-    end: int | None
-    files: int
-    bytes: int
-    error: str | None = None
 
 
 class TableWriter:
@@ -86,7 +55,7 @@ class TableWriter:
         self.archive = archive
         self.compression = compression
         self._visited: set[tuple[str, int, int]] = set()
-        self._resume: dict[str, tuple[int, int]] = {}  # segment path -> (offset, file position)
+        self._segments = SegmentRuns()
         self._errors: dict[tuple[str, int], str] = {}  # the last error logged per partition
         self._schema = None
 
@@ -181,7 +150,7 @@ class TableWriter:
             if nxt <= base or (m.first is not None and nxt <= m.first):
                 continue
             try:
-                st = os.stat(self._segment_path(state, base))
+                st = os.stat(segment_path(state.log_dir, base))
             except FileNotFoundError:  # retention removed it since the request was made
                 continue
             old = m.overlapping(base, nxt)
@@ -210,10 +179,6 @@ class TableWriter:
         for name in names:
             self.storage.delete(posixpath.join(directory, name))
 
-    @staticmethod
-    def _segment_path(state: PartitionState, base: int) -> str:
-        return os.path.join(state.log_dir, segment_name(base) + SEGMENT_SUFFIX)
-
     # -- Parquet ------------------------------------------------------------------------
     def _write(self, directory: str, m: mf.Manifest, state: PartitionState, base: int,
                start: int, end: int, *, sealed: bool) -> mf.TableFile:
@@ -226,7 +191,7 @@ class TableWriter:
         from ..spark.arrow import chunks_to_batch
 
         name = mf.file_name(start, end, m.generation + 1)
-        path = self._segment_path(state, base)
+        path = segment_path(state.log_dir, base)
         fd = os.open(path, os.O_RDONLY)
 
         def write(out) -> tuple[int, int]:
@@ -234,7 +199,7 @@ class TableWriter:
             writer = pq.ParquetWriter(out, self.schema, compression=self.compression,
                                       write_statistics=STATISTICS)
             try:
-                for chunks in self._runs(fd, path, start, end, source.st_size):
+                for chunks in self._segments.runs(fd, path, start, end, source.st_size):
                     group.append(chunks_to_batch(chunks, state.stream, state.partition, start,
                                                  end, self.schema))
                     if sum(b.num_rows for b in group) >= ROW_GROUP_ROWS:
@@ -252,46 +217,6 @@ class TableWriter:
         return mf.TableFile(name, start, end, rows, size, base, sealed,
                             (source.st_ino, source.st_size) if sealed else None)
 
-    def _runs(self, fd: int, path: str, start: int, end: int,
-              size: int) -> Iterator[list[ChunkSlice]]:
-        """User chunks holding offsets of ``[start, end)``, READ_BYTES at a time, each
-        checked (CRC); stops after the chunk reaching ``end`` (never reads past it)."""
-        offset, pos = self._resume.get(path, (-1, 0))
-        if offset > start:
-            pos = 0
-        while pos < size:
-            block = os.pread(fd, min(READ_BYTES, size - pos), pos)
-            if len(block) < HEADER_SIZE:
-                return
-            need = min(parse_header(block).max_size, size - pos)
-            if need > len(block):  # one chunk larger than READ_BYTES
-                block = os.pread(fd, need, pos)
-            view = memoryview(block)
-            at, run, done = 0, [], False
-            while at + HEADER_SIZE <= len(block):
-                h = parse_header(block, at)
-                if at + min(h.max_size, size - pos - at) > len(block):
-                    break  # chunk_extent must see the whole chunk: read on from here
-                n = chunk_extent(block, h, at)
-                if h.first_offset >= end:
-                    done = True
-                    break
-                if h.next_offset > start:
-                    check_chunk(block, h, at, n)
-                    if h.chunk_type == CHUNK_USER:
-                        run.append(ChunkSlice(h, view[at:at + n]))
-                at += n
-                self._resume[path] = (h.next_offset, pos + at)
-                if h.next_offset >= end:
-                    done = True
-                    break
-            if run:
-                yield run
-            pos += at
-            if done:
-                return
-
-
 def _flush(writer, group: list, pa) -> int:
     """Write ``group`` (record batches) as one row group; empty it; returns its rows."""
     rows = sum(b.num_rows for b in group)
@@ -307,28 +232,52 @@ def _now_ms() -> int:
 
 def serve(stdin, stdout) -> None:
     """The worker loop: one request line in, one reply line out, until ``stdin`` closes.
-    Request: ``{"table_dir", "archive", "compression", "partitions": [PartitionState
-    fields], "drop": [stream]}``; reply: ``{"statuses": [Status fields]}``. ``drop`` names
-    deleted streams whose tables go."""
-    writers: dict[tuple[str, bool, str], TableWriter] = {}
+    Request: ``{"table_dir", "archive", "compression", "format", "catalog", "expiry_ms",
+    "partitions": [PartitionState fields], "drop": [stream]}``; reply: ``{"statuses":
+    [Status fields]}`` in the order of ``partitions``. ``drop`` names deleted streams whose
+    tables go. ``format`` "iceberg" writes Iceberg tables (riverlog.tables.iceberg_writer),
+    one snapshot per stream per request; else the Parquet mirror of this module."""
+    writers: dict[tuple, object] = {}
     for line in stdin:
         request = json.loads(line)
-        key = (request["table_dir"], bool(request["archive"]), request["compression"])
-        writer = writers.get(key) or writers.setdefault(key, TableWriter(*key))
+        states = [PartitionState(**dict(p, segments=[tuple(s) for s in p["segments"]]))
+                  for p in request["partitions"]]
+        writer = _writer(writers, request)
         for stream in request.get("drop", ()):
             writer.drop(stream)
-        statuses = [writer.update(PartitionState(**dict(p, segments=[tuple(s) for s in
-                                                                     p["segments"]])))
-                    for p in request["partitions"]]
+        if isinstance(writer, TableWriter):
+            statuses = [writer.update(state) for state in states]
+        else:
+            by_stream: dict[tuple[str, int], list[PartitionState]] = {}
+            for state in states:
+                by_stream.setdefault((state.stream, state.created_ns), []).append(state)
+            done = {(s.stream, s.partition): s for (name, created), group in by_stream.items()
+                    for s in writer.update(name, created, group)}
+            statuses = [done[(state.stream, state.partition)] for state in states]
         stdout.write(json.dumps({"statuses": [dataclasses.asdict(s) for s in statuses]}) + "\n")
         stdout.flush()
+
+
+def _writer(writers: dict, request: dict):
+    """The writer for ``request``'s settings, made on first use and kept."""
+    if request.get("format", "parquet") == "iceberg":
+        from .iceberg_writer import IcebergWriter
+        key = ("iceberg", request["table_dir"], request.get("catalog"),
+               bool(request["archive"]), request["compression"], int(request["expiry_ms"]))
+        if key not in writers:
+            writers[key] = IcebergWriter(*key[1:])
+        return writers[key]
+    key = (request["table_dir"], bool(request["archive"]), request["compression"])
+    if key not in writers:
+        writers[key] = TableWriter(*key)
+    return writers[key]
 
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        import pyarrow.parquet  # noqa: F401
+        importlib.import_module("pyarrow.parquet")
         from ..spark.arrow import arrow_schema
         arrow_schema()
     except ImportError as exc:

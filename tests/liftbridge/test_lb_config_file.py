@@ -106,6 +106,7 @@ def test_defaults_and_precedence(tmp_path):
     ("- a\n- b\n", "expected a map"),
     ("streams.table.lag: 10ms\n", "streams.table.lag must be at least 100ms"),
     ("streams.table.compression: brotli\n", "streams.table.compression: expected one of"),
+    ("streams.table.format: delta\n", "streams.table.format: expected one of"),
 ])
 def test_refusals(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message):
@@ -123,6 +124,16 @@ def test_table_settings(tmp_path):
             tables.directory) == (True, 2000, True, "snappy", "/t")
     config, _ = build(load(None, {}), {"tables": True, "table_dir": "/elsewhere"})
     assert config.tables.enabled and config.table_dir == "/elsewhere"
+    assert (config.tables.format, config.tables.catalog, config.tables.expiry_ms) == (
+        "parquet", None, 3_600_000)
+    path = write(tmp_path, "streams:\n  table:\n    format: iceberg\n"
+                           "    catalog: http://cat:8181\n    snapshot.expiry: 10m\n")
+    tables = build(load(path, {}), {})[0].tables
+    assert (tables.format, tables.catalog, tables.expiry_ms) == (
+        "iceberg", "http://cat:8181", 600_000)
+    tables = build(load(None, {}), {"table_format": "iceberg",
+                                    "table_catalog": "sqlite:////c.db"})[0].tables
+    assert (tables.format, tables.catalog) == ("iceberg", "sqlite:////c.db")
 
 
 def test_missing_file(tmp_path):

@@ -1,0 +1,205 @@
+# Streams as Apache Iceberg tables: the catalog, a stream's table (schema, partition spec,
+# sort order) and what a snapshot says about the log. Shared by the writer
+# (riverlog.tables.iceberg_writer) and the readers (Spark's read_table, pandas, DuckDB).
+# Rules: everything Iceberg is pyiceberg's (no hand-written metadata); one table per
+# stream, ``riverlog.<stream>`` in the catalog; format version 2; the schema is the riverlog
+# source's (riverlog.spark.arrow.arrow_schema), partitioned by the stream partition
+# (identity) and day(timestamp), sorted by offset. Every snapshot the writer commits carries
+# in its summary, under OFFSETS_PROPERTY, the committed offset range ``[first, end)`` the
+# table holds per stream partition (JSON ``{"<partition>": [first, end]}``): where the table
+# ends and the log begins. pyiceberg and pyarrow are imported in the functions.
+from __future__ import annotations
+
+import json
+import logging
+import os
+import urllib.parse
+
+log = logging.getLogger("riverlog.tables")
+
+NAMESPACE = "riverlog"
+OFFSETS_PROPERTY = "riverlog.offsets"
+"""Snapshot summary key: per partition, the committed offsets ``[first, end)`` held."""
+SEGMENTS_PROPERTY = "riverlog.segments"
+"""Snapshot summary key: per partition, ``{base offset: [inode, size]}`` of each sealed
+segment written whole (so a segment compaction rewrote is noticed and written again)."""
+CREATED_PROPERTY = "riverlog.created-ns"
+"""Table property: the stream's creation time (a stream made again gets a new table)."""
+CATALOG_FILE = "catalog.db"
+"""The embedded SQL catalog's SQLite file in the table folder."""
+
+
+class CatalogError(Exception):
+    """The catalog cannot be reached or refused a request; the message says which."""
+
+
+def catalog_uri(table_dir: str, catalog: str | None) -> str:
+    """The catalog to use: ``catalog`` (``streams.table.catalog``: a REST catalog's
+    ``http(s)://`` URI or a SQLAlchemy URL such as ``sqlite:////path/catalog.db`` or
+    ``postgresql+psycopg2://...``), else the embedded SQLite catalog CATALOG_FILE in the
+    local table folder ``table_dir``. Raises ValueError when there is neither (a table
+    folder that is a URI needs an explicit catalog)."""
+    if catalog:
+        return catalog
+    if "://" in table_dir and not table_dir.startswith("file://"):
+        raise ValueError("streams.table.catalog: a table folder on object storage needs a "
+                         "catalog every server reaches (a REST catalog or an SQL URL)")
+    path = urllib.parse.urlsplit(table_dir).path if "://" in table_dir else table_dir
+    return "sqlite:///" + os.path.join(os.path.abspath(path), CATALOG_FILE)
+
+
+def warehouse(table_dir: str) -> str:
+    """The warehouse URI tables are created under: ``table_dir`` as a URI."""
+    return table_dir if "://" in table_dir else "file://" + os.path.abspath(table_dir)
+
+
+def load_catalog(table_dir: str, catalog: str | None = None):
+    """The pyiceberg catalog named by catalog_uri (REST for http(s), else SQL). Raises
+    CatalogError when it cannot be opened."""
+    uri = catalog_uri(table_dir, catalog)
+    try:
+        if uri.startswith(("http://", "https://")):
+            from pyiceberg.catalog.rest import RestCatalog
+            return RestCatalog(NAMESPACE, uri=uri, warehouse=warehouse(table_dir))
+        from pyiceberg.catalog.sql import SqlCatalog
+        if uri.startswith("sqlite:///"):
+            os.makedirs(os.path.dirname(uri[len("sqlite:///"):]), exist_ok=True)
+        return SqlCatalog(NAMESPACE, uri=uri, warehouse=warehouse(table_dir))
+    except Exception as exc:  # pyiceberg raises many types (sqlalchemy, requests, its own)
+        raise CatalogError(f"catalog {redacted(uri)}: {exc}") from exc
+
+
+def identifier(stream: str) -> tuple[str, str]:
+    """The table of ``stream`` in the catalog: ``("riverlog", stream)``."""
+    return (NAMESPACE, stream)
+
+
+def create_table(catalog, table_dir: str, stream: str, created_ns: int,
+                 compression: str = "zstd"):
+    """Create ``stream``'s table (format v2, riverlog's schema, partitioned by partition and
+    day(timestamp), sorted by offset, Parquet data files with the codec ``compression``) at
+    ``<warehouse>/riverlog/<stream folder>``."""
+    from pyiceberg.transforms import DayTransform, IdentityTransform
+
+    from ..broker.broker import folder_name  # the broker's import is not for Spark workers
+    from ..spark.arrow import arrow_schema
+
+    catalog.create_namespace_if_not_exists(NAMESPACE)
+    location = f"{warehouse(table_dir).rstrip('/')}/{NAMESPACE}/{folder_name(stream)}"
+    tx = catalog.create_table_transaction(
+        identifier(stream), schema=arrow_schema(), location=location,
+        properties={"format-version": "2", CREATED_PROPERTY: str(created_ns),
+                    "write.parquet.compression-codec": compression})
+    with tx.update_spec() as spec:
+        spec.add_identity("partition")
+        spec.add_field("timestamp", DayTransform(), "timestamp_day")
+    with tx.update_sort_order() as order:
+        order.asc("offset", IdentityTransform())
+    tx.commit_transaction()
+    return catalog.load_table(identifier(stream))
+
+
+def load_table(catalog, stream: str):
+    """``stream``'s table; None when the catalog has none. Raises ValueError when its
+    current metadata file cannot be read (damaged), naming the table."""
+    from pyiceberg.exceptions import NoSuchTableError, ValidationError
+
+    try:
+        return catalog.load_table(identifier(stream))
+    except NoSuchTableError:
+        return None
+    except ValidationError as exc:
+        raise ValueError(f"table {NAMESPACE}.{stream}: damaged metadata: {exc}") from None
+
+
+def snapshot_offsets(snapshot) -> dict[int, tuple[int, int]]:
+    """Per stream partition, the committed offsets ``[first, end)`` ``snapshot`` holds
+    (its summary's OFFSETS_PROPERTY); empty for None or a snapshot riverlog did not write."""
+    return {int(p): (int(r[0]), int(r[1])) for p, r in
+            _summary_json(snapshot, OFFSETS_PROPERTY).items()}
+
+
+def snapshot_segments(snapshot) -> dict[int, dict[int, tuple[int, int]]]:
+    """Per stream partition, ``{segment base: (inode, size)}`` of the sealed segments the
+    snapshot holds whole (SEGMENTS_PROPERTY)."""
+    return {int(p): {int(b): (int(v[0]), int(v[1])) for b, v in segs.items()}
+            for p, segs in _summary_json(snapshot, SEGMENTS_PROPERTY).items()}
+
+
+def data_files(table) -> dict[int, list]:
+    """The current snapshot's data files per stream partition: ``(DataFile, lowest offset,
+    highest offset)`` (from the files' column bounds), in offset order."""
+    from pyiceberg.conversions import from_bytes
+    from pyiceberg.types import LongType
+
+    if table.current_snapshot() is None:
+        return {}
+    field = table.schema().find_field("offset").field_id
+    out: dict[int, list] = {}
+    for task in table.scan().plan_files():
+        f = task.file
+        lo = from_bytes(LongType(), f.lower_bounds[field])
+        hi = from_bytes(LongType(), f.upper_bounds[field])
+        out.setdefault(f.partition[0], []).append((f, lo, hi))
+    for files in out.values():
+        files.sort(key=lambda x: x[1])
+    return out
+
+
+def _summary_json(snapshot, key: str) -> dict:
+    if snapshot is None or snapshot.summary is None:
+        return {}
+    raw = snapshot.summary.additional_properties.get(key)
+    return json.loads(raw) if raw else {}
+
+
+def redacted(uri: str) -> str:
+    """``uri`` with its password (``user:secret@``) shown as ``***``."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.password:
+        return uri.replace(f":{parts.password}@", ":***@")
+    return uri
+
+
+class TableSnapshot:
+    """What the current snapshot of ``stream``'s table (in the catalog ``catalog``, with data
+    under ``table_dir``) holds, for a reader: ``held(partition, start, end)`` and
+    ``first(partition, log_first)``. A stream without a table holds nothing."""
+
+    def __init__(self, table_dir: str, catalog: str | None, stream: str) -> None:
+        self.table = load_table(load_catalog(table_dir, catalog), stream)
+        snapshot = self.table.current_snapshot() if self.table is not None else None
+        self.offsets = snapshot_offsets(snapshot)
+        self._files = data_files(self.table) if snapshot is not None else {}
+        self.stream = stream
+
+    def first(self, partition: int, log_first: int) -> int:
+        """``log_first``, or the table's first offset when the table holds, without a gap,
+        offsets older than the log's (``streams.table.archive``)."""
+        first, end = self.offsets.get(partition, (log_first, log_first))
+        return first if first < log_first <= end else log_first
+
+    def held(self, partition: int, start: int, end: int) -> tuple[int, int, list]:
+        """``(lo, hi, files)``: the part ``[lo, hi)`` of ``[start, end)`` the snapshot holds
+        (``lo == hi``: none) and its data files ``(location, lowest offset, highest offset)``
+        holding any of it. A data file that is missing or not the size the snapshot lists
+        is reported (warning, with its path) and the partition's offsets are read from the
+        log instead."""
+        from pyarrow import fs
+
+        first, stop = self.offsets.get(partition, (start, start))
+        lo, hi = max(start, first), min(end, stop)
+        if hi <= lo:
+            return start, start, []
+        files = [(f, a, b) for f, a, b in self._files.get(partition, []) if b >= lo and a < hi]
+        for f, _, _ in files:
+            filesystem, path = fs.FileSystem.from_uri(f.file_path)
+            info = filesystem.get_file_info(path)
+            problem = ("is missing" if info.type != fs.FileType.File else
+                       f"is {info.size} bytes, the snapshot says {f.file_size_in_bytes}"
+                       if info.size != f.file_size_in_bytes else None)
+            if problem is not None:
+                log.warning("table of %r partition %d: %s %s; offsets %d..%d read from the "
+                            "log", self.stream, partition, f.file_path, problem, lo, hi - 1)
+                return start, start, []
+        return lo, hi, [(f.file_path, a, b) for f, a, b in files]

@@ -1,0 +1,326 @@
+# The Iceberg table writer: brings a stream's Apache Iceberg table (riverlog.tables.iceberg)
+# up to date with its partitions' committed chunks, in the table worker process
+# (riverlog.tables.writer's loop, for ``streams.table.format: iceberg``). Rules: one pass
+# commits at most one snapshot per stream (an append, merging manifests as Iceberg's
+# commit.manifest.min-count-to-merge says, so planning stays cheap; or an overwrite when files
+# are replaced or removed) whose summary records each partition's committed offsets; data
+# files are written by pyiceberg from the segment files (riverlog.tables.segments: only
+# committed user chunks, converted by riverlog.spark.arrow, so a row is what the Spark source
+# returns), one segment at a time, so no data file holds records of two segments. A sealed
+# segment is written again whole, replacing its pieces, once it is sealed and when compaction
+# changes it; more than MAX_SMALL_FILES pieces of the active segment are written again as one.
+# Without ``archive`` data files below the log's first offset are removed. A crash before the
+# commit leaves files no snapshot lists: on the first visit of a table (and after snapshots
+# expire) every data file no snapshot lists is deleted. A table whose offsets run past the
+# log's end, or of an earlier stream of the same name, is written again from the log.
+from __future__ import annotations
+
+import datetime
+import itertools
+import json
+import logging
+import os
+import time
+
+from ..log.chunk import ChunkFormatError
+from . import convert
+from . import iceberg as ice
+from .segments import SegmentRuns, segment_path
+from .state import Status
+from .storage import Storage
+
+log = logging.getLogger("riverlog.tables")
+
+MAX_SMALL_FILES = 16
+"""Data files of the active segment before they are written again as one."""
+FILE_ROWS = 1 << 20
+"""Records written at a time (held in memory, then one data file per day partition)."""
+CLEANUP_INTERVAL_S = 60.0
+"""Seconds between snapshot expiries (and the removal of the files they free)."""
+
+
+class IcebergWriter:
+    """Tables of streams in the Iceberg ``catalog`` (riverlog.tables.iceberg.catalog_uri)
+    with data under ``table_dir``; snapshots older than ``expire_ms`` expire. ``update``
+    takes one stream's partition states (riverlog.tables.state.PartitionState) and returns
+    their riverlog.tables.state.Status."""
+
+    def __init__(self, table_dir: str, catalog: str | None, archive: bool = False,
+                 compression: str = "zstd", expire_ms: int = 3_600_000) -> None:
+        self.table_dir, self.catalog_name, self.archive = table_dir, catalog, archive
+        self.compression, self.expire_ms = compression, expire_ms
+        self._catalog = None
+        self._segments = SegmentRuns()
+        self._cleaned: dict[str, float] = {}  # stream -> time.monotonic() of its last cleanup
+        self._converting: list[tuple[str, int]] = []  # partitions new in this pass
+        self._planned: dict[str, tuple[int | None, dict]] = {}  # stream -> (snapshot, files)
+        self._errors: dict[str, str] = {}
+
+    @property
+    def catalog(self):
+        if self._catalog is None:
+            self._catalog = ice.load_catalog(self.table_dir, self.catalog_name)
+        return self._catalog
+
+    def update(self, stream: str, created_ns: int, states: list) -> list:
+        """One pass over ``stream``'s partitions ``states``. An error (the catalog cannot be
+        reached, a full disk, a damaged segment, a commit conflict) is in every status and
+        logged when it differs from the last pass's; nothing of the pass is visible then."""
+        table = None
+        try:
+            table = self._table(stream, created_ns)
+            self._converting = []
+            table = self._advance(table, stream, states)
+            for name, partition in self._converting:  # the Iceberg table holds them now
+                if convert.remove_old(self.table_dir, name, partition):
+                    log.info("table of %r partition %d: the old Parquet table is converted "
+                             "and removed", name, partition)
+            table = self._cleanup(table, stream)
+            error = None
+        except (OSError, ValueError, ChunkFormatError, ice.CatalogError) as exc:
+            error = str(exc)
+            self._catalog = None if isinstance(exc, ice.CatalogError) else self._catalog
+        except Exception as exc:  # pyiceberg's CommitFailedException, sqlalchemy errors, ...
+            error = f"{type(exc).__name__}: {exc}"
+            self._catalog = None
+        if error is not None:
+            self._cleaned.pop(stream, None)  # files a failed commit wrote go next pass
+        self._report(stream, error)
+        held = ice.snapshot_offsets(table.current_snapshot()) if table is not None else {}
+        sizes = self._files(stream, table) if table is not None else {}
+        out = []
+        for s in states:
+            first, end = held.get(s.partition, (None, None))
+            files = sizes.get(s.partition, [])
+            out.append(Status(stream, s.partition, first, end, len(files),
+                              sum(f.file_size_in_bytes for f, _, _ in files), error))
+        return out
+
+    def drop(self, stream: str) -> None:
+        """Drop ``stream``'s table and its files (the stream was deleted); errors logged."""
+        try:
+            table = ice.load_table(self.catalog, stream)
+            if table is not None:
+                self.catalog.drop_table(ice.identifier(stream))
+                storage = Storage(self.table_dir)
+                storage.delete_dir(storage.fs.normalize_path(_fs_path(table.location())))
+        except Exception as exc:  # as in update: the catalog's errors are of many types
+            log.error("table of %r: cannot remove it: %s", stream, exc)
+        self._cleaned.pop(stream, None)
+        self._planned.pop(stream, None)
+
+    def _files(self, stream: str, table) -> dict[int, list]:
+        """riverlog.tables.iceberg.data_files of ``table``, planned once per snapshot (a
+        snapshot never changes)."""
+        snapshot = table.current_snapshot()
+        sid = snapshot.snapshot_id if snapshot is not None else None
+        cached = self._planned.get(stream)
+        if cached is None or cached[0] != sid:
+            cached = self._planned[stream] = (sid, ice.data_files(table))
+        return cached[1]
+
+    def _report(self, stream: str, error: str | None) -> None:
+        last = self._errors.pop(stream, None)
+        if error is not None:
+            self._errors[stream] = error
+            if error != last:
+                log.error("table of %r: %s (tried again every pass)", stream, error)
+        elif last is not None:
+            log.info("table of %r: written again", stream)
+
+    # -- the table ------------------------------------------------------------------------
+    def _table(self, stream: str, created_ns: int):
+        try:
+            table = ice.load_table(self.catalog, stream)
+        except ValueError as exc:  # pydantic's and json's errors: damaged metadata
+            log.error("table of %r: its metadata cannot be read (%s); writing it again from "
+                      "the log", stream, exc)
+            self.catalog.drop_table(ice.identifier(stream))
+            table = None
+        if table is not None and table.properties.get(ice.CREATED_PROPERTY) != str(created_ns):
+            log.warning("table of %r belongs to an earlier stream of that name; writing it "
+                        "again", stream)
+            self.drop(stream)
+            table = None
+        if table is None:
+            table = ice.create_table(self.catalog, self.table_dir, stream, created_ns,
+                                     self.compression)
+        return table
+
+    def _advance(self, table, stream: str, states: list):
+        snapshot = table.current_snapshot()
+        held = ice.snapshot_offsets(snapshot)
+        whole = ice.snapshot_segments(snapshot)
+        files = self._files(stream, table)
+        removed, written = [], []  # DataFiles to delete; (partition, segment, start, end)
+        for s in states:
+            mine = files.get(s.partition, [])
+            first, end = held.get(s.partition, (None, None))
+            segs = whole.get(s.partition, {})
+            committed_end = s.committed + 1
+            if end is not None and end > committed_end:
+                log.warning("table of %r partition %d runs past the log (%d > %d); writing "
+                            "it again", stream, s.partition, end, committed_end)
+                removed += [f for f, _, _ in mine]
+                mine, first, end, segs = [], None, None, {}
+            if not self.archive:
+                gone = [f for f, _, hi in mine if hi < s.first]
+                removed += gone
+                mine = [m for m in mine if m[0] not in gone]
+                if first is not None and first < s.first:
+                    first = min((lo for _, lo, _ in mine), default=None)
+                    first = None if first is None else max(first, s.first)
+                    end = None if first is None else end
+            segs = {b: v for b, v in segs.items() if any(b == base for base, _ in s.segments)}
+            start = end if end is not None and end >= s.first else s.first
+            if first is None:  # a new table: what only an old Parquet-mirror table holds
+                old_first, rows = (convert.archived_rows(self.table_dir, stream, s.partition,
+                                                         s.first)
+                                   if self.archive else (s.first, []))
+                written += [(s, None, table, None) for table in rows]
+                first = old_first if rows else None
+                end = s.first if rows else None
+                self._converting.append((stream, s.partition))
+            *sealed, (active, _) = s.segments
+            for base, nxt in sealed:
+                if nxt > committed_end or nxt <= base or first is None or base < first \
+                        or nxt > start:
+                    continue  # not committed whole, or not (all) in the table
+                source = _source(s.log_dir, base)
+                if source is None or segs.get(base) == source:
+                    continue
+                removed += [f for f, lo, hi in mine if lo >= base and hi < nxt]
+                written.append((s, base, base, nxt))
+                segs[base] = source
+            pieces = [f for f, lo, _ in mine if lo >= active]
+            if len(pieces) >= MAX_SMALL_FILES and start > active:
+                removed += pieces
+                start = max(active, first if first is not None else active)
+            for base, nxt in s.segments:
+                lo, hi = max(start, base), min(nxt, committed_end)
+                if hi > lo:
+                    written.append((s, base, lo, hi))
+                    if (base, nxt) != s.segments[-1] and lo == base and hi == nxt:
+                        source = _source(s.log_dir, base)
+                        if source is not None:
+                            segs[base] = source
+            if start < committed_end:
+                first = start if first is None else first
+                end = committed_end
+            if first is not None:
+                held[s.partition] = (first, end)
+            else:
+                held.pop(s.partition, None)
+            whole[s.partition] = segs
+        if not removed and not written and held == ice.snapshot_offsets(snapshot):
+            return table
+        props = {ice.OFFSETS_PROPERTY: _dumps(held),
+                 ice.SEGMENTS_PROPERTY: _dumps({p: {b: list(v) for b, v in segs.items()}
+                                                for p, segs in whole.items()})}
+        return self._commit(table, stream, removed, written, props)
+
+    def _commit(self, table, stream: str, removed: list, written: list, props: dict):
+        """One snapshot: ``written`` ranges added (written now, from the segments; or
+        ``(state, None, rows, None)``: Arrow rows converted from an old table),
+        ``removed`` data files deleted, ``props`` in its summary."""
+        from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+        from ..spark.arrow import arrow_schema, chunks_to_batch
+
+        schema = arrow_schema()
+        tasks = itertools.count()  # data file names: one write uuid per commit, a task each
+        tx = table.transaction()
+        update = tx.update_snapshot(snapshot_properties=props)
+        with (update.overwrite() if removed else update.merge_append()) as producer:
+            for f in removed:
+                producer.delete_data_file(f)
+            for s, base, lo, hi in written:
+                if base is None:  # rows converted from an old table (riverlog.tables.convert)
+                    for data_file in _dataframe_to_data_files(
+                            table_metadata=tx.table_metadata, df=lo.cast(schema),
+                            io=table.io, write_uuid=producer.commit_uuid, counter=tasks):
+                        producer.append_data_file(data_file)
+                    continue
+                path = segment_path(s.log_dir, base)
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    size = os.fstat(fd).st_size
+                    batches = (chunks_to_batch(chunks, stream, s.partition, lo, hi, schema)
+                               for chunks in self._segments.runs(fd, path, lo, hi, size))
+                    for rows in _tables(batches, schema):
+                        for data_file in _dataframe_to_data_files(
+                                table_metadata=tx.table_metadata, df=rows, io=table.io,
+                                write_uuid=producer.commit_uuid, counter=tasks):
+                            producer.append_data_file(data_file)
+                finally:
+                    os.close(fd)
+        return tx.commit_transaction()
+
+    # -- expiry and orphans ---------------------------------------------------------------
+    def _cleanup(self, table, stream: str):
+        """Expire snapshots older than ``expire_ms`` (at most every CLEANUP_INTERVAL_S; on
+        the first visit too) and delete the data files no remaining snapshot lists (those
+        the expired ones freed, and leftovers of a crash before a commit)."""
+        now = time.monotonic()
+        last = self._cleaned.get(stream)
+        if last is not None and now - last < CLEANUP_INTERVAL_S:
+            return table
+        self._cleaned[stream] = now
+        cutoff = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(
+            milliseconds=self.expire_ms)
+        current = table.current_snapshot()
+        if any(s.timestamp_ms < cutoff.timestamp() * 1000 for s in table.snapshots()
+               if current is None or s.snapshot_id != current.snapshot_id):
+            table.maintenance.expire_snapshots().older_than(cutoff).commit()
+            table = table.refresh()
+        listed = set()
+        for snapshot in table.snapshots():
+            for manifest in snapshot.manifests(table.io):
+                listed.update(_fs_path(e.data_file.file_path)
+                              for e in manifest.fetch_manifest_entry(table.io))
+        storage = Storage(self.table_dir)
+        from pyarrow import fs
+        data = _fs_path(table.location().rstrip("/") + "/data")
+        infos = storage.fs.get_file_info(fs.FileSelector(data, recursive=True,
+                                                         allow_not_found=True))
+        for info in infos:
+            if info.type == fs.FileType.File and info.path not in listed:
+                log.info("table of %r: removing %s (no snapshot lists it)", stream, info.path)
+                storage.delete(info.path)
+        return table
+
+
+def _tables(batches, schema):
+    """``batches`` as Arrow tables of about FILE_ROWS rows (pyiceberg writes a partitioned
+    table from a whole pa.Table only, not from a stream of batches)."""
+    import pyarrow as pa
+
+    group, rows = [], 0
+    for batch in batches:
+        group.append(batch)
+        rows += batch.num_rows
+        if rows >= FILE_ROWS:
+            yield pa.Table.from_batches(group, schema)
+            group, rows = [], 0
+    if rows:
+        yield pa.Table.from_batches(group, schema)
+
+
+def _source(log_dir: str, base: int) -> tuple[int, int] | None:
+    """The segment file's (inode, size); None when retention removed it."""
+    try:
+        st = os.stat(segment_path(log_dir, base))
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_size)
+
+
+def _fs_path(location: str) -> str:
+    """A pyiceberg location (``file:///a/b``, ``s3://bucket/k``) as pyarrow.fs names it."""
+    if location.startswith("file://"):
+        return location[len("file://"):]
+    return location.split("://", 1)[1] if "://" in location else location
+
+
+def _dumps(value) -> str:
+    return json.dumps({str(k): v for k, v in value.items()}, separators=(",", ":"))
