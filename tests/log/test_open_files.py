@@ -119,3 +119,23 @@ def test_a_deleted_segment_is_not_made_again_by_a_late_reader(tmp_path):
     with pytest.raises(OSError):
         segment.read_chunks(0, 1, verify=True)
     assert not os.path.exists(segment.path)
+
+
+def test_a_segment_removed_while_closed_for_the_budget_is_an_error_not_a_new_file(tmp_path):
+    """A segment file is created once: when its descriptor was closed for the budget and the
+    file removed from the folder meanwhile, the next write fails instead of creating an empty
+    file and writing at the old position (a sparse file with the first records gone)."""
+    with budget(2):
+        log = CommitLog(tmp_path / "log", NEVER)
+        log.append([b"first"] * 3)
+        others = [CommitLog(tmp_path / f"other{i}", NEVER) for i in range(3)]
+        for other in others:  # their files push the log's segment out of the budget
+            other.append([b"x"])
+        segment = log._segments[-1].path
+        os.unlink(segment)
+        with pytest.raises(OSError):
+            log.append([b"second"])
+        assert not os.path.exists(segment)
+        for other in [log, *others]:
+            with contextlib.suppress(Exception):
+                other.close()
