@@ -269,11 +269,12 @@ class SecurityConfig:
     authz_rules: tuple[tuple[str, ...], ...] = ()
     authz_model: str | None = None
     max_streams_per_user: int = 1000
-    """Streams a user may own (create and not delete) at most, counting each partition of a
-    super stream (``riverlog.limits.streams.per.user``; 0: no limit). Modelled on RabbitMQ's
-    per-user and per-virtual-host ``max-queues`` limits (unlimited there by default); the
-    default keeps one user from filling the server with streams. Anonymous loopback clients
-    (no credentials needed) and the server's own streams are not counted."""
+    """Streams a user may own (create and not delete) at most, each partition counting as one
+    (a super stream's, a Liftbridge stream's) (``riverlog.limits.streams.per.user``; 0: no
+    limit). Modelled on RabbitMQ's per-user and per-virtual-host ``max-queues`` limits
+    (unlimited there by default); the default keeps one user from filling the server with
+    streams. Anonymous loopback clients (no credentials needed) and the server's own streams
+    are not counted."""
     max_groups_per_user: int = 1000
     """Liftbridge consumer groups a user may own (its join created them, they still have
     members) at most (``riverlog.limits.groups.per.user``; 0: no limit); joining an existing

@@ -98,7 +98,7 @@ class Broker:
         self.max_streams_per_user = 0
         """Streams one owner may hold (``check_quota``; 0: no limit). The server sets it from
         SecurityConfig.max_streams_per_user."""
-        self._owned: Counter[str] = Counter()  # owner -> streams held here
+        self._owned: Counter[str] = Counter()  # owner -> partitions of the streams held here
         self.alarms = ResourceAlarms(data_dir)
         """The resource alarms doors block publishers by (the server installs its own)."""
 
@@ -230,25 +230,27 @@ class Broker:
     def _add(self, stream: Stream) -> None:
         self.streams[stream.name] = stream
         if stream.config.owner is not None:
-            self._owned[stream.config.owner] += 1
+            self._owned[stream.config.owner] += len(stream.partitions)
 
     def owned(self, owner: str) -> int:
-        """Streams held here whose StreamConfig.owner is ``owner``."""
+        """Partitions of the streams held here whose StreamConfig.owner is ``owner`` (each
+        partition counts as one stream against ``max_streams_per_user``)."""
         return self._owned[owner]
 
     def check_quota(self, owner: str | None, streams: int = 1) -> None:
         """Raise ``LimitExceededError`` when ``owner`` may not own ``streams`` more streams
-        (``max_streams_per_user``; RabbitMQ's per-user ``max-queues``). None (the server, an
-        anonymous client) is not limited. In a cluster each server counts the streams it
-        holds a replica of (the doors check on the server they are on)."""
+        (``max_streams_per_user``; RabbitMQ's per-user ``max-queues``); each partition counts
+        as one stream (``owned``), so ``streams`` is the partitions to be created. None (the
+        server, an anonymous client) is not limited. In a cluster each server counts the
+        streams it holds a replica of (the doors check on the server they are on)."""
         limit = self.max_streams_per_user
         if owner is None or not limit:
             return
         held = self._owned[owner]
         if held + streams > limit:
             raise LimitExceededError(
-                f"user {owner!r} owns {held} stream(s); {streams} more would pass the limit of "
-                f"{limit} per user (riverlog.limits.streams.per.user)")
+                f"user {owner!r} owns {held} stream(s) (each partition counts); {streams} more "
+                f"would pass the limit of {limit} per user (riverlog.limits.streams.per.user)")
 
     def delete(self, name: str, internal: bool = False) -> None:
         """Delete a stream and its data. Readers waiting on it get ``LogClosedError``;
@@ -260,7 +262,7 @@ class Broker:
         stream = self.get(name)
         del self.streams[name]
         if stream.config.owner is not None:
-            self._owned[stream.config.owner] -= 1
+            self._owned[stream.config.owner] -= len(stream.partitions)
         os.unlink(os.path.join(stream.directory, METADATA_FILE))
         for partition in stream.partitions:
             partition.delete()

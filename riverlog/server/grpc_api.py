@@ -507,9 +507,13 @@ class GrpcApi:
         self._ids(req)
         if not req.streams:
             raise LiftbridgeError("INVALID_ARGUMENT", "No streams provided")
-        self.group_quota.check(CALLER.get(), req.groupId)
-        coordinator, epoch = await self.service.join_group(req.groupId, req.consumerId,
-                                                           list(req.streams))
+        counted = self.group_quota.check(CALLER.get(), req.groupId)
+        try:
+            coordinator, epoch = await self.service.join_group(req.groupId, req.consumerId,
+                                                               list(req.streams))
+        finally:
+            if counted:
+                self.group_quota.settled(req.groupId)
         # Liftbridge sends Go time.Duration values here: nanoseconds.
         return pb.JoinConsumerGroupResponse(
             coordinator=coordinator, epoch=epoch,

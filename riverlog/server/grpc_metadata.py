@@ -99,14 +99,29 @@ def _stream_metadata(service: Liftbridge, resp: pb.FetchMetadataResponse, name: 
 
 def check_names(raw: bytes) -> None:
     """Raise LiftbridgeError RESOURCE_EXHAUSTED when the FetchMetadataRequest ``raw`` has
-    more than MAX_METADATA_NAMES fields (streams, groups), counting at most one more than
-    that; anything it cannot walk is left to the parser."""
+    more than MAX_METADATA_NAMES length-delimited fields (streams, groups, unknown ones),
+    counting at most one more than that before anything is parsed. Other fields are stepped
+    over (varint, fixed64, fixed32), so none of them ends the count; a group or an invalid
+    wire type raises LiftbridgeError INVALID_ARGUMENT (no field of this message is one).
+    A request cut short is left to the parser (which refuses it)."""
     pos, end, count = 0, len(raw), 0
     try:
         while pos < end:
             tag, pos = read_varint(raw, pos)
-            if tag & 7 != 2:  # not length-delimited: no field of this message
-                return
+            wire = tag & 7
+            if wire == 0:
+                _, pos = read_varint(raw, pos)
+                continue
+            if wire == 1:
+                pos += 8
+                continue
+            if wire == 5:
+                pos += 4
+                continue
+            if wire != 2:  # 3, 4 (groups), 6, 7
+                raise LiftbridgeError("INVALID_ARGUMENT", (
+                    f"malformed FetchMetadataRequest: field {tag >> 3} has wire type {wire} "
+                    f"(groups and wire types 6, 7 are not accepted)"))
             count += 1
             if count > MAX_METADATA_NAMES:
                 raise LiftbridgeError("RESOURCE_EXHAUSTED",

@@ -43,6 +43,31 @@ async def test_fetch_metadata_names_are_bounded(tmp_path, users):
         assert {m.error for m in resp.streamMetadata} == {pb.StreamMetadata.Error.UNKNOWN_STREAM}
 
 
+async def test_fetch_metadata_names_are_counted_past_other_fields(tmp_path, users):
+    """The count stopped at the first field that was not length-delimited: an unknown varint
+    field first (b"\\x18\\x01") let every name through to the parser. Crafted bytes over a
+    generic unary call: varint, fixed64 and fixed32 fields are stepped over, a group is
+    refused."""
+    names = pb.FetchMetadataRequest(
+        streams=[f"n{i}" for i in range(MAX_METADATA_NAMES + 1)]).SerializeToString()
+    async with running(tmp_path, security(users)) as app, \
+            grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc.port}") as channel:
+        call = channel.unary_unary("/proto.API/FetchMetadata",
+                                   request_serializer=lambda raw: raw,
+                                   response_deserializer=pb.FetchMetadataResponse.FromString)
+        alice = basic("alice")
+        for prefix in (b"\x18\x01", b"\x18\xff\x01", b"\x19" + bytes(8),
+                       b"\x1d" + bytes(4), b"\x18\x01\x19" + bytes(8) + b"\x1d" + bytes(4)):
+            assert await status_of(call(prefix + names, metadata=alice, timeout=30)) == \
+                grpc.StatusCode.RESOURCE_EXHAUSTED, prefix
+        few = pb.FetchMetadataRequest(streams=["a", "b"]).SerializeToString()
+        assert await status_of(call(b"\x1b\x1c" + few, metadata=alice, timeout=30)) == \
+            grpc.StatusCode.INVALID_ARGUMENT
+        resp = await call(b"\x18\x01" + few + b"\x1d" + bytes(4), metadata=alice,
+                          timeout=30)
+        assert [m.name for m in resp.streamMetadata] == ["a", "b"]
+
+
 async def test_a_large_fetch_metadata_lets_the_event_loop_turn(tmp_path, users):
     """The answer is built in slices: other work runs between them (before: none did)."""
     async with running(tmp_path, security(users)) as app:

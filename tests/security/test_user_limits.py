@@ -125,3 +125,40 @@ async def test_consumer_groups_a_user_creates_are_limited(tmp_path, users):
                 grpc.StatusCode.RESOURCE_EXHAUSTED
     finally:
         await app.stop()
+
+
+async def test_each_partition_of_a_grpc_stream_counts_and_after_a_restart_too(tmp_path, users):
+    # CreateStream checks the partitions it makes against the count, so the count must be of
+    # partitions: counted per stream, 2 streams of 2 partitions passed a limit of 3
+    def create(stub, name: str, partitions: int):
+        return stub.CreateStream(pb.CreateStreamRequest(name=name, subject=name,
+                                                        partitions=partitions),
+                                 metadata=basic("bob"), timeout=10)
+
+    app = limited(tmp_path, users)
+    await app.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc.port}") as channel:
+            stub = APIStub(channel)
+            await create(stub, "bob.two", 2)
+            assert await status_of(create(stub, "bob.over", 2)) == \
+                grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert app.broker.owned("bob") == 2
+            await create(stub, "bob.one", 1)
+    finally:
+        await app.stop()
+    assert "bob.over" not in app.broker.streams
+    app = limited(tmp_path, users)
+    await app.start()
+    try:
+        assert app.broker.owned("bob") == LIMIT
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc.port}") as channel:
+            stub = APIStub(channel)
+            assert await status_of(create(stub, "bob.after", 1)) == \
+                grpc.StatusCode.RESOURCE_EXHAUSTED
+            await stub.DeleteStream(pb.DeleteStreamRequest(name="bob.two"),
+                                    metadata=basic("bob"), timeout=10)
+            assert app.broker.owned("bob") == 1  # both partitions freed
+            await create(stub, "bob.after", 2)
+    finally:
+        await app.stop()
