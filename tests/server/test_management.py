@@ -366,3 +366,23 @@ async def test_resource_alarms_show_in_nodes_and_overview(app):
     alarms.check()
     status, nodes = await call(app, "GET", "/api/nodes")
     assert nodes[0]["mem_alarm"] is False and nodes[0]["alarms"] == []
+
+
+async def test_a_failed_start_leaves_no_alarm_task(tmp_path):
+    """App.start with a taken explicit --management-port raises, and the resource alarms'
+    periodic check started just before the management API is stopped with the rest."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        app = App(ServerConfig(data_dir=str(tmp_path / "data"), log=LogConfig(),
+                               rabbitmq_stream=RabbitStreamConfig(port=0),
+                               management=ManagementConfig(port=port)))
+        with pytest.raises(OSError, match=f"management API on 127.0.0.1:{port}"):
+            await app.start()
+    alarms = app.broker.alarms
+    left = [t for t in asyncio.all_tasks() if not t.done()
+            and getattr(t.get_coro(), "cr_frame", None) is not None
+            and t.get_coro().cr_frame.f_locals.get("self") is alarms]
+    assert left == []
+
