@@ -3,7 +3,12 @@ whole cluster from the Raft metadata (leader, members, ISR), its own replica's f
 it holds one; connections and publishers are per server, as RabbitMQ lists them per node."""
 from __future__ import annotations
 
+import pytest
 from rstream import Producer
+
+from riverlog.broker import StreamConfig
+from riverlog.cluster.node import ClusterPlacement
+from riverlog.errors import ReservedStreamError
 
 from _apps import created, until
 from server.test_management import call
@@ -42,3 +47,18 @@ async def test_any_server_answers_for_the_cluster(cluster):
         status, here = await call(holder, "GET", "/api/stream/publishers")
         assert [p["queue"]["name"] for p in here] == ["one"]
         assert (await call(other, "GET", "/api/stream/publishers"))[1] == []
+
+
+async def test_the_placement_refuses_the_reserved_streams():
+    """No caller of the cluster placement (the management API, a door) creates or deletes
+    __cursors or __activity: deleting __cursors would wipe every stored cursor. The
+    cluster's own creation of its internal streams (``internal=True``) is not refused."""
+    placement = ClusterPlacement("a")  # no Raft: the check comes before any submit
+    for name in ("__cursors", "__activity"):
+        with pytest.raises(ReservedStreamError, match="reserved"):
+            await placement.create_stream(name, StreamConfig())
+        with pytest.raises(ReservedStreamError, match="reserved"):
+            await placement.delete_stream(name)
+    with pytest.raises(Exception) as raised:
+        await placement.create_stream("__cursors", StreamConfig(), internal=True)
+    assert not isinstance(raised.value, ReservedStreamError)

@@ -386,3 +386,42 @@ async def test_a_failed_start_leaves_no_alarm_task(tmp_path):
             and t.get_coro().cr_frame.f_locals.get("self") is alarms]
     assert left == []
 
+
+async def test_queues_declared_over_http_count_against_the_callers_stream_limit(tmp_path):
+    """The per-user stream limit holds on PUT /api/queues as on the doors: the stream is
+    owned by the caller and one past the limit is refused with 400 and the reason."""
+    users = (("alice", hash_password("alice", rounds=4)),)
+    app = await _app(tmp_path, security=SecurityConfig(
+        users=users, loopback_users=(), max_streams_per_user=2))
+    alice = basic("alice", "alice")
+    try:
+        for name in ("a1", "a2"):
+            assert (await call(app, "PUT", f"/api/queues/%2F/{name}", auth=alice,
+                               json={"arguments": {}}))[0] == 201
+        assert app.broker.owned("alice") == 2
+        assert app.broker.streams["a1"].config.owner == "alice"
+        status, error = await call(app, "PUT", "/api/queues/%2F/a3", auth=alice,
+                                   json={"arguments": {}})
+        assert status == 400 and error["error"] == "bad_request"
+        assert "limit of 2 per user" in error["reason"]
+        assert "a3" not in app.broker.streams
+        assert (await call(app, "DELETE", "/api/queues/%2F/a1", auth=alice))[0] == 204
+        assert (await call(app, "PUT", "/api/queues/%2F/a3", auth=alice,
+                           json={"arguments": {}}))[0] == 201
+    finally:
+        await app.stop()
+
+
+async def test_reserved_streams_cannot_be_declared_or_deleted_over_http(tmp_path):
+    """__cursors and __activity are the server's own: PUT and DELETE are refused with 400
+    naming the reserved stream, and the cursors stream stays."""
+    app = await _app(tmp_path, grpc=GrpcConfig(port=0))
+    try:
+        for name in ("__cursors", "__activity"):
+            status, error = await call(app, "PUT", f"/api/queues/%2F/{name}",
+                                       json={"arguments": {}})
+            assert status == 400 and "reserved" in error["reason"], (name, error)
+            status, error = await call(app, "DELETE", f"/api/queues/%2F/{name}")
+            assert status == 400 and "reserved" in error["reason"], (name, error)
+    finally:
+        await app.stop()

@@ -26,7 +26,9 @@ from aiohttp import web
 
 from ... import __version__
 from ...alarms import DISK, MEMORY
-from ...errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
+from ...errors import (ClusterUnavailableError, InvalidArgumentError, LimitExceededError,
+                      ReservedStreamError, ResourceExhaustedError, StreamExistsError,
+                      StreamNotFoundError)
 from ...security.authz import CREATE, DELETE
 from .access import Caller
 from .connections import (VHOST, connection_json, connection_name, consumers, find, publishers,
@@ -51,6 +53,15 @@ def _error(status: type[web.HTTPException], error: str, reason: str, **kwargs: A
 
 def not_found() -> web.HTTPException:
     return _error(web.HTTPNotFound, "Object Not Found", "Not Found")
+
+
+UNAVAILABLE = (ClusterUnavailableError, ResourceExhaustedError)
+"""Errors of a request the server cannot serve now (no Raft leader, no file descriptor): 503."""
+
+
+def unavailable(exc: Exception) -> web.HTTPException:
+    """503 ``{"error": "service_unavailable", "reason": <why>}``: try again later."""
+    return _error(web.HTTPServiceUnavailable, "service_unavailable", str(exc))
 
 
 def _vhost(request: web.Request) -> None:
@@ -331,9 +342,11 @@ class ManagementServer:
         raise not_found()
 
     async def put_queue(self, request: web.Request, caller: Caller) -> web.Response:
-        """Declare a stream queue: 201 when created, 204 when it exists (its arguments are
-        not compared), 400 for bad arguments or another queue type, 401 without the
-        ``create`` permission."""
+        """Declare a stream queue owned by the caller: 201 when created, 204 when it exists
+        (its arguments are not compared), 400 for bad arguments, another queue type, a
+        reserved name (``__cursors``, ``__activity``) or a caller at its stream limit
+        (SecurityConfig.max_streams_per_user, as the doors count it), 401 without the
+        ``create`` permission, 503 when the cluster or the server cannot create it now."""
         _vhost(request)
         name = request.match_info["name"]
         try:
@@ -346,14 +359,19 @@ class ManagementServer:
                          f"access to queue '{name}' in vhost '/' refused for user "
                          f"'{caller.user}'")
         try:
-            await create(self.app, name, arguments)
+            await create(self.app, name, arguments, caller.user)
         except StreamExistsError:
             return web.Response(status=204)
-        except InvalidArgumentError as exc:
+        except (InvalidArgumentError, LimitExceededError) as exc:
             raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
+        except UNAVAILABLE as exc:
+            raise unavailable(exc) from None
         return web.Response(status=201)
 
     async def delete_queue(self, request: web.Request, caller: Caller) -> web.Response:
+        """Delete a stream queue: 204; 404 when the caller sees no such stream, 401 without
+        the ``delete`` permission, 400 for a reserved name (``__cursors``, ``__activity``),
+        503 when the cluster cannot delete it now."""
         _vhost(request)
         name = request.match_info["name"]
         if not caller.sees_stream(name):
@@ -364,8 +382,12 @@ class ManagementServer:
                          f"'{caller.user}'")
         try:
             await delete(self.app, name)
+        except ReservedStreamError as exc:
+            raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
         except (StreamNotFoundError, InvalidArgumentError):
             raise not_found() from None
+        except UNAVAILABLE as exc:
+            raise unavailable(exc) from None
         return web.Response(status=204)
 
     def _super_streams(self, caller: Caller) -> list:
