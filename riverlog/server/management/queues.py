@@ -15,6 +15,7 @@
 # and Delete go (the placement in a cluster); internal streams (`__*`) are not listed.
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import socket
@@ -25,6 +26,8 @@ from ...broker.superstreams import member_name
 from ..rabbitmq_stream.arguments import stream_config_from_arguments
 from .access import Caller
 from .connections import VHOST
+
+YIELD_EVERY = 256  # partitions listed between turns given to the event loop
 
 
 def node_name(app, server_id: str) -> str:
@@ -107,13 +110,19 @@ def queue_json(app, name: str, index: int, count: int, subject: str | None,
     return queue
 
 
-def queues(app, caller: Caller, consumer_counts: dict[str, int]) -> list[dict[str, Any]]:
-    """Every stream queue ``caller`` may see (``consumer_counts``: queue name -> consumers)."""
+async def queues(app, caller: Caller, consumer_counts: dict[str, int]
+                 ) -> list[dict[str, Any]]:
+    """Every stream queue ``caller`` may see (``consumer_counts``: queue name -> consumers).
+    Gives the loop a turn every YIELD_EVERY partitions, so a long listing does not hold
+    the other connections up."""
     found: list[dict[str, Any]] = []
     nodes: dict[str, str] = {}
     tabled = {s.name for s in app.tables.streams()}
-    for name, index, count, subject, stream in _partitions(app):
-        if caller.sees_stream(name):
+    everything = caller.administrator  # else one (quiet) check per stream
+    for seen, (name, index, count, subject, stream) in enumerate(_partitions(app), 1):
+        if seen % YIELD_EVERY == 0:
+            await asyncio.sleep(0)
+        if everything or caller.sees_stream(name):
             queue_name = member_name(name, index) if count > 1 else name
             found.append(queue_json(app, name, index, count, subject, stream,
                                     consumer_counts.get(queue_name, 0), nodes, tabled))

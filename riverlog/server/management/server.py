@@ -194,7 +194,7 @@ class ManagementServer:
     # -- overview, users, vhosts, nodes ---------------------------------------------------
     async def overview(self, request: web.Request, caller: Caller) -> web.Response:
         conns = visible(self._door(), caller)
-        listed = queues(self.app, caller, {})
+        listed = await queues(self.app, caller, {})
         messages = sum(q.get("messages", 0) for q in listed)
         door = self.app.rabbitmq_stream
         listeners = [] if door is None else [
@@ -331,12 +331,12 @@ class ManagementServer:
 
     async def queues(self, request: web.Request, caller: Caller) -> web.Response:
         _vhost(request)
-        return web.json_response(queues(self.app, caller, self._consumer_counts()))
+        return web.json_response(await queues(self.app, caller, self._consumer_counts()))
 
     async def queue(self, request: web.Request, caller: Caller) -> web.Response:
         _vhost(request)
         name = request.match_info["name"]
-        for queue in queues(self.app, caller, self._consumer_counts()):
+        for queue in await queues(self.app, caller, self._consumer_counts()):
             if queue["name"] == name:
                 return web.json_response(queue)
         raise not_found()
