@@ -450,3 +450,30 @@ async def test_listings_log_no_denial_for_the_streams_left_out(tmp_path, caplog)
         assert [r.getMessage() for r in caplog.records if "denied" in r.getMessage()] == []
     finally:
         await app.stop()
+
+
+async def test_binding_needs_a_right_on_the_bound_stream(tmp_path):
+    """POST bindings wants, besides `create` on the super stream, `publish` (or `create`) on
+    the stream bound, as RabbitMQ wants write on the destination queue: a stream the caller
+    cannot see is 404, one it sees but may not write is 401; nothing is bound."""
+    users = tuple((name, hash_password(name, rounds=4)) for name in ("alice", "ops"))
+    rules = (("p", "alice", "sup", "create"), ("p", "alice", "mine", "publish"),
+             ("p", "alice", "readable", "consume"), ("p", "ops", "*", "*"))
+    app = await _app(tmp_path, security=SecurityConfig(users=users, loopback_users=(),
+                                                       authz=True, authz_rules=rules))
+    alice = basic("alice", "alice")
+    try:
+        for name in ("secret", "readable", "mine"):
+            app.broker.create(name)
+        assert (await call(app, "PUT", "/api/exchanges/%2F/sup", auth=alice, json={}))[0] == 201
+        status, error = await call(app, "POST", "/api/bindings/%2F/e/sup/q/secret", auth=alice,
+                                   json={"routing_key": "s"})
+        assert status == 404 and error["error"] == "Object Not Found"
+        status, error = await call(app, "POST", "/api/bindings/%2F/e/sup/q/readable",
+                                   auth=alice, json={"routing_key": "r"})
+        assert status == 401 and error["error"] == "not_authorized"
+        assert (await call(app, "POST", "/api/bindings/%2F/e/sup/q/mine", auth=alice,
+                           json={"routing_key": "m"}))[0] == 201
+        assert app.rabbitmq_stream.super_streams.get("sup").partitions == ("mine",)
+    finally:
+        await app.stop()

@@ -29,7 +29,7 @@ from ...alarms import DISK, MEMORY
 from ...errors import (ClusterUnavailableError, InvalidArgumentError, LimitExceededError,
                       ReservedStreamError, ResourceExhaustedError, StreamExistsError,
                       StreamNotFoundError)
-from ...security.authz import CREATE, DELETE
+from ...security.authz import CREATE, DELETE, PUBLISH
 from .access import Caller
 from .connections import (VHOST, connection_json, connection_name, consumers, find, publishers,
                           visible)
@@ -447,9 +447,19 @@ class ManagementServer:
         """Bind a stream to a super stream: ``routing_key`` is its binding key,
         ``arguments["x-stream-partition-order"]`` its position (RabbitMQ's
         rabbit_stream_manager orders partitions by it); 201 with a Location, 404 when the
-        super stream or the stream does not exist, 400 when it is bound already."""
+        super stream or the stream does not exist or the caller cannot see the stream, 400
+        when it is bound already, 401 unless the caller may ``create`` the super stream and
+        ``publish`` to (or ``create``) the stream (RabbitMQ wants write on the queue)."""
         registry = self._registry(request, caller, CREATE)
         name, queue = request.match_info["name"], request.match_info["queue"]
+        found = registry.resolve(queue)
+        target = found[0].name if found is not None else queue  # a partition: its stream
+        if not caller.sees_stream(target):
+            raise not_found()
+        if not (caller.may(target, PUBLISH) or caller.may(target, CREATE)):
+            raise _error(web.HTTPUnauthorized, "not_authorized",
+                         f"access to queue '{queue}' in vhost '/' refused for user "
+                         f"'{caller.user}'")
         try:
             body = await request.json() if request.can_read_body else {}
             key = str(body.get("routing_key", ""))
