@@ -477,3 +477,21 @@ async def test_binding_needs_a_right_on_the_bound_stream(tmp_path):
         assert app.rabbitmq_stream.super_streams.get("sup").partitions == ("mine",)
     finally:
         await app.stop()
+
+
+async def test_numbers_json_allows_but_no_integer_holds_are_400(app):
+    """JSON as Python reads it takes Infinity and NaN; a binding order or a queue argument
+    that is one is 400 bad_request, not a 500 with a traceback."""
+    assert (await call(app, "PUT", "/api/exchanges/%2F/sup", json={}))[0] == 201
+    assert (await call(app, "PUT", "/api/queues/%2F/sup-0", json={"arguments": {}}))[0] == 201
+    for number in ("Infinity", "-Infinity", "NaN", "1e999"):
+        status, error = await call(
+            app, "POST", "/api/bindings/%2F/e/sup/q/sup-0",
+            data='{"routing_key": "k", "arguments": {"x-stream-partition-order": %s}}' % number,
+            headers={"Content-Type": "application/json"})
+        assert status == 400 and error["error"] == "bad_request", (number, status, error)
+        status, error = await call(
+            app, "PUT", "/api/queues/%2F/q", data='{"arguments": {"x-max-length-bytes": %s}}'
+            % number, headers={"Content-Type": "application/json"})
+        assert status == 400 and error["error"] == "bad_request", (number, status, error)
+    assert app.rabbitmq_stream.super_streams.get("sup").partitions == ()

@@ -425,22 +425,28 @@ class ManagementServer:
     async def put_exchange(self, request: web.Request, caller: Caller) -> web.Response:
         """Declare an exchange: riverlog's exchanges are super streams, so this records one
         with no partition yet (bindings add them, as RabbitMQ's super stream exchange gets
-        one binding per partition); 201 when new, 204 when it exists."""
+        one binding per partition); 201 when new, 204 when it exists, 400 for a bad name, 503
+        when the cluster cannot record it now (no Raft leader)."""
         registry = self._registry(request, caller, CREATE)
         try:
             created = await registry.declare(request.match_info["name"])
         except InvalidArgumentError as exc:
             raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
+        except UNAVAILABLE as exc:
+            raise unavailable(exc) from None
         return web.Response(status=201 if created else 204)
 
     async def delete_exchange(self, request: web.Request, caller: Caller) -> web.Response:
         """Forget a super stream, its partition streams stay (RabbitMQ deletes the exchange
-        and keeps the queues); 204, 404 when there is none."""
+        and keeps the queues); 204, 404 when there is none, 503 when the cluster cannot
+        forget it now."""
         registry = self._registry(request, caller, DELETE)
         try:
             await registry.forget(request.match_info["name"])
         except StreamNotFoundError:
             raise not_found() from None
+        except UNAVAILABLE as exc:
+            raise unavailable(exc) from None
         return web.Response(status=204)
 
     async def post_binding(self, request: web.Request, caller: Caller) -> web.Response:
@@ -448,7 +454,8 @@ class ManagementServer:
         ``arguments["x-stream-partition-order"]`` its position (RabbitMQ's
         rabbit_stream_manager orders partitions by it); 201 with a Location, 404 when the
         super stream or the stream does not exist or the caller cannot see the stream, 400
-        when it is bound already, 401 unless the caller may ``create`` the super stream and
+        when it is bound already or the order is no integer, 503 when the cluster cannot
+        record it now (no Raft leader), 401 unless the caller may ``create`` the super stream and
         ``publish`` to (or ``create``) the stream (RabbitMQ wants write on the queue)."""
         registry = self._registry(request, caller, CREATE)
         name, queue = request.match_info["name"], request.match_info["queue"]
@@ -464,8 +471,8 @@ class ManagementServer:
             body = await request.json() if request.can_read_body else {}
             key = str(body.get("routing_key", ""))
             order = (body.get("arguments") or {}).get("x-stream-partition-order")
-            order = None if order is None else int(order)
-        except (ValueError, AttributeError, TypeError) as exc:
+            order = None if order is None else int(order)  # inf: OverflowError
+        except (ValueError, AttributeError, TypeError, OverflowError) as exc:
             raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
         if registry.find(name) is None or registry.resolve(queue) is None and \
                 self.app.broker.placement.of(queue, 0) is None:
@@ -476,6 +483,8 @@ class ManagementServer:
             raise not_found() from None
         except InvalidArgumentError as exc:
             raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
+        except UNAVAILABLE as exc:
+            raise unavailable(exc) from None
         location = f"/api/bindings/%2F/e/{name}/q/{queue}/{key}"
         return web.Response(status=201, headers={"Location": location})
 
