@@ -36,7 +36,7 @@ import time
 from typing import Awaitable, Callable, Mapping, Sequence
 
 from .. import metrics
-from ..broker import RESERVED_STREAMS, Broker, StreamConfig
+from ..broker import RESERVED_STREAMS, Broker, StreamConfig, check_writable
 from ..broker.placement import OffsetsUnavailable, PartitionPlacement, Placement
 from ..broker.stream import SuperStream
 from ..config import ClusterConfig
@@ -153,14 +153,18 @@ class ClusterPlacement(Agreed, Placement):
             raise RaftUnavailable("the cluster metadata is not running yet")
         return await self.metadata.submit(command, **arguments)
 
-    async def create_stream(self, name: str, config: StreamConfig) -> None:
+    async def create_stream(self, name: str, config: StreamConfig, *,
+                            internal: bool = False) -> None:
         """Create the stream through Raft: ``config.replication_factor`` replicas (-1: every
         server) of ``config.partitions`` partitions, every replica with ``config``'s
         settings (``min_isr`` None: clustering.min.insync.replicas). Returns once
         applied here (the local replica, if any, exists then) and, best effort, once each
         partition's leader says it leads it and takes its writes (``created``).
-        Raises StreamExistsError, InvalidArgumentError (e.g. more replicas than servers),
-        RaftUnavailable (no Raft leader: the outcome is unknown)."""
+        Raises StreamExistsError, InvalidArgumentError (e.g. more replicas than servers;
+        ReservedStreamError for ``__cursors``/``__activity`` unless ``internal``: the
+        cluster's own), RaftUnavailable (no Raft leader: the outcome is unknown)."""
+        if not internal:
+            check_writable(name)
         if config.min_isr is None:
             config = dataclasses.replace(config, min_isr=self.min_isr)
         try:
@@ -177,7 +181,8 @@ class ClusterPlacement(Agreed, Placement):
 
     async def delete_stream(self, name: str) -> None:
         """Delete the stream through Raft, on every server. Raises StreamNotFoundError,
-        RaftUnavailable."""
+        ReservedStreamError (``__cursors``, ``__activity``), RaftUnavailable."""
+        check_writable(name)
         try:
             await self.submit("delete_stream", name=name)
         except NoSuchStream as exc:
@@ -543,7 +548,8 @@ class ClusterNode:
         async def create() -> None:
             for name in missing:
                 try:
-                    await self.placement.create_stream(name, self.internal_streams[name])
+                    await self.placement.create_stream(name, self.internal_streams[name],
+                                                       internal=True)
                 except StreamExistsError:
                     pass
                 except Exception as exc:  # RaftUnavailable, ...: again at the next change

@@ -88,12 +88,18 @@ class Authorizer:
     @functools.lru_cache(maxsize=4096)
     def allowed(self, user: str | None, stream: str, action: str) -> bool:
         """True when ``user`` may do ``action`` on ``stream`` (always when not enabled;
-        never for an anonymous ``user`` None when enabled)."""
+        never for an anonymous ``user`` None when enabled); a denial is logged (INFO)."""
+        ok = self.permits(user, stream, action)
+        if not ok:
+            log.info("denied: %s may not %s stream %r", user, action, stream)
+        return ok
+
+    @functools.lru_cache(maxsize=16384)
+    def permits(self, user: str | None, stream: str, action: str) -> bool:
+        """``allowed`` without logging a denial: for listings (the management API), which
+        ask about every stream and show only those allowed; nothing is refused there."""
         if self._enforcer is None:
             return True
         if user is None:
             return False
-        ok = bool(self._enforcer.enforce(user, stream, action))
-        if not ok:
-            log.info("denied: %s may not %s stream %r", user, action, stream)
-        return ok
+        return bool(self._enforcer.enforce(user, stream, action))

@@ -26,6 +26,7 @@ class Guard:
         self.users = Users(config.users, config.loopback_users)
         self.authorizer = Authorizer(config.authz, config.authz_rules, config.authz_model)
         self.allowed = self.authorizer.allowed
+        self.permits = self.authorizer.permits  # ``allowed`` without logging denials
         self.require_auth = config.liftbridge_auth
         self._checking: dict[bytes, asyncio.Future] = {}  # bcrypt runs under way, by Users.token
 

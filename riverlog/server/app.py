@@ -106,6 +106,7 @@ class App:
                 self.management = ManagementServer(self, self.config.management)
                 await self.management.start()
         except BaseException:
+            await self.broker.alarms.stop()  # started just before the management API
             if self.metrics is not None:
                 await self.metrics.stop()
             if self.cluster is not None:

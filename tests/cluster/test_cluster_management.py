@@ -3,7 +3,14 @@ whole cluster from the Raft metadata (leader, members, ISR), its own replica's f
 it holds one; connections and publishers are per server, as RabbitMQ lists them per node."""
 from __future__ import annotations
 
+import asyncio
+
+import pytest
 from rstream import Producer
+
+from riverlog.broker import StreamConfig
+from riverlog.cluster.node import ClusterPlacement
+from riverlog.errors import ReservedStreamError
 
 from _apps import created, until
 from server.test_management import call
@@ -42,3 +49,38 @@ async def test_any_server_answers_for_the_cluster(cluster):
         status, here = await call(holder, "GET", "/api/stream/publishers")
         assert [p["queue"]["name"] for p in here] == ["one"]
         assert (await call(other, "GET", "/api/stream/publishers"))[1] == []
+
+
+async def test_the_placement_refuses_the_reserved_streams():
+    """No caller of the cluster placement (the management API, a door) creates or deletes
+    __cursors or __activity: deleting __cursors would wipe every stored cursor. The
+    cluster's own creation of its internal streams (``internal=True``) is not refused."""
+    placement = ClusterPlacement("a")  # no Raft: the check comes before any submit
+    for name in ("__cursors", "__activity"):
+        with pytest.raises(ReservedStreamError, match="reserved"):
+            await placement.create_stream(name, StreamConfig())
+        with pytest.raises(ReservedStreamError, match="reserved"):
+            await placement.delete_stream(name)
+    with pytest.raises(Exception) as raised:
+        await placement.create_stream("__cursors", StreamConfig(), internal=True)
+    assert not isinstance(raised.value, ReservedStreamError)
+
+
+async def test_without_a_raft_leader_changes_are_503(cluster):
+    """With two of three servers stopped the last has no Raft leader: declaring a queue or
+    an exchange and binding answer 503 service_unavailable with the reason (after the
+    metadata's wait for an outcome), not a 500 with a traceback."""
+    survivor = cluster[0]
+    await created(cluster, "one", replication_factor=3)
+    assert (await call(survivor, "PUT", "/api/exchanges/%2F/sup", json={}))[0] == 201
+    await until("'sup' applied everywhere", lambda: all(
+        "sup" in x.broker.placement.super_streams() for x in cluster))
+    await asyncio.gather(*(x.stop() for x in cluster[1:]))
+    answers = await asyncio.gather(
+        call(survivor, "PUT", "/api/queues/%2F/two", json={"arguments": {}}),
+        call(survivor, "PUT", "/api/exchanges/%2F/sup2", json={}),
+        call(survivor, "POST", "/api/bindings/%2F/e/sup/q/one", json={"routing_key": "k"}),
+        call(survivor, "DELETE", "/api/queues/%2F/one"))
+    for status, error in answers:
+        assert status == 503 and error["error"] == "service_unavailable", (status, error)
+        assert "Raft" in error["reason"]

@@ -366,3 +366,132 @@ async def test_resource_alarms_show_in_nodes_and_overview(app):
     alarms.check()
     status, nodes = await call(app, "GET", "/api/nodes")
     assert nodes[0]["mem_alarm"] is False and nodes[0]["alarms"] == []
+
+
+async def test_a_failed_start_leaves_no_alarm_task(tmp_path):
+    """App.start with a taken explicit --management-port raises, and the resource alarms'
+    periodic check started just before the management API is stopped with the rest."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        app = App(ServerConfig(data_dir=str(tmp_path / "data"), log=LogConfig(),
+                               rabbitmq_stream=RabbitStreamConfig(port=0),
+                               management=ManagementConfig(port=port)))
+        with pytest.raises(OSError, match=f"management API on 127.0.0.1:{port}"):
+            await app.start()
+    alarms = app.broker.alarms
+    left = [t for t in asyncio.all_tasks() if not t.done()
+            and getattr(t.get_coro(), "cr_frame", None) is not None
+            and t.get_coro().cr_frame.f_locals.get("self") is alarms]
+    assert left == []
+
+
+async def test_queues_declared_over_http_count_against_the_callers_stream_limit(tmp_path):
+    """The per-user stream limit holds on PUT /api/queues as on the doors: the stream is
+    owned by the caller and one past the limit is refused with 400 and the reason."""
+    users = (("alice", hash_password("alice", rounds=4)),)
+    app = await _app(tmp_path, security=SecurityConfig(
+        users=users, loopback_users=(), max_streams_per_user=2))
+    alice = basic("alice", "alice")
+    try:
+        for name in ("a1", "a2"):
+            assert (await call(app, "PUT", f"/api/queues/%2F/{name}", auth=alice,
+                               json={"arguments": {}}))[0] == 201
+        assert app.broker.owned("alice") == 2
+        assert app.broker.streams["a1"].config.owner == "alice"
+        status, error = await call(app, "PUT", "/api/queues/%2F/a3", auth=alice,
+                                   json={"arguments": {}})
+        assert status == 400 and error["error"] == "bad_request"
+        assert "limit of 2 per user" in error["reason"]
+        assert "a3" not in app.broker.streams
+        assert (await call(app, "DELETE", "/api/queues/%2F/a1", auth=alice))[0] == 204
+        assert (await call(app, "PUT", "/api/queues/%2F/a3", auth=alice,
+                           json={"arguments": {}}))[0] == 201
+    finally:
+        await app.stop()
+
+
+async def test_reserved_streams_cannot_be_declared_or_deleted_over_http(tmp_path):
+    """__cursors and __activity are the server's own: PUT and DELETE are refused with 400
+    naming the reserved stream, and the cursors stream stays."""
+    app = await _app(tmp_path, grpc=GrpcConfig(port=0))
+    try:
+        for name in ("__cursors", "__activity"):
+            status, error = await call(app, "PUT", f"/api/queues/%2F/{name}",
+                                       json={"arguments": {}})
+            assert status == 400 and "reserved" in error["reason"], (name, error)
+            status, error = await call(app, "DELETE", f"/api/queues/%2F/{name}")
+            assert status == 400 and "reserved" in error["reason"], (name, error)
+    finally:
+        await app.stop()
+
+
+async def test_listings_log_no_denial_for_the_streams_left_out(tmp_path, caplog):
+    """A non-administrator's /api/queues and /api/overview over many streams it cannot see
+    answer its own streams only and log no "denied" line per stream left out (each was ~5
+    casbin checks, each denial logged at INFO); an administrator sees them all."""
+    users = tuple((name, hash_password(name, rounds=4)) for name in ("alice", "ops"))
+    rules = (("p", "alice", "a.*", "publish"), ("p", "ops", "*", "*"))
+    app = await _app(tmp_path, security=SecurityConfig(users=users, loopback_users=(),
+                                                       authz=True, authz_rules=rules))
+    others = [f"other-{i:03d}" for i in range(300)]  # more than queues.YIELD_EVERY
+    try:
+        for name in others + ["a.mine"]:
+            app.broker.create(name)
+        with caplog.at_level(logging.INFO, "riverlog.security"):
+            status, listed = await call(app, "GET", "/api/queues", auth=basic("alice", "alice"))
+            assert status == 200 and [q["name"] for q in listed] == ["a.mine"]
+            status, overview = await call(app, "GET", "/api/overview",
+                                          auth=basic("alice", "alice"))
+            assert status == 200 and overview["object_totals"]["queues"] == 1
+            status, listed = await call(app, "GET", "/api/queues", auth=basic("ops", "ops"))
+            assert status == 200 and len(listed) == len(others) + 1
+        assert [r.getMessage() for r in caplog.records if "denied" in r.getMessage()] == []
+    finally:
+        await app.stop()
+
+
+async def test_binding_needs_a_right_on_the_bound_stream(tmp_path):
+    """POST bindings wants, besides `create` on the super stream, `publish` (or `create`) on
+    the stream bound, as RabbitMQ wants write on the destination queue: a stream the caller
+    cannot see is 404, one it sees but may not write is 401; nothing is bound."""
+    users = tuple((name, hash_password(name, rounds=4)) for name in ("alice", "ops"))
+    rules = (("p", "alice", "sup", "create"), ("p", "alice", "mine", "publish"),
+             ("p", "alice", "readable", "consume"), ("p", "ops", "*", "*"))
+    app = await _app(tmp_path, security=SecurityConfig(users=users, loopback_users=(),
+                                                       authz=True, authz_rules=rules))
+    alice = basic("alice", "alice")
+    try:
+        for name in ("secret", "readable", "mine"):
+            app.broker.create(name)
+        assert (await call(app, "PUT", "/api/exchanges/%2F/sup", auth=alice, json={}))[0] == 201
+        status, error = await call(app, "POST", "/api/bindings/%2F/e/sup/q/secret", auth=alice,
+                                   json={"routing_key": "s"})
+        assert status == 404 and error["error"] == "Object Not Found"
+        status, error = await call(app, "POST", "/api/bindings/%2F/e/sup/q/readable",
+                                   auth=alice, json={"routing_key": "r"})
+        assert status == 401 and error["error"] == "not_authorized"
+        assert (await call(app, "POST", "/api/bindings/%2F/e/sup/q/mine", auth=alice,
+                           json={"routing_key": "m"}))[0] == 201
+        assert app.rabbitmq_stream.super_streams.get("sup").partitions == ("mine",)
+    finally:
+        await app.stop()
+
+
+async def test_numbers_json_allows_but_no_integer_holds_are_400(app):
+    """JSON as Python reads it takes Infinity and NaN; a binding order or a queue argument
+    that is one is 400 bad_request, not a 500 with a traceback."""
+    assert (await call(app, "PUT", "/api/exchanges/%2F/sup", json={}))[0] == 201
+    assert (await call(app, "PUT", "/api/queues/%2F/sup-0", json={"arguments": {}}))[0] == 201
+    for number in ("Infinity", "-Infinity", "NaN", "1e999"):
+        status, error = await call(
+            app, "POST", "/api/bindings/%2F/e/sup/q/sup-0",
+            data='{"routing_key": "k", "arguments": {"x-stream-partition-order": %s}}' % number,
+            headers={"Content-Type": "application/json"})
+        assert status == 400 and error["error"] == "bad_request", (number, status, error)
+        status, error = await call(
+            app, "PUT", "/api/queues/%2F/q", data='{"arguments": {"x-max-length-bytes": %s}}'
+            % number, headers={"Content-Type": "application/json"})
+        assert status == 400 and error["error"] == "bad_request", (number, status, error)
+    assert app.rabbitmq_stream.super_streams.get("sup").partitions == ()

@@ -15,15 +15,19 @@
 # and Delete go (the placement in a cluster); internal streams (`__*`) are not listed.
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import socket
 from typing import Any, Iterator
 
-from ...broker import RESERVED_STREAMS, Stream
+from ...broker import RESERVED_STREAMS, Stream, check_writable
 from ...broker.superstreams import member_name
 from ..rabbitmq_stream.arguments import stream_config_from_arguments
 from .access import Caller
 from .connections import VHOST
+
+YIELD_EVERY = 256  # partitions listed between turns given to the event loop
 
 
 def node_name(app, server_id: str) -> str:
@@ -106,13 +110,19 @@ def queue_json(app, name: str, index: int, count: int, subject: str | None,
     return queue
 
 
-def queues(app, caller: Caller, consumer_counts: dict[str, int]) -> list[dict[str, Any]]:
-    """Every stream queue ``caller`` may see (``consumer_counts``: queue name -> consumers)."""
+async def queues(app, caller: Caller, consumer_counts: dict[str, int]
+                 ) -> list[dict[str, Any]]:
+    """Every stream queue ``caller`` may see (``consumer_counts``: queue name -> consumers).
+    Gives the loop a turn every YIELD_EVERY partitions, so a long listing does not hold
+    the other connections up."""
     found: list[dict[str, Any]] = []
     nodes: dict[str, str] = {}
     tabled = {s.name for s in app.tables.streams()}
-    for name, index, count, subject, stream in _partitions(app):
-        if caller.sees_stream(name):
+    everything = caller.administrator  # else one (quiet) check per stream
+    for seen, (name, index, count, subject, stream) in enumerate(_partitions(app), 1):
+        if seen % YIELD_EVERY == 0:
+            await asyncio.sleep(0)
+        if everything or caller.sees_stream(name):
             queue_name = member_name(name, index) if count > 1 else name
             found.append(queue_json(app, name, index, count, subject, stream,
                                     consumer_counts.get(queue_name, 0), nodes, tabled))
@@ -129,21 +139,29 @@ def stream_arguments(arguments: dict[str, Any]) -> dict[str, str]:
             for key, value in arguments.items() if key != "x-queue-type"}
 
 
-async def create(app, name: str, arguments: dict[str, str]) -> None:
-    """Create stream ``name`` with RabbitMQ Stream Create ``arguments`` (through the
-    placement in a cluster). Raises ``StreamExistsError``, ``InvalidArgumentError``."""
+async def create(app, name: str, arguments: dict[str, str], owner: str | None) -> None:
+    """Create stream ``name`` with RabbitMQ Stream Create ``arguments``, owned by ``owner``
+    (the caller; counted by ``Broker.check_quota`` as the doors count theirs), through the
+    placement in a cluster. Raises ``StreamExistsError``, ``InvalidArgumentError`` (bad
+    arguments, a reserved name), ``LimitExceededError`` (``owner`` at its stream limit),
+    ``ResourceExhaustedError``, ``ClusterUnavailableError``."""
     broker = app.broker
     placement = broker.placement
+    check_writable(name)  # __cursors, __activity: the server's own
+    servers = len(placement.servers()) if placement.clustered else None
+    config = dataclasses.replace(stream_config_from_arguments(arguments, servers), owner=owner)
+    broker.check_quota(owner, config.partitions)
     if placement.clustered:
-        config = stream_config_from_arguments(arguments, len(placement.servers()))
         await placement.create_stream(name, config)
     else:
-        broker.create(name, stream_config_from_arguments(arguments))
+        broker.create(name, config)
 
 
 async def delete(app, name: str) -> None:
     """Delete stream ``name`` (through the placement in a cluster). Raises
-    ``StreamNotFoundError``."""
+    ``StreamNotFoundError``, ``ReservedStreamError`` (``__cursors``, ``__activity``),
+    ``ClusterUnavailableError``."""
+    check_writable(name)
     placement = app.broker.placement
     if placement.clustered:
         await placement.delete_stream(name)

@@ -26,8 +26,10 @@ from aiohttp import web
 
 from ... import __version__
 from ...alarms import DISK, MEMORY
-from ...errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
-from ...security.authz import CREATE, DELETE
+from ...errors import (ClusterUnavailableError, InvalidArgumentError, LimitExceededError,
+                      ReservedStreamError, ResourceExhaustedError, StreamExistsError,
+                      StreamNotFoundError)
+from ...security.authz import CREATE, DELETE, PUBLISH
 from .access import Caller
 from .connections import (VHOST, connection_json, connection_name, consumers, find, publishers,
                           visible)
@@ -51,6 +53,15 @@ def _error(status: type[web.HTTPException], error: str, reason: str, **kwargs: A
 
 def not_found() -> web.HTTPException:
     return _error(web.HTTPNotFound, "Object Not Found", "Not Found")
+
+
+UNAVAILABLE = (ClusterUnavailableError, ResourceExhaustedError)
+"""Errors of a request the server cannot serve now (no Raft leader, no file descriptor): 503."""
+
+
+def unavailable(exc: Exception) -> web.HTTPException:
+    """503 ``{"error": "service_unavailable", "reason": <why>}``: try again later."""
+    return _error(web.HTTPServiceUnavailable, "service_unavailable", str(exc))
 
 
 def _vhost(request: web.Request) -> None:
@@ -183,7 +194,7 @@ class ManagementServer:
     # -- overview, users, vhosts, nodes ---------------------------------------------------
     async def overview(self, request: web.Request, caller: Caller) -> web.Response:
         conns = visible(self._door(), caller)
-        listed = queues(self.app, caller, {})
+        listed = await queues(self.app, caller, {})
         messages = sum(q.get("messages", 0) for q in listed)
         door = self.app.rabbitmq_stream
         listeners = [] if door is None else [
@@ -320,20 +331,22 @@ class ManagementServer:
 
     async def queues(self, request: web.Request, caller: Caller) -> web.Response:
         _vhost(request)
-        return web.json_response(queues(self.app, caller, self._consumer_counts()))
+        return web.json_response(await queues(self.app, caller, self._consumer_counts()))
 
     async def queue(self, request: web.Request, caller: Caller) -> web.Response:
         _vhost(request)
         name = request.match_info["name"]
-        for queue in queues(self.app, caller, self._consumer_counts()):
+        for queue in await queues(self.app, caller, self._consumer_counts()):
             if queue["name"] == name:
                 return web.json_response(queue)
         raise not_found()
 
     async def put_queue(self, request: web.Request, caller: Caller) -> web.Response:
-        """Declare a stream queue: 201 when created, 204 when it exists (its arguments are
-        not compared), 400 for bad arguments or another queue type, 401 without the
-        ``create`` permission."""
+        """Declare a stream queue owned by the caller: 201 when created, 204 when it exists
+        (its arguments are not compared), 400 for bad arguments, another queue type, a
+        reserved name (``__cursors``, ``__activity``) or a caller at its stream limit
+        (SecurityConfig.max_streams_per_user, as the doors count it), 401 without the
+        ``create`` permission, 503 when the cluster or the server cannot create it now."""
         _vhost(request)
         name = request.match_info["name"]
         try:
@@ -346,14 +359,19 @@ class ManagementServer:
                          f"access to queue '{name}' in vhost '/' refused for user "
                          f"'{caller.user}'")
         try:
-            await create(self.app, name, arguments)
+            await create(self.app, name, arguments, caller.user)
         except StreamExistsError:
             return web.Response(status=204)
-        except InvalidArgumentError as exc:
+        except (InvalidArgumentError, LimitExceededError) as exc:
             raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
+        except UNAVAILABLE as exc:
+            raise unavailable(exc) from None
         return web.Response(status=201)
 
     async def delete_queue(self, request: web.Request, caller: Caller) -> web.Response:
+        """Delete a stream queue: 204; 404 when the caller sees no such stream, 401 without
+        the ``delete`` permission, 400 for a reserved name (``__cursors``, ``__activity``),
+        503 when the cluster cannot delete it now."""
         _vhost(request)
         name = request.match_info["name"]
         if not caller.sees_stream(name):
@@ -364,8 +382,12 @@ class ManagementServer:
                          f"'{caller.user}'")
         try:
             await delete(self.app, name)
+        except ReservedStreamError as exc:
+            raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
         except (StreamNotFoundError, InvalidArgumentError):
             raise not_found() from None
+        except UNAVAILABLE as exc:
+            raise unavailable(exc) from None
         return web.Response(status=204)
 
     def _super_streams(self, caller: Caller) -> list:
@@ -403,37 +425,54 @@ class ManagementServer:
     async def put_exchange(self, request: web.Request, caller: Caller) -> web.Response:
         """Declare an exchange: riverlog's exchanges are super streams, so this records one
         with no partition yet (bindings add them, as RabbitMQ's super stream exchange gets
-        one binding per partition); 201 when new, 204 when it exists."""
+        one binding per partition); 201 when new, 204 when it exists, 400 for a bad name, 503
+        when the cluster cannot record it now (no Raft leader)."""
         registry = self._registry(request, caller, CREATE)
         try:
             created = await registry.declare(request.match_info["name"])
         except InvalidArgumentError as exc:
             raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
+        except UNAVAILABLE as exc:
+            raise unavailable(exc) from None
         return web.Response(status=201 if created else 204)
 
     async def delete_exchange(self, request: web.Request, caller: Caller) -> web.Response:
         """Forget a super stream, its partition streams stay (RabbitMQ deletes the exchange
-        and keeps the queues); 204, 404 when there is none."""
+        and keeps the queues); 204, 404 when there is none, 503 when the cluster cannot
+        forget it now."""
         registry = self._registry(request, caller, DELETE)
         try:
             await registry.forget(request.match_info["name"])
         except StreamNotFoundError:
             raise not_found() from None
+        except UNAVAILABLE as exc:
+            raise unavailable(exc) from None
         return web.Response(status=204)
 
     async def post_binding(self, request: web.Request, caller: Caller) -> web.Response:
         """Bind a stream to a super stream: ``routing_key`` is its binding key,
         ``arguments["x-stream-partition-order"]`` its position (RabbitMQ's
         rabbit_stream_manager orders partitions by it); 201 with a Location, 404 when the
-        super stream or the stream does not exist, 400 when it is bound already."""
+        super stream or the stream does not exist or the caller cannot see the stream, 400
+        when it is bound already or the order is no integer, 503 when the cluster cannot
+        record it now (no Raft leader), 401 unless the caller may ``create`` the super stream and
+        ``publish`` to (or ``create``) the stream (RabbitMQ wants write on the queue)."""
         registry = self._registry(request, caller, CREATE)
         name, queue = request.match_info["name"], request.match_info["queue"]
+        found = registry.resolve(queue)
+        target = found[0].name if found is not None else queue  # a partition: its stream
+        if not caller.sees_stream(target):
+            raise not_found()
+        if not (caller.may(target, PUBLISH) or caller.may(target, CREATE)):
+            raise _error(web.HTTPUnauthorized, "not_authorized",
+                         f"access to queue '{queue}' in vhost '/' refused for user "
+                         f"'{caller.user}'")
         try:
             body = await request.json() if request.can_read_body else {}
             key = str(body.get("routing_key", ""))
             order = (body.get("arguments") or {}).get("x-stream-partition-order")
-            order = None if order is None else int(order)
-        except (ValueError, AttributeError, TypeError) as exc:
+            order = None if order is None else int(order)  # inf: OverflowError
+        except (ValueError, AttributeError, TypeError, OverflowError) as exc:
             raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
         if registry.find(name) is None or registry.resolve(queue) is None and \
                 self.app.broker.placement.of(queue, 0) is None:
@@ -444,6 +483,8 @@ class ManagementServer:
             raise not_found() from None
         except InvalidArgumentError as exc:
             raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
+        except UNAVAILABLE as exc:
+            raise unavailable(exc) from None
         location = f"/api/bindings/%2F/e/{name}/q/{queue}/{key}"
         return web.Response(status=201, headers={"Location": location})
 
