@@ -526,7 +526,7 @@ class CommitLog:
         seg = self._segments[-1]
         seg.truncate_at(offset)
         self._last_ts = seg.last_timestamp_ms if len(seg.index) else self._last_ts
-        self._syncer.synced_next = min(self._syncer.synced_next, self.next_offset)
+        self._syncer.cut(self.next_offset)
         self.committed_offset = min(self.committed_offset, self.next_offset - 1)
         self.epochs.truncate_from_end(self.next_offset)
         self._fail_removed_writes(offset)
@@ -556,7 +556,7 @@ class CommitLog:
         seg.created_ms = self._clock_ms()
         self._segments, self._bases = [seg], [offset]
         fsync_dir(self.directory)
-        self._syncer.synced_next = offset
+        self._syncer.cut(offset, reset=True)
         self.committed_offset = offset - 1
         self.epochs.replace([])
         save_point(self.directory, None)  # it described records that are gone

@@ -192,7 +192,12 @@ def _rewrite(seg: Segment, latest: dict[bytes, int], key_of, end: int,
         f.write(b"".join(ENTRY.pack(*e) for e in entries_out))
     write_compacted_marker(stem + COMPACTED_SUFFIX, seg.next_offset)
     fsync_dir(seg.directory)
-    os.replace(out_path, stem + SEGMENT_SUFFIX)
+    seg.deleted = True  # the new file is fsynced: an fsync running now skips the old one
+    try:
+        os.replace(out_path, stem + SEGMENT_SUFFIX)
+    except BaseException:
+        seg.deleted = False
+        raise
     os.replace(index_out, stem + INDEX_SUFFIX)
     fsync_dir(seg.directory)
     result.rewritten.append(seg.base_offset)
