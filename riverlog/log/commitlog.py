@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import os
 import shutil
@@ -28,7 +27,7 @@ from .compaction import (CompactionPoint, CompactionResult, compact_segments,
 from .recovery import RecoveryReport, open_epochs, open_segments
 from .retention import segments_to_delete
 from .segment import ChunkSlice, Segment, fsync_dir
-from .syncer import Syncer, loop_running
+from .syncer import Syncer, loop_running, transient
 from .waiters import CommitWaiters
 
 log = logging.getLogger("riverlog.log")
@@ -280,8 +279,8 @@ class CommitLog:
             seg.allow_gaps()
         try:
             seg.append(raw, first, num_records, ts, epoch)
-        except OSError as exc:  # nothing counted written; a full disk is retried next write
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        except OSError as exc:  # nothing counted written; a full disk, or no descriptor for
+            if not transient(exc):  # a moment, fails this write alone
                 self._syncer.fail(exc)
             raise
         self._blooms.appended(seg, bloom)

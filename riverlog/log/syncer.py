@@ -5,7 +5,8 @@
 # (``synced_next``) and tells the log when more is (the log commits it when it commits its
 # own appends, and calls its ``on_synced``). Rules: the fsync itself runs in a worker thread,
 # the bookkeeping on the log's event loop; one fsync runs at a time; a failed fsync stops the
-# log taking writes (``fail``) and nothing it held is ever counted synced; a segment the log
+# log taking writes (``fail``) and nothing it held is ever counted synced (one that found no
+# file descriptor fails alone: its segments stay unsynced for the next); a segment the log
 # deleted or replaced meanwhile is skipped, and nothing past a truncation counts synced.
 from __future__ import annotations
 
@@ -14,11 +15,20 @@ import errno
 import logging
 
 from ..config import Durability
-from ..errors import LogClosedError, LogFailedError
+from ..errors import LogClosedError, LogFailedError, ResourceExhaustedError
+from .files import OUT_OF_FILES
 
 _log = logging.getLogger("riverlog.log")
 
-__all__ = ["Syncer", "loop_running"]
+__all__ = ["Syncer", "loop_running", "transient"]
+
+
+def transient(exc: OSError) -> bool:
+    """Whether ``exc`` fails only the one write or fsync that met it, not the log: a full
+    disk (ENOSPC, EDQUOT) or no file descriptor for a moment (``ResourceExhaustedError``,
+    EMFILE, ENFILE); nothing was lost, so the next try may succeed."""
+    return (isinstance(exc, ResourceExhaustedError)
+            or exc.errno in (errno.ENOSPC, errno.EDQUOT) + OUT_OF_FILES)
 
 
 def loop_running() -> bool:
@@ -60,16 +70,21 @@ class Syncer:
     def sync(self, at_close: bool = False) -> None:
         """Fsync every segment with unsynced writes, now, blocking; then report them. A
         failed fsync stops the log taking writes (``fail``) and raises its failure (not
-        ``at_close``: the log is closed all the same)."""
+        ``at_close``: the log is closed all the same); one that found no file descriptor
+        (``transient``) raises ``ResourceExhaustedError`` and leaves the log writable, its
+        segments still unsynced for the next fsync."""
         if self.log.failure is not None:
             raise self.log.failure
         upto = self.log.next_offset
+        segs = self._dirty()
         try:
-            for seg in self._dirty():
+            for seg in segs:
                 seg.unsynced = False
                 _flush_index(seg)
                 _fsync_all([seg])
         except OSError as exc:
+            if _retry_later(exc, segs) and not at_close:
+                raise
             self.fail(exc)
             if at_close:
                 return
@@ -101,6 +116,7 @@ class Syncer:
             await asyncio.shield(self.task)
 
     async def _sync_once(self) -> None:
+        segs: list = []
         try:
             upto = self.floor = self.log.next_offset
             segs = self._dirty()
@@ -110,6 +126,8 @@ class Syncer:
             await asyncio.get_running_loop().run_in_executor(None, _fsync_all, segs)
             self._synced(min(upto, self.floor))  # not past a truncation made meanwhile
         except OSError as exc:  # the page cache cannot be trusted any more: fence the log
+            if _retry_later(exc, segs):
+                raise  # no descriptor for a moment: this flush fails, the next retries
             self.fail(exc)
             raise self.log.failure from exc
         finally:
@@ -154,13 +172,25 @@ def _seen(task: asyncio.Task) -> None:
         task.exception()
 
 
+def _retry_later(exc: OSError, segs: list) -> bool:
+    """Whether the failed fsync of ``segs`` found no descriptor (and nothing else went
+    wrong): they are marked unsynced again so the next fsync retries them."""
+    if not isinstance(exc, ResourceExhaustedError) and exc.errno not in OUT_OF_FILES:
+        return False
+    for seg in segs:
+        if not seg.deleted:
+            seg.unsynced = True
+    return True
+
+
 def _flush_index(seg) -> None:
-    """Write a segment's buffered index entries; on a full disk they stay buffered for the
-    next flush (the index is a cache of the segment, rebuilt on open when short)."""
+    """Write a segment's buffered index entries; on a full disk or with no descriptor left
+    they stay buffered for the next flush (the index is a cache of the segment, rebuilt on
+    open when short)."""
     try:
         seg.index.flush()
     except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        if not transient(exc):
             raise
 
 

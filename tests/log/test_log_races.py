@@ -1,10 +1,13 @@
 """The commit log's worker-thread jobs (group fsync, compaction) racing the owner's own
 changes, on real files, real fsyncs and real threads: a job is held at a gate (before it
-starts, or before its result is handed back) while the log deletes, truncates or reads."""
+starts, or before its result is handed back) while the log deletes, truncates or reads;
+and a moment without file descriptors fails only the one request."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -12,8 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from riverlog.config import Durability, LogConfig
+from riverlog.errors import ResourceExhaustedError
 from riverlog.log import CommitLog
 from riverlog.log import chunk as chunkfmt
+from riverlog.log.files import OPEN_FILES
+
+from test_open_files import nofile_limit
 
 DEADLINE_S = 30.0
 
@@ -155,5 +162,61 @@ async def test_compaction_replacing_an_unsynced_segment_during_an_fsync(tmp_path
         written = log.write_entries(*_entry(b"after"))
         await asyncio.wait_for(log.flush(), DEADLINE_S)
         assert values(log.read_chunks(written[0])) == [b"after"]
+    finally:
+        await log.aclose()
+
+
+@contextlib.contextmanager
+def no_descriptors():
+    """The process has no descriptor left and the budget no idle log file to give back."""
+    OPEN_FILES.close_under(os.sep)
+    held = []
+    with nofile_limit(0):
+        try:
+            while True:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError as exc:
+            assert exc.errno == errno.EMFILE
+        try:
+            yield
+        finally:
+            for fd in held:
+                os.close(fd)
+
+
+def test_no_descriptor_for_a_moment_fails_the_one_write_and_fsync_not_the_log(tmp_path):
+    """An append and an fsync that find no descriptor fail alone (ResourceExhaustedError);
+    the log stays writable and the next fsync retries the segment (before the fix: the
+    log stopped taking writes until restart, as after a disk fault)."""
+    config = LogConfig(durability=Durability.INTERVAL, fsync_interval_ms=3_600_000)
+    log = CommitLog(tmp_path / "log", config)
+    try:
+        log.append([b"first"])
+        with no_descriptors():
+            with pytest.raises(ResourceExhaustedError):
+                log.append([b"lost"])
+            assert log.failure is None
+            with pytest.raises(ResourceExhaustedError):
+                log.sync()
+            assert log.failure is None and log.segments[-1].unsynced
+        log.append([b"second"])
+        log.sync()
+        assert not log.segments[-1].unsynced
+        assert values(log.read_chunks(0)) == [b"first", b"second"]
+    finally:
+        log.close()
+
+
+async def test_no_descriptor_for_a_group_fsync_fails_that_flush_not_the_log(tmp_path):
+    log = CommitLog(tmp_path / "log", LogConfig(durability=Durability.ALWAYS))
+    try:
+        log.write_entries(*_entry(b"first"))
+        with no_descriptors():
+            with pytest.raises(ResourceExhaustedError):
+                await asyncio.wait_for(log.flush(), DEADLINE_S)
+        assert log.failure is None and log.committed_offset == -1
+        await asyncio.wait_for(log.flush(), DEADLINE_S)
+        assert log.committed_offset == 0
+        assert values(log.read_chunks(0)) == [b"first"]
     finally:
         await log.aclose()
