@@ -23,7 +23,7 @@ from . import chunk as chunkfmt
 from . import reader
 from .bloom import BloomCache
 from .compaction import (CompactionPoint, CompactionResult, compact_segments,
-                         install_compacted, load_point, save_point)
+                         install_compacted, load_point, save_point, unpin_all)
 from .recovery import RecoveryReport, open_epochs, open_segments
 from .retention import segments_to_delete
 from .segment import ChunkSlice, Segment, fsync_dir
@@ -474,13 +474,13 @@ class CommitLog:
             active = self._segments[-1]
             if len(active.index) and active.base_offset < point.end:
                 self._roll(self._clock_ms())
-        self._compacting = asyncio.Event()
+        self._compacting, pinned = asyncio.Event(), []  # pinned: see compact_segments
         try:
             for seg in self._segments:
                 seg.index.flush()
-            snapshot = list(self._segments)
             result = await asyncio.get_running_loop().run_in_executor(
-                None, compact_segments, snapshot, self.committed_offset, key_of, point)
+                None, compact_segments, list(self._segments), self.committed_offset, key_of,
+                point, pinned)
             if self._closed:
                 return result
             self._segments = install_compacted(self._segments, result)
@@ -490,6 +490,7 @@ class CommitLog:
                 self.compaction_point = result.point
             return result
         finally:
+            unpin_all(pinned)  # the old files, kept for reads until the swap
             self._compacting.set()
             self._compacting = None
 

@@ -20,7 +20,7 @@ from riverlog.log import CommitLog
 from riverlog.log import chunk as chunkfmt
 from riverlog.log.files import OPEN_FILES
 
-from test_open_files import nofile_limit
+from test_open_files import budget, nofile_limit
 
 DEADLINE_S = 30.0
 
@@ -132,6 +132,34 @@ def _entry(record: bytes) -> tuple[bytes, int, int]:
 
 def key_of(record: bytes) -> bytes:
     return record.split(b"=")[0]
+
+
+async def test_a_read_during_compaction_reads_the_old_file_with_its_old_positions(tmp_path):
+    """Compaction renames the new file over a segment in its thread; the log swaps in the
+    new index later. A read between the two, with the old segment's descriptor closed by a
+    budget of one file, reopened the path: the new file read at the old positions (before
+    the fix: CorruptChunkError)."""
+    config = LogConfig(durability=Durability.NEVER, segment_max_bytes=4096)
+    log = CommitLog(tmp_path / "log", config)
+    try:
+        pad = b" " + b"x" * 300
+        for i in range(30):  # even: one key, rewritten each time; odd: unique keys
+            log.append([(b"dup=%d" if i % 2 == 0 else b"u%d=" % i) + pad])
+        kept = [o for o in range(1, log.segments[0].next_offset) if o % 2]
+        assert len(log.segments) > 2 and kept
+        with budget(1), gated("after") as gate:
+            compaction = asyncio.create_task(log.compact(key_of))
+            await at_gate(gate)  # the new files are in place, the old index still used
+            assert log.read_chunks(log.last_offset)  # the active file takes the budget
+            for o in kept:
+                assert values(log.read_chunks(o, max_chunks=1)) == [b"u%d=" % o + pad]
+            gate.go.set()
+            result = await asyncio.wait_for(compaction, DEADLINE_S)
+        assert log.segments[0].base_offset in result.rewritten
+        for o in kept:
+            assert values(log.read_chunks(o, max_chunks=1)) == [b"u%d=" % o + pad]
+    finally:
+        await log.aclose()
 
 
 async def test_compaction_replacing_an_unsynced_segment_during_an_fsync(tmp_path):
