@@ -190,10 +190,10 @@ def _rewrite(seg: Segment, latest: dict[bytes, int], key_of, end: int,
         result.emptied.append(seg.base_offset)
     with open(index_out, "wb") as f:
         f.write(b"".join(ENTRY.pack(*e) for e in entries_out))
-    write_compacted_marker(stem + COMPACTED_SUFFIX, seg.next_offset)
-    fsync_dir(seg.directory)
     seg.file.pin()  # reads keep the old file (its positions) until install_compacted
     pinned.append(seg.file)
+    write_compacted_marker(stem + COMPACTED_SUFFIX, seg.next_offset)
+    fsync_dir(seg.directory)
     seg.deleted = True  # the new file is fsynced: an fsync running now skips the old one
     try:
         os.replace(out_path, stem + SEGMENT_SUFFIX)
