@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import os
 import shutil
@@ -24,11 +23,11 @@ from . import chunk as chunkfmt
 from . import reader
 from .bloom import BloomCache
 from .compaction import (CompactionPoint, CompactionResult, compact_segments,
-                         install_compacted, load_point, save_point)
+                         install_compacted, load_point, save_point, unpin_all)
 from .recovery import RecoveryReport, open_epochs, open_segments
 from .retention import segments_to_delete
 from .segment import ChunkSlice, Segment, fsync_dir
-from .syncer import Syncer, loop_running
+from .syncer import Syncer, loop_running, transient
 from .waiters import CommitWaiters
 
 log = logging.getLogger("riverlog.log")
@@ -280,8 +279,8 @@ class CommitLog:
             seg.allow_gaps()
         try:
             seg.append(raw, first, num_records, ts, epoch)
-        except OSError as exc:  # nothing counted written; a full disk is retried next write
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        except OSError as exc:  # nothing counted written; a full disk, or no descriptor for
+            if not transient(exc):  # a moment, fails this write alone
                 self._syncer.fail(exc)
             raise
         self._blooms.appended(seg, bloom)
@@ -475,13 +474,13 @@ class CommitLog:
             active = self._segments[-1]
             if len(active.index) and active.base_offset < point.end:
                 self._roll(self._clock_ms())
-        self._compacting = asyncio.Event()
+        self._compacting, pinned = asyncio.Event(), []  # pinned: see compact_segments
         try:
             for seg in self._segments:
                 seg.index.flush()
-            snapshot = list(self._segments)
             result = await asyncio.get_running_loop().run_in_executor(
-                None, compact_segments, snapshot, self.committed_offset, key_of, point)
+                None, compact_segments, list(self._segments), self.committed_offset, key_of,
+                point, pinned)
             if self._closed:
                 return result
             self._segments = install_compacted(self._segments, result)
@@ -491,6 +490,7 @@ class CommitLog:
                 self.compaction_point = result.point
             return result
         finally:
+            unpin_all(pinned)  # the old files, kept for reads until the swap
             self._compacting.set()
             self._compacting = None
 
@@ -526,7 +526,7 @@ class CommitLog:
         seg = self._segments[-1]
         seg.truncate_at(offset)
         self._last_ts = seg.last_timestamp_ms if len(seg.index) else self._last_ts
-        self._syncer.synced_next = min(self._syncer.synced_next, self.next_offset)
+        self._syncer.cut(self.next_offset)
         self.committed_offset = min(self.committed_offset, self.next_offset - 1)
         self.epochs.truncate_from_end(self.next_offset)
         self._fail_removed_writes(offset)
@@ -556,7 +556,7 @@ class CommitLog:
         seg.created_ms = self._clock_ms()
         self._segments, self._bases = [seg], [offset]
         fsync_dir(self.directory)
-        self._syncer.synced_next = offset
+        self._syncer.cut(offset, reset=True)
         self.committed_offset = offset - 1
         self.epochs.replace([])
         save_point(self.directory, None)  # it described records that are gone

@@ -131,7 +131,7 @@ def _latest_offsets(segments: Sequence[Segment], committed: int,
 
 
 def _rewrite(seg: Segment, latest: dict[bytes, int], key_of, end: int,
-             result: CompactionResult) -> None:
+             result: CompactionResult, pinned: list) -> None:
     stem = os.path.join(seg.directory, segment_name(seg.base_offset))
     out_path = stem + SEGMENT_SUFFIX + ".cleaned"
     index_out = stem + INDEX_SUFFIX + ".cleaned"
@@ -190,9 +190,16 @@ def _rewrite(seg: Segment, latest: dict[bytes, int], key_of, end: int,
         result.emptied.append(seg.base_offset)
     with open(index_out, "wb") as f:
         f.write(b"".join(ENTRY.pack(*e) for e in entries_out))
+    seg.file.pin()  # reads keep the old file (its positions) until install_compacted
+    pinned.append(seg.file)
     write_compacted_marker(stem + COMPACTED_SUFFIX, seg.next_offset)
     fsync_dir(seg.directory)
-    os.replace(out_path, stem + SEGMENT_SUFFIX)
+    seg.deleted = True  # the new file is fsynced: an fsync running now skips the old one
+    try:
+        os.replace(out_path, stem + SEGMENT_SUFFIX)
+    except BaseException:
+        seg.deleted = False
+        raise
     os.replace(index_out, stem + INDEX_SUFFIX)
     fsync_dir(seg.directory)
     result.rewritten.append(seg.base_offset)
@@ -200,7 +207,8 @@ def _rewrite(seg: Segment, latest: dict[bytes, int], key_of, end: int,
 
 def compact_segments(segments: Sequence[Segment], committed: int,
                      key_of: Callable[[bytes], bytes | None],
-                     point: CompactionPoint | None = None) -> CompactionResult:
+                     point: CompactionPoint | None = None,
+                     pinned: list | None = None) -> CompactionResult:
     """Rewrite (in place, crash-safely) every closed, fully committed segment of
     ``segments`` (oldest first, the last one being active), keeping the newest record of
     each key among the committed ones; the result's point is (the end of those segments,
@@ -209,7 +217,11 @@ def compact_segments(segments: Sequence[Segment], committed: int,
     one of them is committed and the active segment holds none (else nothing is done and the
     result's point is None: try again once more is committed, or after a roll). The
     result's point is saved in the segments' folder (``load_point`` reads it back).
+    The file of each rewritten segment is pinned (``LazyFile.pin``) before the new one
+    replaces it and added to ``pinned``: the caller unpins them after ``install_compacted``
+    (also when this raises), so reads meanwhile use the old file with the old index.
     Blocking: run it in a thread."""
+    pinned = [] if pinned is None else pinned
     result = CompactionResult()
     if point is None:
         closed = [s for s in segments[:-1] if len(s.index) and s.next_offset - 1 <= committed]
@@ -224,10 +236,16 @@ def compact_segments(segments: Sequence[Segment], committed: int,
             return result
     latest = _latest_offsets(segments, point.upto, key_of)
     for seg in closed:
-        _rewrite(seg, latest, key_of, point.end, result)
+        _rewrite(seg, latest, key_of, point.end, result, pinned)
     save_point(segments[-1].directory, point)
     result.point = point
     return result
+
+
+def unpin_all(files: list) -> None:
+    """Unpin the files ``compact_segments`` pinned (see there)."""
+    for file in files:
+        file.unpin()
 
 
 def install_compacted(segments: list[Segment], result: CompactionResult) -> list[Segment]:

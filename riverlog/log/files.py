@@ -197,6 +197,16 @@ class LazyFile:
         """The file's hard links (fstat): 0 once its name was removed while it was open."""
         return self._call(os.fstat).st_nlink
 
+    def pin(self) -> None:
+        """Open the file now (if closed) and keep this descriptor, on this inode, until
+        ``unpin``: the budget does not close it meanwhile, so a rename over its path does
+        not change what it reads (compaction). Raises as ``acquire``."""
+        self.budget.acquire(self)
+
+    def unpin(self) -> None:
+        """End one ``pin`` (the descriptor is closed now if the file was closed meanwhile)."""
+        self.budget.release(self)
+
     def open(self) -> None:
         """Open (creating, with O_CREAT) the file now: what a new segment does at once. Later
         opens never create it: a file removed from its folder while closed for the budget

@@ -99,10 +99,12 @@ class Segment:
     compaction (read from its ``.compacted`` marker, which holds the segment's next offset
     from before compaction as a u64): its chunks may leave gaps between offsets, and its
     next offset stays what it was even when compaction removed its last records.
+    ``deleted`` is set once the log deleted the segment or compaction replaced its file: an
+    fsync running meanwhile skips it.
     """
 
     __slots__ = ("directory", "base_offset", "path", "index", "file", "size", "next_offset",
-                 "compacted_end", "created_ms", "unsynced")
+                 "compacted_end", "created_ms", "unsynced", "deleted")
 
     def __init__(self, directory: str, base_offset: int) -> None:
         self.directory = directory
@@ -117,6 +119,7 @@ class Segment:
         self.compacted_end = read_compacted_marker(stem + COMPACTED_SUFFIX)
         self.created_ms = 0
         self.unsynced = False
+        self.deleted = False
 
     # -- facts --------------------------------------------------------------------------
     @property
@@ -237,6 +240,7 @@ class Segment:
     def delete(self) -> None:
         """Close and remove the segment and every file named after it (index, markers,
         snapshots kept by the owner: ``<base>.*``)."""
+        self.deleted = True  # before the name goes: an fsync running now skips it
         self.close()
         prefix = segment_name(self.base_offset) + "."
         for name in os.listdir(self.directory):
