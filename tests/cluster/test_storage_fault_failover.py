@@ -6,10 +6,12 @@ them takes the leadership over: writes go on through the new leader, and every m
 acked before, during and after the change is on it."""
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+import time
 
 import grpc
 import iofault
@@ -64,15 +66,17 @@ async def test_a_leader_whose_disk_fails_hands_the_partition_over(tmp_path):
             assert await publish(grpc_of[old], value)
 
         iofault.arm(str(faults), "fsync", f"{directory}/{old}/streams/{STREAM}/")
-        refused = 0
-        for i in range(200):  # until the leader's interval fsync failed and it refuses
+        refused, i, deadline = 0, 0, time.monotonic() + 60
+        while time.monotonic() < deadline:  # until the leader's interval fsync failed
             value = b"during-%d" % i
+            i += 1
             if await publish(grpc_of[old], value):
                 acked.append(value)  # acked by the ISR before the fsync failed
             else:
                 refused += 1
                 break
-        assert refused, "the failing leader kept acking"
+            await asyncio.sleep(0.05)  # the interval fsync's turn (200 ms) comes between
+        assert refused, f"the failing leader kept acking ({i} publishes)"
 
         others = [s for s in grpc_of if s != old]
 
