@@ -68,18 +68,20 @@ async def until(what: str, check):
 
 async def started(tmp_path, security: SecurityConfig | None = None, **grpc) -> list[App]:
     """Three started Apps of one cluster (``security``, ``grpc``: as ``configs``), once every
-    server is registered everywhere and each caught up with Raft (stop them with
-    ``stopped``). A Raft port picked free can be taken before pysyncobj binds it (an
-    outgoing connection's ephemeral port: CI saw it once), so a RaftBindError starts the
-    cluster again on new ports, in a new folder, twice at most."""
+    server is registered everywhere, each caught up with Raft and its Raft member connected
+    to every other (stop them with ``stopped``). A Raft port picked free can be taken
+    before pysyncobj binds it (an outgoing connection's ephemeral port: CI saw it once), so
+    a RaftBindError starts the cluster again on new ports, in a new folder, twice at most."""
     for attempt in range(3):
         apps = [App(c) for c in configs(tmp_path / f"attempt{attempt}", security=security,
                                         **grpc)]
         try:
             await asyncio.gather(*(a.start() for a in apps))
-            await until("every server registered everywhere and caught up", lambda: all(
-                a.broker.placement.servers() == IDS and a.broker.placement.caught_up
-                for a in apps))
+            await until("every server registered everywhere, caught up, in touch with all",
+                        lambda: all(a.broker.placement.servers() == IDS
+                                    and a.broker.placement.caught_up
+                                    and all(map(a.broker.placement.reachable, IDS))
+                                    for a in apps))
         except RaftBindError:
             await stopped(apps)
             if attempt == 2:
