@@ -49,7 +49,7 @@ class Agreed:
     are theirs, and the reconcile loop compares the agreed flags with them."""
     settled: Callable[[str, Sequence[int]], Awaitable[None]] | None = None
     """Awaited with (stream, the partitions changed) after a flag change applied here
-    (ClusterNode.wait_for_leaders): best effort, those partitions' leaders applied it too
+    (PartitionStatus.wait_for_leaders): best effort, those partitions' leaders applied it too
     and listen as it says (Liftbridge waits so after a resume, waitForPartitionLeader)."""
     groups: "ClusterGroups | None" = None
 

@@ -33,7 +33,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Awaitable, Callable, Mapping, Sequence
+from typing import Awaitable, Callable, Mapping
 
 from .. import metrics
 from ..broker import RESERVED_STREAMS, Broker, StreamConfig, check_writable
@@ -41,12 +41,11 @@ from ..broker.placement import OffsetsUnavailable, PartitionPlacement, Placement
 from ..broker.stream import SuperStream
 from ..config import ClusterConfig
 from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
-from ..protocol.liftbridge import api_pb2 as pb
-from ..protocol.liftbridge.envelope import EnvelopeError, MsgType, decode_internal, encode_message
 from . import join, raft_files
 from .agreed import Agreed
 from .metadata import RaftMetadata, RaftSettings, RaftUnavailable
 from .offsets import OffsetForwarding
+from .status import PartitionStatus
 from .state import (ClusterState, Door, MetadataError, NoSuchStream, Server, StreamExists,
                     SuperStreamExists)
 
@@ -57,10 +56,6 @@ MEMBERS_CHECK_S = 1.0
 """How often the Raft leader looks for registered servers no longer Raft members."""
 RAFT_DOOR = "raft"
 """The door a server registers its Raft address under (Door(host, port) of the address)."""
-STATUS_TRIES, STATUS_WAIT_S, STATUS_TIMEOUT_S = 5, 0.1, 2.0
-"""Liftbridge's waitForPartitionLeader: 5 status requests, 100 ms apart (best effort)."""
-APPLIED_HEADER, APPLIED_POLL_S = "Riverlog-Raft-Applied", 0.01
-"""riverlog's: the Raft index a partition status request's answer waits for (polled)."""
 LEADER_TIMEOUT_S = 15.0
 """Liftbridge's clustering.replica.max.leader.timeout: reports of one leader count together
 when at most this far apart (state.report_leader)."""
@@ -107,7 +102,7 @@ class ClusterPlacement(Agreed, Placement):
         started (ClusterNode sets it); before, every partition is told without a leader."""
         self.metadata: RaftMetadata | None = None
         self.created: Callable[[str], Awaitable[None]] | None = None
-        """Awaited after a create_stream applied here (ClusterNode.wait_for_leaders)."""
+        """Awaited after a create_stream applied here (ClusterNode.wait_for_replicas)."""
         self.offsets = None
         """cluster.offsets.OffsetForwarding once the NATS link runs (stored offsets)."""
         self.bootstrap_size = 1  # the servers the cluster starts with (``forming``)
@@ -159,7 +154,7 @@ class ClusterPlacement(Agreed, Placement):
         server) of ``config.partitions`` partitions, every replica with ``config``'s
         settings (``min_isr`` None: clustering.min.insync.replicas). Returns once
         applied here (the local replica, if any, exists then) and, best effort, once each
-        partition's leader says it leads it and takes its writes (``created``).
+        replica says it has the partition and its leader that it leads it (``created``).
         Raises StreamExistsError, InvalidArgumentError (e.g. more replicas than servers;
         ReservedStreamError for ``__cursors``/``__activity`` unless ``internal``: the
         cluster's own), RaftUnavailable (no Raft leader: the outcome is unknown)."""
@@ -255,7 +250,9 @@ class ClusterNode:
         self.delete_local = delete_local
         self.placement = ClusterPlacement(config.server_id, config.min_insync_replicas)
         self.placement.bootstrap_size = len({config.server_id, *config.bootstrap_peers})
-        self.placement.created = self.placement.settled = self.wait_for_leaders
+        self.status = PartitionStatus(self)
+        self.placement.created = self.status.wait_for_replicas
+        self.placement.settled = self.status.wait_for_leaders
         self.placement.local = broker.streams
         broker.placement = self.placement
         self.metadata: RaftMetadata | None = None
@@ -271,7 +268,6 @@ class ClusterNode:
         self._register_task: asyncio.Task | None = None
         self._forget_task: asyncio.Task | None = None
         self._joins: join.JoinAnswers | None = None
-        self._answering: set[asyncio.Task] = set()  # partition status requests being answered
 
     async def start(self, doors: Mapping[str, tuple[str, int]], link=None) -> None:
         """Start the Raft member (its thread; the Raft files are checked first), follow its
@@ -300,8 +296,8 @@ class ClusterNode:
         if self.link is not None:
             self._joins = join.JoinAnswers(self.metadata, self.link.config.namespace,
                                            settings.password)
-            await self._answer_status(self.link.nc)
-            self.link.add_reconnect_listener(self._answer_status)
+            await self._listen(self.link.nc)
+            self.link.add_reconnect_listener(self._listen)
             self.placement.offsets = OffsetForwarding(self.link, self.broker, self.placement)
             await self.placement.offsets.answer(self.link.nc)
             self.link.add_reconnect_listener(self.placement.offsets.answer)
@@ -375,94 +371,21 @@ class ClusterNode:
                 except (MetadataError, RaftUnavailable) as exc:
                     log.info("removing server %s: %s", server.id, exc)
 
-    def _status_subject(self, server_id: str) -> str:
-        return f"{self.link.config.namespace}.raft.metadata.status.{server_id}"
-
-    async def _answer_status(self, nc) -> None:
-        """Answer PartitionStatusRequests on this server's status subject (Liftbridge's
-        handlePartitionStatusRequest) on connection ``nc``, each in a task of its own: one
-        waiting for its Raft index (``_applied``, up to STATUS_TIMEOUT_S) holds up no other
-        (nats-py runs a subscription's callbacks one after the other); and, while this member
-        leads the Raft, join requests (join.JoinAnswers)."""
-        if nc is not None and self._joins is not None:
+    async def _listen(self, nc) -> None:
+        """On NATS connection ``nc``: answer partition status requests (status.py) and,
+        while this member leads the Raft, join requests (join.JoinAnswers)."""
+        if nc is None:
+            return
+        if self._joins is not None:
             await self._joins.listen(nc)
-
-        async def answer(msg) -> None:  # nats-py takes coroutine functions only
-            task = asyncio.get_running_loop().create_task(answer_one(msg))
-            self._answering.add(task)  # held until done (the loop keeps weak references)
-            task.add_done_callback(self._answering.discard)
-
-        async def answer_one(msg) -> None:
-            try:
-                req = decode_internal(msg.data, MsgType.PartitionStatusRequest)
-            except EnvelopeError as exc:
-                log.warning("invalid partition status request: %s", exc)
-                return
-            await self._applied(msg.headers)
-            local = self.broker.streams.get(req.stream)
-            exists = local is not None and 0 <= req.partition < len(local.partitions)
-            leads = exists and self.placement.leads(req.stream, req.partition)
-            if leads and self.doors_synced is not None:
-                await self.doors_synced()  # the NATS door listens on its subject now
-            if msg.reply:
-                await nc.publish(msg.reply, encode_message(pb.PartitionStatusResponse(
-                    exists=exists, isLeader=leads)))
-        if nc is not None:
-            await nc.subscribe(self._status_subject(self.server_id), cb=answer)
-
-    async def _applied(self, headers: Mapping[str, str] | None) -> None:
-        """Return once this member applied the Raft index a status request names (header
-        APPLIED_HEADER), or after STATUS_TIMEOUT_S, and its reconcile step ran."""
-        try:
-            index = int((headers or {}).get(APPLIED_HEADER, 0))
-        except ValueError:
-            return
-        for _ in range(int(STATUS_TIMEOUT_S / APPLIED_POLL_S)):
-            if self.metadata is None or self.metadata.status()["last_applied"] >= index:
-                break
-            await asyncio.sleep(APPLIED_POLL_S)
-        await asyncio.sleep(0)  # the reconcile step of that change was queued before
-
-    async def wait_for_leaders(self, name: str,
-                               partitions: Sequence[int] | None = None) -> None:
-        """Best effort, as Liftbridge's waitForPartitionLeader: ask the leader (another
-        server) of each partition of ``partitions`` (indexes; None: every partition) whether
-        it leads it, up to STATUS_TRIES times, until it says so;
-        it answers once it applied what this member knows committed (header APPLIED_HEADER:
-        the commit index, not last applied: pysyncobj calls a command back before it counts
-        it applied, so last applied read then can be one short), so a change made here (a
-        new stream, a resume) is in effect on the leaders too."""
-        stream = self.placement.state.streams.get(name)
-        nc = self.link.nc if self.link is not None else None
-        if stream is None or nc is None:
-            return
-        applied = {APPLIED_HEADER: str(self.metadata.status()["commit_index"])}
-        for part in stream.partitions:
-            if part.leader in (None, self.server_id) or (
-                    partitions is not None and part.index not in partitions):
-                continue
-            request = encode_message(pb.PartitionStatusRequest(stream=name,
-                                                               partition=part.index))
-            for _ in range(STATUS_TRIES):
-                try:
-                    reply = await nc.request(self._status_subject(part.leader), request,
-                                             timeout=STATUS_TIMEOUT_S, headers=applied)
-                    if decode_internal(reply.data, MsgType.PartitionStatusResponse).isLeader:
-                        break
-                except Exception as exc:  # no responders, timeout, a bad answer: try again
-                    log.debug("partition status of %s/%d from %s: %s", name, part.index,
-                              part.leader, exc)
-                await asyncio.sleep(STATUS_WAIT_S)
-            else:
-                log.warning("the leader %s of %s/%d did not say it leads it", part.leader,
-                            name, part.index)
+        await self.status.answer(nc)
 
     async def stop(self) -> None:
         """Stop following the metadata, replication, and the Raft member."""
-        for task in (self._register_task, self._forget_task, self._internal_task,
-                     *self._answering):
+        for task in (self._register_task, self._forget_task, self._internal_task):
             if task is not None:
                 task.cancel()
+        self.status.stop()
         if self._unwatch is not None:
             self._unwatch()
         if self.replication is not None:

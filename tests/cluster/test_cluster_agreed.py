@@ -20,7 +20,7 @@ from rstream import AMQPMessage, Producer
 
 from _apps import IDS, created, started, stopped, stub_of, until
 from compat._servers import HOST
-from riverlog.cluster.node import APPLIED_HEADER
+from riverlog.cluster.status import APPLIED_HEADER
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge.envelope import MsgType, decode_internal, encode_message
 from riverlog.protocol.rabbitmq_stream.constants import ResponseCode

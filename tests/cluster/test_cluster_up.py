@@ -328,3 +328,39 @@ def test_members_given_in_a_new_directory_get_their_commands(tmp_path):
     path = tmp_path / "new" / "cluster" / "raft-password"
     assert env["LIFTBRIDGE_RIVERLOG_RAFT_PASSWORD"] == path.read_text().strip()
     assert path.stat().st_mode & 0o777 == 0o600
+
+
+async def test_a_create_returns_once_every_replica_has_the_stream(cluster_up):
+    # osiris' start_cluster returns once the writer and the replicas it could start run: a
+    # client connecting to any replica a Metadata answer names right after a create (the Go
+    # client's consumers pick replicas) finds the stream there. A follower that is neither
+    # the Raft leader nor the new partition's leader is stopped: the create commits without
+    # it but does not return while it is stopped (best effort: up to about 10 s), and once
+    # it runs again the create returns only after it holds the stream. Before, only the
+    # leaders were asked and the create returned at once.
+    rows = read_table(cluster_up)
+    servers = sorted(rows)
+    grpc_of = {s: row["Liftbridge gRPC"] for s, row in rows.items()}
+    meta = await until("__cursors in the metadata",
+                       lambda: with_stream(grpc_of[servers[0]], "__cursors"))
+    placed = sum(len(s.partitions) for s in meta.streamMetadata)
+    new_leader = servers[placed % len(servers)]  # state.create_stream's round robin
+    raft = await until("a Raft leader", lambda: asyncio.to_thread(raft_leader, rows))
+    stopped = next(s for s in servers if s not in (raft, new_leader))
+    asker = next(s for s in servers if s != stopped)
+    proc = int(rows[stopped]["pid"])
+    os.kill(proc, signal.SIGSTOP)
+    try:
+        async with grpc.aio.insecure_channel(grpc_of[asker]) as channel:
+            create = asyncio.ensure_future(api_pb2_grpc.APIStub(channel).CreateStream(
+                pb.CreateStreamRequest(name="fresh", subject="fresh", replicationFactor=3),
+                timeout=60))
+            done, _ = await asyncio.wait([create], timeout=3)
+            assert not done, "the create returned while a replica was stopped"
+            os.kill(proc, signal.SIGCONT)
+            await create
+        meta = await metadata(grpc_of[stopped])
+        (fresh,) = [s for s in meta.streamMetadata if s.name == "fresh"]
+        assert (fresh.error, fresh.partitions[0].leader) == (0, new_leader)
+    finally:
+        os.kill(proc, signal.SIGCONT)
