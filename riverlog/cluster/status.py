@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge.envelope import EnvelopeError, MsgType, decode_internal, encode_message
-
-if TYPE_CHECKING:
-    from .node import ClusterNode
 
 log = logging.getLogger("riverlog.cluster")
 
@@ -33,7 +30,7 @@ class PartitionStatus:
     """The partition status requests of ``node`` (a ClusterNode: its server id, Broker,
     placement, Raft metadata, NATS link and ``doors_synced``)."""
 
-    def __init__(self, node: "ClusterNode") -> None:
+    def __init__(self, node) -> None:
         self.node = node
         self._answering: set[asyncio.Task] = set()
 
