@@ -65,8 +65,12 @@ async def test_subscribers_memory_is_bounded_and_released(tmp_path):
                 if not app.liftbridge.subscribers:
                     break
                 await asyncio.sleep(0.05)
-            await asyncio.sleep(2)  # memory.RELEASE_INTERVAL_S, and the release itself
-            kept = rss() - start
+            # memory.RELEASE_INTERVAL_S, and the release itself: slower on a loaded machine
+            for _ in range(60):
+                await asyncio.sleep(0.5)
+                kept = rss() - start
+                if kept < 100 * MIB:
+                    break
         finally:
             proc.stdin.close()
             await proc.wait()
