@@ -416,7 +416,8 @@ class ClusterNode:
 
     def _follow(self, state: ClusterState, old: ClusterState) -> None:
         """``apply``'s work, ``old`` the state followed before. Before this member caught
-        up, only streams gone between ``old`` and ``state`` are deleted and no leader change
+        up, only streams gone from the metadata between ``old`` and ``state`` are deleted (a
+        replica taken from here is kept, records and all, until then), and no leader change
         is told (the placement names no leader yet)."""
         me, broker = self.server_id, self.broker
         caught_up = self.placement.caught_up
@@ -433,7 +434,9 @@ class ClusterNode:
             if name in RESERVED_STREAMS and stream is None:  # this server's own
                 continue
             held = stream is not None and any(me in p.replicas for p in stream.partitions)
-            if not held and (caught_up or name in old.streams):
+            # before caught up only a stream gone from the metadata is deleted: a replica
+            # taken from here may be added again further on in the journal being replayed
+            if not held and (caught_up or (stream is None and name in old.streams)):
                 try:
                     if name in RESERVED_STREAMS:  # __cursors: its replica here was deleted
                         broker.delete(name, internal=True)
@@ -495,6 +498,9 @@ class ClusterNode:
                     replication.assign(local.partitions[part.index],
                                        self.placement.of(name, part.index))
         for name, index in self._assigned - held:  # a replica deleted: its records go too
+            if not self.placement.caught_up and name in self.broker.streams:
+                held.add((name, index))  # replaying: decided once caught up (``_follow``)
+                continue
             replication.unassign(name, index, forget=name in self.broker.streams)
         self._assigned = held
 

@@ -318,6 +318,42 @@ async def test_a_member_without_its_raft_files_deletes_no_replica_while_catching
     assert "kept" in again.broker.streams and deleted == []
 
 
+async def test_a_replica_deleted_and_added_again_keeps_its_records_through_a_restart(cluster):
+    """A member restarting replays its Raft journal before it is caught up; a journal with
+    delete_replica and then add_replica of one partition on this server made the replay
+    delete the local copy and make it again empty (then elected with nothing, had the
+    leader gone). Here the old leader is down while the member replays, so nothing refills
+    the copy: it must still hold every record. Before caught up, a replica left out is kept
+    (and its records); whether it is gone for good is decided once caught up."""
+    placed = await created(cluster, "moved", subject="moved", replication_factor=3)
+    by_id = {app.config.cluster.server_id: app for app in cluster}
+    leader = by_id[placed.leader]
+    member = next(app for app in cluster if app is not leader)
+    mid = member.config.cluster.server_id
+    channel, stub = stub_of(leader)
+    try:
+        for i in range(10):
+            await stub.Publish(pb.PublishRequest(stream="moved", value=b"%d" % i,
+                                                 ackPolicy=pb.AckPolicy.ALL), timeout=10)
+    finally:
+        await channel.close()
+    placement = leader.broker.placement
+    await placement.submit("delete_replica", stream="moved", index=0, server=mid)
+    await until("the member's copy gone", lambda: "moved" not in member.broker.streams)
+    await placement.submit("add_replica", stream="moved", index=0, server=mid)
+    await until("the member in sync again", lambda: "moved" in member.broker.streams and (
+        member.broker.streams["moved"].partitions[0].next_offset == 10)
+        and mid in placement.of("moved", 0).isr)
+    await member.stop()
+    await leader.stop()
+    index = cluster.index(member)
+    again = cluster[index] = App(member.config)
+    await again.start()
+    await until("caught up", lambda: again.broker.placement.caught_up)
+    await asyncio.sleep(1)  # a reset the replay queued would have run by now
+    assert again.broker.streams["moved"].partitions[0].next_offset == 10
+
+
 async def test_replication_events_change_the_metadata_everywhere(cluster):
     """What replication asks (ClusterNode as ReplicationEvents): ISR shrink and expand under
     the leader epoch, and a leader reported by both followers (Liftbridge's quorum: more
