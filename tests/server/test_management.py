@@ -212,6 +212,10 @@ async def test_queues_created_and_deleted_over_http_and_liftbridge_streams(app):
     assert [(b["destination"], b["routing_key"]) for b in bindings] == [("lb-0", "0"),
                                                                         ("lb-1", "1")]
     assert (await call(app, "GET", "/api/exchanges/%2F/q1"))[0] == 404
+    for name, listed in by_name.items():  # one queue: what the listing says, found alone
+        assert await call(app, "GET", f"/api/queues/%2F/{name}") == (200, listed)
+    for name in ("lb", "lb-2", "q1-0", "__cursors", "nope"):
+        assert (await call(app, "GET", f"/api/queues/%2F/{name}"))[0] == 404, name
 
     assert (await call(app, "DELETE", "/api/queues/%2F/q1"))[0] == 204
     assert "q1" not in app.broker.streams

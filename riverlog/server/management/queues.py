@@ -22,7 +22,7 @@ import socket
 from typing import Any, Iterator
 
 from ...broker import RESERVED_STREAMS, Stream, check_writable
-from ...broker.superstreams import member_name
+from ...broker.superstreams import member_name, split_member_name
 from ..rabbitmq_stream.arguments import stream_config_from_arguments
 from .access import Caller
 from .connections import VHOST
@@ -127,6 +127,34 @@ async def queues(app, caller: Caller, consumer_counts: dict[str, int]
             found.append(queue_json(app, name, index, count, subject, stream,
                                     consumer_counts.get(queue_name, 0), nodes, tabled))
     return found
+
+
+def one_queue(app, caller: Caller, name: str, consumers: int) -> dict[str, Any] | None:
+    """The stream queue ``name`` as ``queues`` lists it (``consumers``: its consumer count),
+    found without listing the others: the stream ``name`` when it has one partition, else
+    partition i of ``<stream>-<i>``; None when there is none or ``caller`` may not see it."""
+    broker = app.broker
+    shared = broker.placement.streams()
+    member = split_member_name(name)
+    for stream_name, index in ((name, 0), *((member,) if member else ())):
+        if stream_name in RESERVED_STREAMS or stream_name.startswith("__"):
+            continue
+        local = broker.streams.get(stream_name)
+        if shared is not None:
+            known = shared.get(stream_name)
+        else:
+            known = (local.config.subject, len(local.partitions)) if local else None
+        if known is None:
+            continue
+        subject, count = known
+        if (count == 1 and stream_name == name) or (
+                count > 1 and stream_name != name and index < count):
+            if not (caller.administrator or caller.sees_stream(stream_name)):
+                return None
+            tabled = {s.name for s in app.tables.streams()}
+            return queue_json(app, stream_name, index, count, subject, local, consumers,
+                              {}, tabled)
+    return None
 
 
 def stream_arguments(arguments: dict[str, Any]) -> dict[str, str]:

@@ -34,7 +34,7 @@ from .access import Caller
 from .connections import (VHOST, connection_json, connection_name, consumers, find, publishers,
                           visible)
 from .queues import (bindings_json, create, delete, exchange_json,
-                     node_name, queues, stream_arguments)
+                     node_name, one_queue, queues, stream_arguments)
 
 log = logging.getLogger("riverlog.management")
 
@@ -336,10 +336,10 @@ class ManagementServer:
     async def queue(self, request: web.Request, caller: Caller) -> web.Response:
         _vhost(request)
         name = request.match_info["name"]
-        for queue in await queues(self.app, caller, self._consumer_counts()):
-            if queue["name"] == name:
-                return web.json_response(queue)
-        raise not_found()
+        found = one_queue(self.app, caller, name, self._consumer_counts().get(name, 0))
+        if found is None:
+            raise not_found()
+        return web.json_response(found)
 
     async def put_queue(self, request: web.Request, caller: Caller) -> web.Response:
         """Declare a stream queue owned by the caller: 201 when created, 204 when it exists
