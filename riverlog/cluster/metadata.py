@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import json
 import logging
@@ -111,6 +112,8 @@ class _Replicated(SyncObjConsumer):
 
     def __init__(self, on_change: Callable[[ClusterState], None]) -> None:
         self._on_change = on_change  # before __init__: not part of the snapshot
+        self.applied: collections.Counter[str] = collections.Counter()
+        """Commands applied here since start, by name (refused ones too; not snapshotted)."""
         super().__init__()
         self.state = ClusterState()
 
@@ -118,6 +121,7 @@ class _Replicated(SyncObjConsumer):
     def apply(self, name: str, arguments: dict[str, Any]) -> object:
         """Apply TRANSITIONS[name]; returns its result, or the MetadataError it raised."""
         transition = TRANSITIONS.get(name)
+        self.applied[name] += 1
         if transition is None:
             return MetadataError(f"unknown metadata command {name!r}")
         try:
@@ -200,6 +204,11 @@ class RaftMetadata:
                 reply = {"ok": True}
             answer(json.dumps(reply), None)
         self._replicated.apply(command, arguments, callback=done)
+
+    def applied_commands(self) -> dict[str, int]:
+        """How many commands of each name (state.TRANSITIONS) this member applied since it
+        started, refused ones too (a copy; callable from any thread)."""
+        return dict(self._replicated.applied)
 
     @property
     def state(self) -> ClusterState:
