@@ -35,7 +35,7 @@ def table_server(tmp_path_factory):
     short ``streams.table.lag`` (300 ms)."""
     from riverlog.config import TableConfig
     server = ThreadServer(str(tmp_path_factory.mktemp("riverlog-tables")),
-                          tables=TableConfig(lag_ms=300)).start()
+                          tables=TableConfig(lag_ms=300, format="parquet")).start()
     yield server
     server.stop()
 
@@ -161,7 +161,7 @@ def tables_at(tmp_path, location: str, stream: str, segment_bytes: int):
     or a URI), with ``stream`` created (segments of ``segment_bytes``); stopped on exit."""
     from riverlog.config import TableConfig
     s = ThreadServer(str(tmp_path / "data"), tables=TableConfig(
-        lag_ms=300, enabled=True, directory=location)).start()
+        lag_ms=300, enabled=True, directory=location, format="parquet")).start()
     try:
         with s.client() as c:
             c.create_stream(stream, {"stream-max-segment-size-bytes": str(segment_bytes)})

@@ -307,7 +307,8 @@ def test_an_archived_parquet_table_is_converted_on_start(tmp_path):
     from .conftest import wait_table
 
     data = str(tmp_path / "data")
-    old = ThreadServer(data, tables=TableConfig(lag_ms=300, archive=True, enabled=True)).start()
+    old = ThreadServer(data, tables=TableConfig(lag_ms=300, archive=True, enabled=True,
+                                                format="parquet")).start()
     try:
         with old.client() as c:
             c.create_stream("legacy", {"stream-max-segment-size-bytes": "8192",
@@ -341,3 +342,91 @@ def test_an_archived_parquet_table_is_converted_on_start(tmp_path):
             time.sleep(0.1)
     finally:
         server.stop()
+
+
+COLUMNS = ["stream", "partition", "offset", "key", "value", "timestamp", "headers"]
+
+
+def delivered(stream: str) -> float:
+    """Records the server has sent to readers of ``stream`` (its metrics, in this process)."""
+    from riverlog.metrics import REGISTRY
+    return REGISTRY.get_sample_value("riverlog_delivered_messages_total", {
+        "stream": stream, "door": "rabbitmq_stream"}) or 0
+
+
+def test_the_server_names_the_catalog_and_the_source_reads_the_table(iceberg_server, spark):
+    """Open names the Iceberg catalog, so read_table needs neither folder nor catalog; the
+    source with option catalog (or tableDir, the folder of the embedded catalog) reads what
+    the table holds from its data files and only the rest from the server: the same rows
+    as the source without a table, in batch and streaming reads."""
+    import asyncio
+
+    import riverlog.spark
+    from riverlog.tables.iceberg import catalog_uri
+
+    app = iceberg_server.app
+    uri = catalog_uri(app.config.table_dir, None)
+    with iceberg_server.client() as c:
+        assert c.table_catalog == uri
+        c.create_stream("icesrc", SMALL_SEGMENTS)
+    send(iceberg_server, "icesrc", varied(0, 600))
+    wait_iceberg(iceberg_server, "icesrc")
+    asyncio.run_coroutine_threadsafe(app.tables.stop(), iceberg_server.loop).result(60)
+    try:
+        send(iceberg_server, "icesrc", varied(600, 40))  # only in the log
+        source = (spark.read.format("riverlog").option("servers", iceberg_server.servers)
+                  .option("stream", "icesrc"))
+        want = source.load().select(*COLUMNS).orderBy("offset").collect()
+        assert [r.offset for r in want] == list(range(640))
+        table = riverlog.spark.read_table(spark, "icesrc", servers=iceberg_server.servers)
+        assert any(f.endswith(".parquet") for f in table.inputFiles())
+        assert table.select(*COLUMNS).orderBy("offset").collect() == want
+        for option, value in (("catalog", uri), ("tableDir", app.config.table_dir)):
+            before = delivered("icesrc")
+            got = source.option(option, value).load().select(*COLUMNS).orderBy("offset")
+            assert got.collect() == want, option
+            # the server sent the newest chunk (40 records) to the read and to planning
+            assert delivered("icesrc") - before < 200, option
+        before = delivered("icesrc")
+        query = (spark.readStream.format("riverlog").option("servers", iceberg_server.servers)
+                 .option("stream", "icesrc").option("startingOffsets", "earliest")
+                 .option("catalog", uri).load().select(*COLUMNS).writeStream
+                 .format("memory").queryName("icesrc_stream").trigger(availableNow=True)
+                 .start())
+        query.awaitTermination(120)
+        got = spark.sql("select * from icesrc_stream order by offset").collect()
+        assert got == want
+        assert delivered("icesrc") - before < 200
+    finally:
+        iceberg_server.loop.call_soon_threadsafe(app.tables.start)
+
+
+def test_a_super_stream_reads_as_one_table(iceberg_server, spark):
+    """read_table on a super stream's name: its partition streams' tables (and each one's
+    newest records from the log), unioned: the rows of reading each partition stream
+    through the source."""
+    from riverlog.broker.stream import StreamConfig
+    from riverlog.spark import read_table
+
+    members = ["icesuper-0", "icesuper-1", "icesuper-2"]
+
+    async def make():
+        app.rabbitmq_stream.super_streams.create("icesuper", members, ["0", "1", "2"],
+                                                 StreamConfig(table=True))
+    import asyncio
+    app = iceberg_server.app
+    asyncio.run_coroutine_threadsafe(make(), iceberg_server.loop).result(30)
+    for i, member in enumerate(members):
+        send(iceberg_server, member, varied(i * 1000, 200 + 50 * i))
+    for member in members:
+        wait_iceberg(iceberg_server, member, sealed=False)
+    table = read_table(spark, "icesuper", servers=iceberg_server.servers)
+    assert any(f.endswith(".parquet") for f in table.inputFiles())
+    got = table.select(*COLUMNS).orderBy("stream", "offset").collect()
+    want = []
+    for member in members:
+        want += (spark.read.format("riverlog").option("servers", iceberg_server.servers)
+                 .option("stream", member).load().select(*COLUMNS).orderBy("offset")
+                 .collect())
+    assert len(got) == 200 + 250 + 300
+    assert got == want
