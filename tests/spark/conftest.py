@@ -214,12 +214,14 @@ def catalog(server: ThreadServer):
     return ice.load_catalog(server.app.config.table_dir)
 
 
-def wait_iceberg(server: ThreadServer, stream: str, *, sealed: bool = True):
+def wait_iceberg(server: ThreadServer, stream: str, *, sealed: bool = True,
+                 wait_s: float = 90):
     """The Iceberg table once its current snapshot holds every committed offset of
-    partition 0 (and, with ``sealed``, every sealed segment written whole)."""
+    partition 0 (and, with ``sealed``, every sealed segment written whole); fails after
+    ``wait_s`` seconds."""
     from riverlog.tables import iceberg as ice
     p = partition_of(server, stream)
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + wait_s
     while True:
         table = ice.load_table(catalog(server), stream)
         snap = table.current_snapshot() if table is not None else None

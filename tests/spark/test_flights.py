@@ -47,6 +47,7 @@ def delivered(stream: str) -> float:
         "stream": stream, "door": "rabbitmq_stream"}) or 0
 
 
+@pytest.mark.timeout(600)  # 336,777 events published, tabled and read: 4-5 min on a loaded 2-CPU machine
 def test_pipeline_matches_pandas(spark, iceberg_tables, tmp_path):
     table_server = iceberg_tables
     suffix = time.monotonic_ns()
@@ -60,7 +61,7 @@ def test_pipeline_matches_pandas(spark, iceberg_tables, tmp_path):
     assert flights.publish(conn, in_stream, df.head(1000), progress=False)  # a re-run adds nothing
     with table_server.client() as client:
         assert client.offset_range(in_stream) == (0, flights.FLIGHTS + 1)
-    wait_iceberg(table_server, in_stream, sealed=False)
+    wait_iceberg(table_server, in_stream, sealed=False, wait_s=240)
 
     out = str(tmp_path / "out")
     before = delivered(in_stream)
