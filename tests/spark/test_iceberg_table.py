@@ -276,8 +276,8 @@ def test_retention_compaction_and_damaged_metadata_reach_the_table(iceberg_serve
 
 def test_an_archived_parquet_table_is_converted_on_start(tmp_path):
     """A Parquet-mirror table (manifest layout) that archived offsets the log dropped: the
-    server started with the Iceberg format carries them over (the old files' rows) and
-    writes the rest from the log; then the old folder is gone."""
+    server started with the Iceberg format (the default) carries them over (the old files'
+    rows) and writes the rest from the log; then the old folder is gone."""
     from riverlog.tables import manifest as mf
 
     from .conftest import wait_table
@@ -297,7 +297,8 @@ def test_an_archived_parquet_table_is_converted_on_start(tmp_path):
         table_dir = old.app.config.table_dir
     finally:
         old.stop()
-    config = TableConfig(lag_ms=300, archive=True, enabled=True, format="iceberg")
+    config = TableConfig(lag_ms=300, archive=True, enabled=True)  # Iceberg: the default
+    assert config.format == "iceberg"
     server = ThreadServer(data, tables=config).start()
     try:
         table = wait_iceberg(server, "legacy", sealed=False)
