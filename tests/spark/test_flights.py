@@ -124,7 +124,8 @@ def test_demo_command_reports_an_unreachable_server():
     from riverlog.cli import main
 
     result = CliRunner().invoke(main, ["demo", "flights", "--servers", "127.0.0.1:1",
-                                       "--limit", "10", "--no-progress"])
+                                       "--limit", "10", "--no-progress",
+                                       "--table-catalog", "sqlite:////nowhere/catalog.db"])
     assert result.exit_code == 1
     assert "cannot connect to 127.0.0.1:1" in result.output
     assert "Traceback" not in result.output
