@@ -1,6 +1,7 @@
 # The batch reader of the riverlog Spark source, and the executor-side read that the
 # streaming reader shares. Owns RangePartition (one Spark task: one offset range of one
-# partition) and read_partition (one connection per task, chunks in, Arrow batches out).
+# partition), Tables (which part of a task the stream's table serves: options tableDir and
+# catalog) and read_partition (one connection per task, chunks in, Arrow batches out).
 # Rules: partitions are small frozen dataclasses (they are pickled to executors); the driver
 # client is opened for planning and never pickled; executors import pyarrow/numpy only inside
 # read(); a range is read exactly, [start, end), whatever chunk boundaries say, and a lost
