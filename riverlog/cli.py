@@ -148,7 +148,7 @@ def main() -> None:
                    "[default: 0.4]")
 @click.option("--table-format", type=click.Choice(["parquet", "iceberg"]), default=None,
               help="Tables as Apache Iceberg v2 tables in a catalog, or as Parquet files "
-                   "listed by riverlog's manifest (streams.table.format).  [default: parquet]")
+                   "listed by riverlog's manifest (streams.table.format).  [default: iceberg]")
 @click.option("--table-catalog", default=None, metavar="URI",
               help="The Iceberg catalog: a REST catalog's http(s):// URI or an SQLAlchemy URL "
                    "(streams.table.catalog).  [default: SQLite in the table folder, "

@@ -340,8 +340,9 @@ class TableConfig:
     ``directory`` is where tables live (``streams.table.dir``, ``--table-dir``; None:
     ``DATA/tables``); ``compression`` is the Parquet codec of new files
     (``streams.table.compression``: ``zstd``, smaller, or ``snappy``, faster to read).
-    ``format`` is ``parquet`` (Parquet files listed by riverlog's manifest) or ``iceberg``
-    (an Apache Iceberg v2 table per stream, riverlog.tables.iceberg; ``streams.table.format``);
+    ``format`` is ``iceberg`` (the default: an Apache Iceberg v2 table per stream,
+    riverlog.tables.iceberg) or ``parquet`` (Parquet files listed by riverlog's manifest;
+    ``streams.table.format``);
     an Iceberg table is in the catalog ``catalog`` (``streams.table.catalog``: a REST
     catalog's http(s) URI or an SQLAlchemy URL; None: SQLite in the table folder) and its
     snapshots expire after ``expiry_ms`` (``streams.table.snapshot.expiry``, default 1 h)."""
@@ -351,7 +352,7 @@ class TableConfig:
     archive: bool = False
     directory: str | None = None
     compression: str = "zstd"
-    format: str = "parquet"
+    format: str = "iceberg"
     catalog: str | None = None
     expiry_ms: int = 3_600_000
 

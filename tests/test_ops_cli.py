@@ -106,8 +106,9 @@ def test_stream_create_list_describe_delete(server):
 
 
 def test_stream_with_a_table(server):
-    """`stream create --table` turns the stream's Parquet table on; describe shows the
-    offsets it holds and its lag once the writer caught up (streams.table.lag: 5 s)."""
+    """`stream create --table` turns the stream's table on (Iceberg, the default); describe
+    shows the offsets it holds and its lag once the writer caught up (streams.table.lag:
+    5 s)."""
     env, _ = server
     cli(env, "stream", "create", "tabled", "--table")
     cli(env, "publish", "tabled", "a", "b", "c")

@@ -73,6 +73,16 @@ class AsyncClient(Connection):
                         [brokers[ref] for ref in s.replica_references if ref in brokers])
         raise ClientError(f"Metadata did not answer for stream {name!r}")
 
+    async def partitions(self, super_stream: str) -> list[str]:
+        """The partition streams of ``super_stream`` in order (Partitions); an empty list
+        when there is no such super stream."""
+        r = await self._request(lambda c: f.Partitions(c, super_stream), False)
+        if r.response_code == ResponseCode.STREAM_DOES_NOT_EXIST:
+            return []
+        if r.response_code != _OK:
+            raise ClientError(f"partitions of super stream {super_stream!r}", r.response_code)
+        return list(r.streams)
+
     async def stream_exists(self, name: str) -> bool:
         return (await self.metadata(name))[name][0] == _OK
 

@@ -102,6 +102,13 @@ class Client:
     def server_address(self) -> tuple[str, int] | None:
         return self._async.server_address
 
+    @property
+    def table_catalog(self) -> str | None:
+        return self._async.table_catalog
+
+    def partitions(self, super_stream: str) -> list[str]:
+        return self._run(self._async.partitions(super_stream))
+
     def stream_exists(self, name: str) -> bool:
         return self._run(self._async.stream_exists(name))
 

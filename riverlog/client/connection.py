@@ -338,6 +338,13 @@ class Connection:
         return response
 
     @property
+    def table_catalog(self) -> str | None:
+        """The Iceberg catalog (a URI, its password shown as ``***``) where the server's
+        stream tables are, ``riverlog.<stream>`` in it, as its Open answer names it; None
+        when the server's tables are not Iceberg tables."""
+        return self.server_properties.get("riverlog_table_catalog")
+
+    @property
     def server_address(self) -> tuple[str, int] | None:
         """(host, port) the server advertises for this connection (its Open answer), as
         Metadata names it; None when the server does not say."""

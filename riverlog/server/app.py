@@ -87,7 +87,7 @@ class App:
         try:
             await self._start_liftbridge()
             self.rabbitmq_stream = RabbitStreamServer(self.broker, self.config.rabbitmq_stream,
-                                                      self.guard)
+                                                      self.guard, self.tables.catalog_uri())
             await self.rabbitmq_stream.start()
             if self.cluster is not None:
                 await self.nats_link.start()

@@ -27,11 +27,14 @@ def demo() -> None:
 @click.option("--out-stream", default="nycflights13-delays", show_default=True)
 @click.option("--table-dir", default=None, metavar="DIR|URI",
               help="The server's table folder (serve --table-dir): read the history from "
-                   "IN_STREAM's Parquet table when it has one (docs/spark.md).")
+                   "IN_STREAM's table there when it has one (docs/spark.md).")
+@click.option("--table-catalog", default=None, metavar="URI",
+              help="The Iceberg catalog of IN_STREAM's table.  [default: the one the server "
+                   "names]")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 def flights(servers: str, out: str, master: str, limit: int | None, skip_load: bool,
             max_offsets_per_trigger: int, in_stream: str, out_stream: str,
-            table_dir: str | None, no_progress: bool) -> None:
+            table_dir: str | None, table_catalog: str | None, no_progress: bool) -> None:
     """The NYC 2013 flights pipeline: publish all 336,776 flights as JSON events, then a
     Spark Structured Streaming job computes per origin and carrier, in 1-hour event-time
     windows, flight count, mean and p90 departure delay and cancellation rate, writes them to
@@ -51,6 +54,8 @@ def flights(servers: str, out: str, master: str, limit: int | None, skip_load: b
         argv.append("--skip-load")
     if table_dir:
         argv += ["--table-dir", table_dir]
+    if table_catalog:
+        argv += ["--table-catalog", table_catalog]
     if no_progress:
         argv.append("--no-progress")
     try:

@@ -10,10 +10,11 @@
 # Events are published in the order things happen (a flight when it leaves the gate, a
 # cancelled one at its scheduled time), so event time runs up to 21h41m late (the longest
 # delay of 2013); the 1-day watermark keeps every event and an end-of-data marker pushes the
-# watermark past the last window so append mode emits it. When the input stream has a
-# Parquet table (docs/spark.md "Streams as tables") and the job is told where tables live,
-# the query reads the history the table holds from its files and only the rest from the
-# server (the source's tableDir option); without one it reads everything from the server.
+# watermark past the last window so append mode emits it. When the input stream has a table
+# (docs/spark.md "Streams as tables"): its Iceberg table in the catalog the server names (or
+# the job is given), or a Parquet table in the folder the job is given, the query reads the
+# history the table holds from its files and only the rest from the server (the source's
+# catalog or tableDir option); without one it reads everything from the server.
 # Run: `riverlog demo flights`, or `spark-submit --master local[*] riverlog/spark/flights.py
 # --servers HOST:5552 --out DIR` (docs/spark.md has the cluster line).
 from __future__ import annotations
@@ -152,7 +153,7 @@ def windows(events):
 @dataclass
 class Result:
     """What a run did: micro-batches, input rows read, window rows written, seconds, and
-    the Parquet files of the input stream's table the history was read from (0: none, all
+    the data files of the input stream's table the history was read from (0: none, all
     from the server)."""
 
     batches: int
@@ -165,16 +166,17 @@ class Result:
 def run(spark, servers: str, out: str, *, in_stream: str = IN_STREAM,
         out_stream: str = OUT_STREAM, max_offsets_per_trigger: int = 100_000,
         expected_events: int | None = None, progress: bool = True,
-        table_dir: str | None = None) -> Result:
+        table_dir: str | None = None, catalog: str | None = None) -> Result:
     """Run the streaming job to the end of what the stream holds (Trigger.AvailableNow):
     Parquet under ``out/windows`` (one folder per micro-batch, rewritten if the batch is
     replayed) and JSON records in ``out_stream``; checkpoint in ``out/checkpoint``.
-    ``table_dir``: the server's table folder (``--table-dir``, a path or URI the executors
-    read): when ``in_stream`` has a table there, the history comes from its files."""
+    When ``in_stream`` has a table the history comes from its files: its Iceberg table in
+    ``catalog`` (``--table-catalog``), else in the embedded catalog of ``table_dir`` (the
+    server's ``--table-dir``), else in the catalog the server names; or its Parquet table
+    under ``table_dir`` (a path or URI the executors read)."""
     from pyspark.sql import functions as F
 
     from riverlog.spark import register
-    from riverlog.tables.read import table_files
 
     register(spark)
     out = os.path.abspath(out)
@@ -183,13 +185,16 @@ def run(spark, servers: str, out: str, *, in_stream: str = IN_STREAM,
     prefix = "flights-" + hashlib.sha1(checkpoint.encode()).hexdigest()[:10]
     with _connection(servers).connect("riverlog-demo-flights") as client:
         client.create_stream(out_stream, exist_ok=True)
+        named = client.table_catalog
+    if catalog is None and table_dir is None and named is not None and "***" not in named:
+        catalog = named
+    table_options, files = history_table(in_stream, table_dir, catalog)
 
     source = (spark.readStream.format("riverlog").option("servers", servers)
               .option("stream", in_stream).option("startingOffsets", "earliest")
               .option("maxOffsetsPerTrigger", str(max_offsets_per_trigger)))
-    files = table_files(table_dir, in_stream) if table_dir is not None else []
-    if files:
-        source = source.option("tableDir", table_dir)
+    for key, value in table_options.items():
+        source = source.option(key, value)
     events = source.load()
 
     def write_batch(df, batch_id: int) -> None:
@@ -229,7 +234,25 @@ def run(spark, servers: str, out: str, *, in_stream: str = IN_STREAM,
     batches, rows = len(seen), sum(seen.values())
     bar.close()
     written = spark.read.parquet(parquet).count() if os.path.isdir(parquet) else 0
-    return Result(batches, rows, written, time.monotonic() - started, len(files))
+    return Result(batches, rows, written, time.monotonic() - started, files)
+
+
+def history_table(stream: str, table_dir: str | None,
+                  catalog: str | None) -> tuple[dict[str, str], int]:
+    """``(source options, data files)``: how the source reads ``stream``'s history from its
+    table (``catalog``: its Iceberg table there; else ``table_dir``: the Iceberg table of
+    the folder's embedded catalog, or its Parquet table) and how many data files the
+    table has now; ``({}, 0)`` when it has none."""
+    from riverlog.tables.iceberg import TableSnapshot, embedded_catalog
+    from riverlog.tables.read import table_files
+
+    if catalog is None and table_dir is not None:
+        catalog = embedded_catalog(table_dir)
+    if catalog is not None:
+        files = TableSnapshot(table_dir or "", catalog, stream).file_count()
+        return ({"catalog": catalog} if files else {}), files
+    files = len(table_files(table_dir, stream)) if table_dir is not None else 0
+    return ({"tableDir": table_dir} if files else {}), files
 
 
 def worst_windows(spark, out: str, n: int = 10, min_flights: int = 5):
@@ -310,6 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--table-dir", default=None,
                     help="the server's table folder (--table-dir; a path or URI): read the "
                          "input stream's history from its table when it has one")
+    ap.add_argument("--table-catalog", default=None,
+                    help="the Iceberg catalog of the input stream's table (default: the one "
+                         "the server names)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     progress = not args.no_progress
@@ -323,12 +349,12 @@ def main(argv: list[str] | None = None) -> int:
     spark.sparkContext.setLogLevel("WARN")
     result = run(spark, args.servers, args.out, in_stream=args.in_stream,
                  out_stream=args.out_stream, max_offsets_per_trigger=args.max_offsets_per_trigger,
-                 expected_events=total, progress=progress, table_dir=args.table_dir)
-    if args.table_dir is not None:
-        print(f"history read from {result.table_files} Parquet files of the table"
-              if result.table_files else
-              f"{args.in_stream!r} has no table in {args.table_dir}: read from the server",
-              file=sys.stderr)
+                 expected_events=total, progress=progress, table_dir=args.table_dir,
+                 catalog=args.table_catalog)
+    print(f"history read from {result.table_files} data files of the table"
+          if result.table_files else
+          f"{args.in_stream!r} has no table in {args.table_dir or 'the catalog'}: read from "
+          "the server", file=sys.stderr)
     print(f"{result.batches} micro-batches, {result.input_rows:,} events read, "
           f"{result.windows:,} windows in {os.path.join(args.out, 'windows')} and stream "
           f"{args.out_stream!r}, {result.seconds:.1f} s")

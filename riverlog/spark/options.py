@@ -88,6 +88,7 @@ class ReadOptions:
     fail_on_data_loss: bool = True
     max_records_per_batch: int = 65_536
     table_dir: str | None = None
+    catalog: str | None = None  # the Iceberg catalog of the streams' tables (option catalog)
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,7 @@ def read_options(options: Mapping[str, str]) -> ReadOptions:
         fail_on_data_loss=_bool(options, "failOnDataLoss", True),
         max_records_per_batch=batch_rows,
         table_dir=_get(options, "tableDir") or None,
+        catalog=_get(options, "catalog") or None,
     )
 
 

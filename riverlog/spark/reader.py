@@ -1,6 +1,7 @@
 # The batch reader of the riverlog Spark source, and the executor-side read that the
 # streaming reader shares. Owns RangePartition (one Spark task: one offset range of one
-# partition) and read_partition (one connection per task, chunks in, Arrow batches out).
+# partition), Tables (which part of a task the stream's table serves: options tableDir and
+# catalog) and read_partition (one connection per task, chunks in, Arrow batches out).
 # Rules: partitions are small frozen dataclasses (they are pickled to executors); the driver
 # client is opened for planning and never pickled; executors import pyarrow/numpy only inside
 # read(); a range is read exactly, [start, end), whatever chunk boundaries say, and a lost
@@ -9,6 +10,7 @@
 # start in a gap compaction left is not loss (the stream keeps records before it).
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -43,13 +45,73 @@ class RangePartition(InputPartition):
     batch_rows: int = 65_536
     columns: tuple[str, ...] | None = None  # a projection (user schema); None: all columns
     table_dir: str | None = None  # the offsets the stream's table holds are read from it
+    # or, from an Iceberg table: its data files holding [start, table_end) (location, lowest
+    # offset, highest offset), as the driver found them in the current snapshot
+    table_files: tuple[tuple[str, int, int], ...] = ()
+    table_end: int = 0
+
+
+class Tables:
+    """The driver's view of the streams' tables a read uses: the Iceberg tables in the
+    catalog of option ``catalog`` (or the one in the folder of ``tableDir``: its embedded
+    SQLite catalog, riverlog.tables.iceberg.embedded_catalog), else the Parquet mirror
+    under ``tableDir`` (riverlog.tables.read). Each stream's snapshot is loaded once."""
+
+    def __init__(self, opts: ReadOptions) -> None:
+        from ..tables.iceberg import embedded_catalog
+        self.opts = opts
+        self.catalog = opts.catalog or (embedded_catalog(opts.table_dir)
+                                        if opts.table_dir is not None else None)
+        self._snapshots: dict = {}
+        self._files = None
+        if self.catalog is None:
+            from ..tables.read import TableFiles
+            self._files = TableFiles(opts.table_dir)
+
+    def snapshot(self, stream: str):
+        """riverlog.tables.iceberg.TableSnapshot of ``stream`` (Iceberg only)."""
+        if stream not in self._snapshots:
+            from ..tables.iceberg import TableSnapshot
+            self._snapshots[stream] = TableSnapshot(self.opts.table_dir or "", self.catalog,
+                                                    stream)
+        return self._snapshots[stream]
+
+    def first(self, stream: str, partition: int, log_first: int) -> int:
+        """offsets.available's ``held``: the table's first offset when it holds, without a
+        gap, offsets the log no longer has (``streams.table.archive``), else ``log_first``."""
+        if self._files is not None:
+            return self._files.first(stream, partition, log_first)
+        return self.snapshot(stream).first(partition, log_first)
+
+    def partition(self, r: plan.Range, columns: tuple[str, ...] | None) -> RangePartition:
+        """The task of ``r``: what the table holds from its start read from the table."""
+        opts = self.opts
+        part = RangePartition(r.stream, r.partition, r.start, r.end, opts.connection,
+                              opts.fail_on_data_loss, opts.max_records_per_batch, columns,
+                              opts.table_dir if self._files is not None else None)
+        if self._files is not None or r.end <= r.start:
+            return part
+        lo, hi, files = self.snapshot(r.stream).held(r.partition, r.start, r.end)
+        if lo != r.start or hi <= lo:
+            return part  # the table does not hold the range's start: all from the log
+        return dataclasses.replace(part, table_files=tuple(files), table_end=hi)
+
+
+def tables_of(opts: ReadOptions) -> Tables | None:
+    """The tables a read with ``opts`` uses (options ``tableDir``/``catalog``); None."""
+    return Tables(opts) if opts.table_dir is not None or opts.catalog is not None else None
 
 
 def to_partitions(rs: list[plan.Range], opts: ReadOptions,
-                  columns: tuple[str, ...] | None = None) -> list[RangePartition]:
+                  columns: tuple[str, ...] | None = None,
+                  tables: Tables | None = None) -> list[RangePartition]:
+    """One task per range; with the read's ``tables`` (tables_of), each reads what the
+    table holds from the start of its range from the table."""
+    tables = tables if tables is not None else tables_of(opts)
+    if tables is not None:
+        return [tables.partition(r, columns) for r in rs]
     return [RangePartition(r.stream, r.partition, r.start, r.end, opts.connection,
-                           opts.fail_on_data_loss, opts.max_records_per_batch, columns,
-                           opts.table_dir)
+                           opts.fail_on_data_loss, opts.max_records_per_batch, columns)
             for r in rs]
 
 
@@ -72,7 +134,14 @@ def read_partition(part: RangePartition) -> Iterator:
 
     schema = arrow_schema(part.columns)
     start, end = part.start, part.end
-    if part.table_dir is not None:
+    if part.table_files:
+        from ..tables.iceberg import snapshot_batches
+        yield from snapshot_batches(part.table_files, start, part.table_end, schema,
+                                    part.batch_rows)
+        start = part.table_end
+        if start >= end:
+            return
+    elif part.table_dir is not None:
         from ..tables.read import table_batches
         start = yield from table_batches(part.table_dir, part.stream, part.partition, start,
                                          end, schema, part.batch_rows)
@@ -147,13 +216,11 @@ def _read_from_server(part: RangePartition, schema, reached: list[int],
         client.close()
 
 
-def table_held(opts: ReadOptions) -> plan.Held | None:
-    """With ``tableDir``: the offsets the stream's table holds that the log no longer has
-    count as available (offsets.available's ``held``); else None."""
-    if opts.table_dir is None:
-        return None
-    from ..tables.read import TableFiles
-    return TableFiles(opts.table_dir).first
+def table_held(opts: ReadOptions, tables: Tables | None = None) -> plan.Held | None:
+    """With ``tableDir`` or ``catalog``: the offsets the stream's table holds that the log
+    no longer has count as available (offsets.available's ``held``); else None."""
+    tables = tables if tables is not None else tables_of(opts)
+    return tables.first if tables is not None else None
 
 
 def _compacted_away(client, address: str, offset: int) -> bool:
@@ -210,8 +277,10 @@ class RiverlogReader(DataSourceReader):
         self.columns = columns
 
     def partitions(self) -> list[RangePartition]:
-        return to_partitions(plan.split(planned_ranges(self.opts), self.opts.min_partitions),
-                             self.opts, self.columns)
+        tables = tables_of(self.opts)
+        rs = planned_ranges(self.opts, table_held(self.opts, tables))
+        return to_partitions(plan.split(rs, self.opts.min_partitions), self.opts,
+                             self.columns, tables)
 
     def read(self, partition: RangePartition) -> Iterator:
         if not isinstance(partition, RangePartition):  # Spark's stand-in when there is

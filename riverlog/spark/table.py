@@ -1,14 +1,16 @@
-# Reading a stream through its table on Spark: ``read_table`` plans a batch read like the
-# riverlog source does, then serves each offset range from the table's Parquet files where
-# they hold it (the stream's Iceberg table, found through the catalog: its current snapshot's
-# files and the offsets its summary says it holds, riverlog.tables.iceberg; or the Parquet
-# mirror's manifest) (Spark's own Parquet reader: column pruning, no Python per row) and from
-# the riverlog source for the rest (offsets the table has not got yet, or whose file is
-# damaged), as one DataFrame with the source's schema. Which files hold what, and whether they
-# pass their checks, is riverlog.tables.read's (TableFiles). Rules: a file used whole gets no
-# filter, so a full scan costs what reading the Parquet files costs; the files are handed to
-# Spark by their Hadoop URI (Storage.spark_path); pyspark and the source's modules are
-# imported in the function (importing riverlog.spark needs neither pyspark nor pyarrow).
+# Reading a stream through its table on Spark: ``read_table`` (a stream, a list of them, or
+# a super stream's partition streams, unioned) plans a batch read like the riverlog source
+# does, then serves each offset range from the table's Parquet files where they hold it (the
+# stream's Iceberg table, found through the catalog the caller or the server names: its
+# current snapshot's files and the offsets its summary says it holds, riverlog.tables.iceberg;
+# or the Parquet mirror's manifest) (Spark's own Parquet reader: column pruning, no Python per
+# row) and from the riverlog source for the rest (offsets the table has not got yet, or whose
+# file is damaged), as one DataFrame with the source's schema. Which files hold what, and
+# whether they pass their checks, is riverlog.tables.read's (TableFiles). Rules: a file used
+# whole gets no filter, so a full scan costs what reading the Parquet files costs; the files
+# are handed to Spark by their Hadoop URI (Storage.spark_path); pyspark and the source's
+# modules are imported in the function (importing riverlog.spark needs neither pyspark nor
+# pyarrow).
 from __future__ import annotations
 
 import functools
@@ -25,38 +27,71 @@ _PLANNING = ("stream", "streams", "startingoffsets", "endingoffsets", "startingt
 def read_table(spark, stream: str, table_dir: str | None = None, *,
                columns: Iterable[str] | None = None, catalog: str | None = None,
                **options: str):
-    """A DataFrame of ``stream`` (one name, or a comma-separated list) with the riverlog
-    source's schema (riverlog.spark.schema), or only ``columns`` of it, in that order.
-    The table is either the stream's Apache Iceberg table (``streams.table.format:
-    iceberg``), found in the catalog ``catalog`` (``streams.table.catalog``: a REST
-    catalog's http(s) URI or an SQLAlchemy URL such as ``sqlite:////data/tables/catalog.db``;
-    riverlog.tables.iceberg.catalog_uri), whose current snapshot's summary says which
-    offsets it holds; or, without ``catalog``, the Parquet mirror under ``table_dir``
-    (``streams.table.dir``, default ``DATA/tables``), a path or URI
-    (riverlog.tables.storage) the driver reads with pyarrow and Spark's executors with
-    their Hadoop filesystems (``s3://`` as ``s3a://``). Either way the table's data files
-    are read by Spark's Parquet reader and the offsets the table does not hold (the newest,
-    or those of a missing or damaged file) by the riverlog source.
-    ``options``: the riverlog source's read options (``servers``, ``startingOffsets``,
-    ``endingOffsets``, ``startingTimestamp``, ``failOnDataLoss``, ``user``, ...;
-    docs/spark.md), resolved once here; "earliest" is the table's first offset when the
-    table holds, without a gap, offsets older than the log's first. Raises what the source
+    """A DataFrame of ``stream`` (one name, or a comma-separated list; a super stream's name
+    reads its partition streams, the server's Partitions answer, as one table) with the
+    riverlog source's schema (riverlog.spark.schema), or only ``columns`` of it, in that
+    order. The table is either each stream's Apache Iceberg table (``streams.table.format:
+    iceberg``, the default), found in the catalog ``catalog`` (``streams.table.catalog``: a
+    REST catalog's http(s) URI or an SQLAlchemy URL such as
+    ``sqlite:////data/tables/catalog.db``; riverlog.tables.iceberg.catalog_uri), else in the
+    embedded catalog of the folder ``table_dir``, else in the catalog the server names
+    (its Open answer, riverlog.client's ``table_catalog``), whose current snapshot's
+    summary says which offsets it holds; or the Parquet mirror under ``table_dir``
+    (``streams.table.dir``, default ``DATA/tables``) when that folder has no Iceberg
+    catalog, a path or URI (riverlog.tables.storage) the driver reads with pyarrow and
+    Spark's executors with their Hadoop filesystems (``s3://`` as ``s3a://``). Either way
+    the table's data files are read by Spark's Parquet reader and the offsets the table
+    does not hold (the newest, or those of a missing or damaged file) by the riverlog
+    source. ``options``: the riverlog source's read options (``servers``,
+    ``startingOffsets``, ``endingOffsets``, ``startingTimestamp``, ``failOnDataLoss``,
+    ``user``, ...; docs/spark.md; offsets of a super stream are given per partition
+    stream), resolved once here; "earliest" is the table's first offset when the table
+    holds, without a gap, offsets older than the log's first. Raises what the source
     raises for bad options, DataLossError, ValueError (also for ``columns`` naming a column
-    the schema does not have, or for neither ``table_dir`` nor ``catalog``) and
+    the schema does not have, or when there is no table folder or catalog: the server
+    names none, or names one whose password it leaves out) and
     riverlog.tables.iceberg.CatalogError (the catalog cannot be reached)."""
+    from ..tables.iceberg import embedded_catalog
     from .options import read_options
     from .schema import column_names, spark_schema
 
     full = spark_schema()
     names = column_names(columns, "read_table") if columns is not None else tuple(full.names)
-    opts = read_options(dict(options, stream=stream))
+    with read_options(dict(options, stream=stream)).connection.connect(
+            "riverlog-spark-plan") as client:
+        streams = ",".join(_streams(client, stream))
+        named = client.table_catalog
+    opts = read_options(dict(options, stream=streams))
+    if catalog is None and table_dir is not None:
+        catalog = embedded_catalog(table_dir)
+    if catalog is None and table_dir is None:
+        if named is None:
+            raise ValueError("read_table: the server names no Iceberg catalog (its tables "
+                             "are Parquet files): give the table folder (table_dir)")
+        if "***" in named:
+            raise ValueError(f"read_table: the server's catalog {named} needs its password: "
+                             "give it as catalog=")
+        catalog = named
     if catalog is not None:
         whole, partial, from_log = _iceberg_plan(opts, table_dir, catalog)
-    elif table_dir is not None:
-        whole, partial, from_log = _parquet_plan(opts, table_dir)
     else:
-        raise ValueError("read_table: give the table's catalog (catalog=) or its folder")
+        whole, partial, from_log = _parquet_plan(opts, table_dir)
     return _frame(spark, full, names, whole, partial, from_log, options)
+
+
+def _streams(client, names: str) -> list[str]:
+    """The streams of the comma-separated ``names``: a name that is no stream but a super
+    stream stands for its partition streams, in order."""
+    from ..client import ClientError
+
+    out = []
+    for name in (n.strip() for n in names.split(",") if n.strip()):
+        try:
+            members = [] if client.stream_exists(name) else client.partitions(name)
+        except ClientError:  # refused: the source's own read says why
+            members = []
+        out += members or [name]
+    return list(dict.fromkeys(out))
 
 
 def _parquet_plan(opts, table_dir: str):

@@ -48,6 +48,16 @@ def catalog_uri(table_dir: str, catalog: str | None) -> str:
     return "sqlite:///" + os.path.join(os.path.abspath(path), CATALOG_FILE)
 
 
+def embedded_catalog(table_dir: str) -> str | None:
+    """The URI of the embedded SQLite catalog (CATALOG_FILE) of the local table folder
+    ``table_dir`` when that file exists (a server wrote Iceberg tables there), else None."""
+    try:
+        uri = catalog_uri(table_dir, None)
+    except ValueError:
+        return None
+    return uri if os.path.exists(uri[len("sqlite:///"):]) else None
+
+
 def warehouse(table_dir: str) -> str:
     """The warehouse URI tables are created under: ``table_dir`` as a URI."""
     return table_dir if "://" in table_dir else "file://" + os.path.abspath(table_dir)
@@ -164,14 +174,27 @@ def redacted(uri: str) -> str:
 class TableSnapshot:
     """What the current snapshot of ``stream``'s table (in the catalog ``catalog``, with data
     under ``table_dir``) holds, for a reader: ``held(partition, start, end)`` and
-    ``first(partition, log_first)``. A stream without a table holds nothing."""
+    ``first(partition, log_first)``. A stream without a table holds nothing, and so does an
+    embedded SQLite catalog whose file does not exist (a reader never creates one)."""
 
     def __init__(self, table_dir: str, catalog: str | None, stream: str) -> None:
-        self.table = load_table(load_catalog(table_dir, catalog), stream)
+        uri = catalog_uri(table_dir, catalog)
+        missing = uri.startswith("sqlite:///") and not os.path.exists(uri[len("sqlite:///"):])
+        self.table = None if missing else load_table(load_catalog(table_dir, uri), stream)
         snapshot = self.table.current_snapshot() if self.table is not None else None
         self.offsets = snapshot_offsets(snapshot)
-        self._files = data_files(self.table) if snapshot is not None else {}
+        self._planned: dict[int, list] | None = None if snapshot is not None else {}
         self.stream = stream
+
+    @property
+    def _files(self) -> dict[int, list]:
+        if self._planned is None:  # planned when asked: ``first`` needs only the summary
+            self._planned = data_files(self.table)
+        return self._planned
+
+    def file_count(self) -> int:
+        """How many data files the snapshot lists."""
+        return sum(len(files) for files in self._files.values())
 
     def first(self, partition: int, log_first: int) -> int:
         """``log_first``, or the table's first offset when the table holds, without a gap,
@@ -203,3 +226,41 @@ class TableSnapshot:
                             "log", self.stream, partition, f.file_path, problem, lo, hi - 1)
                 return start, start, []
         return lo, hi, [(f.file_path, a, b) for f, a, b in files]
+
+
+def snapshot_batches(files, start: int, end: int, schema, batch_rows: int):
+    """Yield the records ``[start, end)`` held by the Iceberg data ``files`` (``(location,
+    lowest offset, highest offset)``, as TableSnapshot.held gives them) as
+    ``pyarrow.RecordBatch``es of ``schema`` (riverlog.spark.arrow.arrow_schema, or a
+    projection of it) of at most ``batch_rows`` rows, in offset order (files whose offsets
+    overlap, such as the two day partitions of one write, are read together and sorted).
+    For the riverlog source's executors (pyarrow, no Spark, no catalog). Raises OSError or
+    pyarrow's errors when a file cannot be read."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    from pyarrow import fs
+
+    columns = list(dict.fromkeys(schema.names + ["offset"]))
+    groups: list[list] = []
+    for location, lo, hi in sorted(files, key=lambda f: f[1]):
+        if hi < start or lo >= end:
+            continue
+        if groups and lo <= groups[-1][0]:
+            groups[-1][0] = max(groups[-1][0], hi)
+            groups[-1][1].append(location)
+        else:
+            groups.append([hi, [location]])
+    for _, locations in groups:
+        tables = []
+        for location in locations:
+            filesystem, path = fs.FileSystem.from_uri(location)
+            tables.append(pq.read_table(  # row groups outside skipped by their statistics
+                path, columns=columns, filesystem=filesystem,
+                filters=(pc.field("offset") >= start) & (pc.field("offset") < end)))
+        rows = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        if len(tables) > 1:
+            rows = rows.sort_by("offset")
+        rows = rows.select(schema.names).cast(schema)
+        for batch in rows.to_batches(max_chunksize=batch_rows):
+            yield pa.RecordBatch.from_arrays(batch.columns, schema=schema)

@@ -68,18 +68,24 @@ class TableService:
         return [s for s in list(self.broker.streams.values()) if not s.name.startswith("__")
                 and (self.config.enabled if s.config.table is None else s.config.table)]
 
-    def catalog(self, stream: str) -> tuple[str, str] | None:
-        """``(catalog URI, table name)`` of ``stream``'s Iceberg table for readers (the
+    def catalog_uri(self) -> str | None:
+        """The Iceberg catalog of this server's tables, as readers are told it (the
         catalog's password left out); None when tables are not Iceberg or the table folder
         has no catalog (riverlog.tables.iceberg.catalog_uri)."""
         if self.config.format != "iceberg":
             return None
-        from .iceberg import NAMESPACE, catalog_uri, redacted
+        from .iceberg import catalog_uri, redacted
         try:
-            uri = catalog_uri(self.table_dir, self.config.catalog)
+            return redacted(catalog_uri(self.table_dir, self.config.catalog))
         except ValueError:
             return None
-        return redacted(uri), f"{NAMESPACE}.{stream}"
+
+    def catalog(self, stream: str) -> tuple[str, str] | None:
+        """``(catalog URI, table name)`` of ``stream``'s Iceberg table for readers
+        (``catalog_uri``); None when there is no catalog."""
+        from .iceberg import NAMESPACE
+        uri = self.catalog_uri()
+        return None if uri is None else (uri, f"{NAMESPACE}.{stream}")
 
     def lag(self, stream: Stream, partition: int) -> tuple[int, float]:
         """``(messages, seconds)`` the table of ``partition`` is behind: committed records it

@@ -125,15 +125,15 @@ def test_table_settings(tmp_path):
     config, _ = build(load(None, {}), {"tables": True, "table_dir": "/elsewhere"})
     assert config.tables.enabled and config.table_dir == "/elsewhere"
     assert (config.tables.format, config.tables.catalog, config.tables.expiry_ms) == (
-        "parquet", None, 3_600_000)
-    path = write(tmp_path, "streams:\n  table:\n    format: iceberg\n"
+        "iceberg", None, 3_600_000)  # Iceberg is the default format
+    path = write(tmp_path, "streams:\n  table:\n    format: parquet\n"
                            "    catalog: http://cat:8181\n    snapshot.expiry: 10m\n")
     tables = build(load(path, {}), {})[0].tables
     assert (tables.format, tables.catalog, tables.expiry_ms) == (
-        "iceberg", "http://cat:8181", 600_000)
-    tables = build(load(None, {}), {"table_format": "iceberg",
+        "parquet", "http://cat:8181", 600_000)
+    tables = build(load(None, {}), {"table_format": "parquet",
                                     "table_catalog": "sqlite:////c.db"})[0].tables
-    assert (tables.format, tables.catalog) == ("iceberg", "sqlite:////c.db")
+    assert (tables.format, tables.catalog) == ("parquet", "sqlite:////c.db")
 
 
 def test_missing_file(tmp_path):

@@ -35,6 +35,17 @@ def table_server(tmp_path_factory):
     short ``streams.table.lag`` (300 ms)."""
     from riverlog.config import TableConfig
     server = ThreadServer(str(tmp_path_factory.mktemp("riverlog-tables")),
+                          tables=TableConfig(lag_ms=300, format="parquet")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def iceberg_tables(tmp_path_factory):
+    """A server whose streams created with ``x-riverlog-table`` have Iceberg tables (the
+    default format) in the embedded catalog, with a short ``streams.table.lag`` (300 ms)."""
+    from riverlog.config import TableConfig
+    server = ThreadServer(str(tmp_path_factory.mktemp("riverlog-iceberg-tables")),
                           tables=TableConfig(lag_ms=300)).start()
     yield server
     server.stop()
@@ -161,7 +172,7 @@ def tables_at(tmp_path, location: str, stream: str, segment_bytes: int):
     or a URI), with ``stream`` created (segments of ``segment_bytes``); stopped on exit."""
     from riverlog.config import TableConfig
     s = ThreadServer(str(tmp_path / "data"), tables=TableConfig(
-        lag_ms=300, enabled=True, directory=location)).start()
+        lag_ms=300, enabled=True, directory=location, format="parquet")).start()
     try:
         with s.client() as c:
             c.create_stream(stream, {"stream-max-segment-size-bytes": str(segment_bytes)})
@@ -193,5 +204,34 @@ def wait_table(server: ThreadServer, stream: str, *, sealed: bool = True) -> mf.
             return m
         assert time.monotonic() < deadline, (
             f"table of {stream} never caught up: {m}, log segments "
+            f"{[(s.base_offset, s.next_offset) for s in p.log.segments]}")
+        time.sleep(0.1)
+
+
+def catalog(server: ThreadServer):
+    """The embedded Iceberg catalog of ``server``'s table folder."""
+    from riverlog.tables import iceberg as ice
+    return ice.load_catalog(server.app.config.table_dir)
+
+
+def wait_iceberg(server: ThreadServer, stream: str, *, sealed: bool = True,
+                 wait_s: float = 90):
+    """The Iceberg table once its current snapshot holds every committed offset of
+    partition 0 (and, with ``sealed``, every sealed segment written whole); fails after
+    ``wait_s`` seconds."""
+    from riverlog.tables import iceberg as ice
+    p = partition_of(server, stream)
+    deadline = time.monotonic() + wait_s
+    while True:
+        table = ice.load_table(catalog(server), stream)
+        snap = table.current_snapshot() if table is not None else None
+        held = ice.snapshot_offsets(snap).get(0)
+        whole = set(ice.snapshot_segments(snap).get(0, {}))
+        bases = {s.base_offset for s in p.log.segments[:-1]}
+        if held is not None and held[1] == p.committed_offset + 1 and (
+                not sealed or bases <= whole):
+            return table
+        assert time.monotonic() < deadline, (
+            f"table of {stream} never caught up: {held}, whole {sorted(whole)}, log "
             f"{[(s.base_offset, s.next_offset) for s in p.log.segments]}")
         time.sleep(0.1)

@@ -1,5 +1,6 @@
 # The NYC flights pipeline end to end: all 336,776 flights published as events into a stream
-# with a Parquet table, the streaming job reads the history from the table and its windows
+# with an Iceberg table (the default format), the streaming job reads the history from the
+# table (in the catalog the server names) and its windows
 # equal pandas' aggregates from the CSV to the row, in Parquet and in the output stream; then
 # the unchanged job under spark-submit on local-cluster[2,1,1024] (executors in their own
 # JVMs and Python workers), reading from the server as the stream has no table.
@@ -21,7 +22,7 @@ from riverlog.metrics import REGISTRY  # noqa: E402
 from riverlog.spark import flights  # noqa: E402
 from riverlog.spark.options import connection  # noqa: E402
 
-from .conftest import wait_table  # noqa: E402
+from .conftest import wait_iceberg  # noqa: E402
 
 
 def compare(expected, parquet_dir):
@@ -46,7 +47,9 @@ def delivered(stream: str) -> float:
         "stream": stream, "door": "rabbitmq_stream"}) or 0
 
 
-def test_pipeline_matches_pandas(spark, table_server, tmp_path):
+@pytest.mark.timeout(600)  # 336,777 events published, tabled and read: 4-5 min on a loaded 2-CPU machine
+def test_pipeline_matches_pandas(spark, iceberg_tables, tmp_path):
+    table_server = iceberg_tables
     suffix = time.monotonic_ns()
     in_stream, out_stream = f"flights-{suffix}", f"flight-delays-{suffix}"
     df = flights.read_flights()
@@ -58,13 +61,12 @@ def test_pipeline_matches_pandas(spark, table_server, tmp_path):
     assert flights.publish(conn, in_stream, df.head(1000), progress=False)  # a re-run adds nothing
     with table_server.client() as client:
         assert client.offset_range(in_stream) == (0, flights.FLIGHTS + 1)
-    wait_table(table_server, in_stream, sealed=False)
+    wait_iceberg(table_server, in_stream, sealed=False, wait_s=240)
 
     out = str(tmp_path / "out")
     before = delivered(in_stream)
     result = flights.run(spark, table_server.servers, out, in_stream=in_stream,
-                         out_stream=out_stream, max_offsets_per_trigger=200_000, progress=False,
-                         table_dir=table_server.app.config.table_dir)
+                         out_stream=out_stream, max_offsets_per_trigger=200_000, progress=False)
     assert result.batches == 3  # two with data, then one that only moves the watermark
     assert result.input_rows == flights.FLIGHTS + 1
     # the history came from the table's files: the server sent the executors none of it,
@@ -86,8 +88,7 @@ def test_pipeline_matches_pandas(spark, table_server, tmp_path):
 
     # run again on the same checkpoint: nothing new, nothing written twice
     again = flights.run(spark, table_server.servers, out, in_stream=in_stream,
-                        out_stream=out_stream, progress=False,
-                        table_dir=table_server.app.config.table_dir)
+                        out_stream=out_stream, progress=False)
     assert again.input_rows == 0 and again.windows == len(got)
     assert stream.count() == len(got)
 
@@ -123,7 +124,8 @@ def test_demo_command_reports_an_unreachable_server():
     from riverlog.cli import main
 
     result = CliRunner().invoke(main, ["demo", "flights", "--servers", "127.0.0.1:1",
-                                       "--limit", "10", "--no-progress"])
+                                       "--limit", "10", "--no-progress",
+                                       "--table-catalog", "sqlite:////nowhere/catalog.db"])
     assert result.exit_code == 1
     assert "cannot connect to 127.0.0.1:1" in result.output
     assert "Traceback" not in result.output

@@ -24,7 +24,7 @@ from riverlog.spark.reader import RangePartition, read_partition  # noqa: E402
 from riverlog.tables import iceberg as ice  # noqa: E402
 
 from ._server import ThreadServer  # noqa: E402
-from .conftest import partition_of, send, varied  # noqa: E402
+from .conftest import catalog, partition_of, send, varied, wait_iceberg  # noqa: E402
 
 SMALL_SEGMENTS = {"x-riverlog-table": "true", "stream-max-segment-size-bytes": "8192"}
 
@@ -37,35 +37,11 @@ def iceberg_server(tmp_path_factory):
     server.stop()
 
 
-def catalog(server: ThreadServer):
-    return ice.load_catalog(server.app.config.table_dir)
-
-
 def source_rows(server: ThreadServer, stream: str, start: int, end: int) -> pa.Table:
     """What the Spark source reads for [start, end) (its executor-side read, no Spark)."""
     conn = Connection((("127.0.0.1", server.port),))
     part = RangePartition(stream, 0, start, end, conn, fail_on_data_loss=False)
     return pa.Table.from_batches(list(read_partition(part)))
-
-
-def wait_iceberg(server: ThreadServer, stream: str, *, sealed: bool = True):
-    """The table once its current snapshot holds every committed offset of partition 0
-    (and, with ``sealed``, every sealed segment written whole)."""
-    p = partition_of(server, stream)
-    deadline = time.monotonic() + 90
-    while True:
-        table = ice.load_table(catalog(server), stream)
-        snap = table.current_snapshot() if table is not None else None
-        held = ice.snapshot_offsets(snap).get(0)
-        whole = set(ice.snapshot_segments(snap).get(0, {}))
-        bases = {s.base_offset for s in p.log.segments[:-1]}
-        if held is not None and held[1] == p.committed_offset + 1 and (
-                not sealed or bases <= whole):
-            return table
-        assert time.monotonic() < deadline, (
-            f"table of {stream} never caught up: {held}, whole {sorted(whole)}, log "
-            f"{[(s.base_offset, s.next_offset) for s in p.log.segments]}")
-        time.sleep(0.1)
 
 
 def by_offset(table: pa.Table) -> pa.Table:
@@ -300,14 +276,15 @@ def test_retention_compaction_and_damaged_metadata_reach_the_table(iceberg_serve
 
 def test_an_archived_parquet_table_is_converted_on_start(tmp_path):
     """A Parquet-mirror table (manifest layout) that archived offsets the log dropped: the
-    server started with the Iceberg format carries them over (the old files' rows) and
-    writes the rest from the log; then the old folder is gone."""
+    server started with the Iceberg format (the default) carries them over (the old files'
+    rows) and writes the rest from the log; then the old folder is gone."""
     from riverlog.tables import manifest as mf
 
     from .conftest import wait_table
 
     data = str(tmp_path / "data")
-    old = ThreadServer(data, tables=TableConfig(lag_ms=300, archive=True, enabled=True)).start()
+    old = ThreadServer(data, tables=TableConfig(lag_ms=300, archive=True, enabled=True,
+                                                format="parquet")).start()
     try:
         with old.client() as c:
             c.create_stream("legacy", {"stream-max-segment-size-bytes": "8192",
@@ -320,7 +297,8 @@ def test_an_archived_parquet_table_is_converted_on_start(tmp_path):
         table_dir = old.app.config.table_dir
     finally:
         old.stop()
-    config = TableConfig(lag_ms=300, archive=True, enabled=True, format="iceberg")
+    config = TableConfig(lag_ms=300, archive=True, enabled=True)  # Iceberg: the default
+    assert config.format == "iceberg"
     server = ThreadServer(data, tables=config).start()
     try:
         table = wait_iceberg(server, "legacy", sealed=False)
@@ -341,3 +319,93 @@ def test_an_archived_parquet_table_is_converted_on_start(tmp_path):
             time.sleep(0.1)
     finally:
         server.stop()
+
+
+COLUMNS = ["stream", "partition", "offset", "key", "value", "timestamp", "headers"]
+
+
+def delivered(stream: str) -> float:
+    """Records the server has sent to readers of ``stream`` (its metrics, in this process)."""
+    from riverlog.metrics import REGISTRY
+    return REGISTRY.get_sample_value("riverlog_delivered_messages_total", {
+        "stream": stream, "door": "rabbitmq_stream"}) or 0
+
+
+def test_the_server_names_the_catalog_and_the_source_reads_the_table(iceberg_server, spark):
+    """Open names the Iceberg catalog, so read_table needs neither folder nor catalog; the
+    source with option catalog (or tableDir, the folder of the embedded catalog) reads what
+    the table holds from its data files and only the rest from the server: the same rows
+    as the source without a table, in batch and streaming reads."""
+    import asyncio
+
+    import riverlog.spark
+    from riverlog.tables.iceberg import catalog_uri
+
+    app = iceberg_server.app
+    uri = catalog_uri(app.config.table_dir, None)
+    with iceberg_server.client() as c:
+        assert c.table_catalog == uri
+        c.create_stream("icesrc", SMALL_SEGMENTS)
+    send(iceberg_server, "icesrc", varied(0, 600))
+    wait_iceberg(iceberg_server, "icesrc")
+    asyncio.run_coroutine_threadsafe(app.tables.stop(), iceberg_server.loop).result(60)
+    try:
+        send(iceberg_server, "icesrc", varied(600, 40))  # only in the log
+        source = (spark.read.format("riverlog").option("servers", iceberg_server.servers)
+                  .option("stream", "icesrc"))
+        want = source.load().select(*COLUMNS).orderBy("offset").collect()
+        assert [r.offset for r in want] == list(range(640))
+        table = riverlog.spark.read_table(spark, "icesrc", servers=iceberg_server.servers)
+        assert any(f.endswith(".parquet") for f in table.inputFiles())
+        assert table.select(*COLUMNS).orderBy("offset").collect() == want
+        for option, value in (("catalog", uri), ("tableDir", app.config.table_dir)):
+            before = delivered("icesrc")
+            got = source.option(option, value).load().select(*COLUMNS).orderBy("offset")
+            assert got.collect() == want, option
+            # the server sent the newest chunk (40 records) to the read and to planning
+            assert delivered("icesrc") - before < 200, option
+        before = delivered("icesrc")
+        query = (spark.readStream.format("riverlog").option("servers", iceberg_server.servers)
+                 .option("stream", "icesrc").option("startingOffsets", "earliest")
+                 .option("catalog", uri).load().select(*COLUMNS).writeStream
+                 .format("memory").queryName("icesrc_stream").trigger(availableNow=True)
+                 .start())
+        query.awaitTermination(120)
+        got = spark.sql("select * from icesrc_stream order by offset").collect()
+        assert got == want
+        # each offset lookup of the planner gets the newest chunk (40 records): never the
+        # 600 records of the history
+        assert delivered("icesrc") - before < 600
+    finally:
+        iceberg_server.loop.call_soon_threadsafe(app.tables.start)
+
+
+def test_a_super_stream_reads_as_one_table(iceberg_server, spark):
+    """read_table on a super stream's name: its partition streams' tables (and each one's
+    newest records from the log), unioned: the rows of reading each partition stream
+    through the source."""
+    from riverlog.broker.stream import StreamConfig
+    from riverlog.spark import read_table
+
+    members = ["icesuper-0", "icesuper-1", "icesuper-2"]
+
+    async def make():
+        app.rabbitmq_stream.super_streams.create("icesuper", members, ["0", "1", "2"],
+                                                 StreamConfig(table=True))
+    import asyncio
+    app = iceberg_server.app
+    asyncio.run_coroutine_threadsafe(make(), iceberg_server.loop).result(30)
+    for i, member in enumerate(members):
+        send(iceberg_server, member, varied(i * 1000, 200 + 50 * i))
+    for member in members:
+        wait_iceberg(iceberg_server, member, sealed=False)
+    table = read_table(spark, "icesuper", servers=iceberg_server.servers)
+    assert any(f.endswith(".parquet") for f in table.inputFiles())
+    got = table.select(*COLUMNS).orderBy("stream", "offset").collect()
+    want = []
+    for member in members:
+        want += (spark.read.format("riverlog").option("servers", iceberg_server.servers)
+                 .option("stream", member).load().select(*COLUMNS).orderBy("offset")
+                 .collect())
+    assert len(got) == 200 + 250 + 300
+    assert got == want

@@ -162,7 +162,7 @@ def test_archived_offsets_beyond_retention_are_read_from_the_table(spark, tmp_pa
     them; read_table from earliest starts at the table's first offset and returns every
     record once, offsets contiguous from the table into the log, values as published; so
     does the source with tableDir."""
-    s = ThreadServer(str(tmp_path), tables=TableConfig(lag_ms=300, archive=True,
+    s = ThreadServer(str(tmp_path), tables=TableConfig(lag_ms=300, archive=True, format="parquet",
                                                        enabled=True)).start()
     try:
         with s.client() as c:

@@ -121,7 +121,8 @@ def test_spark_reads_table_files_by_their_hadoop_uri(location, uri):
 
 def test_a_table_folder_pyarrow_cannot_open_is_reported_and_publishers_go_on(tmp_path):
     s = ThreadServer(str(tmp_path / "data"), tables=TableConfig(
-        lag_ms=300, enabled=True, directory="nosuch://bucket/tables")).start()
+        lag_ms=300, enabled=True, directory="nosuch://bucket/tables",
+        format="parquet")).start()
     try:
         with s.client() as c:
             c.create_stream("nowhere")
@@ -232,7 +233,7 @@ def test_retention_and_compaction_reach_the_table(table_server):
 
 def test_archive_keeps_what_retention_drops(tmp_path):
     s = ThreadServer(str(tmp_path), tables=TableConfig(lag_ms=300, archive=True, enabled=True,
-                                                       compression="snappy")).start()
+                                                       compression="snappy", format="parquet")).start()
     try:
         with s.client() as c:
             c.create_stream("archived", {"stream-max-segment-size-bytes": "8192",
@@ -257,7 +258,7 @@ def test_archive_keeps_what_retention_drops(tmp_path):
 
 
 def test_start_removes_leftovers_and_rebuilds_a_damaged_manifest(tmp_path):
-    config = TableConfig(lag_ms=300, enabled=True)
+    config = TableConfig(lag_ms=300, enabled=True, format="parquet")
     s = ThreadServer(str(tmp_path), tables=config).start()
     try:
         with s.client() as c:

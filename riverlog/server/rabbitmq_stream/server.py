@@ -21,11 +21,14 @@ log = logging.getLogger("riverlog.rabbitmq_stream")
 
 
 class RabbitStreamServer:
-    """The listening socket and its connections. ``await start()``, ``await stop()``."""
+    """The listening socket and its connections. ``await start()``, ``await stop()``.
+    ``table_catalog``: the Iceberg catalog of the server's stream tables (its password left
+    out; riverlog.tables.service.TableService.catalog_uri) that Open names to clients."""
 
     def __init__(self, broker: Broker, config: RabbitStreamConfig,
-                 guard: Guard | None = None) -> None:
+                 guard: Guard | None = None, table_catalog: str | None = None) -> None:
         self.broker = broker
+        self.table_catalog = table_catalog
         self.config = config
         self.guard = guard or Guard(SecurityConfig())
         self.connections: set[RabbitStreamConnection] = set()

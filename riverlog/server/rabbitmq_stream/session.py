@@ -29,6 +29,9 @@ LOGIN_REFUSED_LINGER_S = 0.2
 # hangs up first, as clients do once answered)
 CLOSE_LINGER_S = 1.0
 
+TABLE_CATALOG_PROPERTY = "riverlog_table_catalog"
+"""Open's answer: the Iceberg catalog of the server's stream tables (docs/spark.md)."""
+
 # ExchangeCommandVersions: [key, min, max] in key order (Publish and Deliver go to 2).
 SERVER_COMMAND_VERSIONS = tuple(
     f.CommandVersion(key, 1, 2 if key in (0x02, 0x08) else 1)
@@ -145,8 +148,10 @@ class Session:
         self.decoder.max_frame_size = self.frame_max
         self.decoder.max_publish_frame_size = PUBLISH_FRAME_MAX
         host, port = self.link.server.advertised_for(self.link.tls)
-        self.send(f.OpenResponse(frame.correlation_id, OK, {
-            "advertised_host": host, "advertised_port": str(port)}))
+        properties = {"advertised_host": host, "advertised_port": str(port)}
+        if self.link.server.table_catalog is not None:  # where readers find stream tables
+            properties[TABLE_CATALOG_PROPERTY] = self.link.server.table_catalog
+        self.send(f.OpenResponse(frame.correlation_id, OK, properties))
         if self.heartbeat_s:
             self._heartbeat_task = asyncio.get_running_loop().create_task(self._heartbeats())
 
