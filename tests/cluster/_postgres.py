@@ -38,6 +38,8 @@ def missing() -> str | None:
             pwd.getpwnam("postgres")
         except KeyError:
             return "running as root and there is no `postgres` user to run PostgreSQL as"
+        if shutil.which("runuser") is None:
+            return "running as root and there is no runuser to run PostgreSQL as `postgres`"
     return None
 
 
