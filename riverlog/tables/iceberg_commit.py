@@ -24,10 +24,12 @@ from . import iceberg as ice
 
 log = logging.getLogger("riverlog.tables")
 
-COMMIT_TRIES = 10
-"""Commits tried per pass (the first and the retries after conflicts)."""
+COMMIT_TRIES = 20
+"""Commits tried per pass (the first and the retries after conflicts); then the pass fails
+and the next one plans again."""
 RETRY_WAIT_S = (0.02, 1.0)
-"""The wait before the first retry, doubled each retry up to the second (plus jitter)."""
+"""The most a retry waits: the first value, doubled each retry up to the second; the wait
+is a random part of it (full jitter, so writers that collided spread out)."""
 
 
 class Fenced(Exception):
@@ -107,7 +109,7 @@ def commit(table, stream: str, base, epochs: dict[int, int], offsets: dict, segm
             wait = min(RETRY_WAIT_S[0] * 2 ** attempt, RETRY_WAIT_S[1])
             log.info("table of %r: another writer committed first (%s); committing again on "
                      "its snapshot", stream, exc)
-            time.sleep(wait * random.uniform(1.0, 1.5))
+            time.sleep(random.uniform(0, wait))
             table = table.refresh()
     raise AssertionError("unreachable")
 
