@@ -32,10 +32,10 @@ CONFLICT = "another writer committed first"
 """What a table worker logs when it commits again after a conflict (iceberg_commit)."""
 
 
-def tables(tmp_path, catalog: str | None = None) -> TableConfig:
+def tables(tmp_path, catalog: str | None = None, lag_ms: int = 300) -> TableConfig:
     """Every member's TableConfig: Iceberg, one table folder for all (its SQLite catalog
-    the shared one unless ``catalog``), a short lag."""
-    return TableConfig(lag_ms=300, format="iceberg", catalog=catalog,
+    the shared one unless ``catalog``), a short lag (``lag_ms``)."""
+    return TableConfig(lag_ms=lag_ms, format="iceberg", catalog=catalog,
                        directory=str(tmp_path / "tables"))
 
 
@@ -119,7 +119,7 @@ async def test_partition_leaders_commit_to_one_table_concurrently(tmp_path, capf
     summary keeps every partition's offsets), so each partition's records are in the table
     exactly once and each leader reports its partition's table, the followers none."""
     with catalog_of(kind) as url:
-        config = tables(tmp_path, url)
+        config = tables(tmp_path, url, lag_ms=150)  # a pass every 50 ms: conflicts soon
         apps = await started(tmp_path, tables=config)
         try:
             await created(apps, "events", partitions=3, replication_factor=3, table=True)
