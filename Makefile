@@ -20,8 +20,11 @@ install: $(BIN)/python
 # `make install-test` and `make test` regenerate them; `make proto` after editing api.proto.
 proto: install
 
-# The web view's test drives Debian's chromium (tests/server/test_management_web.py): installed
-# here when missing and apt-get can (as root); elsewhere that one test is skipped, saying why.
+# The web view's test drives Debian's chromium (tests/server/test_management_web.py), and the
+# Iceberg catalog on PostgreSQL is tested against Debian's postgresql (initdb, pg_ctl; the
+# test runs it as the `postgres` user when root; tests/cluster/test_iceberg_cluster.py): each
+# installed here when missing and apt-get can (as root); elsewhere those tests are skipped,
+# saying why.
 install-test: $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
 	@if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then \
@@ -30,6 +33,13 @@ install-test: $(BIN)/python
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
 	      || echo "note: chromium could not be installed: the web view's test will be skipped"; \
 	  else echo "note: no chromium and no root apt-get: the web view's test will be skipped"; fi; \
+	fi
+	@if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing postgresql (apt-get) for the Iceberg catalog test on PostgreSQL"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null \
+	      || echo "note: postgresql could not be installed: the PostgreSQL catalog test will be skipped"; \
+	  else echo "note: no postgresql and no root apt-get: the PostgreSQL catalog test will be skipped"; fi; \
 	fi
 
 serve: install

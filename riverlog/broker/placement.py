@@ -88,6 +88,11 @@ class Placement:
         found = self.of(stream, index)
         return found is not None and found.leader == self.server_id
 
+    def created_ns(self, stream: str) -> int | None:
+        """When ``stream`` was created (ns) as every server of a cluster tells; None on a
+        single server (the Broker's stream knows) or when unknown."""
+        return None
+
     def door(self, server_id: str, door: str) -> tuple[str, int] | None:
         """(host, port) where clients reach ``door`` ("rabbitmq-stream", "rabbitmq-stream-tls",
         "grpc", "nats") of server ``server_id``; None when that server does not advertise it."""

@@ -1,7 +1,8 @@
 # `riverlog cluster up`: a cluster of N `riverlog serve` processes on this machine, for trying
 # clustering and for tests (docs/clustering.md "Three servers on one machine"). Owns the
 # layout of DIR (one data folder per server, `DIR/<id>/`, its log in `DIR/<id>/riverlog.log`,
-# the Raft password in `DIR/raft-password`, mode 0600, generated once; the ports of every door
+# the Raft password in `DIR/raft-password`, mode 0600, generated once; the streams' tables and
+# their Iceberg catalog (SQLite) in `DIR/tables`, shared by every server; the ports of every door
 # in `DIR/cluster.json`, reused by the next `up` when they are still free; a Raft port must
 # be: the members know each other by it), starting the
 # servers, waiting until every one is registered in the cluster metadata, and stopping them.
@@ -27,6 +28,9 @@ from typing import Callable
 
 PASSWORD_FILE = "raft-password"
 LAYOUT_FILE = "cluster.json"
+TABLES = "tables"
+"""DIR/tables: the table folder every server shares, with the Iceberg catalog's SQLite file
+(riverlog.tables.iceberg.CATALOG_FILE): one catalog every member reaches."""
 PORTS = ("stream", "grpc", "nats", "nats_cluster", "raft", "metrics", "management")
 """The ports each server takes, by what listens there."""
 STOP_GRACE_S = 15.0
@@ -158,7 +162,8 @@ def serve_command(member: Member, members: list[Member],
                os.path.join(directory, member.id), "--id", member.id, "--host", member.host,
                "--stream-port", str(p["stream"]), "--port", str(p["grpc"]),
                "--nats-port", str(p["nats"]), "--nats-cluster-port", str(p["nats_cluster"]),
-               "--metrics-host", member.host, "--metrics-port", str(p["metrics"])]
+               "--metrics-host", member.host, "--metrics-port", str(p["metrics"]),
+               "--table-dir", os.path.join(directory, TABLES)]
     # a layout saved before the management API has no port for it: a free one then
     command += ["--management-host", member.host,
                 "--management-port", str(p.get("management", 0))]

@@ -45,9 +45,9 @@ from . import join, raft_files
 from .agreed import Agreed
 from .metadata import RaftMetadata, RaftSettings, RaftUnavailable
 from .offsets import OffsetForwarding
+from .state import (CREATED_KEY, ClusterState, Door, MetadataError, NoSuchStream, Server,
+                    StreamExists, SuperStreamExists, config_dict, stream_config)
 from .status import PartitionStatus
-from .state import (ClusterState, Door, MetadataError, NoSuchStream, Server, StreamExists,
-                    SuperStreamExists)
 
 log = logging.getLogger("riverlog.cluster")
 
@@ -56,28 +56,13 @@ MEMBERS_CHECK_S = 1.0
 """How often the Raft leader looks for registered servers no longer Raft members."""
 RAFT_DOOR = "raft"
 """The door a server registers its Raft address under (Door(host, port) of the address)."""
-LEADER_TIMEOUT_S = 15.0
-"""Liftbridge's clustering.replica.max.leader.timeout: reports of one leader count together
-when at most this far apart (state.report_leader)."""
-_LOCAL_ONLY = ("replicated",)  # StreamConfig fields each server sets for itself
-
-
-def config_dict(config: StreamConfig) -> dict:
-    """``config`` as the plain dict the metadata carries (state.Stream.config)."""
-    return {k: v for k, v in dataclasses.asdict(config).items() if k not in _LOCAL_ONLY}
-
-
-def stream_config(stored: Mapping[str, object], replicated: bool) -> StreamConfig:
-    """The StreamConfig of a metadata stream's ``stored`` dict; fields this version does not
-    know are left out (a newer server's)."""
-    known = {f.name for f in dataclasses.fields(StreamConfig)} - set(_LOCAL_ONLY)
-    return StreamConfig(**{k: v for k, v in stored.items() if k in known},
-                        replicated=replicated)
+LEADER_TIMEOUT_S = 15.0  # Liftbridge's clustering.replica.max.leader.timeout: reports of
+# one leader count together when at most this far apart (state.report_leader)
 
 
 def _count_changes(isr_before: tuple[str, ...], isr: tuple[str, ...], elected: bool) -> None:
-    """Count one applied change of a partition held here in /metrics: a leader election,
-    replicas leaving and joining the ISR."""
+    """Count an applied change of a partition held here in /metrics: an election, replicas
+    leaving and joining the ISR."""
     if elected:
         metrics.LEADER_ELECTIONS.inc()
     metrics.ISR_SHRINKS.inc(len(set(isr_before) - set(isr)))
@@ -118,6 +103,11 @@ class ClusterPlacement(Agreed, Placement):
         min_isr = found.config.get("min_isr") or self.min_isr
         return PartitionPlacement(part.leader if self.caught_up else None, part.replicas,
                                   part.isr, part.leader_epoch, int(min_isr))
+
+    def created_ns(self, stream: str) -> int | None:
+        """CREATED_KEY (0: a stream made before it was kept); None: no such stream."""
+        found = self.state.streams.get(stream)
+        return None if found is None else int(found.config.get(CREATED_KEY) or 0)
 
     def door(self, server_id: str, door: str) -> tuple[str, int] | None:
         server = self.state.servers.get(server_id)
@@ -166,7 +156,7 @@ class ClusterPlacement(Agreed, Placement):
             await self.submit("create_stream", name=name, subject=config.subject or "",
                               partitions=config.partitions,
                               replication_factor=config.replication_factor,
-                              config=config_dict(config))
+                              config={**config_dict(config), CREATED_KEY: time.time_ns()})
         except StreamExists as exc:
             raise StreamExistsError(str(exc)) from None
         except MetadataError as exc:
@@ -228,13 +218,11 @@ class ClusterNode:
     ``replication`` (riverlog.cluster.replication.Replication, or None while there is no
     data replication: then every replica commits on its own and only the leader takes
     writes) is told every partition held here after each change. ``link`` (the NatsLink
-    given to ``start``) carries
-    Liftbridge's partition status requests (``<namespace>.raft.metadata.status.<server
-    id>``): this server answers whether it holds and leads a partition once
-    ``doors_synced()`` returned (its NATS door listens then), and asks a new stream's
-    leaders before a create returns, so a publish right after it reaches a listening
-    leader.
-    """
+    given to ``start``) carries Liftbridge's partition status requests
+    (``<namespace>.raft.metadata.status.<server id>``): this server answers whether it holds
+    and leads a partition once ``doors_synced()`` returned (its NATS door listens then), and
+    asks a new stream's leaders before a create returns, so a publish right after it
+    reaches a listening leader."""
 
     def __init__(self, config: ClusterConfig, broker: Broker, settings: RaftSettings,
                  create_local: Callable[[str, StreamConfig], object],
@@ -260,9 +248,9 @@ class ClusterNode:
         self.leader_timeout_s = LEADER_TIMEOUT_S  # report_leader's window (replication's)
         self.join_attempts = join.JOIN_ATTEMPTS
         self._assigned: set[tuple[str, int]] = set()
+        # internal streams (``__cursors``) put in the metadata once every Raft member is
+        # registered, by the Raft leader, as Liftbridge's metadata leader creates them
         self.internal_streams: dict[str, StreamConfig] = {}
-        """Internal streams (``__cursors``) put in the metadata once every Raft member is
-        registered, by the Raft leader, as Liftbridge's metadata leader creates them."""
         self._internal_task: asyncio.Task | None = None
         self._unwatch: Callable[[], None] | None = None
         self._register_task: asyncio.Task | None = None
@@ -273,10 +261,10 @@ class ClusterNode:
         """Start the Raft member (its thread; the Raft files are checked first), follow its
         metadata, register this server with ``doors`` (door name -> advertised host and
         port) in the background until Raft takes it, and answer partition status requests
-        on ``link`` (a started NatsLink), and join requests while this member leads the
-        Raft. A server configured to join (ClusterConfig.joins) asks to join first, unless it
-        has its members file (it joined before). ``replication``, when set, is started first
-        and stopped by ``stop``. Raises RaftConfigError, RaftFileCorrupt, RaftBindError,
+        on ``link`` (a started NatsLink), and join requests while this member leads the Raft.
+        A server configured to join (ClusterConfig.joins) asks to join first, unless it has
+        its members file (it joined before). ``replication``, when set, is started first and
+        stopped by ``stop``. Raises RaftConfigError, RaftFileCorrupt, RaftBindError,
         join.RaftJoinError."""
         self.link = link
         if self.replication is not None:

@@ -14,7 +14,7 @@ from typing import Callable, Mapping
 
 from ..broker.groups import (ALREADY_MEMBER, GROUP_NOT_FOUND, NOT_MEMBER, STREAM_NOT_FOUND,
                              balance, generation_mismatch)
-from ..broker.stream import SuperStream
+from ..broker.stream import StreamConfig, SuperStream
 
 FIRST_LEADER_EPOCH = 1
 ALL_SERVERS = -1
@@ -129,6 +129,23 @@ class Stream:
     """Paused with Liftbridge's resumeAll: a publish to any partition resumes every paused
     one (set by the latest pause, cleared by a resume)."""
     __setstate__ = _load_with_defaults
+
+
+_LOCAL_ONLY = ("replicated",)  # StreamConfig fields each server sets for itself
+CREATED_KEY = "created_ns"  # in the metadata config: creation time (ns), on every server alike
+
+
+def config_dict(config: StreamConfig) -> dict:
+    """``config`` as the plain dict the metadata carries (state.Stream.config)."""
+    return {k: v for k, v in dataclasses.asdict(config).items() if k not in _LOCAL_ONLY}
+
+
+def stream_config(stored: Mapping[str, object], replicated: bool) -> StreamConfig:
+    """The StreamConfig of a metadata stream's ``stored`` dict; fields this version does not
+    know are left out (a newer server's)."""
+    known = {f.name for f in dataclasses.fields(StreamConfig)} - set(_LOCAL_ONLY)
+    return StreamConfig(**{k: v for k, v in stored.items() if k in known},
+                        replicated=replicated)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

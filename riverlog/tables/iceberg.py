@@ -7,7 +7,9 @@
 # (identity) and day(timestamp), sorted by offset. Every snapshot the writer commits carries
 # in its summary, under OFFSETS_PROPERTY, the committed offset range ``[first, end)`` the
 # table holds per stream partition (JSON ``{"<partition>": [first, end]}``): where the table
-# ends and the log begins. pyiceberg and pyarrow are imported in the functions.
+# ends and the log begins, and under EPOCHS_PROPERTY the leader epoch of the writer of each
+# partition (a cluster's leaders share the table: riverlog.tables.iceberg_commit). pyiceberg
+# and pyarrow are imported in the functions.
 from __future__ import annotations
 
 import json
@@ -23,8 +25,12 @@ OFFSETS_PROPERTY = "riverlog.offsets"
 SEGMENTS_PROPERTY = "riverlog.segments"
 """Snapshot summary key: per partition, ``{base offset: [inode, size]}`` of each sealed
 segment written whole (so a segment compaction rewrote is noticed and written again)."""
+EPOCHS_PROPERTY = "riverlog.epochs"
+"""Snapshot summary key: per partition, the leader epoch of the server that writes it."""
 CREATED_PROPERTY = "riverlog.created-ns"
 """Table property: the stream's creation time (a stream made again gets a new table)."""
+NO_RETRIES = "commit.retry.num-retries"
+"""Table property: pyiceberg's commit retries (0 on riverlog's tables)."""
 CATALOG_FILE = "catalog.db"
 """The embedded SQL catalog's SQLite file in the table folder."""
 
@@ -88,7 +94,10 @@ def create_table(catalog, table_dir: str, stream: str, created_ns: int,
                  compression: str = "zstd"):
     """Create ``stream``'s table (format v2, riverlog's schema, partitioned by partition and
     day(timestamp), sorted by offset, Parquet data files with the codec ``compression``) at
-    ``<warehouse>/riverlog/<stream folder>``."""
+    ``<warehouse>/riverlog/<stream folder>``; the table another writer created meanwhile
+    when it exists. pyiceberg's own commit retries are off (``commit.retry.num-retries``
+    0): they would commit the stale summary again (riverlog.tables.iceberg_commit retries)."""
+    from pyiceberg.exceptions import TableAlreadyExistsError
     from pyiceberg.transforms import DayTransform, IdentityTransform
 
     from ..broker.broker import folder_name  # the broker's import is not for Spark workers
@@ -99,14 +108,28 @@ def create_table(catalog, table_dir: str, stream: str, created_ns: int,
     tx = catalog.create_table_transaction(
         identifier(stream), schema=arrow_schema(), location=location,
         properties={"format-version": "2", CREATED_PROPERTY: str(created_ns),
-                    "write.parquet.compression-codec": compression})
+                    "write.parquet.compression-codec": compression, NO_RETRIES: "0"})
     with tx.update_spec() as spec:
         spec.add_identity("partition")
         spec.add_field("timestamp", DayTransform(), "timestamp_day")
     with tx.update_sort_order() as order:
         order.asc("offset", IdentityTransform())
-    tx.commit_transaction()
+    try:
+        tx.commit_transaction()
+    except TableAlreadyExistsError:  # another server's writer made it first
+        pass
     return catalog.load_table(identifier(stream))
+
+
+def without_retries(table):
+    """``table`` with pyiceberg's commit retries off (NO_RETRIES "0"; riverlog's writer
+    retries, riverlog.tables.iceberg_commit): set now on a table made before riverlog set
+    it at creation."""
+    if table.properties.get(NO_RETRIES) == "0":
+        return table
+    with table.transaction() as tx:
+        tx.set_properties({NO_RETRIES: "0"})
+    return table.refresh()
 
 
 def load_table(catalog, stream: str):
@@ -134,6 +157,11 @@ def snapshot_segments(snapshot) -> dict[int, dict[int, tuple[int, int]]]:
     snapshot holds whole (SEGMENTS_PROPERTY)."""
     return {int(p): {int(b): (int(v[0]), int(v[1])) for b, v in segs.items()}
             for p, segs in _summary_json(snapshot, SEGMENTS_PROPERTY).items()}
+
+
+def snapshot_epochs(snapshot) -> dict[int, int]:
+    """Per stream partition, the leader epoch of its writer (EPOCHS_PROPERTY; 0: none)."""
+    return {int(p): int(e) for p, e in _summary_json(snapshot, EPOCHS_PROPERTY).items()}
 
 
 def data_files(table) -> dict[int, list]:

@@ -11,13 +11,16 @@
 # changes it; more than MAX_SMALL_FILES pieces of the active segment are written again as one.
 # Without ``archive`` data files below the log's first offset are removed. A crash before the
 # commit leaves files no snapshot lists: on the first visit of a table (and after snapshots
-# expire) every data file no snapshot lists is deleted. A table whose offsets run past the
-# log's end, or of an earlier stream of the same name, is written again from the log.
+# expire) the data files no snapshot lists are deleted, in the partitions this writer leads
+# and has claimed only (another writer's files in flight are left alone). A table whose
+# offsets run past the log's end, or of an earlier stream of the same name, is written again
+# from the log. Several writers share a table (a cluster's partition leaders): commits and
+# fencing are riverlog.tables.iceberg_commit's; a partition whose table has a newer leader
+# epoch than the request's is not written (its status says why).
 from __future__ import annotations
 
 import datetime
 import itertools
-import json
 import logging
 import os
 import time
@@ -25,6 +28,7 @@ import time
 from ..log.chunk import ChunkFormatError
 from . import convert
 from . import iceberg as ice
+from . import iceberg_commit as shared
 from .segments import SegmentRuns, segment_path
 from .state import Status
 from .storage import Storage
@@ -66,18 +70,24 @@ class IcebergWriter:
         """One pass over ``stream``'s partitions ``states``. An error (the catalog cannot be
         reached, a full disk, a damaged segment, a commit conflict) is in every status and
         logged when it differs from the last pass's; nothing of the pass is visible then."""
-        table = None
+        table, refused, all_states = None, {}, states
         try:
             table = self._table(stream, created_ns)
+            refused = shared.fenced(table.current_snapshot(),
+                                    {s.partition: s.leader_epoch for s in states})
+            states = [s for s in states if s.partition not in refused]
+            epochs = {s.partition: s.leader_epoch for s in states}
+            table = shared.claim(table, stream, epochs)
             self._converting = []
-            table = self._advance(table, stream, states)
+            table = self._advance(table, stream, states, epochs)
             for name, partition in self._converting:  # the Iceberg table holds them now
                 if convert.remove_old(self.table_dir, name, partition):
                     log.info("table of %r partition %d: the old Parquet table is converted "
                              "and removed", name, partition)
-            table = self._cleanup(table, stream)
+            table = self._cleanup(table, stream, epochs)
             error = None
-        except (OSError, ValueError, ChunkFormatError, ice.CatalogError) as exc:
+        except (OSError, ValueError, ChunkFormatError, ice.CatalogError, shared.Fenced,
+                shared.Conflict) as exc:
             error = str(exc)
             self._catalog = None if isinstance(exc, ice.CatalogError) else self._catalog
         except Exception as exc:  # pyiceberg's CommitFailedException, sqlalchemy errors, ...
@@ -89,11 +99,12 @@ class IcebergWriter:
         held = ice.snapshot_offsets(table.current_snapshot()) if table is not None else {}
         sizes = self._files(stream, table) if table is not None else {}
         out = []
-        for s in states:
+        for s in all_states:
             first, end = held.get(s.partition, (None, None))
             files = sizes.get(s.partition, [])
             out.append(Status(stream, s.partition, first, end, len(files),
-                              sum(f.file_size_in_bytes for f, _, _ in files), error))
+                              sum(f.file_size_in_bytes for f, _, _ in files),
+                              refused.get(s.partition, error)))
         return out
 
     def drop(self, stream: str) -> None:
@@ -145,9 +156,9 @@ class IcebergWriter:
         if table is None:
             table = ice.create_table(self.catalog, self.table_dir, stream, created_ns,
                                      self.compression)
-        return table
+        return ice.without_retries(table)
 
-    def _advance(self, table, stream: str, states: list):
+    def _advance(self, table, stream: str, states: list, epochs: dict[int, int]):
         snapshot = table.current_snapshot()
         held = ice.snapshot_offsets(snapshot)
         whole = ice.snapshot_segments(snapshot)
@@ -214,53 +225,59 @@ class IcebergWriter:
             whole[s.partition] = segs
         if not removed and not written and held == ice.snapshot_offsets(snapshot):
             return table
-        props = {ice.OFFSETS_PROPERTY: _dumps(held),
-                 ice.SEGMENTS_PROPERTY: _dumps({p: {b: list(v) for b, v in segs.items()}
-                                                for p, segs in whole.items()})}
-        return self._commit(table, stream, removed, written, props)
+        added = self._write(table, stream, written)
+        try:
+            return shared.commit(table, stream, snapshot, epochs, held, whole, removed,
+                                 added)[0]
+        except Exception as exc:
+            from pyiceberg.exceptions import CommitFailedException
+            if isinstance(exc, (shared.Fenced, shared.Conflict, CommitFailedException)):
+                for f in added:  # the commit did not land: nothing lists them
+                    table.io.delete(f.file_path)
+            raise
 
-    def _commit(self, table, stream: str, removed: list, written: list, props: dict):
-        """One snapshot: ``written`` ranges added (written now, from the segments; or
-        ``(state, None, rows, None)``: Arrow rows converted from an old table),
-        ``removed`` data files deleted, ``props`` in its summary."""
+    def _write(self, table, stream: str, written: list) -> list:
+        """The data files of ``written`` ranges, written now from the segments (or
+        ``(state, None, rows, None)``: Arrow rows converted from an old table); pyiceberg
+        DataFiles, one write uuid per pass."""
+        import uuid
+
         from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
         from ..spark.arrow import arrow_schema, chunks_to_batch
 
         schema = arrow_schema()
-        tasks = itertools.count()  # data file names: one write uuid per commit, a task each
-        tx = table.transaction()
-        update = tx.update_snapshot(snapshot_properties=props)
-        with (update.overwrite() if removed else update.merge_append()) as producer:
-            for f in removed:
-                producer.delete_data_file(f)
-            for s, base, lo, hi in written:
-                if base is None:  # rows converted from an old table (riverlog.tables.convert)
-                    for data_file in _dataframe_to_data_files(
-                            table_metadata=tx.table_metadata, df=lo.cast(schema),
-                            io=table.io, write_uuid=producer.commit_uuid, counter=tasks):
-                        producer.append_data_file(data_file)
-                    continue
-                path = segment_path(s.log_dir, base)
-                fd = os.open(path, os.O_RDONLY)
-                try:
-                    size = os.fstat(fd).st_size
-                    batches = (chunks_to_batch(chunks, stream, s.partition, lo, hi, schema)
-                               for chunks in self._segments.runs(fd, path, lo, hi, size))
-                    for rows in _tables(batches, schema):
-                        for data_file in _dataframe_to_data_files(
-                                table_metadata=tx.table_metadata, df=rows, io=table.io,
-                                write_uuid=producer.commit_uuid, counter=tasks):
-                            producer.append_data_file(data_file)
-                finally:
-                    os.close(fd)
-        return tx.commit_transaction()
+        tasks = itertools.count()  # data file names: one write uuid per pass, a task each
+        write_uuid = uuid.uuid4()
+        added = []
+        for s, base, lo, hi in written:
+            if base is None:  # rows converted from an old table (riverlog.tables.convert)
+                added += _dataframe_to_data_files(
+                    table_metadata=table.metadata, df=lo.cast(schema), io=table.io,
+                    write_uuid=write_uuid, counter=tasks)
+                continue
+            path = segment_path(s.log_dir, base)
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                size = os.fstat(fd).st_size
+                batches = (chunks_to_batch(chunks, stream, s.partition, lo, hi, schema)
+                           for chunks in self._segments.runs(fd, path, lo, hi, size))
+                for rows in _tables(batches, schema):
+                    added += _dataframe_to_data_files(
+                        table_metadata=table.metadata, df=rows, io=table.io,
+                        write_uuid=write_uuid, counter=tasks)
+            finally:
+                os.close(fd)
+        return added
 
     # -- expiry and orphans ---------------------------------------------------------------
-    def _cleanup(self, table, stream: str):
+    def _cleanup(self, table, stream: str, epochs: dict[int, int]):
         """Expire snapshots older than ``expire_ms`` (at most every CLEANUP_INTERVAL_S; on
-        the first visit too) and delete the data files no remaining snapshot lists (those
-        the expired ones freed, and leftovers of a crash before a commit)."""
+        the first visit too) and delete the data files no remaining snapshot lists: those
+        the expired ones freed, and leftovers of a crash before a commit in the partitions
+        of ``epochs`` (partition -> leader epoch) this writer has claimed in the table (so
+        never another writer's files in flight: a new leader claims before it writes, and a
+        claimed partition's former leader can no longer commit)."""
         now = time.monotonic()
         last = self._cleaned.get(stream)
         if last is not None and now - last < CLEANUP_INTERVAL_S:
@@ -269,22 +286,31 @@ class IcebergWriter:
         cutoff = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(
             milliseconds=self.expire_ms)
         current = table.current_snapshot()
+        listed_before = None
         if any(s.timestamp_ms < cutoff.timestamp() * 1000 for s in table.snapshots()
                if current is None or s.snapshot_id != current.snapshot_id):
-            table.maintenance.expire_snapshots().older_than(cutoff).commit()
+            from pyiceberg.exceptions import CommitFailedException
+            listed_before = _listed(table)
+            try:
+                table.maintenance.expire_snapshots().older_than(cutoff).commit()
+            except CommitFailedException:  # another writer committed: again next pass
+                self._cleaned.pop(stream, None)
+                return table.refresh()
             table = table.refresh()
-        listed = set()
-        for snapshot in table.snapshots():
-            for manifest in snapshot.manifests(table.io):
-                listed.update(_fs_path(e.data_file.file_path)
-                              for e in manifest.fetch_manifest_entry(table.io))
+        listed = _listed(table)
         storage = Storage(self.table_dir)
+        if listed_before is not None:  # freed by the expiry: committed once, listed no more
+            for path in sorted(listed_before - listed):
+                storage.delete(path)
+        held = ice.snapshot_epochs(table.current_snapshot())
+        claimed = {p for p, e in epochs.items() if held.get(p) == e}
         from pyarrow import fs
         data = _fs_path(table.location().rstrip("/") + "/data")
         infos = storage.fs.get_file_info(fs.FileSelector(data, recursive=True,
                                                          allow_not_found=True))
         for info in infos:
-            if info.type == fs.FileType.File and info.path not in listed:
+            if info.type == fs.FileType.File and info.path not in listed \
+                    and _partition_of(data, info.path) in claimed:
                 log.info("table of %r: removing %s (no snapshot lists it)", stream, info.path)
                 storage.delete(info.path)
         return table
@@ -315,12 +341,28 @@ def _source(log_dir: str, base: int) -> tuple[int, int] | None:
     return (st.st_ino, st.st_size)
 
 
+def _listed(table) -> set[str]:
+    """The data files (pyarrow.fs paths) any snapshot of ``table`` lists."""
+    listed = set()
+    for snapshot in table.snapshots():
+        for manifest in snapshot.manifests(table.io):
+            listed.update(_fs_path(e.data_file.file_path)
+                          for e in manifest.fetch_manifest_entry(table.io))
+    return listed
+
+
+def _partition_of(data: str, path: str) -> int | None:
+    """The stream partition of the data file at ``path`` under the table's ``data`` folder
+    (pyiceberg's layout: ``data/partition=<n>/timestamp_day=<day>/<file>``); None when the
+    path does not say."""
+    first = path[len(data):].lstrip("/").split("/", 1)[0]
+    name, _, value = first.partition("=")
+    return int(value) if name == "partition" and value.isdigit() else None
+
+
 def _fs_path(location: str) -> str:
     """A pyiceberg location (``file:///a/b``, ``s3://bucket/k``) as pyarrow.fs names it."""
     if location.startswith("file://"):
         return location[len("file://"):]
     return location.split("://", 1)[1] if "://" in location else location
 
-
-def _dumps(value) -> str:
-    return json.dumps({str(k): v for k, v in value.items()}, separators=(",", ":"))

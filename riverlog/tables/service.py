@@ -5,7 +5,10 @@
 # tick, written to the worker's pipe, and one reply read; a tick starts only when the last
 # reply is in, so nothing piles up and publishers are never waited on. The worker is started
 # when the first table-enabled stream needs it and started again if it dies (the work it
-# lost is redone from the manifest). A tick lasts a third of ``streams.table.lag``.
+# lost is redone from the manifest). A tick lasts a third of ``streams.table.lag``. In a
+# cluster a partition's table is written by its leader only, under its leader epoch (the
+# Iceberg writer fences former leaders: riverlog.tables.iceberg_commit), and the table
+# statuses and lag of a partition are its leader's.
 from __future__ import annotations
 
 import asyncio
@@ -92,6 +95,8 @@ class TableService:
         does not hold yet, and how long it has not held them all (since the service started,
         when it never did); ``(0, 0.0)`` when up to date."""
         p = stream.partitions[partition]
+        if not self.broker.placement.leads(stream.name, partition):
+            return 0, 0.0  # its leader writes its table and tells its lag
         status = self.status.get((stream.name, partition))
         end = p.first_offset
         if status is not None and status.end is not None:
@@ -162,14 +167,22 @@ class TableService:
 
     def _request(self) -> dict:
         partitions = []
+        placement = self.broker.placement
         for stream in self.streams():
+            created = placement.created_ns(stream.name)
             for p in stream.partitions:
+                placed = placement.of(stream.name, p.index)
+                if placed is None or placed.leader != placement.server_id:
+                    self.status.pop((stream.name, p.index), None)
+                    continue
                 segments = p.log.segments
                 partitions.append({
                     "stream": stream.name, "partition": p.index,
-                    "created_ns": stream.created_ns, "log_dir": p.log.directory,
+                    "created_ns": stream.created_ns if created is None else created,
+                    "log_dir": p.log.directory,
                     "segments": [(s.base_offset, s.next_offset) for s in segments],
-                    "first": p.first_offset, "committed": p.committed_offset})
+                    "first": p.first_offset, "committed": p.committed_offset,
+                    "leader_epoch": placed.leader_epoch})
         return {"table_dir": self.table_dir, "archive": self.config.archive,
                 "compression": self.config.compression, "format": self.config.format,
                 "catalog": self.config.catalog, "expiry_ms": self.config.expiry_ms,

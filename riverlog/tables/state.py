@@ -10,7 +10,8 @@ import dataclasses
 class PartitionState:
     """What the server tells about one table-enabled partition: the stream's ``created_ns``,
     the partition's ``log_dir``, its segments ``[(base offset, next offset)]`` oldest first,
-    ``first`` (oldest offset kept) and ``committed`` (newest committed offset, -1: none)."""
+    ``first`` (oldest offset kept), ``committed`` (newest committed offset, -1: none) and
+    ``leader_epoch`` (the partition's leader epoch at this server: 1 on a single server)."""
 
     stream: str
     partition: int
@@ -19,6 +20,7 @@ class PartitionState:
     segments: list[tuple[int, int]]
     first: int
     committed: int
+    leader_epoch: int = 1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,7 +13,8 @@ import grpc
 from compat._servers import HOST, free_port
 from riverlog.broker import StreamConfig
 from riverlog.config import (ClusterConfig, GrpcConfig, ManagementConfig, MetricsConfig,
-                             NatsConfig, RabbitStreamConfig, SecurityConfig, ServerConfig)
+                             NatsConfig, RabbitStreamConfig, SecurityConfig, ServerConfig,
+                             TableConfig)
 from riverlog.cluster.metadata import RaftBindError
 from riverlog.protocol.liftbridge import api_pb2_grpc
 from riverlog.server.app import App
@@ -23,8 +24,9 @@ WAIT_S = 60
 
 
 def configs(tmp_path, password: str = "pw", security: SecurityConfig | None = None,
-            **grpc) -> list[ServerConfig]:
-    """Every member's ServerConfig; ``grpc``: GrpcConfig settings of every member."""
+            tables: TableConfig | None = None, **grpc) -> list[ServerConfig]:
+    """Every member's ServerConfig; ``tables``: every member's TableConfig (streams as
+    tables); ``grpc``: GrpcConfig settings of every member."""
     raft = {i: f"{HOST}:{free_port()}" for i in IDS}
     routes = {i: f"{HOST}:{free_port()}" for i in IDS}
     return [ServerConfig(
@@ -36,7 +38,7 @@ def configs(tmp_path, password: str = "pw", security: SecurityConfig | None = No
         cluster=ClusterConfig(server_id=i, raft_address=raft[i], bootstrap_peers=IDS,
                               raft_peers=tuple((j, a) for j, a in raft.items() if j != i),
                               raft_password=password),
-        security=security or SecurityConfig()) for i in IDS]
+        security=security or SecurityConfig(), tables=tables or TableConfig()) for i in IDS]
 
 
 def joiner_config(tmp_path, apps, server_id: str = "d", password: str = "pw") -> ServerConfig:
@@ -66,15 +68,17 @@ async def until(what: str, check):
     raise AssertionError(f"still not: {what}")
 
 
-async def started(tmp_path, security: SecurityConfig | None = None, **grpc) -> list[App]:
-    """Three started Apps of one cluster (``security``, ``grpc``: as ``configs``), once every
-    server is registered everywhere, each caught up with Raft and its Raft member connected
-    to every other (stop them with ``stopped``). A Raft port picked free can be taken
-    before pysyncobj binds it (an outgoing connection's ephemeral port: CI saw it once), so
-    a RaftBindError starts the cluster again on new ports, in a new folder, twice at most."""
+async def started(tmp_path, security: SecurityConfig | None = None,
+                  tables: TableConfig | None = None, **grpc) -> list[App]:
+    """Three started Apps of one cluster (``security``, ``tables``, ``grpc``: as
+    ``configs``), once every server is registered everywhere, each caught up with Raft and
+    its Raft member connected to every other (stop them with ``stopped``). A Raft port
+    picked free can be taken before pysyncobj binds it (an outgoing connection's ephemeral
+    port: CI saw it once), so a RaftBindError starts the cluster again on new ports, in a
+    new folder, twice at most."""
     for attempt in range(3):
         apps = [App(c) for c in configs(tmp_path / f"attempt{attempt}", security=security,
-                                        **grpc)]
+                                        tables=tables, **grpc)]
         try:
             await asyncio.gather(*(a.start() for a in apps))
             await until("every server registered everywhere, caught up, in touch with all",

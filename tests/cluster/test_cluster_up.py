@@ -364,3 +364,22 @@ async def test_a_create_returns_once_every_replica_has_the_stream(cluster_up):
         assert (fresh.error, fresh.partitions[0].leader) == (0, new_leader)
     finally:
         os.kill(proc, signal.SIGCONT)
+
+
+def test_cluster_up_members_share_one_table_folder_and_catalog(tmp_path):
+    # every member's `riverlog serve` command line, read as `serve` reads it, names the one
+    # table folder DIR/tables and so the one Iceberg catalog (SQLite) in it
+    from riverlog.cli import serve
+    from riverlog.config_file import build, load
+    from riverlog.tables.iceberg import catalog_uri
+    members = layout(str(tmp_path), 3, "127.0.0.1")
+    catalogs = set()
+    for member in members:
+        command, env = serve_command(member, members, str(tmp_path))
+        flags = dict(serve.make_context("serve", command[command.index("serve") + 1:]).params)
+        config_file = flags.pop("config_file")
+        flags["nats_routes"] = [r for arg in flags["nats_routes"] for r in arg.split(",")]
+        config, _ = build(load(config_file, {**os.environ, **env}), flags)
+        assert config.data_dir == os.path.join(str(tmp_path), member.id)
+        catalogs.add(catalog_uri(config.table_dir, config.tables.catalog))
+    assert catalogs == {"sqlite:///" + str(tmp_path / "tables" / "catalog.db")}

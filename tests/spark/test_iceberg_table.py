@@ -77,8 +77,11 @@ def test_the_table_is_iceberg_and_holds_what_the_source_reads(iceberg_server):
     got = got.arrow().read_all()
     assert arrow_scan.num_rows == end
     assert got.equals(expected.select(["offset", "key", "value"]))
-    # every snapshot riverlog committed says what it holds; ranges only grow here
-    ends = [ice.snapshot_offsets(s)[0][1] for s in table.snapshots()]
+    # every snapshot riverlog committed says what it holds; ranges only grow here (the
+    # first, the writer's claim of partition 0 under its leader epoch, holds none)
+    first, *snapshots = table.snapshots()
+    assert ice.snapshot_offsets(first) == {} and ice.snapshot_epochs(first) == {0: 1}
+    ends = [ice.snapshot_offsets(s)[0][1] for s in snapshots]
     assert ends == sorted(ends) and ends[-1] == end
     # sealed segments written whole: no data file holds records of two segments
     bases = [s.base_offset for s in p.log.segments]
