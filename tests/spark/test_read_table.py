@@ -94,9 +94,11 @@ def test_damaged_files_and_manifest_are_read_from_the_log(spark, table_server, t
                     mf.stream_dir(copy, table))
     directory = mf.partition_dir(copy, table, 0)
     m = mf.load(Storage(directory), directory)
-    assert len(m.files) >= 3
+    # how many files the writer's passes left depends on how the publishes were batched
+    # (a full run's load made 2 of what are 3 or more on a quiet machine)
+    assert len(m.files) >= 2
     # a torn file (shorter than listed) and a missing one: their offsets come from the log
-    torn, missing = m.files[1], m.files[-1]
+    torn, missing = m.files[-2], m.files[-1]
     with open(os.path.join(directory, torn.name), "r+b") as f:
         f.truncate(torn.size // 2)
     os.unlink(os.path.join(directory, missing.name))
