@@ -10,6 +10,7 @@
 # ends and the log begins. pyiceberg and pyarrow are imported in the functions.
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -97,6 +98,36 @@ def create_table(catalog, table_dir: str, stream: str, created_ns: int,
         order.asc("offset", IdentityTransform())
     tx.commit_transaction()
     return catalog.load_table(identifier(stream))
+
+
+def transaction(table):
+    """``table.transaction()`` (a pyiceberg Transaction) whose staged metadata is built once
+    per change, not on every read: pyiceberg's Transaction.table_metadata deep-copies the
+    whole metadata, every snapshot kept until expiry, on each of the 20-odd reads one commit
+    makes (most of a writer pass once a table has a few hundred snapshots). The metadata is
+    pydantic-frozen; a new staged update or a refresh of the table (a commit retry) builds
+    it again."""
+    return _cached_transaction()(table)
+
+
+@functools.cache
+def _cached_transaction():
+    from pyiceberg.table import Transaction
+    from pyiceberg.table.update import update_table_metadata
+
+    class CachedTransaction(Transaction):
+        _built: tuple = (None, None, None)  # (base metadata, staged updates, result)
+
+        @property
+        def table_metadata(self):
+            base, updates, built = self._built
+            if base is not self._table.metadata or updates is not self._updates:
+                built = (update_table_metadata(self._table.metadata, self._updates)
+                         if self._updates else self._table.metadata)
+                self._built = (self._table.metadata, self._updates, built)
+            return built
+
+    return CachedTransaction
 
 
 def load_table(catalog, stream: str):

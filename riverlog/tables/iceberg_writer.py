@@ -229,7 +229,7 @@ class IcebergWriter:
 
         schema = arrow_schema()
         tasks = itertools.count()  # data file names: one write uuid per commit, a task each
-        tx = table.transaction()
+        tx = ice.transaction(table)
         update = tx.update_snapshot(snapshot_properties=props)
         with (update.overwrite() if removed else update.merge_append()) as producer:
             for f in removed:
