@@ -78,7 +78,9 @@ def identifier(stream: str) -> tuple[str, str]:
 def create_table(catalog, table_dir: str, stream: str, created_ns: int,
                  compression: str = "zstd"):
     """Create ``stream``'s table (format v2, riverlog's schema, partitioned by partition and
-    day(timestamp), sorted by offset, Parquet data files with the codec ``compression``) at
+    day(timestamp), sorted by offset, Parquet data files with the codec ``compression``;
+    metadata files beyond Iceberg's write.metadata.previous-versions-max, 100, deleted at
+    each commit: a commit per pass writes one, as large as all the snapshots kept) at
     ``<warehouse>/riverlog/<stream folder>``."""
     from pyiceberg.transforms import DayTransform, IdentityTransform
 
@@ -90,7 +92,8 @@ def create_table(catalog, table_dir: str, stream: str, created_ns: int,
     tx = catalog.create_table_transaction(
         identifier(stream), schema=arrow_schema(), location=location,
         properties={"format-version": "2", CREATED_PROPERTY: str(created_ns),
-                    "write.parquet.compression-codec": compression})
+                    "write.parquet.compression-codec": compression,
+                    "write.metadata.delete-after-commit.enabled": "true"})
     with tx.update_spec() as spec:
         spec.add_identity("partition")
         spec.add_field("timestamp", DayTransform(), "timestamp_day")

@@ -2,7 +2,10 @@
 # once per change (pyiceberg's deep-copies the whole metadata on every read), against a real
 # SQL catalog on SQLite: what it reads is what pyiceberg's own transaction reads, after a
 # staged update and after another writer's commit and a refresh, and its commit lands both.
+# And a table riverlog creates deletes its old metadata files at commits.
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -34,3 +37,18 @@ def test_the_staged_metadata_is_built_once_per_change(tmp_path):
     tx.commit_transaction()
     assert {k: catalog.load_table(ice.identifier("s")).properties.get(k)
             for k in ("mine", "theirs")} == {"mine": "1", "theirs": "2"}
+
+
+
+def test_old_metadata_files_are_deleted_at_commits(tmp_path):
+    """A table riverlog creates keeps Iceberg's write.metadata.previous-versions-max metadata
+    files (a commit per pass writes one, as large as all the snapshots kept), not all."""
+    catalog = ice.load_catalog(str(tmp_path))
+    table = ice.create_table(catalog, str(tmp_path), "s", 1)
+    table = table.transaction().set_properties(
+        {"write.metadata.previous-versions-max": "2"}).commit_transaction()
+    for i in range(5):
+        table = ice.transaction(table).set_properties(n=str(i)).commit_transaction()
+    folder = table.location()[len("file://"):] + "/metadata"
+    kept = [n for n in os.listdir(folder) if n.endswith(".metadata.json")]
+    assert len(kept) == 3, kept  # the current one and two before it
