@@ -12,6 +12,7 @@
 # and pyarrow are imported in the functions.
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -93,7 +94,9 @@ def identifier(stream: str) -> tuple[str, str]:
 def create_table(catalog, table_dir: str, stream: str, created_ns: int,
                  compression: str = "zstd"):
     """Create ``stream``'s table (format v2, riverlog's schema, partitioned by partition and
-    day(timestamp), sorted by offset, Parquet data files with the codec ``compression``) at
+    day(timestamp), sorted by offset, Parquet data files with the codec ``compression``;
+    metadata files beyond Iceberg's write.metadata.previous-versions-max, 100, deleted at
+    each commit: a commit per pass writes one, as large as all the snapshots kept) at
     ``<warehouse>/riverlog/<stream folder>``; the table another writer created meanwhile
     when it exists. pyiceberg's own commit retries are off (``commit.retry.num-retries``
     0): they would commit the stale summary again (riverlog.tables.iceberg_commit retries)."""
@@ -108,7 +111,8 @@ def create_table(catalog, table_dir: str, stream: str, created_ns: int,
     tx = catalog.create_table_transaction(
         identifier(stream), schema=arrow_schema(), location=location,
         properties={"format-version": "2", CREATED_PROPERTY: str(created_ns),
-                    "write.parquet.compression-codec": compression, NO_RETRIES: "0"})
+                    "write.parquet.compression-codec": compression, NO_RETRIES: "0",
+                    "write.metadata.delete-after-commit.enabled": "true"})
     with tx.update_spec() as spec:
         spec.add_identity("partition")
         spec.add_field("timestamp", DayTransform(), "timestamp_day")
@@ -130,6 +134,36 @@ def without_retries(table):
     with table.transaction() as tx:
         tx.set_properties({NO_RETRIES: "0"})
     return table.refresh()
+
+
+def transaction(table):
+    """``table.transaction()`` (a pyiceberg Transaction) whose staged metadata is built once
+    per change, not on every read: pyiceberg's Transaction.table_metadata deep-copies the
+    whole metadata, every snapshot kept until expiry, on each of the 20-odd reads one commit
+    makes (most of a writer pass once a table has a few hundred snapshots). The metadata is
+    pydantic-frozen; a new staged update or a refresh of the table (a commit retry) builds
+    it again."""
+    return _cached_transaction()(table)
+
+
+@functools.cache
+def _cached_transaction():
+    from pyiceberg.table import Transaction
+    from pyiceberg.table.update import update_table_metadata
+
+    class CachedTransaction(Transaction):
+        _built: tuple = (None, None, None)  # (base metadata, staged updates, result)
+
+        @property
+        def table_metadata(self):
+            base, updates, built = self._built
+            if base is not self._table.metadata or updates is not self._updates:
+                built = (update_table_metadata(self._table.metadata, self._updates)
+                         if self._updates else self._table.metadata)
+                self._built = (self._table.metadata, self._updates, built)
+            return built
+
+    return CachedTransaction
 
 
 def load_table(catalog, stream: str):

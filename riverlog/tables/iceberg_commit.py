@@ -94,7 +94,7 @@ def commit(table, stream: str, base, epochs: dict[int, int], offsets: dict, segm
                                                 lambda segs: {b: list(v)
                                                               for b, v in segs.items()}),
                  ice.EPOCHS_PROPERTY: _merged(ice.snapshot_epochs(snapshot), epochs, mine)}
-        tx = table.transaction()
+        tx = ice.transaction(table)  # its staged metadata built once per change
         update = tx.update_snapshot(snapshot_properties=props)
         with (update.overwrite() if removed else update.merge_append()) as producer:
             for f in removed:

@@ -58,6 +58,7 @@ class IcebergWriter:
         self._cleaned: dict[str, float] = {}  # stream -> time.monotonic() of its last cleanup
         self._converting: list[tuple[str, int]] = []  # partitions new in this pass
         self._planned: dict[str, tuple[int | None, dict]] = {}  # stream -> (snapshot, files)
+        self._listings: dict[str, tuple[dict, dict]] = {}  # stream -> (lists, manifests) read
         self._errors: dict[str, str] = {}
 
     @property
@@ -119,6 +120,7 @@ class IcebergWriter:
             log.error("table of %r: cannot remove it: %s", stream, exc)
         self._cleaned.pop(stream, None)
         self._planned.pop(stream, None)
+        self._listings.pop(stream, None)
 
     def _files(self, stream: str, table) -> dict[int, list]:
         """riverlog.tables.iceberg.data_files of ``table``, planned once per snapshot (a
@@ -290,14 +292,14 @@ class IcebergWriter:
         if any(s.timestamp_ms < cutoff.timestamp() * 1000 for s in table.snapshots()
                if current is None or s.snapshot_id != current.snapshot_id):
             from pyiceberg.exceptions import CommitFailedException
-            listed_before = _listed(table)
+            listed_before = self._listed(stream, table)
             try:
                 table.maintenance.expire_snapshots().older_than(cutoff).commit()
             except CommitFailedException:  # another writer committed: again next pass
                 self._cleaned.pop(stream, None)
                 return table.refresh()
             table = table.refresh()
-        listed = _listed(table)
+        listed = self._listed(stream, table)
         storage = Storage(self.table_dir)
         if listed_before is not None:  # freed by the expiry: committed once, listed no more
             for path in sorted(listed_before - listed):
@@ -314,6 +316,29 @@ class IcebergWriter:
                 log.info("table of %r: removing %s (no snapshot lists it)", stream, info.path)
                 storage.delete(info.path)
         return table
+
+    def _listed(self, stream: str, table) -> set[str]:
+        """The data files (pyarrow.fs paths) any snapshot of ``stream``'s ``table`` lists.
+        Manifest lists and manifests never change, so each is read once, not once per
+        snapshot listing it (a table keeps a snapshot per pass until they expire)."""
+        old_lists, old_manifests = self._listings.get(stream, ({}, {}))
+        listed, lists, manifests = set(), {}, {}
+        for snapshot in table.snapshots():
+            found = old_lists.get(snapshot.manifest_list)
+            if found is None:
+                found = tuple(snapshot.manifests(table.io))
+            lists[snapshot.manifest_list] = found
+            for manifest in found:
+                path = manifest.manifest_path
+                if path not in manifests:
+                    files = old_manifests.get(path)
+                    if files is None:
+                        files = frozenset(_fs_path(e.data_file.file_path)
+                                          for e in manifest.fetch_manifest_entry(table.io))
+                    manifests[path] = files
+                    listed |= files
+        self._listings[stream] = (lists, manifests)  # what expired is forgotten
+        return listed
 
 
 def _tables(batches, schema):
@@ -339,16 +364,6 @@ def _source(log_dir: str, base: int) -> tuple[int, int] | None:
     except FileNotFoundError:
         return None
     return (st.st_ino, st.st_size)
-
-
-def _listed(table) -> set[str]:
-    """The data files (pyarrow.fs paths) any snapshot of ``table`` lists."""
-    listed = set()
-    for snapshot in table.snapshots():
-        for manifest in snapshot.manifests(table.io):
-            listed.update(_fs_path(e.data_file.file_path)
-                          for e in manifest.fetch_manifest_entry(table.io))
-    return listed
 
 
 def _partition_of(data: str, path: str) -> int | None:

@@ -5,16 +5,20 @@
 # tick, written to the worker's pipe, and one reply read; a tick starts only when the last
 # reply is in, so nothing piles up and publishers are never waited on. The worker is started
 # when the first table-enabled stream needs it and started again if it dies (the work it
-# lost is redone from the manifest). A tick lasts a third of ``streams.table.lag``. In a
-# cluster a partition's table is written by its leader only, under its leader epoch (the
-# Iceberg writer fences former leaders: riverlog.tables.iceberg_commit), and the table
-# statuses and lag of a partition are its leader's.
+# lost is redone from the manifest). A pass starts a third of ``streams.table.lag`` after the
+# last one started; sooner (half that after it) when a partition's table is behind and its
+# committed offset stood still for QUIET_S: the tail of a burst does not wait for the tick,
+# while a steady stream still commits one snapshot per tick. In a cluster a partition's
+# table is written by its leader only, under its leader epoch (the Iceberg writer fences
+# former leaders: riverlog.tables.iceberg_commit), and the table statuses and lag of a
+# partition are its leader's.
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import json
 import logging
+import math
 import sys
 import time
 
@@ -27,6 +31,10 @@ log = logging.getLogger("riverlog.tables")
 
 REPLY_LIMIT = 64 * 1024 * 1024
 STOP_TIMEOUT_S = 10.0
+POLL_S = 0.1
+"""Seconds between looks at the partitions' committed offsets (on the event loop)."""
+QUIET_S = 0.2
+"""Seconds a partition's committed offset stands still before its table is written at once."""
 
 
 @dataclasses.dataclass
@@ -58,6 +66,9 @@ class TableService:
         self._dropped: list[str] = []
         self._failure: str | None = None
         self._started_s = time.monotonic()
+        self._last_pass_s = -math.inf  # time.monotonic() the last pass started
+        self._moved: dict[tuple[str, int], tuple[int, float]] = {}  # committed, since when
+        self._flushed: dict[tuple[str, int], int] = {}  # committed offset a pass was due for
 
     @property
     def worker_pid(self) -> int | None:
@@ -133,15 +144,18 @@ class TableService:
                 await worker.wait()
 
     def _deleted(self, stream: Stream) -> None:
-        for key in [k for k in self.status if k[0] == stream.name]:
-            del self.status[key]
+        for table in (self.status, self._moved, self._flushed):
+            for key in [k for k in table if k[0] == stream.name]:
+                del table[key]
         self._dropped.append(stream.name)
 
     async def _run(self) -> None:
         interval = self.config.lag_ms / 3000
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(min(POLL_S, interval))
             sent = time.monotonic()
+            if not self._due(sent):
+                continue
             request = self._request()
             if not request["partitions"] and not request["drop"]:
                 continue
@@ -164,6 +178,37 @@ class TableService:
                 status.files, status.bytes, status.error = s["files"], s["bytes"], s["error"]
                 if (s["end"] or p["first"]) >= p["committed"] + 1:
                     status.synced_s = sent
+
+    def _due(self, now: float) -> bool:
+        """Whether a pass starts at ``now`` (time.monotonic() seconds): a third of the lag
+        after the last one started, or half that when a partition's table is behind and its
+        committed offset stood still for QUIET_S (once per committed offset, so a pass that
+        cannot bring it up is not started again and again for it)."""
+        interval = self.config.lag_ms / 3000
+        settled = self._settled(now)
+        since = now - self._last_pass_s
+        if since < interval and not (settled and since >= interval / 2):
+            return False
+        self._last_pass_s = now
+        self._flushed.update(settled)
+        return True
+
+    def _settled(self, now: float) -> dict[tuple[str, int], int]:
+        """The partitions whose table is behind (and not failing) and whose committed offset
+        has stood still for QUIET_S, once per committed offset: ``{(stream, partition):
+        committed offset}``."""
+        due = {}
+        for stream in self.streams():
+            for p in stream.partitions:
+                key, committed = (stream.name, p.index), p.committed_offset
+                moved = self._moved.get(key)
+                if moved is None or moved[0] != committed:
+                    self._moved[key] = (committed, now)
+                elif (now - moved[1] >= QUIET_S and self._flushed.get(key) != committed
+                      and getattr(self.status.get(key), "error", None) is None
+                      and self.lag(stream, p.index)[0]):
+                    due[key] = committed
+        return due
 
     def _request(self) -> dict:
         partitions = []
