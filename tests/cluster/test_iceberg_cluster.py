@@ -195,6 +195,38 @@ async def test_a_former_leader_never_commits_after_the_new_leader(tmp_path):
         await stopped(apps)
 
 
+async def test_a_writer_behind_on_the_high_watermark_rewrites_nothing(tmp_path):
+    """A new leader learns the high watermark with its next fetch answer, so its first pass
+    can be told a committed offset older than the table's end while its log holds those
+    records. Its writer waits for the high watermark; before, it took the table for one
+    running past the log and wrote the partition again from the log (losing what only an
+    archive table holds). Here a worker gets the leader's request with an older committed
+    offset while the leader's own worker is paused: the table is left as it is."""
+    config = tables(tmp_path)
+    apps = await started(tmp_path, tables=config)
+    try:
+        await created(apps, "behind", partitions=1, replication_factor=3, table=True)
+        leader = leader_of(apps, "behind", 0)
+        await publish(leader, "behind", 0, 0, 100)
+        await table_holding(config, "behind", {0: (0, 100)}, {0: 1})
+        pid = leader.tables.worker_pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            before = (await asyncio.to_thread(load, config, "behind")).current_snapshot()
+            request = request_of(leader, "behind", 0, 1)
+            request["partitions"][0]["committed"] = 49
+            reply = await asyncio.to_thread(run_worker, request)
+            assert reply["statuses"][0]["error"] is None
+            after = (await asyncio.to_thread(load, config, "behind")).current_snapshot()
+            assert after.snapshot_id == before.snapshot_id
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        table = await table_holding(config, "behind", {0: (0, 100)}, {0: 1})
+        await asyncio.to_thread(assert_exactly_once, table, {0: 100})
+    finally:
+        await stopped(apps)
+
+
 async def test_orphan_cleanup_leaves_another_writers_files_in_flight(tmp_path):
     """Partition 1's writer is paused between writing a data file and committing it
     (SIGSTOP), and partition 0's worker starts again (killed, as after a crash) with a
