@@ -225,11 +225,24 @@ def _summary_json(snapshot, key: str) -> dict:
     return json.loads(raw) if raw else {}
 
 
+SECRET_WORDS = ("password", "passwd", "secret", "token", "credential", "key")
+"""Query parameters whose name holds one of these are secrets (``?password=``, a REST
+catalog's ``?token=``, ``s3.secret-access-key``...)."""
+
+
 def redacted(uri: str) -> str:
-    """``uri`` with its password (``user:secret@``) shown as ``***``."""
+    """``uri`` with its secrets shown as ``***``: the password of ``user:secret@`` and the
+    value of every query parameter named like one (SECRET_WORDS). What clients are told
+    (the Open answer's ``riverlog_table_catalog``) and what errors say."""
     parts = urllib.parse.urlsplit(uri)
     if parts.password:
-        return uri.replace(f":{parts.password}@", ":***@")
+        uri = uri.replace(f":{parts.password}@", ":***@", 1)
+    if parts.query:
+        query = "&".join(
+            f"{name}=***" if any(w in name.lower() for w in SECRET_WORDS) else
+            (f"{name}={value}" if sep else name)
+            for name, sep, value in (item.partition("=") for item in parts.query.split("&")))
+        uri = uri.replace(f"?{parts.query}", f"?{query}", 1)
     return uri
 
 
