@@ -364,6 +364,14 @@ class TableConfig:
                              f"{', '.join(TABLE_FORMATS)}, got {self.format!r}")
         if self.expiry_ms < 0:
             raise ValueError("streams.table.snapshot.expiry must not be negative")
+        on_object_storage = (self.directory is not None and "://" in self.directory
+                             and not self.directory.startswith("file://"))
+        if self.format == "iceberg" and on_object_storage and not self.catalog:
+            raise ValueError(
+                f"streams.table.dir {self.directory.split('?')[0]} is not a local folder: "
+                f"Iceberg tables (streams.table.format, the default) need a catalog every "
+                f"server reaches there (streams.table.catalog); or set "
+                f"streams.table.format: parquet (docs/spark.md)")
         if self.compression not in TABLE_CODECS:
             raise ValueError(f"streams.table.compression: expected one of "
                              f"{', '.join(TABLE_CODECS)}, got {self.compression!r}")
