@@ -108,11 +108,16 @@ class IcebergWriter:
                               refused.get(s.partition, error)))
         return out
 
-    def drop(self, stream: str) -> None:
-        """Drop ``stream``'s table and its files (the stream was deleted); errors logged."""
+    def drop(self, stream: str, created_ns: int | None = None) -> None:
+        """Drop ``stream``'s table and its files (the stream was deleted); errors logged.
+        With ``created_ns``, only a table made for the stream created then: in a cluster a
+        server's drop can come after the name's new stream has its table (another leader's)."""
         try:
             table = ice.load_table(self.catalog, stream)
-            if table is not None:
+            if table is not None and created_ns is not None and \
+                    table.properties.get(ice.CREATED_PROPERTY) != str(created_ns):
+                log.info("table of %r: made for a newer stream of that name; kept", stream)
+            elif table is not None:
                 self.catalog.drop_table(ice.identifier(stream))
                 storage = Storage(self.table_dir)
                 storage.delete_dir(storage.fs.normalize_path(_fs_path(table.location())))

@@ -63,7 +63,8 @@ class TableService:
         self.status: dict[tuple[str, int], TableStatus] = {}
         self._task: asyncio.Task | None = None
         self._worker: asyncio.subprocess.Process | None = None
-        self._dropped: list[str] = []
+        self._dropped: list[tuple[str, int]] = []  # (stream, its table's created_ns)
+        self._created: dict[str, int] = {}  # stream -> created_ns its table was last sent
         self._failure: str | None = None
         self._started_s = time.monotonic()
         self._last_pass_s = -math.inf  # time.monotonic() the last pass started
@@ -147,7 +148,9 @@ class TableService:
         for table in (self.status, self._moved, self._flushed):
             for key in [k for k in table if k[0] == stream.name]:
                 del table[key]
-        self._dropped.append(stream.name)
+        # in a cluster the table's identity is the metadata's creation time, gone from the
+        # metadata by now: the one last sent (a late drop must not take a newer stream's)
+        self._dropped.append((stream.name, self._created.pop(stream.name, stream.created_ns)))
 
     async def _run(self) -> None:
         interval = self.config.lag_ms / 3000
@@ -215,6 +218,8 @@ class TableService:
         placement = self.broker.placement
         for stream in self.streams():
             created = placement.created_ns(stream.name)
+            created = stream.created_ns if created is None else created
+            self._created[stream.name] = created
             for p in stream.partitions:
                 placed = placement.of(stream.name, p.index)
                 if placed is None or placed.leader != placement.server_id:
@@ -223,7 +228,7 @@ class TableService:
                 segments = p.log.segments
                 partitions.append({
                     "stream": stream.name, "partition": p.index,
-                    "created_ns": stream.created_ns if created is None else created,
+                    "created_ns": created,
                     "log_dir": p.log.directory,
                     "segments": [(s.base_offset, s.next_offset) for s in segments],
                     "first": p.first_offset, "committed": p.committed_offset,

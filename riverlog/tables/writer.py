@@ -92,8 +92,9 @@ class TableWriter:
         return Status(state.stream, state.partition, m.first, m.end, len(m.files),
                       sum(f.size for f in m.files), error)
 
-    def drop(self, stream: str) -> None:
-        """Remove ``stream``'s table (the stream was deleted); an error is logged."""
+    def drop(self, stream: str, created_ns: int | None = None) -> None:
+        """Remove ``stream``'s table (the stream was deleted; ``created_ns`` not used: this
+        server's own folder); an error is logged."""
         try:
             self.storage.delete_dir(mf.stream_dir(self.storage.root, stream))
         except (OSError, ValueError) as exc:
@@ -233,9 +234,9 @@ def _now_ms() -> int:
 def serve(stdin, stdout) -> None:
     """The worker loop: one request line in, one reply line out, until ``stdin`` closes.
     Request: ``{"table_dir", "archive", "compression", "format", "catalog", "expiry_ms",
-    "partitions": [PartitionState fields], "drop": [stream]}``; reply: ``{"statuses":
-    [Status fields]}`` in the order of ``partitions``. ``drop`` names deleted streams whose
-    tables go. ``format`` "iceberg" writes Iceberg tables (riverlog.tables.iceberg_writer),
+    "partitions": [PartitionState fields], "drop": [[stream, created_ns]]}``; reply:
+    ``{"statuses": [Status fields]}`` in the order of ``partitions``. ``drop`` names deleted
+    streams whose tables go (an Iceberg table only when made for that ``created_ns``). ``format`` "iceberg" writes Iceberg tables (riverlog.tables.iceberg_writer),
     one snapshot per stream per request; else the Parquet mirror of this module."""
     writers: dict[tuple, object] = {}
     for line in stdin:
@@ -243,8 +244,8 @@ def serve(stdin, stdout) -> None:
         states = [PartitionState(**dict(p, segments=[tuple(s) for s in p["segments"]]))
                   for p in request["partitions"]]
         writer = _writer(writers, request)
-        for stream in request.get("drop", ()):
-            writer.drop(stream)
+        for stream, created_ns in request.get("drop", ()):
+            writer.drop(stream, created_ns)
         if isinstance(writer, TableWriter):
             statuses = [writer.update(state) for state in states]
         else:

@@ -268,3 +268,21 @@ async def test_orphan_cleanup_leaves_another_writers_files_in_flight(tmp_path):
     finally:
         await stopped(apps)
 
+
+
+def test_a_late_drop_leaves_the_table_of_the_names_newer_stream(tmp_path):
+    """A stream deleted and made again: every replica server's table service sends its
+    worker a drop, and a slow one can come after the new stream's leader made the name's new
+    table in the shared catalog. A drop names the creation time of the table it means; the
+    newer table stays (before, any table of the name was dropped with its files)."""
+    directory = str(tmp_path / "tables")
+    catalog = ice.load_catalog(directory, None)
+    ice.create_table(catalog, directory, "again", 2)  # the newer stream's table
+    request = {"table_dir": directory, "archive": False, "compression": "zstd",
+               "format": "iceberg", "catalog": None, "expiry_ms": 3_600_000,
+               "partitions": [], "drop": [["again", 1]]}
+    run_worker(request)
+    table = ice.load_table(catalog, "again")
+    assert table is not None and table.properties[ice.CREATED_PROPERTY] == "2"
+    run_worker(dict(request, drop=[["again", 2]]))
+    assert ice.load_table(catalog, "again") is None

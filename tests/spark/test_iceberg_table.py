@@ -412,3 +412,25 @@ def test_a_super_stream_reads_as_one_table(iceberg_server, spark):
                  .collect())
     assert len(got) == 200 + 250 + 300
     assert got == want
+
+
+def test_a_deleted_streams_table_is_dropped_and_a_new_one_made(iceberg_server):
+    """Deleting a table-enabled stream drops its table (the drop names the table's creation
+    time); a stream made again under the name gets a table of its own."""
+    with iceberg_server.client() as c:
+        c.create_stream("icegone", SMALL_SEGMENTS)
+    send(iceberg_server, "icegone", varied(0, 100))
+    old = wait_iceberg(iceberg_server, "icegone", sealed=False)
+    created = old.properties[ice.CREATED_PROPERTY]
+    with iceberg_server.client() as c:
+        c.delete_stream("icegone")
+    deadline = time.monotonic() + 60
+    while ice.load_table(catalog(iceberg_server), "icegone") is not None:
+        assert time.monotonic() < deadline, "the deleted stream's table is still there"
+        time.sleep(0.1)
+    with iceberg_server.client() as c:
+        c.create_stream("icegone", SMALL_SEGMENTS)
+    send(iceberg_server, "icegone", varied(0, 10))
+    new = wait_iceberg(iceberg_server, "icegone", sealed=False)
+    assert new.properties[ice.CREATED_PROPERTY] != created
+    assert ice.snapshot_offsets(new.current_snapshot()) == {0: (0, 10)}
