@@ -187,7 +187,8 @@ class Connection:
         try:
             await self._request(lambda c: f.PeerProperties(c, {
                 "product": "riverlog-client", "version": __version__, "platform": "Python",
-                "connection_name": connection_name}))
+                "connection_name": connection_name,
+                "riverlog_table_catalog": "?"}))  # asks the Open answer to name it
             offered = await self._request(f.SaslHandshake)
             if mechanism not in offered.mechanisms:
                 raise ClientError(f"{where} offers SASL {', '.join(offered.mechanisms)}, not "

@@ -87,7 +87,7 @@ class ClusterPlacement(Agreed, Placement):
         started (ClusterNode sets it); before, every partition is told without a leader."""
         self.metadata: RaftMetadata | None = None
         self.created: Callable[[str], Awaitable[None]] | None = None
-        """Awaited after a create_stream applied here (ClusterNode.wait_for_replicas)."""
+        """Awaited after a create_stream applied here (PartitionStatus.wait_for_replicas)."""
         self.offsets = None
         """cluster.offsets.OffsetForwarding once the NATS link runs (stored offsets)."""
         self.bootstrap_size = 1  # the servers the cluster starts with (``forming``)
@@ -221,8 +221,9 @@ class ClusterNode:
     given to ``start``) carries Liftbridge's partition status requests
     (``<namespace>.raft.metadata.status.<server id>``): this server answers whether it holds
     and leads a partition once ``doors_synced()`` returned (its NATS door listens then), and
-    asks a new stream's leaders before a create returns, so a publish right after it
-    reaches a listening leader."""
+    asks a new stream's replicas and leaders before a create returns, so a publish right
+    after it reaches a listening leader and a consumer finds the stream on any replica
+    (status.py)."""
 
     def __init__(self, config: ClusterConfig, broker: Broker, settings: RaftSettings,
                  create_local: Callable[[str, StreamConfig], object],

@@ -434,3 +434,24 @@ def test_a_deleted_streams_table_is_dropped_and_a_new_one_made(iceberg_server):
     new = wait_iceberg(iceberg_server, "icegone", sealed=False)
     assert new.properties[ice.CREATED_PROPERTY] != created
     assert ice.snapshot_offsets(new.current_snapshot()) == {0: (0, 10)}
+
+
+def test_open_names_the_catalog_only_to_a_client_that_asks(iceberg_server):
+    """RabbitMQ answers Open with advertised_host and advertised_port only, and the Go stream
+    client reads no value for a key it does not know (its connections broke when riverlog
+    added the catalog for every client): a client that did not name riverlog_table_catalog
+    in its PeerProperties gets exactly RabbitMQ's two."""
+    import asyncio
+
+    from compat._raw import RawPeer
+
+    async def open_properties():
+        peer = await RawPeer.open("127.0.0.1", iceberg_server.port)
+        try:
+            return peer.open_properties
+        finally:
+            peer.close()
+    got = asyncio.run(open_properties())
+    assert sorted(got) == ["advertised_host", "advertised_port"]
+    with iceberg_server.client() as c:  # riverlog's client asks
+        assert c.table_catalog is not None

@@ -30,7 +30,10 @@ LOGIN_REFUSED_LINGER_S = 0.2
 CLOSE_LINGER_S = 1.0
 
 TABLE_CATALOG_PROPERTY = "riverlog_table_catalog"
-"""Open's answer: the Iceberg catalog of the server's stream tables (docs/spark.md)."""
+"""Open's answer: the Iceberg catalog of the server's stream tables (docs/spark.md), given
+only to a client whose PeerProperties named this key: RabbitMQ answers Open with
+advertised_host and advertised_port only, and the Go client (1.8.3, commandOpen) reads no
+value for a key it does not know, so one more property breaks its connection."""
 
 # ExchangeCommandVersions: [key, min, max] in key order (Publish and Deliver go to 2).
 SERVER_COMMAND_VERSIONS = tuple(
@@ -149,7 +152,8 @@ class Session:
         self.decoder.max_publish_frame_size = PUBLISH_FRAME_MAX
         host, port = self.link.server.advertised_for(self.link.tls)
         properties = {"advertised_host": host, "advertised_port": str(port)}
-        if self.link.server.table_catalog is not None:  # where readers find stream tables
+        if self.link.server.table_catalog is not None and \
+                TABLE_CATALOG_PROPERTY in self.link.client_properties:  # asked for it
             properties[TABLE_CATALOG_PROPERTY] = self.link.server.table_catalog
         self.send(f.OpenResponse(frame.correlation_id, OK, properties))
         if self.heartbeat_s:
