@@ -112,6 +112,16 @@ def request_of(app, stream: str, index: int, leader_epoch: int) -> dict:
                 "leader_epoch": leader_epoch}]}
 
 
+async def committing_nothing(config: TableConfig, stream: str, request: dict) -> dict:
+    """Run ``request`` in a new table worker and check ``stream``'s table has the same
+    current snapshot after it; the worker's status of the request's first partition."""
+    before = (await asyncio.to_thread(load, config, stream)).current_snapshot()
+    reply = await asyncio.to_thread(run_worker, request)
+    after = (await asyncio.to_thread(load, config, stream)).current_snapshot()
+    assert after.snapshot_id == before.snapshot_id
+    return reply["statuses"][0]
+
+
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
 async def test_partition_leaders_commit_to_one_table_concurrently(tmp_path, capfd, kind):
     """A 3-partition stream, each partition led by another server: the three table workers
@@ -177,12 +187,8 @@ async def test_a_former_leader_never_commits_after_the_new_leader(tmp_path):
             part = old.broker.streams["moving"].partitions[0]
             await until("the former leader's replica holding 300 records",
                         lambda: part.committed_offset == 299)
-            before = (await asyncio.to_thread(load, config, "moving")).current_snapshot()
-            reply = await asyncio.to_thread(run_worker, request_of(old, "moving", 0, 1))
-            status = reply["statuses"][0]
+            status = await committing_nothing(config, "moving", request_of(old, "moving", 0, 1))
             assert "leader epoch 1 is older than the table's 2" in (status["error"] or "")
-            after = (await asyncio.to_thread(load, config, "moving")).current_snapshot()
-            assert after.snapshot_id == before.snapshot_id
         finally:
             os.kill(pid, signal.SIGCONT)
         table = await table_holding(config, "moving", {0: (0, 300)}, {0: 2})
@@ -212,13 +218,9 @@ async def test_a_writer_behind_on_the_high_watermark_rewrites_nothing(tmp_path):
         pid = leader.tables.worker_pid
         os.kill(pid, signal.SIGSTOP)
         try:
-            before = (await asyncio.to_thread(load, config, "behind")).current_snapshot()
             request = request_of(leader, "behind", 0, 1)
             request["partitions"][0]["committed"] = 49
-            reply = await asyncio.to_thread(run_worker, request)
-            assert reply["statuses"][0]["error"] is None
-            after = (await asyncio.to_thread(load, config, "behind")).current_snapshot()
-            assert after.snapshot_id == before.snapshot_id
+            assert (await committing_nothing(config, "behind", request))["error"] is None
         finally:
             os.kill(pid, signal.SIGCONT)
         table = await table_holding(config, "behind", {0: (0, 100)}, {0: 1})
