@@ -245,19 +245,23 @@ def _lost(part: RangePartition, start: int, head: int) -> None:
                 part.partition, start, head - 1)
 
 
-def planned_ranges(opts: ReadOptions, held: plan.Held | None = None) -> list[plan.Range]:
+def planned_ranges(opts: ReadOptions, held: plan.Held | None = None,
+                   client=None) -> list[plan.Range]:
     """The ranges a batch read with ``opts`` covers, one per partition (possibly empty):
     ``startingOffsets`` (default earliest) / ``startingTimestamp`` to ``endingOffsets``
-    (default latest), resolved now against the server, and the stream's table with
+    (default latest), resolved now against the server (through ``client``, a connected
+    riverlog.client.Client, or a connection of its own), and the stream's table with
     ``held`` (see offsets.available) or ``tableDir``. Raises DataLossError (see
     check_loss), ValueError for an ``endingOffsets`` past the last committed offset."""
     if held is None:
         held = table_held(opts)
-    with opts.connection.connect("riverlog-spark-plan") as client:
-        first, end = plan.available(client, opts.streams, held)
-        start = plan.resolve(client, opts.starting, "earliest", first, end,
-                             opts.starting_timestamp)
-        stop = plan.resolve(client, opts.ending, "latest", first, end)
+    if client is None:
+        with opts.connection.connect("riverlog-spark-plan") as client:
+            return planned_ranges(opts, held, client)
+    first, end = plan.available(client, opts.streams, held)
+    start = plan.resolve(client, opts.starting, "earliest", first, end,
+                         opts.starting_timestamp)
+    stop = plan.resolve(client, opts.ending, "latest", first, end)
     start = plan.check_loss(start, first, end, opts.fail_on_data_loss)
     for stream, parts in stop.items():
         for p, hi in parts.items():

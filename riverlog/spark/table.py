@@ -59,23 +59,23 @@ def read_table(spark, stream: str, table_dir: str | None = None, *,
     names = column_names(columns, "read_table") if columns is not None else tuple(full.names)
     with read_options(dict(options, stream=stream)).connection.connect(
             "riverlog-spark-plan") as client:
-        streams = ",".join(_streams(client, stream))
+        opts = read_options(dict(options, stream=",".join(_streams(client, stream))))
         named = client.table_catalog
-    opts = read_options(dict(options, stream=streams))
-    if catalog is None and table_dir is not None:
-        catalog = embedded_catalog(table_dir)
-    if catalog is None and table_dir is None:
-        if named is None:
-            raise ValueError("read_table: the server names no Iceberg catalog (its tables "
-                             "are Parquet files): give the table folder (table_dir)")
-        if "***" in named:
-            raise ValueError(f"read_table: the server's catalog {named} needs its password: "
-                             "give it as catalog=")
-        catalog = named
-    if catalog is not None:
-        whole, partial, from_log = _iceberg_plan(opts, table_dir, catalog)
-    else:
-        whole, partial, from_log = _parquet_plan(opts, table_dir)
+        if catalog is None and table_dir is not None:
+            catalog = embedded_catalog(table_dir)
+        if catalog is None and table_dir is None:
+            if named is None:
+                raise ValueError("read_table: the server names no Iceberg catalog (its "
+                                 "tables are Parquet files): give the table folder "
+                                 "(table_dir)")
+            if "***" in named:
+                raise ValueError(f"read_table: the server's catalog {named} needs its "
+                                 "password: give it as catalog=")
+            catalog = named
+        if catalog is not None:
+            whole, partial, from_log = _iceberg_plan(opts, table_dir, catalog, client)
+        else:
+            whole, partial, from_log = _parquet_plan(opts, table_dir, client)
     return _frame(spark, full, names, whole, partial, from_log, options)
 
 
@@ -94,8 +94,9 @@ def _streams(client, names: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _parquet_plan(opts, table_dir: str):
-    """``(whole files, partial pieces, ranges from the log)`` of the Parquet mirror."""
+def _parquet_plan(opts, table_dir: str, client):
+    """``(whole files, partial pieces, ranges from the log)`` of the Parquet mirror, the
+    ranges resolved through ``client`` (a connected riverlog.client.Client)."""
     from .reader import planned_ranges
 
     files = TableFiles(table_dir)
@@ -103,7 +104,7 @@ def _parquet_plan(opts, table_dir: str):
     whole: list[str] = []
     partial: list[tuple[str, str, int, int, int]] = []  # path, stream, partition, lo, hi
     from_log = []
-    for r in planned_ranges(opts, files.first):
+    for r in planned_ranges(opts, files.first, client):
         pos = r.start
         for f, path, _ in files.usable(r.stream, r.partition, r.start, r.end):
             lo, hi = max(f.start, r.start), min(f.end, r.end)
@@ -119,7 +120,7 @@ def _parquet_plan(opts, table_dir: str):
     return whole, partial, from_log
 
 
-def _iceberg_plan(opts, table_dir: str | None, catalog: str):
+def _iceberg_plan(opts, table_dir: str | None, catalog: str, client):
     """The same plan from each stream's Iceberg table: its current snapshot's files, whole
     when all their offsets are in the range asked, else filtered."""
     from ..tables.iceberg import TableSnapshot
@@ -128,7 +129,7 @@ def _iceberg_plan(opts, table_dir: str | None, catalog: str):
 
     snapshots = {s: TableSnapshot(table_dir or "", catalog, s) for s in opts.streams}
     whole, partial, from_log = [], [], []
-    for r in planned_ranges(opts, lambda s, p, first: snapshots[s].first(p, first)):
+    for r in planned_ranges(opts, lambda s, p, first: snapshots[s].first(p, first), client):
         lo, hi, files = snapshots[r.stream].held(r.partition, r.start, r.end)
         if lo > r.start:
             from_log.append((r.stream, r.partition, r.start, lo))
@@ -150,11 +151,14 @@ def _frame(spark, full, names, whole, partial, from_log, options):
     from .schema import projected_schema
 
     schema = projected_schema(names)
+    every = tuple(names) == tuple(full.names)  # a projection costs py4j calls: only if asked
     frames = []
     if whole:
-        frames.append(spark.read.schema(full).parquet(*whole).select(*names))
+        df = spark.read.schema(full).parquet(*whole)
+        frames.append(df if every else df.select(*names))
     if partial:
-        frames.append(_partial(spark, full, partial).select(*names))
+        df = _partial(spark, full, partial)
+        frames.append(df if every else df.select(*names))
     if from_log:
         register(spark)
         source = {k: v for k, v in options.items() if k.lower() not in _PLANNING}

@@ -246,6 +246,13 @@ def redacted(uri: str) -> str:
     return uri
 
 
+def fs_path(location: str) -> str:
+    """A pyiceberg location (``file:///a/b``, ``s3://bucket/k``) as pyarrow.fs names it."""
+    if location.startswith("file://"):
+        return location[len("file://"):]
+    return location.split("://", 1)[1] if "://" in location else location
+
+
 class TableSnapshot:
     """What the current snapshot of ``stream``'s table (in the catalog ``catalog``, with data
     under ``table_dir``) holds, for a reader: ``held(partition, start, end)`` and
@@ -290,9 +297,11 @@ class TableSnapshot:
         if hi <= lo:
             return start, start, []
         files = [(f, a, b) for f, a, b in self._files.get(partition, []) if b >= lo and a < hi]
-        for f, _, _ in files:
-            filesystem, path = fs.FileSystem.from_uri(f.file_path)
-            info = filesystem.get_file_info(path)
+        if not files:
+            return lo, hi, []
+        filesystem, _ = fs.FileSystem.from_uri(files[0][0].file_path)  # one table, one store
+        infos = filesystem.get_file_info([fs_path(f.file_path) for f, _, _ in files])
+        for (f, _, _), info in zip(files, infos):
             problem = ("is missing" if info.type != fs.FileType.File else
                        f"is {info.size} bytes, the snapshot says {f.file_size_in_bytes}"
                        if info.size != f.file_size_in_bytes else None)

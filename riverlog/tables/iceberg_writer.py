@@ -120,7 +120,7 @@ class IcebergWriter:
             elif table is not None:
                 self.catalog.drop_table(ice.identifier(stream))
                 storage = Storage(self.table_dir)
-                storage.delete_dir(storage.fs.normalize_path(_fs_path(table.location())))
+                storage.delete_dir(storage.fs.normalize_path(ice.fs_path(table.location())))
         except Exception as exc:  # as in update: the catalog's errors are of many types
             log.error("table of %r: cannot remove it: %s", stream, exc)
         self._cleaned.pop(stream, None)
@@ -318,7 +318,7 @@ class IcebergWriter:
         held = ice.snapshot_epochs(table.current_snapshot())
         claimed = {p for p, e in epochs.items() if held.get(p) == e}
         from pyarrow import fs
-        data = _fs_path(table.location().rstrip("/") + "/data")
+        data = ice.fs_path(table.location().rstrip("/") + "/data")
         infos = storage.fs.get_file_info(fs.FileSelector(data, recursive=True,
                                                          allow_not_found=True))
         for info in infos:
@@ -344,7 +344,7 @@ class IcebergWriter:
                 if path not in manifests:
                     files = old_manifests.get(path)
                     if files is None:
-                        files = frozenset(_fs_path(e.data_file.file_path)
+                        files = frozenset(ice.fs_path(e.data_file.file_path)
                                           for e in manifest.fetch_manifest_entry(table.io))
                     manifests[path] = files
                     listed |= files
@@ -384,11 +384,3 @@ def _partition_of(data: str, path: str) -> int | None:
     first = path[len(data):].lstrip("/").split("/", 1)[0]
     name, _, value = first.partition("=")
     return int(value) if name == "partition" and value.isdigit() else None
-
-
-def _fs_path(location: str) -> str:
-    """A pyiceberg location (``file:///a/b``, ``s3://bucket/k``) as pyarrow.fs names it."""
-    if location.startswith("file://"):
-        return location[len("file://"):]
-    return location.split("://", 1)[1] if "://" in location else location
-
