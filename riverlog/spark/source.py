@@ -8,6 +8,7 @@ from pyspark.sql.datasource import DataSource
 
 from .options import read_options, write_options
 from .schema import projection, spark_schema
+from .super_streams import expanded
 
 NAME = "riverlog"
 
@@ -23,7 +24,8 @@ class RiverlogDataSource(DataSource):
     """``spark.read/readStream.format("riverlog")`` and ``df.write/writeStream.format(
     "riverlog")``; options and schema in docs/spark.md. Register with
     ``riverlog.spark.register(spark)``. The schema is SCHEMA_DDL; a user schema naming a
-    subset of its columns (same types) makes the reader build only those."""
+    subset of its columns (same types) makes the reader build only those. A read's
+    ``stream`` may name super streams: each reads as its partition streams."""
 
     @classmethod
     def name(cls) -> str:
@@ -34,11 +36,11 @@ class RiverlogDataSource(DataSource):
 
     def reader(self, schema):
         from .reader import RiverlogReader
-        return RiverlogReader(read_options(self.options), _columns(schema))
+        return RiverlogReader(read_options(expanded(self.options)), _columns(schema))
 
     def streamReader(self, schema):
         from .stream_reader import RiverlogStreamReader
-        return RiverlogStreamReader(read_options(self.options), _columns(schema))
+        return RiverlogStreamReader(read_options(expanded(self.options)), _columns(schema))
 
     def writer(self, schema, overwrite: bool):
         from .writer import RiverlogWriter

@@ -52,14 +52,14 @@ def read_table(spark, stream: str, table_dir: str | None = None, *,
     names none, or names one whose password it leaves out) and
     riverlog.tables.iceberg.CatalogError (the catalog cannot be reached)."""
     from ..tables.iceberg import embedded_catalog
-    from .options import read_options
+    from .options import connection, read_options
     from .schema import column_names, spark_schema
+    from .super_streams import expanded
 
     full = spark_schema()
     names = column_names(columns, "read_table") if columns is not None else tuple(full.names)
-    with read_options(dict(options, stream=stream)).connection.connect(
-            "riverlog-spark-plan") as client:
-        opts = read_options(dict(options, stream=",".join(_streams(client, stream))))
+    with connection(options).connect("riverlog-spark-plan") as client:
+        opts = read_options(expanded(dict(options, stream=stream), client))
         named = client.table_catalog
         if catalog is None and table_dir is not None:
             catalog = embedded_catalog(table_dir)
@@ -77,21 +77,6 @@ def read_table(spark, stream: str, table_dir: str | None = None, *,
         else:
             whole, partial, from_log = _parquet_plan(opts, table_dir, client)
     return _frame(spark, full, names, whole, partial, from_log, options)
-
-
-def _streams(client, names: str) -> list[str]:
-    """The streams of the comma-separated ``names``: a name that is no stream but a super
-    stream stands for its partition streams, in order."""
-    from ..client import ClientError
-
-    out = []
-    for name in (n.strip() for n in names.split(",") if n.strip()):
-        try:
-            members = [] if client.stream_exists(name) else client.partitions(name)
-        except ClientError:  # refused: the source's own read says why
-            members = []
-        out += members or [name]
-    return list(dict.fromkeys(out))
 
 
 def _parquet_plan(opts, table_dir: str, client):

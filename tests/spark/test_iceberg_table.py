@@ -386,7 +386,7 @@ def test_the_server_names_the_catalog_and_the_source_reads_the_table(iceberg_ser
 def test_a_super_stream_reads_as_one_table(iceberg_server, spark):
     """read_table on a super stream's name: its partition streams' tables (and each one's
     newest records from the log), unioned: the rows of reading each partition stream
-    through the source."""
+    through the source; offsets are given per partition stream."""
     from riverlog.broker.stream import StreamConfig
     from riverlog.spark import read_table
 
@@ -412,6 +412,9 @@ def test_a_super_stream_reads_as_one_table(iceberg_server, spark):
                  .collect())
     assert len(got) == 200 + 250 + 300
     assert got == want
+    later = read_table(spark, "icesuper", servers=iceberg_server.servers,
+                       startingOffsets=json.dumps({"icesuper-1": {"0": 100}}))
+    assert later.count() == 200 + 150 + 300  # offsets per partition stream (refused before)
 
 
 def test_a_deleted_streams_table_is_dropped_and_a_new_one_made(iceberg_server):

@@ -1,8 +1,10 @@
 # Streaming reads: read limits (maxOffsetsPerTrigger), Trigger.AvailableNow, restarts from
 # the checkpoint (clean and after a failed batch) with no record lost or repeated, the
-# latest default, and failOnDataLoss when retention removed checkpointed offsets.
+# latest default, failOnDataLoss when retention removed checkpointed offsets, and a super
+# stream read by its name.
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -102,3 +104,36 @@ def test_fail_on_data_loss(spark, riverlog_server, client, new_stream, tmp_path)
     got = parquet_offsets(spark, out)
     assert got[:5] == list(range(5)) and got[-1] == 404
     assert got[5] > 5 and got[5:] == list(range(got[5], 405))
+
+
+def test_a_super_stream_reads_by_its_name(spark, riverlog_server, client, tmp_path):
+    """``stream`` naming a RabbitMQ super stream reads its partition streams (the server's
+    Partitions answer): a batch read with offsets given per partition stream, and a
+    streaming read that resumes from its checkpoint. The name alone was an unknown
+    stream before."""
+    import asyncio
+
+    from riverlog.broker.stream import StreamConfig
+
+    name = f"super-{time.monotonic_ns()}"
+    members = [f"{name}-{i}" for i in range(3)]
+
+    async def make():
+        riverlog_server.app.rabbitmq_stream.super_streams.create(
+            name, members, ["0", "1", "2"], StreamConfig())
+    asyncio.run_coroutine_threadsafe(make(), riverlog_server.loop).result(30)
+    for i, member in enumerate(members):
+        publish(client, member, [record(100 * i + j) for j in range(10 + i)])
+    start = json.dumps({members[1]: {"0": 4}})
+    rows = (spark.read.format("riverlog").option("servers", riverlog_server.servers)
+            .option("stream", name).option("startingOffsets", start).load()
+            .select("stream", "offset", "value").collect())
+    assert sorted((r.stream, r.offset, r.value) for r in rows) == sorted(
+        [(members[0], j, b"v%d" % j) for j in range(10)]
+        + [(members[1], j, b"v%d" % (100 + j)) for j in range(4, 11)]
+        + [(members[2], j, b"v%d" % (200 + j)) for j in range(12)])
+    out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
+    df = stream_reader(spark, riverlog_server.servers, name, startingOffsets="earliest")
+    assert sum(run_to_parquet(df, out, ck)) == 33
+    publish(client, members[2], [record(300)])
+    assert run_to_parquet(df, out, ck) == [1]
