@@ -16,6 +16,7 @@ import functools
 import json
 import logging
 import os
+import time
 import urllib.parse
 
 log = logging.getLogger("riverlog.tables")
@@ -78,12 +79,30 @@ def load_catalog(table_dir: str, catalog: str | None = None):
         if uri.startswith(("http://", "https://")):
             from pyiceberg.catalog.rest import RestCatalog
             return RestCatalog(NAMESPACE, uri=uri, warehouse=warehouse(table_dir))
-        from pyiceberg.catalog.sql import SqlCatalog
         if uri.startswith("sqlite:///"):
             os.makedirs(os.path.dirname(uri[len("sqlite:///"):]), exist_ok=True)
-        return SqlCatalog(NAMESPACE, uri=uri, warehouse=warehouse(table_dir))
+        return _sql_catalog(uri, warehouse(table_dir))
     except Exception as exc:  # pyiceberg raises many types (sqlalchemy, requests, its own)
         raise CatalogError(f"catalog {redacted(uri)}: {exc}") from exc
+
+
+def _sql_catalog(uri: str, location: str, tries: int = 5):
+    """pyiceberg's SqlCatalog on ``uri``. Opening one creates its tables when they are
+    missing, and processes opening a new catalog at once (a cluster's servers, a reader
+    beside the writer) race between its check and its CREATE TABLE: "table iceberg_tables
+    already exists" (or SQLite's "database is locked"). Such an error is tried again, up to
+    ``tries`` times; the last one is raised (sqlalchemy.exc.OperationalError; PostgreSQL
+    raises ProgrammingError or IntegrityError for the same race)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+
+    for attempt in range(tries):
+        try:
+            return SqlCatalog(NAMESPACE, uri=uri, warehouse=location)
+        except (OperationalError, ProgrammingError, IntegrityError):
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
 
 
 def identifier(stream: str) -> tuple[str, str]:
