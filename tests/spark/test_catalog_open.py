@@ -2,6 +2,7 @@
 # sharing DIR/tables, a reader beside the table worker): every one gets the catalog.
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 
 
@@ -19,8 +20,8 @@ def test_processes_opening_a_new_catalog_at_once_all_get_it(tmp_path):
     """pyiceberg creates a new catalog's tables after checking they are missing: four
     processes at once failed with "table iceberg_tables already exists" (31 of 80 openings
     here before), which stopped a table worker's pass."""
-    import riverlog.tables.iceberg  # noqa: F401  (imported before the fork, as a server has)
-    import pyiceberg.catalog.sql  # noqa: F401
+    for module in ("riverlog.tables.iceberg", "pyiceberg.catalog.sql"):
+        importlib.import_module(module)  # before the fork, as a server has them
 
     ctx = multiprocessing.get_context("fork")
     answers = ctx.Queue()
