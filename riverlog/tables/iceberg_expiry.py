@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 
+from . import lifeline
+
 log = logging.getLogger("riverlog.tables")
 
 
@@ -73,6 +75,7 @@ def expire(table, cutoff_ms: int, listings: Listings, storage, stream: str):
 
     cutoff = datetime.datetime.fromtimestamp(cutoff_ms / 1000, datetime.timezone.utc)
     before = listings.reachable(table)
+    lifeline.check()  # a worker whose server is gone never commits
     table.maintenance.expire_snapshots().older_than(cutoff).commit()
     table = table.refresh()
     after = listings.reachable(table)
