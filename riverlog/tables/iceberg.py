@@ -117,9 +117,10 @@ def create_table(catalog, table_dir: str, stream: str, created_ns: int,
     metadata files beyond Iceberg's write.metadata.previous-versions-max, 100, deleted at
     each commit: a commit per pass writes one, as large as all the snapshots kept) at
     ``<warehouse>/riverlog/<stream folder>``; the table another writer created meanwhile
-    when it exists. pyiceberg's own commit retries are off (``commit.retry.num-retries``
+    when it exists (the SQL catalog refuses the creation with TableAlreadyExistsError, or
+    CommitFailedException when the other table was there as it looked). pyiceberg's own commit retries are off (``commit.retry.num-retries``
     0): they would commit the stale summary again (riverlog.tables.iceberg_commit retries)."""
-    from pyiceberg.exceptions import TableAlreadyExistsError
+    from pyiceberg.exceptions import CommitFailedException, TableAlreadyExistsError
     from pyiceberg.transforms import DayTransform, IdentityTransform
 
     from ..broker.broker import folder_name  # the broker's import is not for Spark workers
@@ -139,8 +140,8 @@ def create_table(catalog, table_dir: str, stream: str, created_ns: int,
         order.asc("offset", IdentityTransform())
     try:
         tx.commit_transaction()
-    except TableAlreadyExistsError:  # another server's writer made it first
-        pass
+    except (TableAlreadyExistsError, CommitFailedException):
+        pass  # another server's writer made it first (before or after the catalog looked)
     return catalog.load_table(identifier(stream))
 
 

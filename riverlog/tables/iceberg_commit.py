@@ -12,7 +12,8 @@
 # (Fenced), and a new leader claims its partitions (claim: a snapshot without files) before
 # it writes any, so a former leader's commit made after that is refused. A retry finding
 # this writer's partitions changed in the table since the pass read it gives up (Conflict):
-# the next pass plans again.
+# the next pass plans again. A table worker whose server is gone commits nothing
+# (riverlog.tables.lifeline, checked right before each commit).
 from __future__ import annotations
 
 import json
@@ -21,6 +22,7 @@ import random
 import time
 
 from . import iceberg as ice
+from . import lifeline
 
 log = logging.getLogger("riverlog.tables")
 
@@ -101,6 +103,7 @@ def commit(table, stream: str, base, epochs: dict[int, int], offsets: dict, segm
                 producer.delete_data_file(f)
             for f in added:
                 producer.append_data_file(f)
+        lifeline.check()  # a worker whose server is gone never commits
         try:
             return tx.commit_transaction(), attempt
         except CommitFailedException as exc:

@@ -19,7 +19,6 @@
 # epoch than the request's is not written (its status says why).
 from __future__ import annotations
 
-import datetime
 import itertools
 import logging
 import os
@@ -29,6 +28,7 @@ from ..log.chunk import ChunkFormatError
 from . import convert
 from . import iceberg as ice
 from . import iceberg_commit as shared
+from . import iceberg_expiry as expiry
 from .segments import SegmentRuns, segment_path
 from .state import Status
 from .storage import Storage
@@ -58,7 +58,7 @@ class IcebergWriter:
         self._cleaned: dict[str, float] = {}  # stream -> time.monotonic() of its last cleanup
         self._converting: list[tuple[str, int]] = []  # partitions new in this pass
         self._planned: dict[str, tuple[int | None, dict]] = {}  # stream -> (snapshot, files)
-        self._listings: dict[str, tuple[dict, dict]] = {}  # stream -> (lists, manifests) read
+        self._listings: dict[str, expiry.Listings] = {}  # stream -> what its snapshots list
         self._errors: dict[str, str] = {}
 
     @property
@@ -286,8 +286,9 @@ class IcebergWriter:
     # -- expiry and orphans ---------------------------------------------------------------
     def _cleanup(self, table, stream: str, epochs: dict[int, int]):
         """Expire snapshots older than ``expire_ms`` (at most every CLEANUP_INTERVAL_S; on
-        the first visit too) and delete the data files no remaining snapshot lists: those
-        the expired ones freed, and leftovers of a crash before a commit in the partitions
+        the first visit too) and delete the files no remaining snapshot references: the
+        manifest lists, manifests and data files the expired ones freed
+        (riverlog.tables.iceberg_expiry), and data files leftovers of a crash before a commit in the partitions
         of ``epochs`` (partition -> leader epoch) this writer has claimed in the table (so
         never another writer's files in flight: a new leader claims before it writes, and a
         claimed partition's former leader can no longer commit)."""
@@ -296,25 +297,17 @@ class IcebergWriter:
         if last is not None and now - last < CLEANUP_INTERVAL_S:
             return table
         self._cleaned[stream] = now
-        cutoff = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(
-            milliseconds=self.expire_ms)
-        current = table.current_snapshot()
-        listed_before = None
-        if any(s.timestamp_ms < cutoff.timestamp() * 1000 for s in table.snapshots()
-               if current is None or s.snapshot_id != current.snapshot_id):
+        listings = self._listings.setdefault(stream, expiry.Listings())
+        storage = Storage(self.table_dir)
+        cutoff_ms = time.time_ns() // 1_000_000 - self.expire_ms
+        if expiry.expirable(table, cutoff_ms):
             from pyiceberg.exceptions import CommitFailedException
-            listed_before = self._listed(stream, table)
             try:
-                table.maintenance.expire_snapshots().older_than(cutoff).commit()
+                table = expiry.expire(table, cutoff_ms, listings, storage, stream)
             except CommitFailedException:  # another writer committed: again next pass
                 self._cleaned.pop(stream, None)
                 return table.refresh()
-            table = table.refresh()
-        listed = self._listed(stream, table)
-        storage = Storage(self.table_dir)
-        if listed_before is not None:  # freed by the expiry: committed once, listed no more
-            for path in sorted(listed_before - listed):
-                storage.delete(path)
+        listed = listings.reachable(table)[2]
         held = ice.snapshot_epochs(table.current_snapshot())
         claimed = {p for p, e in epochs.items() if held.get(p) == e}
         from pyarrow import fs
@@ -327,29 +320,6 @@ class IcebergWriter:
                 log.info("table of %r: removing %s (no snapshot lists it)", stream, info.path)
                 storage.delete(info.path)
         return table
-
-    def _listed(self, stream: str, table) -> set[str]:
-        """The data files (pyarrow.fs paths) any snapshot of ``stream``'s ``table`` lists.
-        Manifest lists and manifests never change, so each is read once, not once per
-        snapshot listing it (a table keeps a snapshot per pass until they expire)."""
-        old_lists, old_manifests = self._listings.get(stream, ({}, {}))
-        listed, lists, manifests = set(), {}, {}
-        for snapshot in table.snapshots():
-            found = old_lists.get(snapshot.manifest_list)
-            if found is None:
-                found = tuple(snapshot.manifests(table.io))
-            lists[snapshot.manifest_list] = found
-            for manifest in found:
-                path = manifest.manifest_path
-                if path not in manifests:
-                    files = old_manifests.get(path)
-                    if files is None:
-                        files = frozenset(ice.fs_path(e.data_file.file_path)
-                                          for e in manifest.fetch_manifest_entry(table.io))
-                    manifests[path] = files
-                    listed |= files
-        self._listings[stream] = (lists, manifests)  # what expired is forgotten
-        return listed
 
 
 def _tables(batches, schema):

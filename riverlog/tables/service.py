@@ -5,7 +5,7 @@
 # tick, written to the worker's pipe, and one reply read; a tick starts only when the last
 # reply is in, so nothing piles up and publishers are never waited on. The worker is started
 # when the first table-enabled stream needs it and started again if it dies (the work it
-# lost is redone from the manifest). A pass starts a third of ``streams.table.lag`` after the
+# lost is redone from the manifest); it dies with the server (riverlog.tables.lifeline). A pass starts a third of ``streams.table.lag`` after the
 # last one started; sooner (half that after it) when a partition's table is behind and its
 # committed offset stood still for QUIET_S: the tail of a burst does not wait for the tick,
 # while a steady stream still commits one snapshot per tick. In a cluster a partition's
@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import sys
 import time
 
@@ -242,7 +243,10 @@ class TableService:
     async def _call(self, request: dict) -> dict:
         if self._worker is None or self._worker.returncode is not None:
             self._worker = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "riverlog.tables.writer", stdin=asyncio.subprocess.PIPE,
+                # started from the event loop's thread, which lives as long as the server:
+                # the worker dies with that thread (riverlog.tables.lifeline)
+                sys.executable, "-m", "riverlog.tables.writer", str(os.getpid()),
+                stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, limit=REPLY_LIMIT)
         worker = self._worker
         worker.stdin.write(json.dumps(request).encode() + b"\n")

@@ -11,8 +11,9 @@
 # file, rewritten when compaction changes the segment file. The table folder may be on any
 # filesystem pyarrow supports (riverlog.tables.storage); the segments are local files.
 # Without ``archive`` files below the log's first offset are retired. The process runs at a
-# lower CPU priority than the server and exits when stdin closes (the server stopped or
-# died).
+# lower CPU priority than the server and exits when stdin closes (the server stopped); it
+# is started as ``python -m riverlog.tables.writer SERVER_PID`` and dies with that server
+# (riverlog.tables.lifeline: a SIGKILLed server's worker never commits).
 from __future__ import annotations
 
 import dataclasses
@@ -25,6 +26,7 @@ import sys
 import time
 
 from ..log.chunk import ChunkFormatError
+from . import lifeline
 from . import manifest as mf
 from .segments import SegmentRuns, segment_path
 from .state import PartitionState, Status
@@ -275,8 +277,12 @@ def _writer(writers: dict, request: dict):
 
 
 def main() -> None:
+    """``python -m riverlog.tables.writer [SERVER_PID]``: the worker loop on stdin/stdout;
+    with SERVER_PID, bound to that process (riverlog.tables.lifeline)."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if len(sys.argv) > 1:
+        lifeline.bind(int(sys.argv[1]))
     try:
         importlib.import_module("pyarrow.parquet")
         from ..spark.arrow import arrow_schema

@@ -48,6 +48,15 @@ def by_offset(table: pa.Table) -> pa.Table:
     return table.sort_by("offset")
 
 
+def written_on(server: ThreadServer, stream: str, start: int, n: int) -> None:
+    """Publish records ``start .. start + n - 1`` and check the table then holds exactly
+    what the source reads from offset 0 on."""
+    send(server, stream, varied(start, n))
+    table = wait_iceberg(server, stream)
+    expected = source_rows(server, stream, 0, start + n)
+    assert by_offset(table.scan().to_arrow()).cast(expected.schema).equals(expected)
+
+
 def test_the_table_is_iceberg_and_holds_what_the_source_reads(iceberg_server):
     with iceberg_server.client() as c:
         c.create_stream("ice", SMALL_SEGMENTS)
@@ -127,10 +136,7 @@ def test_files_of_a_pass_that_never_committed_are_removed(tmp_path):
         while any(table.io.new_input(f).exists() for f in orphans):
             assert time.monotonic() < deadline, "the leftovers were never removed"
             time.sleep(0.1)
-        send(server, "crashy", varied(200, 10))
-        table = wait_iceberg(server, "crashy")
-        assert by_offset(table.scan().to_arrow()).cast(rows.schema).equals(
-            source_rows(server, "crashy", 0, 210))
+        written_on(server, "crashy", 200, 10)
     finally:
         server.stop()
 

@@ -2,7 +2,8 @@
 # once per change (pyiceberg's deep-copies the whole metadata on every read), against a real
 # SQL catalog on SQLite: what it reads is what pyiceberg's own transaction reads, after a
 # staged update and after another writer's commit and a refresh, and its commit lands both.
-# And a table riverlog creates deletes its old metadata files at commits.
+# And a table riverlog creates deletes its old metadata files at commits; a table another
+# writer creates meanwhile is taken.
 from __future__ import annotations
 
 import os
@@ -52,3 +53,26 @@ def test_old_metadata_files_are_deleted_at_commits(tmp_path):
     folder = table.location()[len("file://"):] + "/metadata"
     kept = [n for n in os.listdir(folder) if n.endswith(".metadata.json")]
     assert len(kept) == 3, kept  # the current one and two before it
+
+
+def test_a_table_another_writer_creates_meanwhile_is_taken(tmp_path):
+    """Two servers' writers create a stream's table at once (a cluster's partition leaders
+    at their first pass): the other one's commit lands between this one staging its
+    creation and committing it. This one takes the other's table (before, the SQL catalog's
+    refusal, CommitFailedException 'Table already exists', failed its pass)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    directory = str(tmp_path)
+    other = ice.load_catalog(directory)
+
+    class Racing(SqlCatalog):  # the real catalog; the other writer commits first
+        def create_table_transaction(self, *args, **kwargs):
+            tx = super().create_table_transaction(*args, **kwargs)
+            ice.create_table(other, directory, "s", 7)
+            return tx
+
+    mine = ice.load_catalog(directory)
+    racing = Racing(ice.NAMESPACE, **mine.properties)
+    table = ice.create_table(racing, directory, "s", 7)
+    assert table.properties[ice.CREATED_PROPERTY] == "7"
+    assert table.metadata.table_uuid == other.load_table(ice.identifier("s")).metadata.table_uuid
