@@ -30,23 +30,23 @@ def referenced(table) -> set[str]:
     pyiceberg lists them."""
     out = set()
     for snapshot in table.snapshots():
-        out.add(expiry.fs_path(snapshot.manifest_list))
-        out |= {expiry.fs_path(m.manifest_path) for m in snapshot.manifests(table.io)}
+        out.add(ice.fs_path(snapshot.manifest_list))
+        out |= {ice.fs_path(m.manifest_path) for m in snapshot.manifests(table.io)}
     return out
 
 
 def avro_files(table) -> set[str]:
-    folder = expiry.fs_path(table.location().rstrip("/") + "/metadata")
+    folder = ice.fs_path(table.location().rstrip("/") + "/metadata")
     return {os.path.join(folder, n) for n in os.listdir(folder) if n.endswith(".avro")}
 
 
 def data_files(table) -> set[str]:
-    folder = expiry.fs_path(table.location().rstrip("/") + "/data")
+    folder = ice.fs_path(table.location().rstrip("/") + "/data")
     return {os.path.join(d, n) for d, _, names in os.walk(folder) for n in names}
 
 
 def listed(table) -> set[str]:
-    return {expiry.fs_path(e.data_file.file_path) for s in table.snapshots()
+    return {ice.fs_path(e.data_file.file_path) for s in table.snapshots()
             for m in s.manifests(table.io) for e in m.fetch_manifest_entry(table.io)}
 
 
@@ -69,8 +69,8 @@ def test_expired_snapshots_leave_only_the_files_the_remaining_ones_reference(tmp
     assert len(table.snapshots()) >= 6
     assert avro_files(table) == referenced(table)  # nothing expired yet: all referenced
     current = table.current_snapshot()
-    kept = {expiry.fs_path(current.manifest_list)} | {
-        expiry.fs_path(m.manifest_path) for m in current.manifests(table.io)}
+    kept = {ice.fs_path(current.manifest_list)} | {
+        ice.fs_path(m.manifest_path) for m in current.manifests(table.io)}
     assert avro_files(table) - kept, "no snapshot-only manifest to delete: a weak test"
     rows = by_offset(table.scan().to_arrow())
 

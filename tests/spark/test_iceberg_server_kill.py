@@ -19,7 +19,6 @@ pytest.importorskip("pyiceberg")
 
 from riverlog.config import TableConfig  # noqa: E402
 from riverlog.tables import iceberg as ice  # noqa: E402
-from riverlog.tables import iceberg_expiry as expiry  # noqa: E402
 
 from ._server import ThreadServer  # noqa: E402
 from .conftest import partition_of, varied, wait_iceberg  # noqa: E402
@@ -110,7 +109,7 @@ def test_a_killed_servers_worker_commits_nothing(tmp_path):
                                                    enabled=True)).start()
     try:
         table = wait_iceberg(server, "backlog", wait_s=WAIT_S)
-        files = {expiry.fs_path(e.data_file.file_path) for s in table.snapshots()
+        files = {ice.fs_path(e.data_file.file_path) for s in table.snapshots()
                  for m in s.manifests(table.io) for e in m.fetch_manifest_entry(table.io)}
         assert files and all(os.path.exists(f) for f in files)
         assert by_offset(table.scan().to_arrow()).cast(
