@@ -53,9 +53,10 @@ def iceberg_tables(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def s3_tables():
-    """``s3_tables(name)`` -> the URI of a table folder in a bucket of an S3 endpoint that
-    moto serves in this process (a free port), with its credentials and endpoint in the
-    URI's options, as pyarrow.fs.FileSystem.from_uri takes them."""
+    """``s3_tables(name, key="test", secret="test")`` -> the URI of a table folder in a
+    bucket of an S3 endpoint that moto serves in this process (a free port), with its
+    credentials (``key:secret@``; moto takes any) and endpoint in the URI's options, as
+    pyarrow.fs.FileSystem.from_uri takes them."""
     pytest.importorskip("moto")
     from moto.server import ThreadedMotoServer
     from pyarrow import fs
@@ -68,8 +69,8 @@ def s3_tables():
                     endpoint_override=endpoint,
                     allow_bucket_creation=True).create_dir("riverlog-tables")
 
-    def uri(name: str) -> str:
-        return (f"s3://test:test@riverlog-tables/{name}?region=us-east-1&scheme=http"
+    def uri(name: str, key: str = "test", secret: str = "test") -> str:
+        return (f"s3://{key}:{secret}@riverlog-tables/{name}?region=us-east-1&scheme=http"
                 f"&endpoint_override={endpoint}")
     yield uri
     server.stop()
@@ -209,9 +210,10 @@ def wait_table(server: ThreadServer, stream: str, *, sealed: bool = True) -> mf.
 
 
 def catalog(server: ThreadServer):
-    """The embedded Iceberg catalog of ``server``'s table folder."""
+    """The Iceberg catalog of ``server``'s tables (the embedded one of its table folder
+    unless it names one), reaching the folder with its credentials."""
     from riverlog.tables import iceberg as ice
-    return ice.load_catalog(server.app.config.table_dir)
+    return ice.load_catalog(server.app.config.table_dir, server.app.config.tables.catalog)
 
 
 def wait_iceberg(server: ThreadServer, stream: str, *, sealed: bool = True,
