@@ -173,3 +173,34 @@ def test_the_source_reads_an_iceberg_table_in_a_bucket(tmp_path, s3_tables, spar
                    and SECRET not in f for f in files)
     finally:
         server.stop()
+
+
+def test_an_archived_parquet_table_in_a_bucket_is_converted(tmp_path, s3_tables):
+    """A Parquet-mirror table in the bucket that archived offsets the log dropped: the server
+    started with Iceberg tables on the same folder (and a catalog) carries them over from
+    the old files in the bucket, writes the rest from the log, then removes the old folder
+    from the bucket."""
+    from .conftest import partition_of, wait_table
+    from .test_iceberg_table import assert_converted
+
+    config = s3_config(tmp_path, s3_tables, archive=True)
+    data = str(tmp_path / "data")
+    old = ThreadServer(data, tables=dataclasses.replace(config, format="parquet")).start()
+    try:
+        with old.client() as c:
+            c.create_stream("legacy", {"stream-max-segment-size-bytes": "8192",
+                                       "max-length-bytes": "20000"})
+        start = 0
+        while partition_of(old, "legacy").first_offset == 0:  # until retention dropped some
+            assert start < 3000, "retention never removed a segment"
+            send(old, "legacy", varied(start, 100))
+            m = wait_table(old, "legacy")
+            start += 100
+        assert m.first == 0
+    finally:
+        old.stop()
+    server = ThreadServer(data, tables=config).start()
+    try:
+        assert_converted(server, config.directory)
+    finally:
+        server.stop()
