@@ -51,12 +51,19 @@ def s3_server(tmp_path, s3_tables, stream: str, segment_bytes: int):
     return config, server
 
 
-def objects(storage: Storage, table) -> dict[str, bytes]:
-    """Every object of ``table``'s folder in the bucket: pyarrow.fs path -> content."""
+def paths(storage: Storage, table) -> list[str]:
+    """The objects of ``table``'s folder in the bucket (pyarrow.fs paths)."""
     from pyarrow import fs
     folder = table.location().removeprefix("s3://")
-    infos = storage.fs.get_file_info(fs.FileSelector(folder, recursive=True))
-    return {i.path: storage.read_bytes(i.path) for i in infos if i.type == fs.FileType.File}
+    infos = storage.fs.get_file_info(fs.FileSelector(folder, recursive=True,
+                                                     allow_not_found=True))
+    return [i.path for i in infos if i.type == fs.FileType.File]
+
+
+def objects(storage: Storage, table) -> dict[str, bytes]:
+    """Every object of ``table``'s folder in the bucket: pyarrow.fs path -> content (while
+    no writer deletes any)."""
+    return {path: storage.read_bytes(path) for path in paths(storage, table)}
 
 
 def data_paths(paths) -> set[str]:
@@ -77,7 +84,8 @@ def test_the_writer_keeps_the_iceberg_table_in_a_bucket(tmp_path, s3_tables, cap
     metadata, manifest or property, not in the catalog and not in the server's or the
     worker's logs. A crash's leftovers (data files no snapshot lists) and the files that
     expired snapshots freed (streams.table.snapshot.expiry) are deleted from the bucket on
-    the next start's first pass."""
+    the next start's first pass; a deleted stream's table is dropped and its files deleted
+    from the bucket."""
     from pyiceberg.io.pyarrow import _dataframe_to_data_files
 
     config, server = s3_server(tmp_path, s3_tables, "ons3", 8192)
@@ -120,20 +128,27 @@ def test_the_writer_keeps_the_iceberg_table_in_a_bucket(tmp_path, s3_tables, cap
     assert freed and freed <= data_paths(files)
     orphans = {f.file_path.removeprefix("s3://") for f in _dataframe_to_data_files(
         table_metadata=table.metadata, df=scanned.slice(0, 50), io=table.io)}
-    assert orphans <= data_paths(objects(storage, table))
+    assert orphans <= data_paths(paths(storage, table))
     server = ThreadServer(str(tmp_path / "data"),
                           tables=dataclasses.replace(config, expiry_ms=0)).start()
     try:
         deadline = time.monotonic() + 60
-        while (left := data_paths(objects(storage, table)) & (orphans | freed)):
+        while (left := data_paths(paths(storage, table)) & (orphans | freed)):
             assert time.monotonic() < deadline, f"never deleted from the bucket: {left}"
             time.sleep(0.2)
         table = ice.load_table(catalog(server), "ons3")
-        assert data_paths(objects(storage, table)) == listed(table, current_only=True)
+        assert data_paths(paths(storage, table)) == listed(table, current_only=True)
         send(server, "ons3", varied(900, 30))
         table = wait_iceberg(server, "ons3", sealed=False)
         assert by_offset(table.scan().to_arrow()).cast(expected.schema).to_pylist() == \
             source_rows(server, "ons3", 0, 930).to_pylist()
+        # the stream deleted: its table dropped and its folder emptied in the bucket
+        with server.client() as c:
+            c.delete_stream("ons3")
+        deadline = time.monotonic() + 60
+        while (left := paths(storage, table)) or ice.load_table(catalog(server), "ons3"):
+            assert time.monotonic() < deadline, f"the dropped table left {sorted(left)}"
+            time.sleep(0.2)
     finally:
         server.stop()
     logged = capfd.readouterr()
