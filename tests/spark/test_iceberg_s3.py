@@ -159,10 +159,11 @@ def test_the_source_reads_an_iceberg_table_in_a_bucket(tmp_path, s3_tables, spar
     """The source's options catalog and tableDir (the s3:// URI with its credentials):
     Spark's Python tasks read the snapshot's data files from the bucket through pyarrow.fs
     (the server sends none of the records the table holds) and the rows are the source's
-    without a table. read_table plans the same files and hands Spark their s3a:// URIs
-    without the credentials (Spark's hadoop-aws, not installed here, reads them)."""
-    from riverlog.spark.options import read_options
-    from riverlog.spark.table import _iceberg_plan
+    without a table. read_table's driver finds the same files (checked in the bucket) and
+    hands Spark their s3a:// URIs without the credentials (Spark's hadoop-aws, not installed
+    here, would read them)."""
+    from riverlog.tables.iceberg import TableSnapshot
+    from riverlog.tables.storage import spark_uri
 
     def rows(df):
         return sorted(df.collect(), key=lambda r: r.offset)
@@ -179,13 +180,14 @@ def test_the_source_reads_an_iceberg_table_in_a_bucket(tmp_path, s3_tables, spar
         assert delivered("reads3") - before < 100  # only the planner's offset lookups
         want = rows(reader(spark, server.servers, "reads3", endingOffsets=ending).load())
         assert len(got) == 801 and got == want
-        opts = read_options({"servers": server.servers, "stream": "reads3",
-                             "endingOffsets": ending})
-        whole, partial, from_log = _iceberg_plan(opts, config.directory, config.catalog)
-        files = whole + [piece[0] for piece in partial]
-        assert files and from_log == []
-        assert all(f.startswith(f"s3a://riverlog-tables/{tmp_path.name}/tables/riverlog/")
-                   and SECRET not in f for f in files)
+        # read_table's driver: what the snapshot holds, each file checked in the bucket
+        # through the folder's credentials, handed to Spark by its s3a:// URI
+        lo, hi, files = TableSnapshot(config.directory, config.catalog, "reads3").held(
+            0, 0, 801)
+        assert (lo, hi) == (0, 801) and files
+        uris = [spark_uri(location, "")[:-1] for location, _, _ in files]
+        assert all(u.startswith(f"s3a://riverlog-tables/{tmp_path.name}/tables/riverlog/")
+                   and SECRET not in u for u in uris)
     finally:
         server.stop()
 
