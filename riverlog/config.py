@@ -366,12 +366,17 @@ class TableConfig:
             raise ValueError("streams.table.snapshot.expiry must not be negative")
         on_object_storage = (self.directory is not None and "://" in self.directory
                              and not self.directory.startswith("file://"))
-        if self.format == "iceberg" and on_object_storage and not self.catalog:
-            raise ValueError(
-                f"streams.table.dir {self.directory.split('?')[0]} is not a local folder: "
-                f"Iceberg tables (streams.table.format, the default) need a catalog every "
-                f"server reaches there (streams.table.catalog); or set "
-                f"streams.table.format: parquet (docs/spark.md)")
+        if self.format == "iceberg" and on_object_storage:
+            from .tables.iceberg_io import io_properties, warehouse
+            if not self.catalog:
+                raise ValueError(
+                    f"streams.table.dir {warehouse(self.directory)} is not a local folder: "
+                    f"Iceberg tables (streams.table.format, the default) need a catalog every "
+                    f"server reaches there (streams.table.catalog: a SQLite file on a local "
+                    f"disk such as sqlite:////var/lib/riverlog/catalog.db, a PostgreSQL URL or "
+                    f"a REST catalog; the embedded SQLite catalog cannot live in a bucket); "
+                    f"or set streams.table.format: parquet (docs/spark.md)")
+            io_properties(self.directory)  # ValueError: an option pyiceberg cannot be told
         if self.compression not in TABLE_CODECS:
             raise ValueError(f"streams.table.compression: expected one of "
                              f"{', '.join(TABLE_CODECS)}, got {self.compression!r}")

@@ -13,6 +13,8 @@
 #   go_liftbridge          go-liftbridge and nats.go (tests/compat/go_liftbridge), built once per
 #                          session (tests/compat/_go_liftbridge.py; used by tests/liftbridge,
 #                          tests/security and tests/cluster)
+#   s3_tables              s3_tables(name) -> an s3:// table folder URI in a bucket of an S3
+#                          endpoint moto serves in the test process (tests/spark, tests/cluster)
 # With RIVERLOG_TEST_PEER=rabbitmq:PORT both point at an already-running RabbitMQ on
 # 127.0.0.1:PORT instead, to check the tests themselves against the real thing. Markers:
 #   riverlog_only  needs something RabbitMQ 3.10 lacks: skipped against the peer
@@ -161,3 +163,28 @@ def go_liftbridge() -> GoLiftbridge:
         return GoLiftbridge(build_go_liftbridge())
     except GoUnavailable as exc:
         pytest.skip(f"go-liftbridge tests: {exc}")
+
+
+@pytest.fixture(scope="session")
+def s3_tables():
+    """``s3_tables(name, key="test", secret="test")`` -> the URI of a table folder in a
+    bucket of an S3 endpoint that moto serves in this process (a free port), with its
+    credentials (``key:secret@``; moto takes any) and endpoint in the URI's options, as
+    pyarrow.fs.FileSystem.from_uri takes them."""
+    pytest.importorskip("moto")
+    from moto.server import ThreadedMotoServer
+    from pyarrow import fs
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"{host}:{port}"
+    fs.S3FileSystem(access_key="test", secret_key="test", region="us-east-1", scheme="http",
+                    endpoint_override=endpoint,
+                    allow_bucket_creation=True).create_dir("riverlog-tables")
+
+    def uri(name: str, key: str = "test", secret: str = "test") -> str:
+        return (f"s3://{key}:{secret}@riverlog-tables/{name}?region=us-east-1&scheme=http"
+                f"&endpoint_override={endpoint}")
+    yield uri
+    server.stop()

@@ -49,13 +49,16 @@ class RangePartition(InputPartition):
     # offset, highest offset), as the driver found them in the current snapshot
     table_files: tuple[tuple[str, int, int], ...] = ()
     table_end: int = 0
+    files_dir: str | None = None  # the table folder whose filesystem opens table_files
 
 
 class Tables:
     """The driver's view of the streams' tables a read uses: the Iceberg tables in the
     catalog of option ``catalog`` (or the one in the folder of ``tableDir``: its embedded
     SQLite catalog, riverlog.tables.iceberg.embedded_catalog), else the Parquet mirror
-    under ``tableDir`` (riverlog.tables.read). Each stream's snapshot is loaded once."""
+    under ``tableDir`` (riverlog.tables.read). Each stream's snapshot is loaded once. With
+    ``catalog`` and ``tableDir`` a URI (``s3://KEY:SECRET@bucket/prefix?...``), the Iceberg
+    table's files are checked and read on that folder's filesystem (its credentials)."""
 
     def __init__(self, opts: ReadOptions) -> None:
         from ..tables.iceberg import embedded_catalog
@@ -94,7 +97,8 @@ class Tables:
         lo, hi, files = self.snapshot(r.stream).held(r.partition, r.start, r.end)
         if lo != r.start or hi <= lo:
             return part  # the table does not hold the range's start: all from the log
-        return dataclasses.replace(part, table_files=tuple(files), table_end=hi)
+        return dataclasses.replace(part, table_files=tuple(files), table_end=hi,
+                                   files_dir=opts.table_dir)
 
 
 def tables_of(opts: ReadOptions) -> Tables | None:
@@ -137,7 +141,7 @@ def read_partition(part: RangePartition) -> Iterator:
     if part.table_files:
         from ..tables.iceberg import snapshot_batches
         yield from snapshot_batches(part.table_files, start, part.table_end, schema,
-                                    part.batch_rows)
+                                    part.batch_rows, part.files_dir)
         start = part.table_end
         if start >= end:
             return

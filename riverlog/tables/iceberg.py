@@ -8,8 +8,11 @@
 # in its summary, under OFFSETS_PROPERTY, the committed offset range ``[first, end)`` the
 # table holds per stream partition (JSON ``{"<partition>": [first, end]}``): where the table
 # ends and the log begins, and under EPOCHS_PROPERTY the leader epoch of the writer of each
-# partition (a cluster's leaders share the table: riverlog.tables.iceberg_commit). pyiceberg
-# and pyarrow are imported in the functions.
+# partition (a cluster's leaders share the table: riverlog.tables.iceberg_commit). The
+# catalog's FileIO reaches a table folder on object storage with the folder URI's
+# credentials (riverlog.tables.iceberg_io), and readers open data files on the folder's
+# filesystem (riverlog.tables.storage.open_uri). pyiceberg and pyarrow are imported in the
+# functions.
 from __future__ import annotations
 
 import functools
@@ -18,6 +21,8 @@ import logging
 import os
 import time
 import urllib.parse
+
+from .iceberg_io import io_properties, warehouse
 
 log = logging.getLogger("riverlog.tables")
 
@@ -66,28 +71,26 @@ def embedded_catalog(table_dir: str) -> str | None:
     return uri if os.path.exists(uri[len("sqlite:///"):]) else None
 
 
-def warehouse(table_dir: str) -> str:
-    """The warehouse URI tables are created under: ``table_dir`` as a URI."""
-    return table_dir if "://" in table_dir else "file://" + os.path.abspath(table_dir)
-
-
 def load_catalog(table_dir: str, catalog: str | None = None):
-    """The pyiceberg catalog named by catalog_uri (REST for http(s), else SQL). Raises
-    CatalogError when it cannot be opened."""
+    """The pyiceberg catalog named by catalog_uri (REST for http(s), else SQL), whose
+    FileIO reaches the table folder ``table_dir`` (io_properties: credentials, endpoint,
+    region of an ``s3://`` URI). Raises CatalogError when it cannot be opened, ValueError
+    for a table folder URI pyiceberg cannot be told (io_properties)."""
     uri = catalog_uri(table_dir, catalog)
+    props = io_properties(table_dir)
     try:
         if uri.startswith(("http://", "https://")):
             from pyiceberg.catalog.rest import RestCatalog
-            return RestCatalog(NAMESPACE, uri=uri, warehouse=warehouse(table_dir))
+            return RestCatalog(NAMESPACE, uri=uri, warehouse=warehouse(table_dir), **props)
         if uri.startswith("sqlite:///"):
             os.makedirs(os.path.dirname(uri[len("sqlite:///"):]), exist_ok=True)
-        return _sql_catalog(uri, warehouse(table_dir))
+        return _sql_catalog(uri, warehouse(table_dir), props)
     except Exception as exc:  # pyiceberg raises many types (sqlalchemy, requests, its own)
         raise CatalogError(f"catalog {redacted(uri)}: {exc}") from exc
 
 
-def _sql_catalog(uri: str, location: str, tries: int = 5):
-    """pyiceberg's SqlCatalog on ``uri``. Opening one creates its tables when they are
+def _sql_catalog(uri: str, location: str, props: dict[str, str], tries: int = 5):
+    """pyiceberg's SqlCatalog on ``uri`` (``props``: its FileIO properties). Opening one creates its tables when they are
     missing, and processes opening a new catalog at once (a cluster's servers, a reader
     beside the writer) race between its check and its CREATE TABLE: "table iceberg_tables
     already exists" (or SQLite's "database is locked"). Such an error is tried again, up to
@@ -98,7 +101,7 @@ def _sql_catalog(uri: str, location: str, tries: int = 5):
 
     for attempt in range(tries):
         try:
-            return SqlCatalog(NAMESPACE, uri=uri, warehouse=location)
+            return SqlCatalog(NAMESPACE, uri=uri, warehouse=location, **props)
         except (OperationalError, ProgrammingError, IntegrityError):
             if attempt == tries - 1:
                 raise
@@ -286,7 +289,7 @@ class TableSnapshot:
         snapshot = self.table.current_snapshot() if self.table is not None else None
         self.offsets = snapshot_offsets(snapshot)
         self._planned: dict[int, list] | None = None if snapshot is not None else {}
-        self.stream = stream
+        self.stream, self.table_dir = stream, table_dir or None
 
     @property
     def _files(self) -> dict[int, list]:
@@ -309,8 +312,11 @@ class TableSnapshot:
         (``lo == hi``: none) and its data files ``(location, lowest offset, highest offset)``
         holding any of it. A data file that is missing or not the size the snapshot lists
         is reported (warning, with its path) and the partition's offsets are read from the
-        log instead."""
+        log instead. Files are opened on the table folder's filesystem (its credentials:
+        riverlog.tables.storage.open_uri)."""
         from pyarrow import fs
+
+        from .storage import open_uri
 
         first, stop = self.offsets.get(partition, (start, start))
         lo, hi = max(start, first), min(end, stop)
@@ -319,7 +325,8 @@ class TableSnapshot:
         files = [(f, a, b) for f, a, b in self._files.get(partition, []) if b >= lo and a < hi]
         if not files:
             return lo, hi, []
-        filesystem, _ = fs.FileSystem.from_uri(files[0][0].file_path)  # one table, one store
+        # one table, one store: opened once (with the table folder's credentials), one call
+        filesystem, _ = open_uri(files[0][0].file_path, self.table_dir)
         infos = filesystem.get_file_info([fs_path(f.file_path) for f, _, _ in files])
         for (f, _, _), info in zip(files, infos):
             problem = ("is missing" if info.type != fs.FileType.File else
@@ -332,18 +339,22 @@ class TableSnapshot:
         return lo, hi, [(f.file_path, a, b) for f, a, b in files]
 
 
-def snapshot_batches(files, start: int, end: int, schema, batch_rows: int):
+def snapshot_batches(files, start: int, end: int, schema, batch_rows: int,
+                     table_dir: str | None = None):
     """Yield the records ``[start, end)`` held by the Iceberg data ``files`` (``(location,
     lowest offset, highest offset)``, as TableSnapshot.held gives them) as
     ``pyarrow.RecordBatch``es of ``schema`` (riverlog.spark.arrow.arrow_schema, or a
     projection of it) of at most ``batch_rows`` rows, in offset order (files whose offsets
     overlap, such as the two day partitions of one write, are read together and sorted).
-    For the riverlog source's executors (pyarrow, no Spark, no catalog). Raises OSError or
-    pyarrow's errors when a file cannot be read."""
+    For the riverlog source's executors (pyarrow, no Spark, no catalog): the files are
+    opened on the filesystem of the table folder ``table_dir`` (its credentials, endpoint,
+    region: riverlog.tables.storage.open_uri) when given. Raises OSError or pyarrow's
+    errors when a file cannot be read."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
-    from pyarrow import fs
+
+    from .storage import open_uri
 
     columns = list(dict.fromkeys(schema.names + ["offset"]))
     groups: list[list] = []
@@ -358,7 +369,7 @@ def snapshot_batches(files, start: int, end: int, schema, batch_rows: int):
     for _, locations in groups:
         tables = []
         for location in locations:
-            filesystem, path = fs.FileSystem.from_uri(location)
+            filesystem, path = open_uri(location, table_dir)
             tables.append(pq.read_table(  # row groups outside skipped by their statistics
                 path, columns=columns, filesystem=filesystem,
                 filters=(pc.field("offset") >= start) & (pc.field("offset") < end)))

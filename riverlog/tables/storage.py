@@ -13,6 +13,7 @@
 # reading; only manifest.json is replaced, by one put. pyarrow is imported on first use.
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import urllib.parse
@@ -38,6 +39,29 @@ def spark_uri(location: str, relative: str) -> str:
     netloc = host if ":" in user else parts.netloc
     scheme = SPARK_SCHEMES.get(parts.scheme.lower(), parts.scheme.lower())
     return f"{scheme}://{netloc}{parts.path.rstrip('/')}/{relative}"
+
+
+def open_uri(uri: str, table_dir: str | None = None):
+    """``(pyarrow filesystem, path)`` of the file ``uri`` (a pyiceberg data file location,
+    ``file:///a/b`` or ``s3://bucket/key``): on the filesystem of the table folder
+    ``table_dir`` (a URI: its credentials, endpoint and region) when ``uri`` is in its
+    scheme and bucket/authority, else pyarrow's own for ``uri`` (for S3: credentials from
+    the environment). Raises what pyarrow.fs.FileSystem.from_uri raises."""
+    if table_dir is not None and "://" in table_dir:
+        folder, parts = urllib.parse.urlsplit(table_dir), urllib.parse.urlsplit(uri)
+        if (folder.scheme.lower(), folder.netloc.rpartition("@")[2]) == \
+                (parts.scheme.lower(), parts.netloc.rpartition("@")[2]) \
+                and folder.scheme.lower() != "file":
+            return _filesystem(table_dir), f"{parts.netloc}{parts.path}"
+    from pyarrow import fs
+    return fs.FileSystem.from_uri(uri)
+
+
+@functools.lru_cache(maxsize=8)
+def _filesystem(location: str):
+    """The pyarrow filesystem of the table folder URI ``location`` (made once per process:
+    every data file of a read opens on it)."""
+    return Storage(location).fs
 
 
 class Storage:

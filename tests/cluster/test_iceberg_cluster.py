@@ -32,17 +32,21 @@ CONFLICT = "another writer committed first"
 """What a table worker logs when it commits again after a conflict (iceberg_commit)."""
 
 
-def tables(tmp_path, catalog: str | None = None, lag_ms: int = 300) -> TableConfig:
-    """Every member's TableConfig: Iceberg, one table folder for all (its SQLite catalog
-    the shared one unless ``catalog``), a short lag (``lag_ms``)."""
+def tables(tmp_path, catalog: str | None = None, lag_ms: int = 300,
+           directory: str | None = None) -> TableConfig:
+    """Every member's TableConfig: Iceberg, one table folder for all (``directory``, else
+    ``tmp_path/tables``; its SQLite catalog the shared one unless ``catalog``), a short lag
+    (``lag_ms``)."""
     return TableConfig(lag_ms=lag_ms, format="iceberg", catalog=catalog,
-                       directory=str(tmp_path / "tables"))
+                       directory=directory or str(tmp_path / "tables"))
 
 
 @contextlib.contextmanager
-def catalog_of(kind: str):
-    if kind == "sqlite":
-        yield None
+def catalog_of(kind: str, tmp_path):
+    """The catalog URL of ``kind``: the shared table folder's SQLite (None), a SQLite file
+    on local disk beside a table folder in a bucket ("s3"), a PostgreSQL server's."""
+    if kind in ("sqlite", "s3"):
+        yield None if kind == "sqlite" else f"sqlite:///{tmp_path}/catalog.db"
         return
     if missing():
         pytest.skip(missing())
@@ -122,14 +126,19 @@ async def committing_nothing(config: TableConfig, stream: str, request: dict) ->
     return reply["statuses"][0]
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
-async def test_partition_leaders_commit_to_one_table_concurrently(tmp_path, capfd, kind):
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql", "s3"])
+async def test_partition_leaders_commit_to_one_table_concurrently(tmp_path, capfd, request,
+                                                                  kind):
     """A 3-partition stream, each partition led by another server: the three table workers
     commit to the one table at once; their conflicts are retried on the new snapshot (the
     summary keeps every partition's offsets), so each partition's records are in the table
-    exactly once and each leader reports its partition's table, the followers none."""
-    with catalog_of(kind) as url:
-        config = tables(tmp_path, url, lag_ms=150)  # a pass every 50 ms: conflicts soon
+    exactly once and each leader reports its partition's table, the followers none. Also
+    with the table folder in an S3 bucket (moto; the catalog a SQLite file on local disk)."""
+    directory = (request.getfixturevalue("s3_tables")(f"{tmp_path.name}/tables")
+                 if kind == "s3" else None)
+    with catalog_of(kind, tmp_path) as url:
+        # a pass every 50 ms: conflicts soon
+        config = tables(tmp_path, url, lag_ms=150, directory=directory)
         apps = await started(tmp_path, tables=config)
         try:
             await created(apps, "events", partitions=3, replication_factor=3, table=True)

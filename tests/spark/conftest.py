@@ -52,30 +52,6 @@ def iceberg_tables(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def s3_tables():
-    """``s3_tables(name)`` -> the URI of a table folder in a bucket of an S3 endpoint that
-    moto serves in this process (a free port), with its credentials and endpoint in the
-    URI's options, as pyarrow.fs.FileSystem.from_uri takes them."""
-    pytest.importorskip("moto")
-    from moto.server import ThreadedMotoServer
-    from pyarrow import fs
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"{host}:{port}"
-    fs.S3FileSystem(access_key="test", secret_key="test", region="us-east-1", scheme="http",
-                    endpoint_override=endpoint,
-                    allow_bucket_creation=True).create_dir("riverlog-tables")
-
-    def uri(name: str) -> str:
-        return (f"s3://test:test@riverlog-tables/{name}?region=us-east-1&scheme=http"
-                f"&endpoint_override={endpoint}")
-    yield uri
-    server.stop()
-
-
-@pytest.fixture(scope="session")
 def spark():
     pytest.importorskip("pyspark")
     pytest.importorskip("pyarrow")
@@ -209,9 +185,10 @@ def wait_table(server: ThreadServer, stream: str, *, sealed: bool = True) -> mf.
 
 
 def catalog(server: ThreadServer):
-    """The embedded Iceberg catalog of ``server``'s table folder."""
+    """The Iceberg catalog of ``server``'s tables (the embedded one of its table folder
+    unless it names one), reaching the folder with its credentials."""
     from riverlog.tables import iceberg as ice
-    return ice.load_catalog(server.app.config.table_dir)
+    return ice.load_catalog(server.app.config.table_dir, server.app.config.tables.catalog)
 
 
 def wait_iceberg(server: ThreadServer, stream: str, *, sealed: bool = True,

@@ -287,8 +287,6 @@ def test_an_archived_parquet_table_is_converted_on_start(tmp_path):
     """A Parquet-mirror table (manifest layout) that archived offsets the log dropped: the
     server started with the Iceberg format (the default) carries them over (the old files'
     rows) and writes the rest from the log; then the old folder is gone."""
-    from riverlog.tables import manifest as mf
-
     from .conftest import wait_table
 
     data = str(tmp_path / "data")
@@ -310,24 +308,34 @@ def test_an_archived_parquet_table_is_converted_on_start(tmp_path):
     assert config.format == "iceberg"
     server = ThreadServer(data, tables=config).start()
     try:
-        table = wait_iceberg(server, "legacy", sealed=False)
-        end = partition_of(server, "legacy").committed_offset + 1
-        assert ice.snapshot_offsets(table.current_snapshot()) == {0: (0, end)}
-        rows = by_offset(table.scan().to_arrow())
-        assert rows.column("offset").to_pylist() == list(range(end))
-        assert rows.column("value").to_pylist()[:3] == [b"raw0", b"v1", b"v2"]
-        log_first = partition_of(server, "legacy").first_offset  # retention went on
-        tail = rows.slice(log_first)
-        assert tail.cast(tail.schema).to_pylist() == source_rows(
-            server, "legacy", log_first, end).to_pylist()
-        from riverlog.tables.storage import Storage
-        storage = Storage(table_dir)
-        deadline = time.monotonic() + 60
-        while storage.names(mf.partition_dir(storage.root, "legacy", 0)):
-            assert time.monotonic() < deadline, "the old table folder was never removed"
-            time.sleep(0.1)
+        assert_converted(server, table_dir)
     finally:
         server.stop()
+
+
+def assert_converted(server: ThreadServer, table_dir: str) -> None:
+    """The Iceberg table of the stream "legacy" on ``server`` holds every offset from 0:
+    those older than the log's carried over from its old Parquet table under ``table_dir``
+    (records of varied(0, ...)), the rest the log's rows; the old table's folder is
+    removed."""
+    from riverlog.tables import manifest as mf
+    from riverlog.tables.storage import Storage
+
+    table = wait_iceberg(server, "legacy", sealed=False)
+    end = partition_of(server, "legacy").committed_offset + 1
+    assert ice.snapshot_offsets(table.current_snapshot()) == {0: (0, end)}
+    rows = by_offset(table.scan().to_arrow())
+    assert rows.column("offset").to_pylist() == list(range(end))
+    assert rows.column("value").to_pylist()[:3] == [b"raw0", b"v1", b"v2"]
+    log_first = partition_of(server, "legacy").first_offset  # retention went on
+    tail = rows.slice(log_first)
+    assert tail.cast(tail.schema).to_pylist() == source_rows(
+        server, "legacy", log_first, end).to_pylist()
+    storage = Storage(table_dir)
+    deadline = time.monotonic() + 60
+    while storage.names(mf.partition_dir(storage.root, "legacy", 0)):
+        assert time.monotonic() < deadline, "the old table folder was never removed"
+        time.sleep(0.1)
 
 
 COLUMNS = ["stream", "partition", "offset", "key", "value", "timestamp", "headers"]
