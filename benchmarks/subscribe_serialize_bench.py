@@ -5,8 +5,9 @@ before MessageEncoder) and with MessageEncoder (what it does now). Chunk walking
 
 Cases are benchmarks/record_bench.py's (the records the doors write: a NATS publish without
 a reply subject (headers subject, reply empty), the same with a reply subject, a gRPC
-PublishAsync with a user header, a correlation id and reply empty), plus that PublishAsync
-with a key and a user header that differ on every record (the encoder's worst case: nothing
+PublishAsync with a user header, a correlation id and reply empty), plus PublishAsyncs with
+a key per record (what Liftbridge's bench/producer sends), and with a key and a user header
+that differ on every record (the encoder's worst case: nothing
 shared between records). CPU time of the process, the best of --repeat runs. No server and no network: the codec alone, in one
 process. Both ways' Messages are checked equal (parsed) before timing.
 Run: .venv/bin/python benchmarks/subscribe_serialize_bench.py [--records 100000] [--repeat 5]
@@ -35,6 +36,9 @@ STREAM, PARTITION = "orders", 0
 def cases(value_size: int) -> dict[str, Callable[[int, int], Record]]:
     out = record_bench.cases(value_size)
     value = b"x" * value_size
+    out["grpc async, key"] = lambda i, ts: Record(
+        value, b"k%d" % i, {"subject": b"orders.eu", "reply": b""}, ts, "orders.eu",
+        correlation_id=f"c-{i}")
     out["grpc async, key, unique header"] = lambda i, ts: Record(
         value, b"k%d" % i, {"trace": b"%016x" % i, "subject": b"orders.eu", "reply": b""},
         ts, "orders.eu", correlation_id=f"c-{i}")

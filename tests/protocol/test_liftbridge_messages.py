@@ -82,15 +82,20 @@ def test_records_encode_as_the_reference_does(batch, first, stream, partition) -
     assert encoder.foreign == 0  # riverlog's own records: the encoder's own path
 
 
-# what one read brings: records sharing timestamp, key, headers and subjects (the encoder's
-# caches), each with its own value and correlation id, with unrelated records between
+# what one read brings: records sharing timestamp, headers and subjects (the encoder's
+# caches), each with its own value, correlation id, ack inbox and key (keys of one length, as
+# a producer's usually are: the same message-annotations around them), unrelated records between
+same_length_keys = st.one_of(st.none(), st.just("shared"), st.binary(min_size=3, max_size=3),
+                             st.sampled_from([b"abc", "é!".encode(), b"\xff\xfe\xfd", b""]))
 shared = st.builds(
     lambda base, parts, others: [
-        Record(value=v, key=base.key, headers=dict(base.headers), timestamp_ns=base.timestamp_ns,
-               subject=base.subject, reply=base.reply, correlation_id=c, ack_inbox=a)
-        for v, c, a in parts] + others + [base],
-    records, st.lists(st.tuples(blob, st.one_of(st.none(), text), st.one_of(st.none(), text)),
-                      max_size=8),
+        Record(value=v, key=base.key if k == "shared" else k, headers=dict(base.headers),
+               timestamp_ns=base.timestamp_ns, subject=base.subject, reply=base.reply,
+               correlation_id=c, ack_inbox=base.ack_inbox if a == "shared" else a)
+        for v, c, a, k in parts] + others + [base],
+    records, st.lists(st.tuples(blob, st.one_of(st.none(), text),
+                                st.one_of(st.just("shared"), st.none(), text),
+                                same_length_keys), max_size=10),
     st.lists(records, max_size=2))
 
 
@@ -138,6 +143,9 @@ def test_edge_records() -> None:
         Record(value=b"v", subject="ünï", reply="日本", correlation_id="c", ack_inbox="in"),
         Record(value=b"", key=b"", headers={"h": b"\x00\x01"}, timestamp_ns=-1),
     ]
+    # one read's keys, all of one length: binary, ASCII and non-ASCII strings
+    cases += [Record(value=b"k", key=k, timestamp_ns=i % 2, correlation_id=str(i))
+              for i, k in enumerate([b"abc", b"abd", "é!".encode(), b"\xff\xfe\xfd", b"abc"])]
     for stream, partition in (("orders", 0), ("strøm-日本", 300), ("", 1)):
         for first in (0, 127, 16383, 2**62):
             encoder = check([encode_record(r) for r in cases], first, stream, partition)
@@ -156,10 +164,14 @@ def test_foreign_records_are_read_the_general_way() -> None:
     miscounted = bytearray(encode_record(Record(value=b"x", timestamp_ns=5)))
     assert miscounted[5] == 2  # the message-annotations' count: the timestamp alone
     miscounted[5] = 4
+    keyed = encode_record(Record(value=b"x", key=b"abc", timestamp_ns=5, subject="s"))
+    long_key = bytearray(keyed)
+    assert long_key[47] == 3  # the key's length: now past the end of the annotations
+    long_key[47] = 5
     raws = [b"", b"plain bytes", b"\x00\x53\x75\xa0\x02hi", foreign_amqp, bytes(too_late),
-            bytes(miscounted)]
+            bytes(miscounted), keyed, bytes(long_key)]
     encoder = check(raws, 3, "orders", 2, default_ns=77_000_000)
-    assert encoder.foreign == len(raws)
+    assert encoder.foreign == len(raws) - 1
     assert pb.Message.FromString(reference(foreign_amqp, 0, 0, "s", 0)).subject == "subj"
 
 

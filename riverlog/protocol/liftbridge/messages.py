@@ -37,6 +37,8 @@ _TS_NAME_END = len(_MA_TIMESTAMP_NAME)
 _KEY_LEN = len(_MA_KEY)
 _ACK_LEN = len(_MA_ACK)
 _EMPTY_LEN = len(_MA_EMPTY)
+_KEY_AT = 6 + _TS_NAME_END + 9  # where a key's name starts in a map8 message-annotations
+_KEY_VALUE_AT = _KEY_AT + len(_MA_KEY)  # and its value
 _OFFSET_SMALL = [b"\x08" + b for b in _BYTE]  # the offset field of offsets 0-127
 _CACHE_MAX = 1024
 """Distinct message-annotations, and distinct (empty header names, subject and reply,
@@ -86,7 +88,7 @@ class MessageEncoder:
     Raises ValueError when the name cannot be UTF-8 (a lone surrogate)."""
 
     __slots__ = ("stream", "partition", "foreign", "value_bytes", "_constant", "_heads",
-                 "_suffixes", "_high", "_high_bytes")
+                 "_suffixes", "_ts", "_ts_field", "_high", "_high_bytes", "_n", "_n_field")
 
     def __init__(self, stream: str, partition: int) -> None:
         self.stream = stream
@@ -98,8 +100,13 @@ class MessageEncoder:
         name = stream.encode()
         self._constant = ((_field(b"\x2a", name) if name else b"")
                           + (b"\x30" + _varint(partition) if partition else b""))
-        self._heads: dict[bytes, tuple[bytes, bytes, bytes, int]] = {}
+        # message-annotations by their bytes, or with a key by those before and after it
+        self._heads: dict[bytes | tuple[bytes, bytes], tuple[bytes, bytes, bytes, int]] = {}
         self._suffixes: dict[tuple[bytes, bytes, bytes], bytes] = {}
+        self._ts = 0  # the last timestamp read, and its field (none for 0)
+        self._ts_field = b""
+        self._n = 0  # the last value length, and its field's tag and varint
+        self._n_field = b""
         self._high = 0  # offset >> 7 of the last offset of 128 or more, and its varint
         self._high_bytes = b"\x00"
 
@@ -134,12 +141,23 @@ class MessageEncoder:
         short buffer for any record _decode_own does not accept."""
         # message-annotations (timestamp, key, ack inbox, empty header names): read once per
         # distinct bytes (records without a key in a read share them)
-        if raw[3] == 0xC1:
+        head = None
+        if raw[3] == 0xC1:  # map8, what riverlog writes
             pos = 5 + raw[4]
-            head = self._heads.get(raw[:pos])
-            if head is None:
-                head = self._head(raw)
-        else:
+            if not raw.startswith(_MA_KEY, _KEY_AT):
+                head = self._heads.get(raw[:pos])
+            else:  # the key apart: what comes before and after it looked up by their bytes
+                code = raw[_KEY_VALUE_AT]
+                key_end = _KEY_VALUE_AT + 2 + raw[_KEY_VALUE_AT + 1]
+                if (code == 0xA0 or code == 0xA1) and key_end <= pos:
+                    head = self._heads.get((raw[:_KEY_AT], raw[key_end:pos]))
+                    if head is not None:
+                        key = raw[_KEY_VALUE_AT + 2:key_end]
+                        if code == 0xA1 and not key.isascii():  # as _own_text_or_bin reads it
+                            key = key.decode("utf-8", "replace").encode()
+                        head = (head[0], b"\x12" + varint(len(key)) + key if key else b"",
+                                head[2])
+        if head is None:
             head = self._head(raw)
             pos = head[3]
         ts_field, key_field, empty = head[:3]
@@ -218,16 +236,16 @@ class MessageEncoder:
             offset_field = b"\x08" + _CONTINUED[offset & 0x7F] + self._high_bytes
         else:
             offset_field = b"\x08" + _varint(offset)
-        if n:
-            return b"".join((offset_field, key_field, b"\x1a", varint(n), raw[pos:], ts_field,
-                             suffix)), n
-        return b"".join((offset_field, key_field, ts_field, suffix)), 0
+        if n != self._n:
+            self._n = n
+            self._n_field = b"\x1a" + varint(n) if n else b""
+        return b"".join((offset_field, key_field, self._n_field, raw[pos:], ts_field, suffix)), n
 
     def _head(self, raw: bytes) -> tuple[bytes, bytes, bytes, int]:
         """(timestamp field, key field, the x-opt-empty-headers item, the position after
         the section) of the message-annotations section that starts ``raw``; each field b""
         when protobuf leaves it out, the item b"" when absent. Remembers them by the
-        section's bytes."""
+        section's bytes when there is no key."""
         if not raw.startswith(_SEC_MA):
             raise _Foreign
         code = raw[3]
@@ -264,13 +282,19 @@ class MessageEncoder:
             seen += 2
         if seen != count or pos != end:
             raise _Foreign
-        head = (b"\x20" + _varint(ts) if ts else b"", _field(b"\x12", key) if key else b"",
-                empty, end)
+        if ts != self._ts:
+            self._ts = ts
+            self._ts_field = b"\x20" + _varint(ts) if ts else b""
         heads = self._heads
         if len(heads) >= _CACHE_MAX:
             heads.clear()
-        heads[raw[:end]] = head
-        return head
+        if key is None:
+            head = heads[raw[:end]] = (self._ts_field, b"", empty, end)
+            return head
+        if raw[3] == 0xC1 and (raw[_KEY_VALUE_AT] == 0xA0 or raw[_KEY_VALUE_AT] == 0xA1):
+            key_end = _KEY_VALUE_AT + 2 + raw[_KEY_VALUE_AT + 1]  # map8, a str8 or vbin8 key
+            heads[(raw[:_KEY_AT], raw[key_end:end])] = (self._ts_field, b"", empty, end)
+        return self._ts_field, b"\x12" + varint(len(key)) + key if key else b"", empty, end
 
     def _suffix(self, empty: bytes, subject_reply: bytes, app: bytes) -> bytes:
         """Fields 5-9 (stream, partition, subject, replySubject, headers) for these bytes
