@@ -17,7 +17,7 @@
 # - No Record and no Message object per record: what consecutive records share (stream and
 #   partition; subject, reply and headers, which are equal bytes in the stored records) is
 #   encoded once per encoder and looked up by those bytes.
-# - Hot path (Subscribe): measure before changing it (benchmarks/subscribe_serialize.py).
+# - Hot path (Subscribe): measure before changing it (benchmarks/subscribe_serialize_bench.py).
 from __future__ import annotations
 
 from typing import Iterable
@@ -119,12 +119,118 @@ class MessageEncoder:
         reached. Raises what iterating ``records`` raises (ChunkFormatError: what was
         appended before stays, and is counted), and ValueError as message_of_record does."""
         append = out.append
-        one = self._one
+        heads = self._heads
+        suffixes = self._suffixes
         for offset, raw in records:
             if offset < start:
                 continue
+            # riverlog's own layout, read as record.py's _decode_own reads it (the same
+            # checks): anything it would not accept raises (_Foreign, or an error from a
+            # short buffer) and is read the general way
             try:
-                message, n = one(raw, offset)
+                # message-annotations (timestamp, key, ack inbox, empty header names): read
+                # once per distinct bytes (records without a key in a read share them)
+                head = None
+                if raw[3] == 0xC1:  # map8, what riverlog writes
+                    pos = 5 + raw[4]
+                    if not raw.startswith(_MA_KEY, _KEY_AT):
+                        head = heads.get(raw[:pos])
+                    else:  # the key apart: the bytes before and after it looked up
+                        code = raw[_KEY_VALUE_AT]
+                        key_end = _KEY_VALUE_AT + 2 + raw[_KEY_VALUE_AT + 1]
+                        if (code == 0xA0 or code == 0xA1) and key_end <= pos:
+                            head = heads.get((raw[:_KEY_AT], raw[key_end:pos]))
+                            if head is not None:
+                                key = raw[_KEY_VALUE_AT + 2:key_end]
+                                if code == 0xA1 and not key.isascii():  # _own_text_or_bin's way
+                                    key = key.decode("utf-8", "replace").encode()
+                                head = (head[0], b"\x12" + varint(len(key)) + key if key else b"",
+                                        head[2])
+                if head is None:
+                    head = self._head(raw)
+                    pos = head[3]
+                ts_field, key_field, empty = head[:3]
+
+                # properties: subject, reply-to, correlation id (not part of a Message)
+                subject_reply = b""
+                if raw.startswith(_SEC_PROPERTIES, pos):
+                    code = raw[pos + 3]
+                    if code == 0xC0:
+                        count, first, end = raw[pos + 5], pos + 6, pos + 5 + raw[pos + 4]
+                    elif code == 0xD0:
+                        size, count = _u32x2(raw, pos + 4)
+                        first, end = pos + 12, pos + 8 + size
+                    else:
+                        raise _Foreign
+                    if not 4 <= count <= 6 or not raw.startswith(_NULL3, first):
+                        raise _Foreign
+                    first += 3
+                    pos = first
+                    for i in range(count - 3):  # subject, reply-to, correlation id: str or null
+                        if i == 2:
+                            subject_reply = raw[first:pos]
+                        code = raw[pos]
+                        if code == 0xA1:
+                            pos += 2 + raw[pos + 1]
+                        elif code == 0x40:
+                            pos += 1
+                        elif code == 0xB1:
+                            pos += 5 + _u32(raw, pos + 1)[0]
+                        else:
+                            raise _Foreign
+                    if pos != end or end > len(raw):  # (pos only grows: no string ran past raw)
+                        raise _Foreign
+                    if count < 6:
+                        subject_reply = raw[first:pos]
+
+                # application-properties: read (and checked) once per distinct bytes, in _suffix
+                app = b""
+                if raw.startswith(_SEC_APP_PROPERTIES, pos):
+                    code = raw[pos + 3]
+                    if code == 0xC1:
+                        end = pos + 5 + raw[pos + 4]
+                    elif code == 0xD1:
+                        end = pos + 8 + _u32(raw, pos + 4)[0]
+                    else:
+                        raise _Foreign
+                    app = raw[pos:end]
+                    pos = end
+
+                # data: the value, to the end of the record
+                if not raw.startswith(_SEC_DATA, pos):
+                    raise _Foreign
+                code = raw[pos + 3]
+                if code == 0xB0:
+                    n = _u32(raw, pos + 4)[0]
+                    pos += 8
+                elif code == 0xA0:
+                    n = raw[pos + 4]
+                    pos += 5
+                else:
+                    raise _Foreign
+                if pos + n != len(raw):
+                    raise _Foreign
+
+                suffix = suffixes.get((empty, subject_reply, app))
+                if suffix is None:
+                    suffix = self._suffix(empty, subject_reply, app)
+
+                if 0 <= offset < 0x80:
+                    offset_field = _OFFSET_SMALL[offset]
+                elif offset > 0:
+                    high = offset >> 7
+                    if high != self._high:
+                        self._high = high
+                        self._high_bytes = _varint(high)
+                    offset_field = b"\x08" + _CONTINUED[offset & 0x7F] + self._high_bytes
+                else:
+                    offset_field = b"\x08" + _varint(offset)
+                if n != self._n:
+                    self._n = n
+                    self._n_field = b"\x1a" + varint(n) if n else b""
+                message = b"".join((offset_field, key_field, self._n_field, raw[pos:], ts_field,
+                                    suffix))
+
             except Exception:  # not our own layout: read the general way
                 self.foreign += 1
                 message, n = message_of_record(raw, offset, default_ns, self.stream,
@@ -134,112 +240,6 @@ class MessageEncoder:
             if offset == stop:
                 return True
         return False
-
-    def _one(self, raw: bytes, offset: int) -> tuple[bytes, int]:
-        """(Message, value length) of a record in riverlog's own layout (record.py's
-        _decode_own: the same checks). Raises _Foreign, IndexError or another error from a
-        short buffer for any record _decode_own does not accept."""
-        # message-annotations (timestamp, key, ack inbox, empty header names): read once per
-        # distinct bytes (records without a key in a read share them)
-        head = None
-        if raw[3] == 0xC1:  # map8, what riverlog writes
-            pos = 5 + raw[4]
-            if not raw.startswith(_MA_KEY, _KEY_AT):
-                head = self._heads.get(raw[:pos])
-            else:  # the key apart: what comes before and after it looked up by their bytes
-                code = raw[_KEY_VALUE_AT]
-                key_end = _KEY_VALUE_AT + 2 + raw[_KEY_VALUE_AT + 1]
-                if (code == 0xA0 or code == 0xA1) and key_end <= pos:
-                    head = self._heads.get((raw[:_KEY_AT], raw[key_end:pos]))
-                    if head is not None:
-                        key = raw[_KEY_VALUE_AT + 2:key_end]
-                        if code == 0xA1 and not key.isascii():  # as _own_text_or_bin reads it
-                            key = key.decode("utf-8", "replace").encode()
-                        head = (head[0], b"\x12" + varint(len(key)) + key if key else b"",
-                                head[2])
-        if head is None:
-            head = self._head(raw)
-            pos = head[3]
-        ts_field, key_field, empty = head[:3]
-
-        # properties: subject, reply-to, correlation id (not part of a Message)
-        subject_reply = b""
-        if raw.startswith(_SEC_PROPERTIES, pos):
-            code = raw[pos + 3]
-            if code == 0xC0:
-                count, start, end = raw[pos + 5], pos + 6, pos + 5 + raw[pos + 4]
-            elif code == 0xD0:
-                size, count = _u32x2(raw, pos + 4)
-                start, end = pos + 12, pos + 8 + size
-            else:
-                raise _Foreign
-            if not 4 <= count <= 6 or not raw.startswith(_NULL3, start):
-                raise _Foreign
-            start += 3
-            pos = start
-            for i in range(count - 3):  # subject, reply-to, correlation id: str or null
-                if i == 2:
-                    subject_reply = raw[start:pos]
-                code = raw[pos]
-                if code == 0xA1:
-                    pos += 2 + raw[pos + 1]
-                elif code == 0x40:
-                    pos += 1
-                elif code == 0xB1:
-                    pos += 5 + _u32(raw, pos + 1)[0]
-                else:
-                    raise _Foreign
-            if pos != end or end > len(raw):  # (pos only grows: no string ran past raw)
-                raise _Foreign
-            if count < 6:
-                subject_reply = raw[start:pos]
-
-        # application-properties: read (and checked) once per distinct bytes, in _suffix
-        app = b""
-        if raw.startswith(_SEC_APP_PROPERTIES, pos):
-            code = raw[pos + 3]
-            if code == 0xC1:
-                end = pos + 5 + raw[pos + 4]
-            elif code == 0xD1:
-                end = pos + 8 + _u32(raw, pos + 4)[0]
-            else:
-                raise _Foreign
-            app = raw[pos:end]
-            pos = end
-
-        # data: the value, to the end of the record
-        if not raw.startswith(_SEC_DATA, pos):
-            raise _Foreign
-        code = raw[pos + 3]
-        if code == 0xB0:
-            n = _u32(raw, pos + 4)[0]
-            pos += 8
-        elif code == 0xA0:
-            n = raw[pos + 4]
-            pos += 5
-        else:
-            raise _Foreign
-        if pos + n != len(raw):
-            raise _Foreign
-
-        suffix = self._suffixes.get((empty, subject_reply, app))
-        if suffix is None:
-            suffix = self._suffix(empty, subject_reply, app)
-
-        if 0 <= offset < 0x80:
-            offset_field = _OFFSET_SMALL[offset]
-        elif offset > 0:
-            high = offset >> 7
-            if high != self._high:
-                self._high = high
-                self._high_bytes = _varint(high)
-            offset_field = b"\x08" + _CONTINUED[offset & 0x7F] + self._high_bytes
-        else:
-            offset_field = b"\x08" + _varint(offset)
-        if n != self._n:
-            self._n = n
-            self._n_field = b"\x1a" + varint(n) if n else b""
-        return b"".join((offset_field, key_field, self._n_field, raw[pos:], ts_field, suffix)), n
 
     def _head(self, raw: bytes) -> tuple[bytes, bytes, bytes, int]:
         """(timestamp field, key field, the x-opt-empty-headers item, the position after
