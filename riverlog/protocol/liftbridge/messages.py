@@ -245,7 +245,8 @@ class MessageEncoder:
         """(timestamp field, key field, the x-opt-empty-headers item, the position after
         the section) of the message-annotations section that starts ``raw``; each field b""
         when protobuf leaves it out, the item b"" when absent. Remembers them by the
-        section's bytes when there is no key."""
+        section's bytes, or for a map8 with a str8/vbin8 key by the bytes before and after
+        the key (its field is then made by the caller)."""
         if not raw.startswith(_SEC_MA):
             raise _Foreign
         code = raw[3]
