@@ -289,25 +289,29 @@ def iter_entries(data: bytes | memoryview) -> Iterator[Entry]:
     data = memoryview(data)
     pos, end = 0, len(data)
     while pos < end:
-        if end - pos < 4:
-            raise ChunkFormatError("truncated entry header")
-        first = data[pos]
-        if first & 0x80 == 0:
-            (n,) = _U32.unpack_from(data, pos)
-            stop = pos + 4 + n
-            if stop > end:
-                raise ChunkFormatError("entry longer than the data section")
-            yield Entry(1, None, bytes(data[pos + 4:stop]), bytes(data[pos:stop]), n)
-        else:
-            if end - pos < _SUB_BATCH.size:
-                raise ChunkFormatError("truncated sub-batch header")
-            flags, count, uncompressed, n = _SUB_BATCH.unpack_from(data, pos)
-            stop = pos + _SUB_BATCH.size + n
-            if stop > end or count == 0:
-                raise ChunkFormatError("malformed sub-batch entry")
-            yield Entry(count, (flags >> 4) & 0x7, bytes(data[pos + _SUB_BATCH.size:stop]),
-                        bytes(data[pos:stop]), uncompressed)
-        pos = stop
+        entry, pos = _entry_at(data, pos, end)
+        yield entry
+
+
+def _entry_at(data: bytes | memoryview, pos: int, end: int) -> tuple[Entry, int]:
+    """The entry at ``data[pos:]`` (the data section ends at ``end``) and the position after
+    it. Raises ``ChunkFormatError`` when it is malformed."""
+    if end - pos < 4:
+        raise ChunkFormatError("truncated entry header")
+    if data[pos] & 0x80 == 0:
+        (n,) = _U32.unpack_from(data, pos)
+        stop = pos + 4 + n
+        if stop > end:
+            raise ChunkFormatError("entry longer than the data section")
+        return Entry(1, None, bytes(data[pos + 4:stop]), bytes(data[pos:stop]), n), stop
+    if end - pos < _SUB_BATCH.size:
+        raise ChunkFormatError("truncated sub-batch header")
+    flags, count, uncompressed, n = _SUB_BATCH.unpack_from(data, pos)
+    stop = pos + _SUB_BATCH.size + n
+    if stop > end or count == 0:
+        raise ChunkFormatError("malformed sub-batch entry")
+    return Entry(count, (flags >> 4) & 0x7, bytes(data[pos + _SUB_BATCH.size:stop]),
+                 bytes(data[pos:stop]), uncompressed), stop
 
 
 def counts_match(buf: bytes | memoryview, header: ChunkHeader, pos: int = 0) -> bool:
@@ -418,11 +422,22 @@ def iter_records(header: ChunkHeader, data: bytes | memoryview,
     are yielded as usual.
     """
     offset = header.first_offset
-    for entry in iter_entries(data):
-        if entry.codec is None:
-            yield offset, entry.payload
+    # a reader's hot path (Subscribe, Spark): a simple entry is sliced straight from one
+    # bytes copy of the data section, without an Entry
+    if type(data) is not bytes:
+        data = bytes(data)
+    pos, end = 0, len(data)
+    unpack = _U32.unpack_from
+    while pos < end:
+        if data[pos] & 0x80 == 0 and end - pos >= 4:
+            stop = pos + 4 + unpack(data, pos)[0]
+            if stop > end:
+                raise ChunkFormatError("entry longer than the data section")
+            yield offset, data[pos + 4:stop]
             offset += 1
+            pos = stop
             continue
+        entry, pos = _entry_at(data, pos, end)  # a sub-batch (or a malformed entry: raises)
         try:
             records = split_sub_batch(entry.codec, entry.payload, entry.records,
                                       entry.uncompressed)

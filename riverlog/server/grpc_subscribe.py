@@ -25,6 +25,7 @@ from ..errors import CorruptChunkError, LogClosedError, OffsetOutOfRangeError
 from ..log.chunk import CHUNK_USER, ChunkFormatError, ignore_unreadable, log_unreadable
 from ..metrics import GRPC, counters, error as count_error
 from ..protocol.liftbridge import api_pb2 as pb
+from ..protocol.liftbridge.messages import MessageEncoder
 from ..record import decode_record
 from .liftbridge import Liftbridge, LiftbridgeError
 from .memory import release_soon
@@ -212,6 +213,7 @@ async def _messages(service: Liftbridge, stream, partition: Partition, offset: i
     counted = counters(name, GRPC)
     lists = getattr(context, "takes_lists", False)  # the h2 transport takes lists
     logged = log_unreadable(log, f"subscription to {name}/{index}")
+    encoder = MessageEncoder(name, index)
 
     def unreadable(first: int, records: int, error: ChunkFormatError) -> None:
         if first + records > offset:
@@ -252,8 +254,7 @@ async def _messages(service: Liftbridge, stream, partition: Partition, offset: i
                     await _closed(service, stream, partition, context)
                     return
             continue
-        batch, nbytes, offset, problem = _serialize(chunks, offset, stop, name, index,
-                                                    unreadable)
+        batch, nbytes, offset, problem = _serialize(chunks, offset, stop, encoder, unreadable)
         del chunks  # while the client is slow, only the serialized batch waits
         if batch:
             if lists:
@@ -272,44 +273,29 @@ async def _messages(service: Liftbridge, stream, partition: Partition, offset: i
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "Stop offset reached")
 
 
-def _serialize(chunks, offset: int, stop: int, name: str, index: int, unreadable):
+def _serialize(chunks, offset: int, stop: int, encoder: MessageEncoder, unreadable):
     """The serialized Messages of the records of ``chunks`` from ``offset`` up to ``stop``
     (WAIT_FOR_NEW: no stop). Returns (messages, value bytes, the offset to read next,
     None or (first offset of a chunk whose entries cannot be walked, its error))."""
-    Message = pb.Message
     batch: list[bytes] = []
-    nbytes = 0
+    counted = encoder.value_bytes
+    extend = encoder.extend
     for chunk in chunks:
         header = chunk.header
         if header.chunk_type != CHUNK_USER:
             offset = header.next_offset
             continue
-        default_ns = header.timestamp_ms * 1_000_000
         try:
-            for rec_offset, raw in chunk.records(unreadable):
-                if rec_offset < offset:
-                    continue
-                record = decode_record(raw, default_ns)
-                headers = record.headers
-                subject = headers.get("subject")
-                reply = headers.get("reply")
-                batch.append(Message(
-                    offset=rec_offset, key=record.key or b"", value=record.value,
-                    timestamp=record.timestamp_ns, stream=name, partition=index,
-                    subject=subject.decode("utf-8", "replace") if subject is not None
-                    else (record.subject or ""),
-                    replySubject=reply.decode("utf-8", "replace") if reply is not None
-                    else (record.reply or ""),
-                    headers=headers).SerializeToString())
-                nbytes += len(record.value)
-                if rec_offset == stop:
-                    return batch, nbytes, stop + 1, None
+            reached = extend(batch, chunk.records(unreadable), offset, stop,
+                             header.timestamp_ms * 1_000_000)
         except ChunkFormatError as exc:  # entries that cannot be walked (not a sub-batch)
-            return batch, nbytes, offset, (header.first_offset, exc)
+            return batch, encoder.value_bytes - counted, offset, (header.first_offset, exc)
+        if reached:
+            return batch, encoder.value_bytes - counted, stop + 1, None
         offset = header.next_offset
         if 0 <= stop < offset:  # in a gap (an unreadable sub-batch): nothing after it
             break
-    return batch, nbytes, offset, None
+    return batch, encoder.value_bytes - counted, offset, None
 
 
 async def _closed(service: Liftbridge, stream, partition: Partition, context) -> None:
