@@ -33,6 +33,7 @@ class ForwardedPublishes:
         self.subject = forward_subject(service.namespace, service.broker.placement.server_id)
         self._inboxes = f"{service.namespace}.ack."
         self._sub = None
+        self.batches = 0  # batches taken (each request of one is counted by its stream)
         link.add_reconnect_listener(self._resubscribe)
 
     async def start(self) -> None:
@@ -51,6 +52,7 @@ class ForwardedPublishes:
             self._sub = await nc.subscribe(self.subject, cb=self._on_batch)
 
     async def _on_batch(self, msg) -> None:
+        self.batches += 1
         reply = msg.reply
         if not reply.startswith(self._inboxes):
             log.error("forwarded batch on %s dropped: its reply %r is no riverlog inbox",
