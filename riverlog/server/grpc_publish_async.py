@@ -136,9 +136,11 @@ class _AsyncSession:
         self.next_batch = 0
 
     def forward(self, service: Liftbridge, req: pb.PublishRequest, raw: bytes,
-                resuming: asyncio.Future | None = None) -> None:
+                resuming: asyncio.Future | None = None) -> list | None:
         """Queue ``req`` (``raw``: its bytes) for its partition's leader, another server:
         ``send_forwards`` sends what one loop turn queued for one leader as one batch.
+        Returns that leader's queue (later requests of the turn to the partition join it),
+        None when ``req`` got an error.
         ``resuming``: the partition's resume (Liftbridge's resumeStream) this request and
         every later one wait for, so they keep their order; when it fails, this request gets
         its INTERNAL error and is not sent. No leader known: a NOT_FOUND error."""
@@ -146,8 +148,10 @@ class _AsyncSession:
         if placed is None or not placed.leader:
             self.send_error(req.correlationId, _ASYNC.NOT_FOUND, f"no leader of partition "
                             f"{req.partition} of stream {req.stream} is known here")
-            return
-        self.forwards.setdefault(placed.leader, []).append((req, raw, resuming))
+            return None
+        items = self.forwards.setdefault(placed.leader, [])
+        items.append((req, raw, resuming))
+        return items
 
     def send_forwards(self, service: Liftbridge) -> None:
         """Send the requests ``forward`` queued, one NATS message per leader (split to stay
@@ -375,6 +379,7 @@ def _publish_batch(service: Liftbridge, session: _AsyncSession) -> None:
     now = time.time_ns()
     run: list = []
     run_key = None
+    forwarded: dict = {}  # (stream, partition) -> (its leader's forwards, resuming) this turn
     for raw in raws:
         try:
             req = parse(raw)
@@ -382,6 +387,10 @@ def _publish_batch(service: Liftbridge, session: _AsyncSession) -> None:
             session.error = (grpc.StatusCode.INVALID_ARGUMENT, f"malformed PublishRequest: {exc}")
             break
         key = (req.stream, req.partition, req.ackPolicy)
+        target = forwarded.get(key[:2]) if forwarded else None
+        if target is not None:  # this turn sends its partition on already: checked then
+            target[0].append((req, raw, target[1]))
+            continue
         elsewhere = service.led_elsewhere(req.stream, req.partition)
         if elsewhere is not None:  # another server leads it: to it through NATS
             if run:
@@ -393,8 +402,10 @@ def _publish_batch(service: Liftbridge, session: _AsyncSession) -> None:
             except LiftbridgeError as exc:
                 session.send_error(req.correlationId, _ASYNC.READONLY, exc.message)
                 continue
-            session.forward(service, req, raw,
-                            service.resume_for_publish(req.stream, req.partition))
+            resuming = service.resume_for_publish(req.stream, req.partition)
+            items = session.forward(service, req, raw, resuming)
+            if items is not None:
+                forwarded[key[:2]] = (items, resuming)
             continue
         if key != run_key:
             if run:
