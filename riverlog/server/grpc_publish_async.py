@@ -232,8 +232,8 @@ class _AsyncSession:
 
     async def _on_answer(self, msg) -> None:
         """A leader's answer to batch ``<inbox>.<n>``: its PublishResponses go to the client
-        as they are; a failed batch, nats-server's "no responders" status (no server listens:
-        the leader is gone) or a malformed answer: every acked request gets an error."""
+        as they are; a failed batch or a malformed answer: every acked request gets an error;
+        nats-server's "no responders" status (no server listens: the leader is gone): none."""
         try:
             reqs = self.batches.pop(int(msg.subject.rsplit(".", 1)[1]), None)
         except ValueError:
@@ -242,9 +242,14 @@ class _AsyncSession:
             log.error("answer on %s: no forwarded batch of this call waits for it", msg.subject)
             return
         data = msg.data
-        reason = decode_failed(data)
         if not data and msg.headers and msg.headers.get("Status") == "503":
-            reason = "no server answers for the partition leader"
+            # no server listens (the leader is gone): unanswered, as Liftbridge's publish to a
+            # partition subject nobody takes (the client's ack times out)
+            log.warning("%d forwarded publishes unanswered: no server takes them", len(reqs))
+            self.inflight -= sum(req.ackPolicy != NONE for req in reqs)
+            self.wake.set()
+            return
+        reason = decode_failed(data)
         if reason is None:
             try:
                 answers = decode_items(data, ANSWER_MAGIC, len(reqs))
