@@ -3,8 +3,8 @@
 # leader as one NATS message on `<namespace>.forward.<leader>` and come back as one answer;
 # every client sees what the leader itself would answer (offsets, errors, order), a paused
 # partition is resumed first, the subject is the servers' own (a NATS client can neither
-# publish there nor read the answers), and a malformed batch is answered as failed without
-# hurting the server. No mocks.
+# publish there nor read the answers), a malformed batch is answered as failed without
+# hurting the server, and a batch reaching a server that no longer leads is refused. No mocks.
 from __future__ import annotations
 
 import asyncio
@@ -12,8 +12,9 @@ import asyncio
 import nats
 
 from _apps import stub_of, until
-from riverlog.protocol.forward_batch import (FAILED_MAGIC, MAGIC, MAX_ITEMS_DIVISOR,
-                                             decode_failed, encode_items, forward_subject)
+from riverlog.protocol.forward_batch import (ANSWER_MAGIC, FAILED_MAGIC, MAGIC,
+                                             MAX_ITEMS_DIVISOR, decode_failed, decode_items,
+                                             encode_items, forward_subject)
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.server.grpc_publish_async import _AsyncSession, _publish_batch
 
@@ -188,6 +189,20 @@ async def test_the_forward_subject_is_the_servers_own(cluster):
         await own.publish(subject, batch, reply="_INBOX.elsewhere")
         await own.flush()
         await until("three malformed and one dropped", lambda: app.forwarded.batches == 4)
+        # a batch reaching a server that does not lead the partition (the leader changed on
+        # the way): each request answered NOT_FOUND, nothing stored there
+        other = cluster[follow]
+        await own.publish(forward_subject(namespace, other.config.cluster.server_id),
+                          encode_items(MAGIC, [pb.PublishRequest(
+                              stream="guarded", value=b"z", correlationId="z",
+                              ackPolicy=LEADER).SerializeToString()]),
+                          reply=f"{namespace}.ack.test.1")
+        (answer,) = decode_items((await sub.next_msg(timeout=30)).data, ANSWER_MAGIC, 10)
+        answer = pb.PublishResponse.FromString(answer)
+        assert (answer.correlationId, answer.asyncError.code) == (
+            "z", pb.PublishAsyncError.Code.NOT_FOUND)
+        assert "no longer leads partition 0 of stream guarded" in answer.asyncError.message
+        assert other.broker.streams["guarded"].partitions[0].next_offset == 0
         answers = await _publish(stubs[follow], [pb.PublishRequest(
             stream="guarded", value=b"y", correlationId="y", ackPolicy=LEADER)])
         assert [(a.correlationId, a.ack.offset) for a in answers] == [("y", 0)]
