@@ -279,8 +279,10 @@ def case_pa_python(topo: Topology, args, stream: str, ack: str) -> float:
 
 
 def case_pa_go(topo: Topology, args, stream: str, ack: str) -> float:
-    leader = topo.leader_index(stream)
-    res = run_go([args.bench_producer, "--servers", topo.grpc[leader], "--stream", stream,
+    server = topo.leader_index(stream)
+    if args.producer_on == "follower":  # the server asked sends each publish on to the leader
+        server = (server + 1) % len(topo.grpc)
+    res = run_go([args.bench_producer, "--servers", topo.grpc[server], "--stream", stream,
                   "-n", str(args.messages), "--message-size", str(args.size),
                   "--pub-batch", str(args.window),
                   "--ack-policy", "leader" if ack == "L" else "all", "--output", "json"], 600)
@@ -470,6 +472,9 @@ def main() -> None:
     parser.add_argument("--profile", metavar="DIR",
                         help="py-spy (pip install py-spy) records the riverlog servers during "
                              "each case: collapsed stacks in DIR")
+    parser.add_argument("--producer-on", choices=("leader", "follower"), default="leader",
+                        help="pa-go: connect bench/producer to the partition's leader or to "
+                             "a follower (which forwards every publish to the leader)")
     parser.add_argument("--cases", default=None,
                         help="only these cases, comma-separated (pa-python, pa-go, nats, "
                              "subscribe, lift-bench, failover)")

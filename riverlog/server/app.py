@@ -46,6 +46,7 @@ class App:
         self.nats = None  # server.nats_bridge.NatsBridge
         self.nats_link = None  # server.nats_link.NatsLink, when NATS or a cluster is on
         self.grpc = None  # server.grpc_api.GrpcApi
+        self.forwarded = None  # server.forward_leader.ForwardedPublishes, in a cluster
         self.metrics = None  # server.metrics_http.MetricsServer, when config.metrics is set
         self.management = None  # server.management.ManagementServer, when config.management
         self.tables = TableService(self.broker, config.tables, config.table_dir)
@@ -205,6 +206,10 @@ class App:
             from .nats_bridge import NatsBridge
             self.nats = NatsBridge(self.liftbridge, self.nats_link)
             await self.nats.start()
+            if cluster is not None:  # publishes other servers forward to its partitions
+                from .forward_leader import ForwardedPublishes
+                self.forwarded = ForwardedPublishes(self.liftbridge, self.nats_link)
+                await self.forwarded.start()
         if self.config.grpc is not None:
             from .grpc_api import GrpcApi
             self.grpc = GrpcApi(self.liftbridge, self.config.grpc, self.guard)
@@ -246,6 +251,9 @@ class App:
         if grpc is not None:
             await grpc.stop()
         nats, self.nats = self.nats, None
+        forwarded, self.forwarded = self.forwarded, None
+        if forwarded is not None:
+            await forwarded.stop()
         if self.liftbridge is not None:
             await self.liftbridge.appenders.drain()
         if nats is not None:

@@ -8,9 +8,13 @@
 # outstanding acks. It handles the requests of one loop turn together: runs of them to one
 # partition with one ack policy are encoded in one pass, appended at once and answered from
 # template bytes (AckTemplate), counted once per run; what one-by-one publishing would answer
-# and store stays exactly the same (tests: test_lb_publish_batch.py). In a cluster, a request
-# for a partition led elsewhere goes to its NATS subject, where the leader takes it, and is
-# answered with the ack the leader sends back.
+# and store stays exactly the same (tests: test_lb_publish_batch.py). In a cluster, the
+# requests of one loop turn for partitions another server leads go to that leader as ONE NATS
+# message (riverlog.protocol.forward_batch, on the servers-only `<namespace>.forward.<leader>`),
+# which stores them with this same batch code (riverlog.server.forward_leader) and answers
+# every request's PublishResponse in one message, passed on as it is: a client answered
+# through a forwarding server gets what it would get from the leader itself, in the same
+# order (tests/cluster/test_forward_batch.py).
 from __future__ import annotations
 
 import asyncio
@@ -21,6 +25,9 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from ..metrics import GRPC, counters
+from ..protocol.forward_batch import (ANSWER_MAGIC, MAGIC, MAX_ITEMS_DIVISOR, ForwardError,
+                                      decode_failed, decode_items, encode_items, forward_subject,
+                                      framed_size)
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.liftbridge import envelope
 from ..protocol.liftbridge.envelope import varint
@@ -112,7 +119,7 @@ class _AsyncSession:
     written, acks outstanding."""
 
     __slots__ = ("batch", "out", "wake", "inflight", "reading", "error", "inbox", "acks",
-                 "gate")
+                 "gate", "forwards", "batches", "next_batch")
 
     def __init__(self) -> None:
         self.batch: list[bytes] = []
@@ -121,60 +128,144 @@ class _AsyncSession:
         self.inflight = 0
         self.reading = True
         self.error: tuple[grpc.StatusCode, str] | None = None
-        self.inbox = ""  # the ack inbox of publishes sent on to another leader
+        self.inbox = ""  # the answer inboxes' prefix of publishes sent on to other leaders
         self.acks: asyncio.Task | None = None  # subscribes it; its result: the subscription
         self.gate: asyncio.Future | None = None  # forwards wait for it: ``acks`` and resumes
+        self.forwards: dict[str, list] = {}  # leader -> (request, its bytes, resuming) this turn
+        self.batches: dict[int, list] = {}  # batch number -> its requests, answer awaited
+        self.next_batch = 0
 
-    def forward(self, service: Liftbridge, req: pb.PublishRequest, subject: str,
-                resuming: asyncio.Future | None = None) -> None:
-        """Send ``req`` enveloped to ``subject``, its partition's NATS subject, where the
-        leader (another server) takes it, as Liftbridge's publishAsyncSession sends every
-        request; its ack comes back on this call's ack inbox (``<namespace>.ack.<id>``,
-        subscribed first) and is answered as a local one. Without NATS: an UNKNOWN error.
+    def forward(self, service: Liftbridge, req: pb.PublishRequest, raw: bytes,
+                resuming: asyncio.Future | None = None) -> list | None:
+        """Queue ``req`` (``raw``: its bytes) for its partition's leader, another server:
+        ``send_forwards`` sends what one loop turn queued for one leader as one batch.
+        Returns that leader's queue (later requests of the turn to the partition join it),
+        None when ``req`` got an error.
         ``resuming``: the partition's resume (Liftbridge's resumeStream) this request and
-        every later one wait for, so they keep their order; when it fails, this request
-        gets its INTERNAL error and is not sent."""
+        every later one wait for, so they keep their order; when it fails, this request gets
+        its INTERNAL error and is not sent. No leader known: a NOT_FOUND error."""
+        placed = service.broker.placement.of(req.stream, req.partition)
+        if placed is None or not placed.leader:
+            self.send_error(req.correlationId, _ASYNC.NOT_FOUND, f"no leader of partition "
+                            f"{req.partition} of stream {req.stream} is known here")
+            return None
+        items = self.forwards.setdefault(placed.leader, [])
+        items.append((req, raw, resuming))
+        return items
+
+    def send_forwards(self, service: Liftbridge) -> None:
+        """Send the requests ``forward`` queued, one NATS message per leader (split to stay
+        within NATS's max_payload: forward_batch.MAX_ITEMS_DIVISOR) on its
+        ``<namespace>.forward.<leader>`` subject, answered on this call's
+        ``<namespace>.ack.<id>.<batch>`` (subscribed first); the leader stores them as its own
+        PublishAsync does and answers every request's PublishResponse at once. Without NATS:
+        UNKNOWN errors."""
+        forwards, self.forwards = self.forwards, {}
+        if not forwards:
+            return
         bridge = service.bridge
         if bridge is None or bridge.nc is None:
-            self.send_error(req.correlationId, _ASYNC.UNKNOWN, "NATS is not connected: cannot "
-                            "reach the partition leader")
+            for items in forwards.values():
+                for req, _, _ in items:
+                    self.send_error(req.correlationId, _ASYNC.UNKNOWN, "NATS is not connected: "
+                                    "cannot reach the partition leader")
             return
         if self.acks is None:
             self.inbox = f"{service.namespace}.ack.{new_id()}"
-
-            async def on_ack(msg) -> None:
-                ack = envelope.decode_ack(msg.data)
-                if ack is not None:
-                    self.deliver(ack)
             self.acks = asyncio.get_running_loop().create_task(
-                bridge.nc.subscribe(self.inbox, cb=on_ack))
-        gate = self.gate or self.acks
-        if resuming is not None:
-            gate = self.gate = asyncio.ensure_future(_after(resuming, gate))
-        data = envelope.encode_publish(pb.Message(
-            key=req.key, value=req.value, stream=req.stream, subject=subject,
-            headers=dict(req.headers), ackInbox=self.inbox, correlationId=req.correlationId,
-            ackPolicy=req.ackPolicy, offset=req.expectedOffset))
-        acked = req.ackPolicy != NONE
-        if acked:
-            self.inflight += 1
+                bridge.nc.subscribe(self.inbox + ".*", cb=self._on_answer))
+        max_payload = bridge.nc.max_payload
+        max_items = max(1, max_payload // MAX_ITEMS_DIVISOR)
+        max_bytes = max_payload // 2
+        for leader, items in forwards.items():
+            subject = forward_subject(service.namespace, leader).encode()
+            batch: list = []
+            size = len(MAGIC)
+            for item in items:
+                framed = framed_size(item[1])
+                if batch and (len(batch) >= max_items or size + framed > max_bytes):
+                    self._send_batch(bridge, subject, batch, max_payload)
+                    batch, size = [], len(MAGIC)
+                batch.append(item)
+                size += framed
+            self._send_batch(bridge, subject, batch, max_payload)
 
-        def send(subscribing: asyncio.Future) -> None:  # once the ack inbox listens
-            if resuming is not None and not resuming.cancelled() and \
-                    resuming.exception() is not None:
-                if acked:
-                    self.inflight -= 1
-                self.send_error(req.correlationId, _ASYNC.INTERNAL,
-                                f"failed to resume stream: {resuming.exception()}")
+    def _send_batch(self, bridge, subject: bytes, batch: list, max_payload: int) -> None:
+        gate = self.gate or self.acks
+        for resuming in {id(r): r for _, _, r in batch if r is not None}.values():
+            gate = self.gate = asyncio.ensure_future(_after(resuming, gate))
+        number = self.next_batch
+        self.next_batch += 1
+        self.inflight += sum(req.ackPolicy != NONE for req, _, _ in batch)
+
+        def send(subscribing: asyncio.Future) -> None:  # once the answer inbox listens
+            sent = []
+            for req, raw, resuming in batch:
+                if resuming is not None and not resuming.cancelled() and \
+                        resuming.exception() is not None:
+                    self._answer_failed([req], _ASYNC.INTERNAL,
+                                        f"failed to resume stream: {resuming.exception()}")
+                else:
+                    sent.append((req, raw))
+            if not sent:
                 return
+            reqs = [req for req, _ in sent]
             if subscribing.cancelled() or subscribing.exception() is not None:
-                if acked:
-                    self.inflight -= 1
-                self.send_error(req.correlationId, _ASYNC.UNKNOWN,
-                                "cannot listen for the partition leader's ack")
+                self._answer_failed(reqs, _ASYNC.UNKNOWN,
+                                    "cannot listen for the partition leader's ack")
                 return
-            bridge.queue_publish(subject.encode(), data)
+            data = encode_items(MAGIC, [raw for _, raw in sent])
+            if len(data) > max_payload:  # one request alone over NATS's limit
+                self._answer_failed(reqs, _ASYNC.BAD_REQUEST,
+                                    "message exceeds max replication size")
+                return
+            self.batches[number] = reqs
+            bridge.queue_publish(b"%b %b.%d" % (subject, self.inbox.encode(), number), data)
         gate.add_done_callback(send)
+
+    def _answer_failed(self, reqs: list, code: int, message: str) -> None:
+        """Every request of ``reqs`` gets the error; the acked ones are no longer awaited."""
+        for req in reqs:
+            if req.ackPolicy != NONE:
+                self.inflight -= 1
+            self.send_error(req.correlationId, code, message)
+
+    async def _on_answer(self, msg) -> None:
+        """A leader's answer to batch ``<inbox>.<n>``: its PublishResponses go to the client
+        as they are; a failed batch or a malformed answer: every acked request gets an error;
+        nats-server's "no responders" status (no server listens: the leader is gone): none."""
+        try:
+            reqs = self.batches.pop(int(msg.subject.rsplit(".", 1)[1]), None)
+        except ValueError:
+            reqs = None
+        if reqs is None:
+            log.error("answer on %s: no forwarded batch of this call waits for it", msg.subject)
+            return
+        data = msg.data
+        if not data and msg.headers and msg.headers.get("Status") == "503":
+            # no server listens (the leader is gone): unanswered, as Liftbridge's publish to a
+            # partition subject nobody takes (the client's ack times out)
+            log.warning("%d forwarded publishes unanswered: no server takes them", len(reqs))
+            self.inflight -= sum(req.ackPolicy != NONE for req in reqs)
+            self.wake.set()
+            return
+        reason = decode_failed(data)
+        if reason is None:
+            try:
+                answers = decode_items(data, ANSWER_MAGIC, len(reqs))
+            except ForwardError as exc:
+                log.error("malformed answer of a partition leader on %s: %s", msg.subject, exc)
+                reason = f"malformed answer of the partition leader: {exc}"
+        if reason is not None:
+            for req in reqs:
+                if req.ackPolicy != NONE:
+                    self.send_error(req.correlationId, _ASYNC.UNKNOWN, reason)
+            self.inflight -= sum(req.ackPolicy != NONE for req in reqs)
+            self.wake.set()
+            return
+        self.inflight -= sum(req.ackPolicy != NONE for req in reqs)
+        self.out += answers
+        self.wake.set()
 
     def close(self) -> None:
         """Stop listening for forwarded acks."""
@@ -293,6 +384,7 @@ def _publish_batch(service: Liftbridge, session: _AsyncSession) -> None:
     now = time.time_ns()
     run: list = []
     run_key = None
+    forwarded: dict = {}  # (stream, partition) -> (its leader's forwards, resuming) this turn
     for raw in raws:
         try:
             req = parse(raw)
@@ -300,6 +392,10 @@ def _publish_batch(service: Liftbridge, session: _AsyncSession) -> None:
             session.error = (grpc.StatusCode.INVALID_ARGUMENT, f"malformed PublishRequest: {exc}")
             break
         key = (req.stream, req.partition, req.ackPolicy)
+        target = forwarded.get(key[:2]) if forwarded else None
+        if target is not None:  # this turn sends its partition on already: checked then
+            target[0].append((req, raw, target[1]))
+            continue
         elsewhere = service.led_elsewhere(req.stream, req.partition)
         if elsewhere is not None:  # another server leads it: to it through NATS
             if run:
@@ -311,8 +407,10 @@ def _publish_batch(service: Liftbridge, session: _AsyncSession) -> None:
             except LiftbridgeError as exc:
                 session.send_error(req.correlationId, _ASYNC.READONLY, exc.message)
                 continue
-            session.forward(service, req, elsewhere,
-                            service.resume_for_publish(req.stream, req.partition))
+            resuming = service.resume_for_publish(req.stream, req.partition)
+            items = session.forward(service, req, raw, resuming)
+            if items is not None:
+                forwarded[key[:2]] = (items, resuming)
             continue
         if key != run_key:
             if run:
@@ -345,6 +443,7 @@ def _publish_batch(service: Liftbridge, session: _AsyncSession) -> None:
         run.append(req)
     if run:
         _append_run(service, session, run, now)
+    session.send_forwards(service)
 
 
 def _append_run(service: Liftbridge, session: _AsyncSession, run: list, now: int) -> None:

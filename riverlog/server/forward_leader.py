@@ -1,0 +1,117 @@
+# The leader side of forwarded PublishAsync batches: a cluster server listens on its own
+# `<namespace>.forward.<server id>` (riverlog.protocol.forward_batch; servers-only, as every
+# `<namespace>.>` subject) for the batches other servers send on to the partitions it leads,
+# stores each with the code its own PublishAsync uses on a loop turn's requests
+# (grpc_publish_async._publish_batch: the same checks, runs, ack policies, expected offsets
+# and size limits) and answers the batch's reply subject once, when every request is answered:
+# the PublishResponses in the order they were made, as they would have gone to a client of
+# its own. Rules: the reply must be one of riverlog's own inboxes (`<namespace>.ack.`); a
+# malformed batch is answered as failed (or dropped without a usable reply) with a log line,
+# never raises; a request for a partition this server no longer leads gets NOT_FOUND; an
+# answer over NATS's max_payload is replaced by a failure.
+from __future__ import annotations
+
+import logging
+
+from ..protocol.forward_batch import (ANSWER_MAGIC, MAGIC, MAX_ITEMS_DIVISOR, ForwardError,
+                                      decode_items, encode_failed, encode_items,
+                                      forward_subject)
+from ..protocol.liftbridge import api_pb2 as pb
+from .grpc_publish_async import _AsyncSession, _publish_batch
+from .liftbridge import Liftbridge
+
+log = logging.getLogger("riverlog.grpc")
+
+
+class ForwardedPublishes:
+    """Takes the batches forwarded to this server. ``await start()`` subscribes (again after
+    the NATS link reconnects), ``await stop()``."""
+
+    def __init__(self, service: Liftbridge, link) -> None:
+        self.service = service
+        self.link = link
+        self.subject = forward_subject(service.namespace, service.broker.placement.server_id)
+        self._inboxes = f"{service.namespace}.ack."
+        self._sub = None
+        self.batches = 0  # batches taken (each request of one is counted by its stream)
+        link.add_reconnect_listener(self._resubscribe)
+
+    async def start(self) -> None:
+        self._sub = await self.link.nc.subscribe(self.subject, cb=self._on_batch)
+
+    async def stop(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # the connection went, and the subscription with it
+                pass
+
+    async def _resubscribe(self, nc) -> None:
+        if self._sub is not None:
+            self._sub = await nc.subscribe(self.subject, cb=self._on_batch)
+
+    async def _on_batch(self, msg) -> None:
+        self.batches += 1
+        reply = msg.reply
+        if not reply.startswith(self._inboxes):
+            log.error("forwarded batch on %s dropped: its reply %r is no riverlog inbox",
+                      msg.subject, reply[:64])
+            return
+        bridge = self.service.bridge
+        max_payload = self.link.nc.max_payload
+        try:
+            raws = decode_items(msg.data, MAGIC, 2 * max(1, max_payload // MAX_ITEMS_DIVISOR))
+        except ForwardError as exc:
+            log.error("malformed forwarded batch on %s: %s", msg.subject, exc)
+            bridge.queue_publish(reply.encode(), encode_failed(f"malformed batch: {exc}"))
+            return
+        answer = _Answer(bridge, reply.encode(), max_payload)
+        answer.batch = raws
+        try:
+            _publish_batch(self.service, answer)
+        except Exception as exc:  # a bug: the forwarding server still gets its answer
+            log.exception("forwarded batch on %s failed", msg.subject)
+            answer.error = (None, f"forwarded batch failed: {exc}")
+        answer.stored = True
+        answer.finish()
+
+
+class _Answer(_AsyncSession):
+    """The session a forwarded batch is stored with: it collects the PublishResponses and
+    sends them back in one message when the last awaited ack came."""
+
+    __slots__ = ("bridge", "reply", "max_payload", "stored", "answered")
+
+    def __init__(self, bridge, reply: bytes, max_payload: int) -> None:
+        super().__init__()
+        self.bridge = bridge
+        self.reply = reply
+        self.max_payload = max_payload
+        self.stored = False  # _publish_batch returned: every request is stored or answered
+        self.answered = False
+
+    def forward(self, service: Liftbridge, req: pb.PublishRequest, raw: bytes,
+                resuming=None) -> None:
+        """Led elsewhere now (the leader changed while the batch travelled): refused."""
+        self.send_error(req.correlationId, pb.PublishAsyncError.Code.NOT_FOUND,
+                        f"server {service.broker.placement.server_id} no longer leads "
+                        f"partition {req.partition} of stream {req.stream}")
+
+    def send(self, data: bytes) -> None:
+        self.out.append(data)
+        self.finish()
+
+    def finish(self) -> None:
+        if not self.stored or self.inflight > 0 or self.answered:
+            return
+        self.answered = True
+        if self.error is not None:
+            data = encode_failed(self.error[1])
+        else:
+            data = encode_items(ANSWER_MAGIC, self.out)
+            if len(data) > self.max_payload:
+                log.error("answer to a forwarded batch not sent: %d bytes exceed max_payload",
+                          len(data))
+                data = encode_failed("the answer exceeds NATS's max_payload")
+        self.bridge.queue_publish(self.reply, data)
