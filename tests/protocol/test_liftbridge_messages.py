@@ -208,3 +208,20 @@ def test_serialize_reports_entries_that_cannot_be_walked() -> None:
                                              None)
     assert [pb.Message.FromString(m).value for m in batch] == [b"a"] and nbytes == 1
     assert nxt == 0 and problem[0] == 0 and isinstance(problem[1], ChunkFormatError)
+
+
+def test_records_with_large_headers_are_not_kept_by_the_encoder() -> None:
+    """A publisher's records whose headers all differ and are large are encoded right, and
+    the encoder keeps none of their bytes: before, each distinct header section (up to a
+    record's size) stayed as a cache key, 1,024 of them per Subscribe."""
+    records = [encode_record(Record(value=b"v", key=b"k%d" % (i % 3), headers={
+        "big": b"%d" % i + b"x" * 20_000, "subject": b"s"})) for i in range(300)]
+    encoder = MessageEncoder("stream", 0)
+    out: list[bytes] = []
+    encoder.extend(out, enumerate(records), 0, -1, 0)
+    assert [pb.Message.FromString(m) for m in out] == [
+        pb.Message.FromString(reference(raw, i, 0, "stream", 0)) for i, raw in enumerate(records)]
+    assert encoder.foreign == 0  # read the fast way, only not kept
+    kept = sum(len(b"".join(k)) if isinstance(k, tuple) else len(k)
+               for cache in (encoder._heads, encoder._suffixes) for k in cache)
+    assert kept < 100_000, kept

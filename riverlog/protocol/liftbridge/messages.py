@@ -44,6 +44,10 @@ _CACHE_MAX = 1024
 """Distinct message-annotations, and distinct (empty header names, subject and reply,
 application-properties), an encoder keeps read; past that it starts over (records whose keys
 or headers all differ are read in full every time)."""
+_CACHED_BYTES_MAX = 4096
+"""Record bytes longer than this (large headers or annotations) are read every time, never
+kept as a cache key: an encoder keeps at most ~_CACHE_MAX x this many bytes per cache, 4 MiB,
+whatever a publisher puts in its records."""
 
 
 def _varint(v: int) -> bytes:
@@ -290,11 +294,14 @@ class MessageEncoder:
         if len(heads) >= _CACHE_MAX:
             heads.clear()
         if key is None:
-            head = heads[raw[:end]] = (self._ts_field, b"", empty, end)
+            head = (self._ts_field, b"", empty, end)
+            if end <= _CACHED_BYTES_MAX:
+                heads[raw[:end]] = head
             return head
         if raw[3] == 0xC1 and (raw[_KEY_VALUE_AT] == 0xA0 or raw[_KEY_VALUE_AT] == 0xA1):
             key_end = _KEY_VALUE_AT + 2 + raw[_KEY_VALUE_AT + 1]  # map8, a str8 or vbin8 key
-            heads[(raw[:_KEY_AT], raw[key_end:end])] = (self._ts_field, b"", empty, end)
+            if end - key_end <= _CACHED_BYTES_MAX:
+                heads[(raw[:_KEY_AT], raw[key_end:end])] = (self._ts_field, b"", empty, end)
         return self._ts_field, b"\x12" + varint(len(key)) + key if key else b"", empty, end
 
     def _suffix(self, empty: bytes, subject_reply: bytes, app: bytes) -> bytes:
@@ -336,9 +343,10 @@ class MessageEncoder:
             entry = _field(b"\x0a", name.encode()) + _field(b"\x12", hval)
             parts.append(_field(b"\x4a", entry))
         suffix = b"".join(parts)
-        if len(self._suffixes) >= _CACHE_MAX:
-            self._suffixes.clear()
-        self._suffixes[(empty, subject_reply, app)] = suffix
+        if len(empty) + len(subject_reply) + len(app) <= _CACHED_BYTES_MAX:
+            if len(self._suffixes) >= _CACHE_MAX:
+                self._suffixes.clear()
+            self._suffixes[(empty, subject_reply, app)] = suffix
         return suffix
 
 
