@@ -49,7 +49,9 @@ def test_a_rest_catalog_holds_the_table_and_read_table_reads_it(tmp_path, rest_c
         assert not os.path.exists(os.path.join(table_dir, ice.CATALOG_FILE))  # REST only
         table = RestCatalog("check", uri=rest_catalog).load_table(ice.identifier("rest"))
         assert table.metadata.format_version == 2
-        assert table.metadata_location.startswith(f"file://{table_dir}/")
+        assert table.location() == f"file://{table_dir}/riverlog/rest"
+        # the catalog wrote the metadata file there (Hadoop's form of the URI: file:/...)
+        assert table.metadata_location.startswith(f"file:{table_dir}/riverlog/rest/metadata/")
         assert ice.snapshot_offsets(table.current_snapshot()) == {0: (0, end)}
         expected = source_rows(server, "rest", 0, end)
         assert by_offset(table.scan().to_arrow()).cast(expected.schema).equals(expected)
