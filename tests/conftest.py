@@ -15,6 +15,9 @@
 #                          tests/security and tests/cluster)
 #   s3_tables              s3_tables(name) -> an s3:// table folder URI in a bucket of an S3
 #                          endpoint moto serves in the test process (tests/spark, tests/cluster)
+#   rest_catalog           the URI (http://127.0.0.1:PORT) of a new Apache Iceberg REST catalog
+#                          server for the test (tests/spark/_rest_catalog.py; its jars resolved
+#                          with Maven once per session; tests/spark, tests/cluster)
 # With RIVERLOG_TEST_PEER=rabbitmq:PORT both point at an already-running RabbitMQ on
 # 127.0.0.1:PORT instead, to check the tests themselves against the real thing. Markers:
 #   riverlog_only  needs something RabbitMQ 3.10 lacks: skipped against the peer
@@ -188,3 +191,22 @@ def s3_tables():
                 f"&endpoint_override={endpoint}")
     yield uri
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def _rest_catalog_classpath() -> str:
+    from spark._rest_catalog import classpath
+    try:
+        return classpath()
+    except JavaUnavailable as exc:
+        pytest.skip(f"Iceberg REST catalog tests: {exc}")
+
+
+@pytest.fixture
+def rest_catalog(_rest_catalog_classpath, tmp_path_factory):
+    """The URI of a new Iceberg REST catalog server (Iceberg's RESTCatalogServer, its own
+    backend catalog and warehouse), stopped after the test. Skips only when java/mvn is
+    missing or Maven Central is unreachable."""
+    from spark._rest_catalog import running
+    with running(_rest_catalog_classpath, str(tmp_path_factory.mktemp("rest-catalog"))) as uri:
+        yield uri

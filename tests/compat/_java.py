@@ -6,6 +6,8 @@
 # no JSON or running past the timeout fails the test with what it wrote. Interactive
 # scenarios (`JavaClient.start`) print {"event": ...} lines first and read the test's
 # commands on stdin. Only a missing java/mvn or an unreachable Maven Central skips.
+# `maven_classpath` is the Maven step of any test module of Java (Iceberg's REST catalog
+# server too: tests/spark/_rest_catalog.py).
 from __future__ import annotations
 
 import asyncio
@@ -19,8 +21,7 @@ from typing import Any
 from ._scripts import run_json_script
 
 JAVA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "java")
-TARGET = os.path.join(JAVA_DIR, "target")
-CLASSPATH_FILE = os.path.join(TARGET, "classpath.txt")
+TARGET_CLASSES = os.path.join(JAVA_DIR, "target", "classes")
 MAIN = "riverlog.compat.Scenario"
 # what Maven prints when it cannot reach the repository at all: only these skip the tests
 _UNREACHABLE = ("UnknownHostException", "Could not transfer artifact", "Connection refused",
@@ -32,45 +33,53 @@ class JavaUnavailable(Exception):
     """java or mvn is not installed, or Maven Central cannot be reached."""
 
 
-def _sources_mtime() -> float:
-    newest = os.path.getmtime(os.path.join(JAVA_DIR, "pom.xml"))
-    for folder, _, files in os.walk(os.path.join(JAVA_DIR, "src")):
+def _sources_mtime(module: str) -> float:
+    newest = os.path.getmtime(os.path.join(module, "pom.xml"))
+    for folder, _, files in os.walk(os.path.join(module, "src")):
         for name in files:
             newest = max(newest, os.path.getmtime(os.path.join(folder, name)))
     return newest
 
 
-def build(timeout: float = 600) -> str:
-    """Compile the module and write its runtime classpath (quick when target/ is newer than
-    every source); returns the classpath for ``java -cp``. Raises JavaUnavailable when
-    java/mvn is missing or Maven Central is unreachable, RuntimeError (with Maven's output)
-    for any other failure."""
+def maven_classpath(module: str, goals: tuple[str, ...] = (), timeout: float = 600) -> str:
+    """Run Maven's ``goals`` (e.g. ``compile``) in the Maven module folder ``module`` and
+    return its runtime classpath (dependency:build-classpath: the jars in Maven's local
+    repository); quick when ``module``/target is newer than its pom and sources. Raises
+    JavaUnavailable when java/mvn is missing or Maven Central is unreachable, RuntimeError
+    (with Maven's output) for any other failure."""
     for tool in ("java", "mvn"):
         if shutil.which(tool) is None:
-            raise JavaUnavailable(f"`{tool}` is not on PATH (the Java client tests need a JDK "
-                                  f"17+ and Maven)")
-    stamp = os.path.join(TARGET, "built")
-    if not (os.path.exists(stamp) and os.path.exists(CLASSPATH_FILE)
-            and os.path.getmtime(stamp) >= _sources_mtime()):
+            raise JavaUnavailable(f"`{tool}` is not on PATH (the Java tests need a JDK 17+ "
+                                  f"and Maven)")
+    target = os.path.join(module, "target")
+    stamp, classpath = os.path.join(target, "built"), os.path.join(target, "classpath.txt")
+    if not (os.path.exists(stamp) and os.path.exists(classpath)
+            and os.path.getmtime(stamp) >= _sources_mtime(module)):
         try:
             done = subprocess.run(
-                ["mvn", "-B", "-q", "compile", "dependency:build-classpath",
-                 f"-Dmdep.outputFile={CLASSPATH_FILE}"],
-                cwd=JAVA_DIR, capture_output=True, text=True, timeout=timeout,
+                ["mvn", "-B", "-q", *goals, "dependency:build-classpath",
+                 f"-Dmdep.outputFile={classpath}"],
+                cwd=module, capture_output=True, text=True, timeout=timeout,
                 stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
-            raise JavaUnavailable(f"Maven did not finish within {timeout}s in {JAVA_DIR} "
+            raise JavaUnavailable(f"Maven did not finish within {timeout}s in {module} "
                                   f"(Maven Central unreachable?)") from None
         if done.returncode != 0:
             output = done.stdout + done.stderr
             if any(sign in output for sign in _UNREACHABLE):
                 raise JavaUnavailable(f"Maven Central is unreachable: {output.strip()[-800:]}")
-            raise RuntimeError(f"`mvn compile` in {JAVA_DIR} failed ({done.returncode}):\n"
-                               f"{output}")
+            raise RuntimeError(f"`mvn {' '.join(goals)} dependency:build-classpath` in "
+                               f"{module} failed ({done.returncode}):\n{output}")
         with open(stamp, "w"):
             pass
-    with open(CLASSPATH_FILE) as f:
-        return os.path.join(TARGET, "classes") + os.pathsep + f.read().strip()
+    with open(classpath) as f:
+        return f.read().strip()
+
+
+def build(timeout: float = 600) -> str:
+    """Compile the module and write its runtime classpath (maven_classpath); returns the
+    classpath for ``java -cp``. Raises as maven_classpath does."""
+    return TARGET_CLASSES + os.pathsep + maven_classpath(JAVA_DIR, ("compile",), timeout)
 
 
 def _argument(host: str, port: int, fields: dict) -> str:
