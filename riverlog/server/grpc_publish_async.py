@@ -241,13 +241,13 @@ class _AsyncSession:
         if reqs is None:
             log.error("answer on %s: no forwarded batch of this call waits for it", msg.subject)
             return
+        self.inflight -= sum(req.ackPolicy != NONE for req in reqs)  # answered or given up
+        self.wake.set()
         data = msg.data
         if not data and msg.headers and msg.headers.get("Status") == "503":
             # no server listens (the leader is gone): unanswered, as Liftbridge's publish to a
             # partition subject nobody takes (the client's ack times out)
             log.warning("%d forwarded publishes unanswered: no server takes them", len(reqs))
-            self.inflight -= sum(req.ackPolicy != NONE for req in reqs)
-            self.wake.set()
             return
         reason = decode_failed(data)
         if reason is None:
@@ -260,12 +260,8 @@ class _AsyncSession:
             for req in reqs:
                 if req.ackPolicy != NONE:
                     self.send_error(req.correlationId, _ASYNC.UNKNOWN, reason)
-            self.inflight -= sum(req.ackPolicy != NONE for req in reqs)
-            self.wake.set()
             return
-        self.inflight -= sum(req.ackPolicy != NONE for req in reqs)
         self.out += answers
-        self.wake.set()
 
     def close(self) -> None:
         """Stop listening for forwarded acks."""
