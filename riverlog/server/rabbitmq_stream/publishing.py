@@ -5,7 +5,8 @@
 # Rules: writes to the log happen in arrival order on the event loop, across the publishers of
 # a connection too, in chunks of at most CHUNK_MAX_ENTRIES entries and CHUNK_MAX_BYTES bytes;
 # a confirm goes out only when ``Partition.when_committed`` says the chunk is committed (the
-# one commit pipeline: broker/partition.py); a connection with more than max_unconfirmed ids
+# one commit pipeline: broker/partition.py), duplicates in a PublishConfirm of their own
+# before the written ids' one, and no PublishConfirm names an id twice; a connection with more than max_unconfirmed ids
 # unconfirmed is not read until they drop to resume_unconfirmed; in a cluster nothing is
 # written unless this server leads the partition.
 from __future__ import annotations
@@ -63,7 +64,8 @@ class _Staged:
     the publisher), not written yet: at most one chunk (``CHUNK_MAX_ENTRIES``,
     ``CHUNK_MAX_BYTES``), and the publishing ids to confirm once it is written."""
 
-    __slots__ = ("entries", "size", "filters", "writers", "confirms", "received")
+    __slots__ = ("entries", "size", "filters", "writers", "confirms", "duplicates",
+                 "received")
 
     def __init__(self) -> None:
         self.received = time.monotonic()  # for the confirm latency metric
@@ -71,10 +73,45 @@ class _Staged:
         self.size = 0
         self.filters: set[str | None] = set()  # filter values (None: an entry without one)
         self.writers: dict[str, int] = {}  # reference -> highest publishing id held here
-        self.confirms: dict[int, list[int]] = {}  # publisher id -> publishing ids
+        self.confirms: dict[int, list[int]] = {}  # publisher id -> ids written here
+        self.duplicates: dict[int, list[int]] = {}  # publisher id -> ids not written
 
     def full(self) -> bool:
         return len(self.entries) >= CHUNK_MAX_ENTRIES or self.size >= CHUNK_MAX_BYTES
+
+
+def _split(ids: list[int], new: list[tuple[int, bytes]]) -> tuple[list[int], list[int]]:
+    """``ids`` (a frame's publishing ids, in order) cut into those of the entries ``new``
+    keeps (a subsequence of them, ids rising: ``Partition.new_entries``) and the
+    duplicates. An id kept is the first one equal to the next kept id: an earlier equal id
+    after the previous kept one would have been kept itself."""
+    written, duplicates = [], []
+    kept = iter(new)
+    following = next(kept, None)
+    for publishing_id in ids:
+        if following is not None and publishing_id == following[0]:
+            written.append(publishing_id)
+            following = next(kept, None)
+        else:
+            duplicates.append(publishing_id)
+    return written, duplicates
+
+
+def _distinct_runs(ids: list[int]) -> list[tuple[int, ...]]:
+    """``ids`` in order, cut into as few runs as possible with no id twice in one (a
+    publisher without a reference may send an id again; a client that takes each confirmed
+    id out of a map fails on meeting one twice in a frame)."""
+    if len(set(ids)) == len(ids):
+        return [tuple(ids)]
+    runs, run, seen = [], [], set()
+    for publishing_id in ids:
+        if publishing_id in seen:
+            runs.append(tuple(run))
+            run, seen = [], set()
+        run.append(publishing_id)
+        seen.add(publishing_id)
+    runs.append(tuple(run))
+    return runs
 
 
 def _fitting(entries: list[bytes], room: int) -> int:
@@ -150,7 +187,8 @@ class Publishing:
         written first when this frame's set of filter values (None for an entry without
         one; a Publish v1 frame has only None) is not the staged one, so frames with other
         filter values never share a chunk. The frame's ids are confirmed with the chunk
-        holding its last entry."""
+        holding its last entry: its duplicates (``Partition.new_entries``) in a PublishConfirm
+        of their own, then the written ids (``_confirm``)."""
         entries = frame.entries
         if not entries:
             return
@@ -185,6 +223,7 @@ class Publishing:
             # a filtered consumer skips the chunks of the frames it does not want
             staged = self._restage(partition)
         new = partition.new_entries(pub.reference, pairs, staged.writers)
+        written, duplicates = (ids, ()) if len(new) == len(ids) else _split(ids, new)
         start, n = 0, len(new)
         while start < n:
             if staged.full():
@@ -206,7 +245,9 @@ class Publishing:
             if pub.reference:
                 staged.writers[pub.reference] = piece[-1][0]
             start += len(piece)
-        staged.confirms.setdefault(frame.publisher_id, []).extend(ids)
+        staged.confirms.setdefault(frame.publisher_id, []).extend(written)
+        if duplicates:
+            staged.duplicates.setdefault(frame.publisher_id, []).extend(duplicates)
         if staged.full():
             self._write_staged(partition)
 
@@ -260,7 +301,7 @@ class Publishing:
         staged = self.staged.pop(partition)
         placement = self.broker.placement
         if placement.clustered and not placement.leads(partition.stream, partition.index):
-            self._fail_confirms(staged.confirms, ResponseCode.STREAM_NOT_AVAILABLE)
+            self._fail_confirms(staged, ResponseCode.STREAM_NOT_AVAILABLE)
             return
         if staged.entries:
             try:
@@ -270,36 +311,42 @@ class Publishing:
                 log.error("publish to %r failed: %s", partition.stream, exc)
                 code = (ResponseCode.STREAM_DOES_NOT_EXIST if isinstance(exc, LogClosedError)
                         else ResponseCode.INTERNAL_ERROR)
-                self._fail_confirms(staged.confirms, code)
+                self._fail_confirms(staged, code)
                 return
             counters(partition.stream, RABBITMQ_STREAM).published(len(offsets), staged.size)
         last = offsets[-1] if staged.entries else partition.next_offset - 1
-        if staged.confirms:
+        if staged.confirms or staged.duplicates:
             partition.when_committed(
-                last, partial(self._confirm, staged.confirms, staged.received),
-                lambda _: self._fail_confirms(staged.confirms, ResponseCode.INTERNAL_ERROR),
+                last, partial(self._confirm, staged),
+                lambda _: self._fail_confirms(staged, ResponseCode.INTERNAL_ERROR),
                 self.link.pending)
 
-    def _confirm(self, confirms: dict[int, list[int]], received: float) -> None:
-        """Send a PublishConfirm per publisher (``confirms``: publisher id -> publishing ids);
-        ``received`` (time.monotonic()) is when the first Publish frame of these ids came."""
+    def _confirm(self, staged: _Staged) -> None:
+        """Confirm what ``staged`` held, as RabbitMQ frames it (osiris_writer: the
+        duplicates of a batch are sent as written events before its written ids, each
+        event one PublishConfirm per publisher, ids in arrival order): for each publisher
+        its duplicates' PublishConfirm, then for each its written ids'; an id that would
+        appear twice in one frame starts the next frame (``_distinct_runs``)."""
         n = 0
-        latency = time.monotonic() - received
+        latency = time.monotonic() - staged.received
         publishers = self.publishers
-        for publisher_id, ids in confirms.items():
-            self.send(f.PublishConfirm(publisher_id, tuple(ids)))
-            pub = publishers.get(publisher_id)
-            if pub is not None:
-                pub.confirmed += len(ids)
-            CONFIRM_RABBITMQ.observe(latency)  # one per frame (docs/operations.md)
-            n += len(ids)
+        for confirms in (staged.duplicates, staged.confirms):
+            for publisher_id, ids in confirms.items():
+                for run in _distinct_runs(ids):
+                    self.send(f.PublishConfirm(publisher_id, run))
+                    CONFIRM_RABBITMQ.observe(latency)  # one per frame (docs/operations.md)
+                pub = publishers.get(publisher_id)
+                if pub is not None:
+                    pub.confirmed += len(ids)
+                n += len(ids)
         self._unconfirmed_done(n)
 
-    def _fail_confirms(self, confirms: dict[int, list[int]], code: int) -> None:
-        """PublishError with ``code`` instead of the confirms ``confirms``."""
-        for publisher_id, ids in confirms.items():
-            self.publish_error(publisher_id, ids, code)
-            self._unconfirmed_done(len(ids))
+    def _fail_confirms(self, staged: _Staged, code: int) -> None:
+        """PublishError with ``code`` for every id ``staged`` was to confirm."""
+        for confirms in (staged.duplicates, staged.confirms):
+            for publisher_id, ids in confirms.items():
+                self.publish_error(publisher_id, ids, code)
+                self._unconfirmed_done(len(ids))
 
     def publish_error(self, publisher_id: int, ids: list[int], code: int) -> None:
         """PublishError (0x04) with ``code`` for every id, counted as one error."""
