@@ -7,6 +7,7 @@
 # Found", "reason": "Not Found"}`, 400 `bad_request`, 201 for a queue created, 204 for one
 # that existed, a deletion or a connection closed.
 # Every route is wrapped by ``_guarded``, which logs the caller in and hands it to the handler.
+# Listings are sorted and paged as RabbitMQ's are (paging.py).
 # Rules: per-server answers are this server's connections, publishers and consumers (RabbitMQ
 # lists them per node too); queues and exchanges are the cluster's (queues.py); `alarms` of
 # /api/nodes and /api/overview list the resource alarms in force (riverlog.alarms: this
@@ -33,6 +34,7 @@ from ...security.authz import CREATE, DELETE, PUBLISH
 from .access import Caller
 from .connections import (VHOST, connection_json, connection_name, consumers, find, publishers,
                           visible)
+from .paging import PagingError, listing
 from .queues import (bindings_json, create, delete, exchange_json,
                      node_name, one_queue, queues, stream_arguments)
 
@@ -62,6 +64,15 @@ UNAVAILABLE = (ClusterUnavailableError, ResourceExhaustedError)
 def unavailable(exc: Exception) -> web.HTTPException:
     """503 ``{"error": "service_unavailable", "reason": <why>}``: try again later."""
     return _error(web.HTTPServiceUnavailable, "service_unavailable", str(exc))
+
+
+def _listed(request: web.Request, items: list[dict]) -> web.Response:
+    """A listing's answer: sorted, and paged when the request asks (paging.listing); 400
+    with RabbitMQ's error word for bad paging parameters."""
+    try:
+        return web.json_response(listing(items, request.query))
+    except PagingError as exc:
+        raise _error(web.HTTPBadRequest, exc.error, exc.reason) from None
 
 
 def _vhost(request: web.Request) -> None:
@@ -225,7 +236,7 @@ class ManagementServer:
                                   "is_internal_user": True})
 
     async def vhosts(self, request: web.Request, caller: Caller) -> web.Response:
-        return web.json_response([self._vhost_json()])
+        return _listed(request, [self._vhost_json()])
 
     async def vhost(self, request: web.Request, caller: Caller) -> web.Response:
         _vhost(request)
@@ -239,7 +250,7 @@ class ManagementServer:
                                                   "tags": []}}
 
     async def nodes(self, request: web.Request, caller: Caller) -> web.Response:
-        return web.json_response([self._node_json(s) for s in self._servers()])
+        return _listed(request, [self._node_json(s) for s in self._servers()])
 
     async def one_node(self, request: web.Request, caller: Caller) -> web.Response:
         for server in self._servers():
@@ -276,8 +287,8 @@ class ManagementServer:
     # -- connections ----------------------------------------------------------------------
     async def connections(self, request: web.Request, caller: Caller) -> web.Response:
         _vhost(request)
-        return web.json_response([connection_json(c, self.node)
-                                  for c in visible(self._door(), caller)])
+        return _listed(request, [connection_json(c, self.node)
+                                 for c in visible(self._door(), caller)])
 
     def _find(self, request: web.Request, caller: Caller):
         _vhost(request)
@@ -303,23 +314,23 @@ class ManagementServer:
 
     async def connection_publishers(self, request: web.Request, caller: Caller) -> web.Response:
         conn = self._find(request, caller)
-        return web.json_response(publishers(self._door(), caller, self.node,
-                                            connection=connection_name(conn)))
+        return _listed(request, publishers(self._door(), caller, self.node,
+                                           connection=connection_name(conn)))
 
     async def connection_consumers(self, request: web.Request, caller: Caller) -> web.Response:
         conn = self._find(request, caller)
-        return web.json_response(consumers(self._door(), caller, self.node,
-                                           connection=connection_name(conn)))
+        return _listed(request, consumers(self._door(), caller, self.node,
+                                          connection=connection_name(conn)))
 
     async def publishers(self, request: web.Request, caller: Caller) -> web.Response:
         _vhost(request)
-        return web.json_response(publishers(self._door(), caller, self.node,
-                                            stream=request.match_info.get("stream")))
+        return _listed(request, publishers(self._door(), caller, self.node,
+                                           stream=request.match_info.get("stream")))
 
     async def consumers(self, request: web.Request, caller: Caller) -> web.Response:
         _vhost(request)
-        return web.json_response(consumers(self._door(), caller, self.node,
-                                           stream=request.match_info.get("stream")))
+        return _listed(request, consumers(self._door(), caller, self.node,
+                                          stream=request.match_info.get("stream")))
 
     # -- queues and exchanges -------------------------------------------------------------
     def _consumer_counts(self) -> dict[str, int]:
@@ -331,7 +342,7 @@ class ManagementServer:
 
     async def queues(self, request: web.Request, caller: Caller) -> web.Response:
         _vhost(request)
-        return web.json_response(await queues(self.app, caller, self._consumer_counts()))
+        return _listed(request, await queues(self.app, caller, self._consumer_counts()))
 
     async def queue(self, request: web.Request, caller: Caller) -> web.Response:
         _vhost(request)
