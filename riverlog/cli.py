@@ -20,6 +20,7 @@ from .config import Durability, ServerConfig
 from .errors import RiverlogError
 from .log.recovery import verify_partition
 from .security.users import DEFAULT_ROUNDS, hash_password
+from .server import gc_tuning
 from .server.app import App
 from .spark.demo import demo
 
@@ -195,6 +196,7 @@ async def _serve(config: ServerConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     app = App(config)
     await app.start()
+    gc_tuning.tune()
     _announce(app)
     log.info("press Ctrl-C to stop")
     try:

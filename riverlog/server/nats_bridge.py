@@ -1,6 +1,8 @@
 # The NATS front door of Liftbridge: makes NATS subjects durable. Owns one queue subscription
 # per partition of every stream attached to a subject, and the acks published back to ack
-# inboxes; the connection (and the embedded nats-server) is the shared NatsLink's.
+# inboxes, both on riverlog's own data connection (nats_data.py: a read's messages parsed in
+# one pass, no nats-py machinery per message); the control connection (and the embedded
+# nats-server) is the shared NatsLink's.
 # Rules: partition N of a stream listens on `subject` (N = 0) or `subject.N`, in the stream's
 # queue group; a stream whose subject or group NATS cannot take (stored by an older version)
 # is logged and left detached; a payload that is a valid Publish envelope is stored with its
@@ -13,7 +15,8 @@
 # resource alarm holds (riverlog.alarms; counted in riverlog_dropped_messages); only a
 # partition's leader (Broker.placement) subscribes it, and a new leader subscribes when it
 # takes over (on one server: every partition).
-# When the link replaces a connection the server closed, every partition is subscribed again.
+# When the data connection is replaced (the server closed it), it subscribes every partition
+# again itself.
 # The messages a partition gets in one event-loop turn are stored together, in order: runs of
 # them (same subject, same ack mode) encoded in one pass and appended at once, acks built from
 # template bytes; what one-by-one ingest would store and ack stays exactly the same (tests:
@@ -37,17 +40,18 @@ from ..protocol.liftbridge.envelope import (ACK_HEADER, MAGIC, AckTemplate, deco
                                             decode_publish, encode_ack)
 from ..protocol.nats_subject import has_wildcard, matches, subject_problem
 from ..record import Record, encode_records
-from ..security.nats_auth import (INBOX_PREFIX, SENDER_HEADER, NatsAuth, own_inboxes,
-                                  sender_of)
+from ..protocol.nats_wire import parse_headers
+from ..security.nats_auth import (INBOX_PREFIX, SENDER_HEADER, NatsAuth, connect_options,
+                                  own_inboxes, sender_of)
 from .ack_sinks import RunSink
 from .embedded_nats import EmbeddedNats
 from .liftbridge import (ALL, LEADER, NONE, Liftbridge, LiftbridgeError, nats_problem,
                          partition_subject)
+from .nats_data import NatsDataLink
 from .nats_link import NatsLink
 
 log = logging.getLogger("riverlog.nats")
 
-PENDING_BYTES_LIMIT = 512 * 1024 * 1024  # per subscription, before NATS "slow consumer" drops
 REFUSAL_LOG_INTERVAL_S = 1.0  # refused NATS messages: one log line at most this often
 
 
@@ -66,7 +70,8 @@ class NatsBridge:
         self.guard = link.guard
         self._reload_task: asyncio.Task | None = None
         self._permissions_dirty = False
-        self._subs: dict[int, object] = {}
+        self._subs: dict[int, int] = {}  # id(partition) -> sid on the data connection
+        self.data: NatsDataLink | None = None
         # the streams NATS serves, by name, and their partition subjects (literal, wildcard)
         self._attached: dict[str, Stream] = {}
         self._literal: dict[str, int] = {}
@@ -82,10 +87,8 @@ class NatsBridge:
         self._next_refusal_log = 0.0
         self._pending: set[asyncio.Task] = set()
         self._out: list[tuple[bytes, bytes]] = []  # (subject UTF-8, payload)
-        self._out_task: asyncio.Task | None = None
         self._pub_lines: dict[tuple[bytes, int], bytes] = {}  # (subject, size) -> PUB line
         service.bridge = self
-        link.add_reconnect_listener(self._resubscribe)
         service.broker.placement.add_leader_listener(self._leader_changed)
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -115,32 +118,27 @@ class NatsBridge:
             if self._index(stream) and self.auth is not None:
                 self.auth.add(stream)
         await self.link.start()
+        options = connect_options(self.config, self.guard, self.auth)
+        self.data = NatsDataLink(self.link.servers, options.get("user"),
+                                 options.get("password"), options.get("tls"))
+        await self.data.start()
         for stream in list(self._attached.values()):
             self._subscribe_all(stream)
         await self.sync()
         log.info("NATS bridge connected to %s", ", ".join(self.link.servers))
 
     async def stop(self) -> None:
-        """Unsubscribe and send the acks still queued (the App closes the link after)."""
-        nc = self.nc
-        if nc is not None:
+        """Unsubscribe, send the acks still queued and close the data connection (the App
+        closes the link after)."""
+        data = self.data
+        if data is not None:
             if self._pending:
                 await asyncio.wait(list(self._pending), timeout=5)
-            for sub in list(self._subs.values()):
-                try:
-                    await sub.unsubscribe()
-                except Exception:
-                    pass
+            for sid in list(self._subs.values()):
+                data.unsubscribe(sid)
             self._subs.clear()
-            await self._send_out(nc)
-
-    async def _resubscribe(self, nc: NatsClient) -> None:
-        """The link has a new connection (the old one was closed): subscribe again."""
-        self._subs.clear()
-        for stream in list(self._attached.values()):
-            self._subscribe_all(stream)
-        await self.sync()
-        log.warning("%d partitions listen on NATS again", len(self._subs))
+            self._send_out()
+            await data.stop()
 
     # -- subscriptions ------------------------------------------------------------------
     def _task(self, coro) -> asyncio.Task:
@@ -159,6 +157,8 @@ class NatsBridge:
         """Wait until subscription changes made so far are in effect at the NATS server."""
         while self._pending:
             await asyncio.wait(list(self._pending))
+        if self.data is not None and self.data.connected:
+            await self.data.flush(5)
         if self.nc is not None and self.nc.is_connected:
             await self.nc.flush(5)
 
@@ -255,10 +255,11 @@ class NatsBridge:
         errors[key] = error
         return error
 
-    def _sender(self, headers: dict | None) -> str | None:
+    def _sender(self, header_block: bytes | None) -> str | None:
         """The NATS user who published a message, from the header the embedded server sets
-        (nats_auth.sender_of, each header value parsed once); None: riverlog's own publish."""
-        header = headers.get(SENDER_HEADER) if headers else None
+        (nats_auth.sender_of, each header value parsed once; ``header_block``: the message's
+        raw NATS headers); None: riverlog's own publish."""
+        header = parse_headers(header_block).get(SENDER_HEADER) if header_block else None
         if header is None:
             return None
         names = self._sender_names
@@ -298,9 +299,9 @@ class NatsBridge:
             self._reload_task = None
 
     def pause(self, stream: Stream, partition: Partition) -> None:
-        sub = self._subs.pop(id(partition), None)
-        if sub is not None:
-            self._task(sub.unsubscribe())
+        sid = self._subs.pop(id(partition), None)
+        if sid is not None:
+            self.data.unsubscribe(sid)
 
     def resume(self, stream: Stream, partition: Partition) -> None:
         if id(partition) not in self._subs:
@@ -325,21 +326,15 @@ class NatsBridge:
         server itself, never from NATS) and this server leads it (only a partition's leader
         ingests its subject)."""
         placement = self.service.broker.placement
-        if self.nc is None or id(partition) in self._subs or stream.name in RESERVED_STREAMS \
+        if self.data is None or id(partition) in self._subs or partition.paused \
+                or stream.name in RESERVED_STREAMS \
                 or self._attached.get(stream.name) is not stream \
+                or self.service.broker.streams.get(stream.name) is not stream \
                 or not placement.leads(stream.name, partition.index):
             return
         subject = partition_subject(stream.config.subject or "", partition.index)
-        sub = await self.nc.subscribe(subject, queue=stream.config.group or "",
-                                      cb=self._handler(stream, partition),
-                                      pending_msgs_limit=0,
-                                      pending_bytes_limit=PENDING_BYTES_LIMIT)
-        if id(partition) in self._subs or partition.paused or \
-                self.service.broker.streams.get(stream.name) is not stream or \
-                not placement.leads(stream.name, partition.index):
-            await sub.unsubscribe()  # lost a race with pause/delete/a leader change
-            return
-        self._subs[id(partition)] = sub
+        self._subs[id(partition)] = self.data.subscribe(subject, stream.config.group or "",
+                                                        self._handler(stream, partition))
         log.debug("partition %s/%d listens on %s (queue group %r)", stream.name,
                   partition.index, subject, stream.config.group or "")
 
@@ -349,20 +344,21 @@ class NatsBridge:
         alarms = self.service.broker.alarms
         dropped = DROPPED.labels(NATS, "alarm")
 
-        async def on_message(msg) -> None:
+        def on_messages(messages: list) -> None:
             if partition.readonly or partition.paused:
                 return
             if alarms.blocked:  # a resource alarm: NATS cannot be told to wait, so dropped
-                dropped.inc()
+                dropped.inc(len(messages))
                 return
             if not arrived:
                 asyncio.get_running_loop().call_soon(ingest_turn, stream, partition, arrived)
-            arrived.append(msg)
+            arrived.extend(messages)
 
-        return on_message
+        return on_messages
 
     def _ingest_turn(self, stream: Stream, partition: Partition, arrived: list) -> None:
-        """Store the NATS messages of one loop turn, in arrival order: runs of consecutive ones
+        """Store the NATS messages of one loop turn (``(sid, subject, reply, headers,
+        payload)``, nats_data.Handler), in arrival order: runs of consecutive ones
         with the same subject and ack mode (no ack, LEADER, ALL) are encoded in one pass and
         appended at once, their acks built from one AckTemplate; a message needing a check of
         its own (over the size limit, an expected offset on a stream with optimistic
@@ -383,15 +379,13 @@ class NatsBridge:
         sender = sender_ok = None
         senders = self._senders
         for msg in msgs:
-            data = msg.data
-            subject = msg.subject
-            reply = msg.reply
+            _, subject, reply, header_block, data = msg
             envelope = decode_publish(data) if data[:4] == MAGIC else None
             if envelope is not None:
                 inbox = envelope.ackInbox
                 if inbox:
                     if senders:
-                        sender = self._sender(msg.headers)
+                        sender = self._sender(header_block)
                     if inbox != inbox_ok or sender != sender_ok:
                         error = self.ack_inbox_error(inbox, sender)
                         if error is not None:
@@ -459,12 +453,12 @@ class NatsBridge:
         counters(stream.name, NATS).published(len(records), nbytes)
 
     def _ingest_one(self, stream: Stream, partition: Partition, msg, envelope) -> None:
-        data = msg.data
+        _, subject, reply, _, data = msg
         try:
             if envelope is None:
                 self.service.ingest(
                     stream, partition, value=data, key=None, headers=None,
-                    msg_subject=msg.subject, reply=msg.reply, ack_inbox="", correlation_id="",
+                    msg_subject=subject, reply=reply, ack_inbox="", correlation_id="",
                     ack_policy=NONE, expected_offset=None, size=len(data), deliver=None,
                     door=NATS)
             else:
@@ -472,13 +466,13 @@ class NatsBridge:
                 inbox = envelope.ackInbox
                 self.service.ingest(
                     stream, partition, value=envelope.value, key=envelope.key or None,
-                    headers=envelope.headers, msg_subject=msg.subject, reply=msg.reply,
+                    headers=envelope.headers, msg_subject=subject, reply=reply,
                     ack_inbox=inbox, correlation_id=envelope.correlationId,
                     ack_policy=envelope.ackPolicy,
                     expected_offset=None if offset == -1 else offset, size=len(data),
                     deliver=self.send_ack if inbox else None, door=NATS)
         except Exception as exc:  # a closed/deleted partition: the message is not stored
-            log.error("message on %s not stored: %s", msg.subject, exc)
+            log.error("message on %s not stored: %s", subject, exc)
             count_error(NATS, type(exc).__name__)
 
     # -- publishing ---------------------------------------------------------------------
@@ -490,40 +484,26 @@ class NatsBridge:
     def queue_publish(self, subject: bytes, data: bytes) -> None:
         """Queue a NATS publish (``subject`` UTF-8 encoded, a subject NATS takes: an ack
         inbox ``ack_inbox_error`` allowed, or the subject of a partition led elsewhere, checked
-        by CreateStream); everything queued in one loop turn is sent together."""
+        by CreateStream; it may carry a reply subject after a space); everything queued in
+        one loop turn is sent together, on the data connection."""
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._send_out)
         self._out.append((subject, data))
-        if self._out_task is None:
-            self._out_task = asyncio.get_running_loop().create_task(self._flush_out())
 
-    async def _flush_out(self) -> None:
-        try:
-            nc = self.nc
-            if nc is not None:
-                await self._send_out(nc)
-            else:
-                self._out.clear()
-        finally:
-            self._out_task = None
-            if self._out:  # queued while the last awaits ran
-                self._out_task = asyncio.get_running_loop().create_task(self._flush_out())
-
-    async def _send_out(self, nc: NatsClient) -> None:
+    def _send_out(self) -> None:
         """Send the queued publishes as one write: the PUB commands of the NATS client
         protocol ("PUB <subject> <#bytes>\\r\\n<payload>\\r\\n", docs.nats.io "Client
-        Protocol") joined, handed to nats-py's outgoing buffer at once and flushed once
-        (nats-py's publish does the same per message: checks, one PUB command, the buffer;
-        its internals ``_send_command``/``_flush_pending`` are what publish calls, in nats-py
-        2.x; one write instead of a publish per ack saves ~1.4 µs of CPU per ack). Subjects
-        are sent as queued: every one was checked where it entered (``queue_publish``). A
-        payload over the server's max_payload is not sent, and logged."""
+        Protocol") joined (one write instead of a publish per ack). Subjects are sent as
+        queued: every one was checked where it entered (``queue_publish``). A payload over
+        the server's max_payload is not sent, and logged; so are publishes while the data
+        connection is down (their publishers' acks time out, as when Liftbridge loses them)."""
         out, self._out = self._out, []
-        if nc.is_closed or nc.is_draining_pubs:
-            log.error("%d NATS publishes not sent: the connection is closing", len(out))
+        data_link = self.data
+        if not out or data_link is None:
             return
-        max_payload = nc.max_payload
+        max_payload = data_link.max_payload
         lines = self._pub_lines
         parts = []
-        sent = nbytes = 0
         for subject, data in out:
             size = len(data)
             if size > max_payload:
@@ -536,19 +516,8 @@ class NatsBridge:
                     lines.clear()
                 line = lines[(subject, size)] = b"PUB %b %d\r\n" % (subject, size)
             parts += (line, data, b"\r\n")
-            sent += 1
-            nbytes += size
-        if not sent:
-            return
-        stats = nc.stats
-        stats["out_msgs"] += sent
-        stats["out_bytes"] += nbytes
-        try:
-            await nc._send_command(b"".join(parts))
-            if nc._flush_queue is not None and nc._flush_queue.empty():
-                await nc._flush_pending()
-        except Exception as exc:
-            log.error("NATS publish of %d messages failed: %s", sent, exc)
+        if parts and not data_link.publish([b"".join(parts)]):
+            log.error("%d NATS publishes not sent: the data connection is down", len(parts) // 3)
 
     async def publish_wait_ack(self, subject: str, data: bytes, inbox: str,
                                timeout: float | None) -> pb.Ack | None:

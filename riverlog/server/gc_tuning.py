@@ -1,0 +1,27 @@
+# The garbage collector's settings for a running server. Owns when and how `riverlog serve`
+# changes them; nothing else in riverlog touches the gc module.
+# Rules: tuned once, after start-up (what start-up made is frozen out of every collection,
+# gc.freeze); the young generation is collected after GEN0_THRESHOLD new container objects
+# instead of CPython's 700, so the per-message tuples, lists and protobuf wrappers of a busy
+# door do not set off a collection every few hundred messages (measured in
+# benchmarks/README.md, "Garbage collector": 15-20% of the server's CPU on lift-bench).
+# Cyclic garbage is still collected; it lives a little longer (at most GEN0_THRESHOLD
+# objects before the young generation is swept).
+from __future__ import annotations
+
+import gc
+import logging
+
+log = logging.getLogger("riverlog")
+
+GEN0_THRESHOLD = 100_000
+GEN1_THRESHOLD = 50
+GEN2_THRESHOLD = 100
+
+
+def tune() -> None:
+    """Freeze what start-up allocated and raise the collection thresholds (see above)."""
+    gc.freeze()
+    gc.set_threshold(GEN0_THRESHOLD, GEN1_THRESHOLD, GEN2_THRESHOLD)
+    log.debug("gc: %d start-up objects frozen, thresholds %s", gc.get_freeze_count(),
+              gc.get_threshold())
