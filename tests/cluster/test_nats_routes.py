@@ -124,3 +124,43 @@ async def test_answers_to_riverlogs_own_requests_are_out_of_users_reach():
         if spy is not None:
             await spy.close()
         await link.stop()
+
+
+async def test_a_cluster_links_two_connections_come_back_together():
+    """A cluster member's NATS link has two connections: the door's (``nc``) and the
+    servers' own (``cluster_nc``: replication, status, joins). When nats-server closes the
+    cluster one for good (here: a control line over its max_control_line), both are made
+    anew, and the reconnect listeners run once with the new door connection, the new cluster
+    connection already in place (so the replication engine starts over on it)."""
+    from riverlog.config import NatsConfig
+    from riverlog.server.nats_link import NatsLink
+
+    server = EmbeddedNats(HOST, 0, settings={"max_control_line": 512})
+    await server.start()
+    link = NatsLink(NatsConfig(servers=(server.url,)), clustered=True)
+    try:
+        await link.start()
+        old, old_cluster = link.nc, link.cluster_nc
+        assert old is not old_cluster and old_cluster.is_connected
+        seen = []
+
+        async def listener(nc):
+            seen.append((nc, link.cluster_nc))
+        link.add_reconnect_listener(listener)
+        await old_cluster.publish("x" * 600, b"")  # -ERR maximum control line exceeded
+        for _ in range(300):
+            if seen:
+                break
+            await asyncio.sleep(0.05)
+        assert seen == [(link.nc, link.cluster_nc)]
+        assert link.nc is not old and link.cluster_nc not in (old_cluster, link.nc)
+        assert link.nc.is_connected and link.cluster_nc.is_connected
+        assert old.is_closed and old_cluster.is_closed
+        sub = await link.nc.subscribe("t.both")  # both new connections carry messages
+        await link.nc.flush()
+        await link.cluster_nc.publish("t.both", b"over the cluster connection")
+        await link.cluster_nc.flush()
+        assert (await sub.next_msg(timeout=10)).data == b"over the cluster connection"
+    finally:
+        await link.stop()
+        await server.stop()
