@@ -5,7 +5,10 @@
 # partition. Every publish is acked once and stored once, and the partition keeps its leader:
 # a leader whose NATS connection is full of publishes still answers its followers' fetches
 # in time (they travel on the servers' own cluster connection), so they never report it
-# silent and no tail of acked-to-be publishes is truncated and lost.
+# silent and no tail of acked-to-be publishes is truncated and lost. (Before: the followers
+# reported the leader silent within ~2 s, a new leader truncated the old one's uncommitted
+# tail, and 0 to ~5,000 of the 400,000 publishes were ever acked.) Followers that fall
+# behind during the burst may leave the ISR for a while; they come back with the same records.
 from __future__ import annotations
 
 import asyncio
@@ -109,12 +112,18 @@ async def test_an_unflowcontrolled_burst_of_all_acks_is_acked_and_stored_once(cl
         await asyncio.sleep(0.5)  # an ack sent twice would come now
     finally:
         await nc.close()
-    after = await _partition(grpc_of[via], "burst")
+    after = await _partition(grpc_of[before.leader], "burst")
     # every publish acked once, at an offset of its own; nothing else stored; one leader
     assert (len(acked), after.leader, _epoch(rows[via], "burst")) == (
         MESSAGES, before.leader, epoch)
     assert set(acked.values()) == {1}
     assert sorted(offsets) == list(range(MESSAGES))
     assert after.newestOffset + 1 == MESSAGES
+    # followers that fell behind during the burst left the ISR (the leader committed without
+    # them, as Liftbridge does); they catch up and come back, holding the same records
+    async def caught_up():
+        p = await _partition(grpc_of[before.leader], "burst")
+        return len(p.isr) == 3 and p.highWatermark + 1 == MESSAGES
+    await until("the followers back in the ISR", caught_up)
     stored = await values(grpc_of[via], "burst", MESSAGES - 1)  # a follower's copy
     assert stored == [value] * MESSAGES
