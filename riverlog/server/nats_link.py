@@ -201,15 +201,16 @@ class NatsLink:
         self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect())
 
     async def _reconnect(self) -> None:
-        """Connect again (every RECONNECT_WAIT_S until it works or the link stops), then
-        hand the new connection to every reconnect listener."""
-        for old in (self.nc, self._cluster_nc):  # the one still open goes too
-            if old is not None and not old.is_closed:
-                try:
-                    await old.close()
-                except Exception:
-                    pass
+        """Close the connection still open, connect both again (every RECONNECT_WAIT_S until
+        it works or the link stops), then hand the new door connection to every reconnect
+        listener."""
         try:
+            for old in (self.nc, self._cluster_nc):  # the one still open goes too
+                if old is not None and not old.is_closed:
+                    try:
+                        await old.close()
+                    except Exception:
+                        pass
             while True:
                 try:
                     nc, cluster_nc = await self._connect_all()
