@@ -285,11 +285,12 @@ class ClusterNode:
         if self.link is not None:
             self._joins = join.JoinAnswers(self.metadata, self.link.config.namespace,
                                            settings.password)
-            await self._listen(self.link.nc)
+            await self._listen()
             self.link.add_reconnect_listener(self._listen)
             self.placement.offsets = OffsetForwarding(self.link, self.broker, self.placement)
-            await self.placement.offsets.answer(self.link.nc)
-            self.link.add_reconnect_listener(self.placement.offsets.answer)
+            await self.placement.offsets.answer(self.link.cluster_nc)
+            self.link.add_reconnect_listener(
+                lambda _: self.placement.offsets.answer(self.link.cluster_nc))
         log.info("cluster member %s: Raft on %s, peers %s", self.server_id,
                  settings.address, ", ".join(settings.peers) or "none")
 
@@ -360,9 +361,11 @@ class ClusterNode:
                 except (MetadataError, RaftUnavailable) as exc:
                     log.info("removing server %s: %s", server.id, exc)
 
-    async def _listen(self, nc) -> None:
-        """On NATS connection ``nc``: answer partition status requests (status.py) and,
+    async def _listen(self, _nc=None) -> None:
+        """On the NATS link's cluster connection (a reconnect listener: the new door
+        connection ``_nc`` is not it): answer partition status requests (status.py) and,
         while this member leads the Raft, join requests (join.JoinAnswers)."""
+        nc = self.link.cluster_nc
         if nc is None:
             return
         if self._joins is not None:
@@ -384,13 +387,14 @@ class ClusterNode:
 
     async def reconnected(self, nc) -> None:
         """The NATS link replaced a connection the server closed (NatsLink reconnect
-        listener): replication starts over on ``nc`` and every held partition is assigned
-        again (followers re-check their tail against the leader)."""
+        listener, ``nc`` the NATS door's new connection): replication starts over on the
+        link's new cluster connection and every held partition is assigned again (followers
+        re-check their tail against the leader)."""
         replication = self.replication
         if replication is None:
             return
         await replication.stop()
-        replication.nc = nc
+        replication.nc = self.link.cluster_nc if self.link is not None else nc
         await replication.start()
         self._assigned = set()
         self._assign(self.placement.state)

@@ -30,7 +30,8 @@ def tracking_subject(namespace: str, server_id: str) -> str:
 
 
 class OffsetForwarding:
-    """Both sides over the NATS link ``link`` (server.nats_link.NatsLink): ``answer(nc)``
+    """Both sides over the NATS link ``link`` (server.nats_link.NatsLink; its cluster
+    connection, ``cluster_nc``): ``answer(nc)``
     takes requests for the partitions this server leads; ``store`` / ``query`` send them to
     a partition's leader."""
 
@@ -50,7 +51,7 @@ class OffsetForwarding:
 
     async def store(self, stream: str, index: int, reference: str, offset: int) -> None:
         """Pass a StoreOffset to the partition's leader. Raises ``OffsetsUnavailable``."""
-        nc = self.link.nc
+        nc = self.link.cluster_nc
         if nc is None:
             raise OffsetsUnavailable("no NATS connection")
         await nc.publish(self._subject(self._leader(stream, index)), json.dumps({
@@ -60,7 +61,7 @@ class OffsetForwarding:
     async def query(self, stream: str, index: int, reference: str) -> int | None:
         """The offset ``reference`` stored, as the partition's leader holds it (None: none).
         Raises ``OffsetsUnavailable``."""
-        nc = self.link.nc
+        nc = self.link.cluster_nc
         if nc is None:
             raise OffsetsUnavailable("no NATS connection")
         request = json.dumps({"stream": stream, "partition": index,

@@ -216,8 +216,9 @@ class App:
             await self.grpc.start()
 
     def _replication(self):
-        """The partition replication engine of this cluster member, on the shared NATS
-        connection, reporting ISR and leader changes to the cluster metadata (ClusterNode)."""
+        """The partition replication engine of this cluster member, on the NATS link's
+        cluster connection (NatsLink.cluster_nc, not the NATS door's), reporting ISR and
+        leader changes to the cluster metadata (ClusterNode)."""
         from ..cluster.replication import Replication, ReplicationSettings
         from ..config import GrpcConfig, NatsConfig
         cluster = self.config.cluster
@@ -226,7 +227,7 @@ class App:
             **dict(cluster.replica_timings_ms))
         self.cluster.leader_timeout_s = settings.replica_max_leader_timeout_ms / 1000
         namespace = (self.config.nats or NatsConfig()).namespace
-        return Replication(cluster.server_id, namespace, self.nats_link.nc, settings,
+        return Replication(cluster.server_id, namespace, self.nats_link.cluster_nc, settings,
                            self.cluster)
 
     def _nats_link(self):
@@ -242,7 +243,7 @@ class App:
             routes = route_settings(nats.namespace, nats.host, nats.cluster_port, nats.routes,
                                     cluster.raft_password)
         name = None if cluster is None else f"riverlog-{cluster.server_id}"
-        return NatsLink(nats, self.guard, routes, name)
+        return NatsLink(nats, self.guard, routes, name, clustered=cluster is not None)
 
     async def _stop_liftbridge(self) -> None:
         """gRPC (stop taking calls), NATS bridge (acks out, unsubscribe, nats-server down),

@@ -1,13 +1,20 @@
-# The server's one NATS connection, shared by the NATS door (nats_bridge.py) and the cluster
-# runtime (riverlog/cluster/: replication, notifications). Owns the embedded nats-server when
-# riverlog runs its own (with riverlog's users and TLS, nats_auth.py, and the routes joining
-# the other servers' nats-servers in a cluster), the nats-py connection and getting it back.
+# The server's NATS connections: ``nc``, the NATS door's (nats_bridge.py: the streams'
+# subjects, acks, forwarded publishes), and in a cluster ``cluster_nc``, a second one for
+# what the servers ask each other (riverlog/cluster/: replication fetches and notifications,
+# partition status, joins, stored offsets), as Liftbridge keeps replication and Raft on NATS
+# connections of their own: a flood of NATS publishes queued at nats-server for the door's
+# connection (a publisher without flow control) must not hold up a follower's fetch behind it
+# for seconds, or the followers report their leader silent and depose it (issue 29). Owns the
+# embedded nats-server when riverlog runs its own (with riverlog's users and TLS,
+# nats_auth.py, and the routes joining the other servers' nats-servers in a cluster), the
+# nats-py connections and getting them back.
 # Rules: start() is idempotent (whoever needs NATS first starts it); when the server closes
-# the connection for good (nats-py reconnects by itself only after a lost socket, not after an
-# -ERR), a new one is made every RECONNECT_WAIT_S and every reconnect listener is called with
-# it, so its users subscribe again (the closed connection's subscriptions are gone); the state
-# is logged and counted (riverlog_nats_connected, riverlog_nats_reconnects_total); the answers
-# to its requests come under the namespace, out of every NATS user's reach (inbox_prefix).
+# either connection for good (nats-py reconnects by itself only after a lost socket, not after
+# an -ERR), both are made anew every RECONNECT_WAIT_S until they are and every reconnect
+# listener is called with the new ``nc`` (``cluster_nc`` is set by then), so its users
+# subscribe again (the closed connections' subscriptions are gone); the state is logged and
+# counted (riverlog_nats_connected, riverlog_nats_reconnects_total); the answers to its
+# requests come under the namespace, out of every NATS user's reach (inbox_prefix).
 from __future__ import annotations
 
 import asyncio
@@ -38,10 +45,12 @@ class NatsLink:
     (nats-server configuration format: name, listen, routes, authorization), None alone.
     ``auth`` is the embedded server's users and TLS when riverlog manages them (the NATS door
     tells it the streams' subjects before start); ``embedded`` the child nats-server, named
-    ``name`` (nats-server's server name, unique in a NATS cluster)."""
+    ``name`` (nats-server's server name, unique in a NATS cluster). ``clustered``: the
+    servers' own traffic gets a connection of its own (``cluster_nc``)."""
 
     def __init__(self, config: NatsConfig, guard: Guard | None = None,
-                 routes: dict | None = None, name: str | None = None) -> None:
+                 routes: dict | None = None, name: str | None = None,
+                 clustered: bool = False) -> None:
         self.config = config
         self.guard = guard = guard or Guard(SecurityConfig())
         self.routes = routes
@@ -53,6 +62,8 @@ class NatsLink:
                 self.auth = auth
         self.embedded: EmbeddedNats | None = None
         self.nc: NatsClient | None = None
+        self.clustered = clustered
+        self._cluster_nc: NatsClient | None = None
         self.servers: list[str] = list(config.servers)
         self._listeners: list[ReconnectListener] = []
         self._stopping = False
@@ -71,6 +82,12 @@ class NatsLink:
     def url(self) -> str:
         """The NATS address clients can use (the first server)."""
         return self.servers[0] if self.servers else ""
+
+    @property
+    def cluster_nc(self) -> NatsClient | None:
+        """The connection the servers' requests to each other use: a connection of its own
+        when ``clustered``, else ``nc``; None until started or while reconnecting."""
+        return self._cluster_nc if self.clustered else self.nc
 
     @property
     def started(self) -> bool:
@@ -97,7 +114,7 @@ class NatsLink:
             await self.embedded.start()
             self.servers = [self.embedded.url]
         try:
-            self.nc = await self._connect()
+            self.nc, self._cluster_nc = await self._connect_all()
         except Exception as exc:
             if self.embedded is not None:
                 await self.embedded.stop()
@@ -116,12 +133,25 @@ class NatsLink:
             settings["cluster"] = self.routes
         await self.embedded.reload(settings)
 
-    async def _connect(self) -> NatsClient:
-        """A new connection to ``servers``. nats-py retries a failing first connection forever
-        (max_reconnect_attempts -1, kept for later reconnects): this gives up after
-        FIRST_CONNECT_TIMEOUT_S (e.g. on a TLS mismatch) with ``asyncio.TimeoutError``."""
+    async def _connect_all(self) -> tuple[NatsClient, NatsClient | None]:
+        """New connections: the door's and, when ``clustered``, the cluster's (else None).
+        Raises as ``_connect``, having closed the one made when the other fails."""
+        nc = await self._connect("riverlog")
+        if not self.clustered:
+            return nc, None
+        try:
+            return nc, await self._connect("riverlog-cluster")
+        except BaseException:
+            await nc.close()
+            raise
+
+    async def _connect(self, name: str) -> NatsClient:
+        """A new connection to ``servers``, ``name`` the client name nats-server shows.
+        nats-py retries a failing first connection forever (max_reconnect_attempts -1, kept
+        for later reconnects): this gives up after FIRST_CONNECT_TIMEOUT_S (e.g. on a TLS
+        mismatch) with ``asyncio.TimeoutError``."""
         return await asyncio.wait_for(nats.connect(
-            self.servers, name="riverlog", connect_timeout=5, allow_reconnect=True,
+            self.servers, name=name, connect_timeout=5, allow_reconnect=True,
             max_reconnect_attempts=-1, reconnect_time_wait=1,
             error_cb=self._error, disconnected_cb=self._disconnected,
             reconnected_cb=self._reconnected, closed_cb=self._closed,
@@ -134,13 +164,15 @@ class NatsLink:
         self._stopping = True
         if self._reconnect_task is not None:
             self._reconnect_task.cancel()
-        nc, self.nc = self.nc, None
-        if nc is not None:
-            try:
-                await asyncio.wait_for(nc.flush(), 5)
-            except Exception:
-                pass
-            await nc.close()
+        connections = (self.nc, self._cluster_nc)
+        self.nc = self._cluster_nc = None
+        for nc in connections:
+            if nc is not None:
+                try:
+                    await asyncio.wait_for(nc.flush(), 5)
+                except Exception:
+                    pass
+                await nc.close()
         if self.embedded is not None:
             await self.embedded.stop()
 
@@ -156,23 +188,32 @@ class NatsLink:
         log.info("reconnected to NATS at %s", self.nc.connected_url.netloc if self.nc else "?")
 
     async def _closed(self) -> None:
-        """nats-py closed the connection for good: the server sent -ERR (e.g. "maximum
+        """nats-py closed a connection for good: the server sent -ERR (e.g. "maximum
         control line exceeded", "authorization violation") and nats-py does not reconnect
-        after that. Unless stopping, connect again."""
-        nc = self.nc
-        if self._stopping or nc is None or not nc.is_closed or self._reconnect_task is not None:
+        after that. Unless stopping, connect again (both connections)."""
+        nc, cluster_nc = self.nc, self._cluster_nc
+        closed = [c for c in (nc, cluster_nc) if c is not None and c.is_closed]
+        if self._stopping or nc is None or not closed or self._reconnect_task is not None:
             return
         log.error("the NATS server closed riverlog's connection (%s): NATS publishes are not "
-                  "stored until riverlog is connected again", nc.last_error or "no reason given")
+                  "stored until riverlog is connected again",
+                  closed[0].last_error or "no reason given")
         self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect())
 
     async def _reconnect(self) -> None:
-        """Connect again (every RECONNECT_WAIT_S until it works or the link stops), then
-        hand the new connection to every reconnect listener."""
+        """Close the connection still open, connect both again (every RECONNECT_WAIT_S until
+        it works or the link stops), then hand the new door connection to every reconnect
+        listener."""
         try:
+            for old in (self.nc, self._cluster_nc):  # the one still open goes too
+                if old is not None and not old.is_closed:
+                    try:
+                        await old.close()
+                    except Exception:
+                        pass
             while True:
                 try:
-                    nc = await self._connect()
+                    nc, cluster_nc = await self._connect_all()
                 except Exception as exc:
                     log.error("cannot connect to NATS at %s again: %s; next try in %.0fs",
                               ", ".join(self.servers), str(exc) or "timed out",
@@ -180,9 +221,11 @@ class NatsLink:
                     await asyncio.sleep(RECONNECT_WAIT_S)
                     continue
                 if self._stopping:
-                    await nc.close()
+                    for new in (nc, cluster_nc):
+                        if new is not None:
+                            await new.close()
                     return
-                self.nc = nc
+                self.nc, self._cluster_nc = nc, cluster_nc
                 for listener in list(self._listeners):
                     try:
                         await listener(nc)

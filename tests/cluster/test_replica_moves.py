@@ -186,7 +186,9 @@ async def test_add_and_delete_replica_commands_and_their_refusals(cluster):
     assert code == 0, out
     assert f"two partition 0: {spare} is in sync" in out
     target = cluster[IDS.index(spare)]
-    assert spare in target.broker.placement.of("two", 0).isr
+    # the member asked has the new ISR; the target has it once it applied that Raft entry
+    await until(f"{spare} applied its ISR entry", lambda: spare in target.broker.placement.of(
+        "two", 0).isr)
     leader = cluster[IDS.index(part0.leader)]
     await until("the new replica holds the leader's bytes", lambda: replica_bytes(
         target, "two") == replica_bytes(leader, "two"))
