@@ -1,5 +1,7 @@
-# The server's NATS connections: ``nc``, the NATS door's (nats_bridge.py: the streams'
-# subjects, acks, forwarded publishes), and in a cluster ``cluster_nc``, a second one for
+# The server's nats-py connections: ``nc``, the control traffic (PublishToSubject and
+# requests awaiting acks, forwarded PublishAsync answers; the NATS door's own data — the
+# streams' subjects and their acks — travels on its data connection, nats_data.py), and in a
+# cluster ``cluster_nc``, a second one for
 # what the servers ask each other (riverlog/cluster/: replication fetches and notifications,
 # partition status, joins, stored offsets), as Liftbridge keeps replication and Raft on NATS
 # connections of their own: a flood of NATS publishes queued at nats-server for the door's
