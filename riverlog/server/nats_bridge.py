@@ -17,7 +17,9 @@
 # takes over (on one server: every partition).
 # When the data connection is replaced (the server closed it), it subscribes every partition
 # again itself.
-# The messages a partition gets in one event-loop turn are stored together, in order: runs of
+# The messages a partition gets in one event-loop turn (at most TURN_MESSAGES; the rest in the
+# next turns, and past PENDING_BYTES_LIMIT waiting ones dropped as a slow consumer's, never
+# acked) are stored together, in order: runs of
 # them (same subject, same ack mode) encoded in one pass and appended at once, acks built from
 # template bytes; what one-by-one ingest would store and ack stays exactly the same (tests:
 # test_lb_envelope_batch.py). The publishes (acks) queued during one turn go out as one write
@@ -53,6 +55,8 @@ from .nats_link import NatsLink
 log = logging.getLogger("riverlog.nats")
 
 REFUSAL_LOG_INTERVAL_S = 1.0  # refused NATS messages: one log line at most this often
+TURN_MESSAGES = 4096  # a partition's NATS messages stored per loop turn, at most
+PENDING_BYTES_LIMIT = 512 * 1024 * 1024  # per partition, waiting to be stored; more: dropped
 
 
 def _shown(text: str) -> str:
@@ -339,10 +343,11 @@ class NatsBridge:
                   partition.index, subject, stream.config.group or "")
 
     def _handler(self, stream: Stream, partition: Partition):
-        arrived: list = []  # the Msgs of this loop turn, handled right after it
+        arrived = _Arrived()
         ingest_turn = self._ingest_turn
         alarms = self.service.broker.alarms
         dropped = DROPPED.labels(NATS, "alarm")
+        too_many = DROPPED.labels(NATS, "slow_consumer")
 
         def on_messages(messages: list) -> None:
             if partition.readonly or partition.paused:
@@ -350,22 +355,35 @@ class NatsBridge:
             if alarms.blocked:  # a resource alarm: NATS cannot be told to wait, so dropped
                 dropped.inc(len(messages))
                 return
-            if not arrived:
+            size = sum(len(m[4]) for m in messages)
+            if arrived.nbytes + size > PENDING_BYTES_LIMIT:
+                too_many.inc(len(messages))  # never stored, never acked
+                self._refuse(messages[0][1], LiftbridgeError(
+                    "RESOURCE_EXHAUSTED", f"over {PENDING_BYTES_LIMIT} bytes wait to be stored "
+                                          f"on {partition}: dropped (slow consumer)"))
+                return
+            if not arrived.messages:
                 asyncio.get_running_loop().call_soon(ingest_turn, stream, partition, arrived)
-            arrived.extend(messages)
+            arrived.messages += messages
+            arrived.nbytes += size
 
         return on_messages
 
-    def _ingest_turn(self, stream: Stream, partition: Partition, arrived: list) -> None:
-        """Store the NATS messages of one loop turn (``(sid, subject, reply, headers,
-        payload)``, nats_data.Handler), in arrival order: runs of consecutive ones
+    def _ingest_turn(self, stream: Stream, partition: Partition, arrived: "_Arrived") -> None:
+        """Store the NATS messages that arrived for ``partition`` (``(sid, subject, reply,
+        headers, payload)``, nats_data.Handler), at most TURN_MESSAGES of them in this loop
+        turn (the rest wait for the next one: a burst read in one turn must not keep the loop
+        from answering followers' fetches and the other doors for long), in arrival order: runs of consecutive ones
         with the same subject and ack mode (no ack, LEADER, ALL) are encoded in one pass and
         appended at once, their acks built from one AckTemplate; a message needing a check of
         its own (over the size limit, an expected offset on a stream with optimistic
         concurrency) goes through ``Liftbridge.ingest`` alone, in its place. What one-by-one
         ingest would store and ack stays exactly the same (test_lb_envelope_batch.py)."""
-        msgs = arrived.copy()
-        arrived.clear()
+        msgs = arrived.messages[:TURN_MESSAGES]
+        del arrived.messages[:TURN_MESSAGES]
+        arrived.nbytes -= sum(len(m[4]) for m in msgs)
+        if arrived.messages:
+            asyncio.get_running_loop().call_soon(self._ingest_turn, stream, partition, arrived)
         limit = self.service.config.replication_max_bytes
         concurrency = stream.config.optimistic_concurrency
         now = time.time_ns()
@@ -545,6 +563,16 @@ class NatsBridge:
                 await sub.unsubscribe()
             except Exception:
                 pass
+
+
+class _Arrived:
+    """A partition's NATS messages read and not stored yet, and their payloads' bytes."""
+
+    __slots__ = ("messages", "nbytes")
+
+    def __init__(self) -> None:
+        self.messages: list = []
+        self.nbytes = 0
 
 
 class _AckRun(RunSink):
