@@ -26,6 +26,10 @@
 # Liftbridge's Unmarshal* functions (server/protocol/envelope.go checkEnvelope), raises
 # EnvelopeError naming the failed check instead of returning None: a replica that sent bad bytes
 # is answered with an error, never mistaken for a plain NATS message.
+#
+# decode_publish and AckTemplate run once per NATS message: a compiled twin (_envelope_c.pyx)
+# replaces them when built, unless RIVERLOG_NO_EXTENSIONS is set; the code here stays the
+# reference (riverlog/_compiled.py).
 from __future__ import annotations
 
 import struct
@@ -36,6 +40,7 @@ from crc32c import crc32c as _crc32c
 from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as _ProtoMessage
 
+from ..._compiled import twin
 from . import api_pb2
 
 __all__ = [
@@ -49,6 +54,7 @@ __all__ = [
     "MESSAGE_CLASSES",
     "VERSION",
     "MsgType",
+    "PUBLISH_CLASSES",
     "ReplicationResponse",
     "decode_ack",
     "decode_envelope",
@@ -226,7 +232,9 @@ def encode_publish(message: api_pb2.Message, crc: bool = False) -> bytes:
 
 
 def decode_publish(data: Bytes) -> Optional[api_pb2.Message]:
-    """The api_pb2.Message of a Publish envelope, or None if ``data`` is not one.
+    """The api_pb2.Message of a Publish envelope, or None if ``data`` is not one. (The compiled
+    twin may give a PublishMessage instead: the same attributes, headers a dict, equal to the
+    api_pb2.Message of the same fields; PUBLISH_CLASSES names both.)
 
     None covers every reason Liftbridge stores a NATS message as plain: a failed envelope check,
     another MsgType, or a payload that is not a valid Message protobuf.
@@ -413,3 +421,17 @@ def _why_not_an_envelope(data: bytes) -> str:
     if len(data) < HEADER_LEN_CRC:
         return f"{len(data)} bytes, shorter than the {HEADER_LEN_CRC}-byte header with CRC-32C"
     return "CRC-32C mismatch"
+
+
+# The compiled twin (_envelope_c.pyx, riverlog/_compiled.py): decode_publish and AckTemplate
+# bound over the Python ones above, which stay as the reference (_py_*) and the fallback.
+_py_decode_publish = decode_publish
+_PyAckTemplate = AckTemplate
+_c = twin(__name__, "_envelope_c")
+PUBLISH_CLASSES: tuple[type, ...] = (api_pb2.Message,)
+"""The classes decode_publish may return (api_pb2.Message, and the twin's PublishMessage)."""
+if _c is not None:
+    _c._bind(varint)
+    PUBLISH_CLASSES += (_c.PublishMessage,)
+    decode_publish = _c.decode_publish  # noqa: F811
+    AckTemplate = _c.AckTemplate  # type: ignore[misc] # noqa: F811
