@@ -81,6 +81,7 @@ class BuildPyWithProtos(build_py):
 
 TWINS = (
     "riverlog/protocol/liftbridge/_envelope_c.pyx",
+    "riverlog/_record_c.pyx",
 )
 
 

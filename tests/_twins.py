@@ -26,3 +26,12 @@ def compiled_or_skip(name: str):
         if os.environ.get(REQUIRE_ENV, "") not in ("", "0") or shutil.which("cc"):
             pytest.fail(f"{why}; a C compiler is here, so it should have been")
         pytest.skip(f"{why}; no C compiler (cc) on PATH")
+
+
+def implementation(param: str, python: tuple, compiled: str, names: tuple[str, ...]) -> tuple:
+    """For a fixture parametrized over IMPLEMENTATIONS: ``python`` (the reference objects) for
+    "python", else the attributes ``names`` (in the same order) of the twin ``compiled``."""
+    if param == "python":
+        return python
+    twin = compiled_or_skip(compiled)
+    return tuple(getattr(twin, name) for name in names)

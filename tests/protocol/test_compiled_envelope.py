@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _twins import IMPLEMENTATIONS, compiled_or_skip
+from _twins import IMPLEMENTATIONS, implementation
 from riverlog.protocol.liftbridge import api_pb2, envelope
 from riverlog.protocol.liftbridge.envelope import ACK_HEADER, MAGIC, encode_publish
 
@@ -23,10 +23,9 @@ INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
 @pytest.fixture(scope="module", params=IMPLEMENTATIONS)
 def impl(request):
     """(decode_publish, AckTemplate) of one implementation."""
-    if request.param == "python":
-        return envelope._py_decode_publish, envelope._PyAckTemplate
-    c = compiled_or_skip("riverlog.protocol.liftbridge._envelope_c")
-    return c.decode_publish, c.AckTemplate
+    return implementation(request.param, (envelope._py_decode_publish, envelope._PyAckTemplate),
+                          "riverlog.protocol.liftbridge._envelope_c",
+                          ("decode_publish", "AckTemplate"))
 
 
 def view(message):
