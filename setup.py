@@ -82,6 +82,7 @@ class BuildPyWithProtos(build_py):
 TWINS = (
     "riverlog/protocol/liftbridge/_envelope_c.pyx",
     "riverlog/_record_c.pyx",
+    "riverlog/protocol/liftbridge/_messages_c.pyx",
 )
 
 

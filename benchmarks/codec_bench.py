@@ -20,7 +20,7 @@ from collections import deque
 from itertools import repeat, starmap
 
 from riverlog import record
-from riverlog.protocol.liftbridge import api_pb2, envelope
+from riverlog.protocol.liftbridge import api_pb2, envelope, messages
 
 NATS_PUBLISH = envelope.encode_publish(api_pb2.Message(
     key=b"key-0001", value=b"x" * 100, headers={"trace": b"abc123"}, ackInbox="_INBOX.xyz.1",
@@ -60,6 +60,7 @@ def batch_cases():
     """(name, {implementation: zero-argument callable}, messages per call) for the functions
     that take a batch; reported per message."""
     c_rec = importlib.import_module("riverlog._record_c")
+    c_msg = importlib.import_module("riverlog.protocol.liftbridge._messages_c")
     for name, rec in (("enveloped NATS publish", NATS_RECORD), ("plain NATS message", PLAIN_RECORD)):
         batch = [record.Record(rec.value, rec.key, dict(rec.headers), rec.timestamp_ns + i,
                                rec.subject, rec.reply, rec.correlation_id and f"corr-{i}",
@@ -70,6 +71,13 @@ def batch_cases():
         yield f"encode_records, {BATCH} per batch ({name})", {
             "python": lambda batch=batch: record._py_encode_records(batch),
             "compiled": lambda batch=batch: c_rec.encode_records(batch)}, BATCH
+        # a Subscribe's read of those records: one encoder per Subscribe (caches warm)
+        pairs = list(enumerate(record._py_encode_records(batch)))
+        encoders = {"python": messages._PyMessageEncoder("orders", 0),
+                    "compiled": messages._bind_twin(c_msg)("orders", 0)}
+        yield f"MessageEncoder.extend, {BATCH} per read ({name})", {
+            impl: lambda pairs=pairs, e=e: e.extend([], pairs, 0, -1, 0)
+            for impl, e in encoders.items()}, BATCH
 
 
 def ns_per_call(fn, n: int) -> float:

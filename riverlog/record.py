@@ -280,10 +280,17 @@ def encode_records(records: Iterable[Record]) -> list[bytes]:
 # bound over the Python ones above, which stay as the reference (_py_*) and the fallback.
 _py_encode_record = encode_record
 _py_encode_records = encode_records
+
+
+def _bind_twin(compiled) -> None:
+    """Hand the twin its fallback and constants (also for tests that import it directly)."""
+    compiled._bind(_py_encode_record, _MA_TIMESTAMP_NAME, _MA_KEY, _MA_ACK, _MA_EMPTY,
+                   _EMPTY_REPLY, (_SEC_MA, _SEC_PROPERTIES, _SEC_APP_PROPERTIES, _SEC_DATA))
+
+
 _c = twin(__name__, "_record_c")
 if _c is not None:
-    _c._bind(encode_record, _MA_TIMESTAMP_NAME, _MA_KEY, _MA_ACK, _MA_EMPTY, _EMPTY_REPLY,
-             (_SEC_MA, _SEC_PROPERTIES, _SEC_APP_PROPERTIES, _SEC_DATA))
+    _bind_twin(_c)
     encode_record = _c.encode_record  # noqa: F811
     encode_records = _c.encode_records  # noqa: F811
 

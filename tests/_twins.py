@@ -28,10 +28,14 @@ def compiled_or_skip(name: str):
         pytest.skip(f"{why}; no C compiler (cc) on PATH")
 
 
-def implementation(param: str, python: tuple, compiled: str, names: tuple[str, ...]) -> tuple:
+def implementation(param: str, python: tuple, reference, compiled: str,
+                   names: tuple[str, ...]) -> tuple:
     """For a fixture parametrized over IMPLEMENTATIONS: ``python`` (the reference objects) for
-    "python", else the attributes ``names`` (in the same order) of the twin ``compiled``."""
+    "python", else the attributes ``names`` (in the same order) of the twin ``compiled``,
+    bound to the Python module ``reference`` (its ``_bind_twin``, which RIVERLOG_NO_EXTENSIONS
+    would have skipped)."""
     if param == "python":
         return python
     twin = compiled_or_skip(compiled)
+    reference._bind_twin(twin)
     return tuple(getattr(twin, name) for name in names)

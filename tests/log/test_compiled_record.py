@@ -25,7 +25,7 @@ CHECKS = settings(max_examples=300, deadline=None, suppress_health_check=[Health
 def impl(request):
     """(encode_record, encode_records) of one implementation."""
     return implementation(request.param, (record._py_encode_record, record._py_encode_records),
-                          "riverlog._record_c", ("encode_record", "encode_records"))
+                          record, "riverlog._record_c", ("encode_record", "encode_records"))
 
 
 text = st.text(alphabet=st.characters(codec="utf-8"), max_size=40) | st.text(min_size=250,

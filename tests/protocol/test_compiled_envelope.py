@@ -24,7 +24,7 @@ INT32 = st.integers(-(1 << 31), (1 << 31) - 1)
 def impl(request):
     """(decode_publish, AckTemplate) of one implementation."""
     return implementation(request.param, (envelope._py_decode_publish, envelope._PyAckTemplate),
-                          "riverlog.protocol.liftbridge._envelope_c",
+                          envelope, "riverlog.protocol.liftbridge._envelope_c",
                           ("decode_publish", "AckTemplate"))
 
 

@@ -16,6 +16,8 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
 
+from ._varint cimport put_varint, varint_len
+
 from crc32c import crc32c as _crc32c
 from google.protobuf.message import DecodeError
 
@@ -224,23 +226,6 @@ def decode_publish(data):
         return None
 
 
-cdef inline Py_ssize_t _varint_len(uint64_t v) noexcept:
-    cdef Py_ssize_t n = 1
-    while v >= 0x80:
-        v >>= 7
-        n += 1
-    return n
-
-
-cdef inline Py_ssize_t _put_varint(char* out, Py_ssize_t pos, uint64_t v) noexcept:
-    while v >= 0x80:
-        out[pos] = <char>((v & 0x7F) | 0x80)
-        v >>= 7
-        pos += 1
-    out[pos] = <char>v
-    return pos + 1
-
-
 cdef class AckTemplate:
     """envelope.AckTemplate, compiled: ``ack(offset, ack_inbox, correlation_id, commit_ns)``
     gives the same bytes (see envelope.py for the layout)."""
@@ -289,22 +274,22 @@ cdef class AckTemplate:
         cdef Py_ssize_t nt = PyBytes_GET_SIZE(self._tail)
         cdef Py_ssize_t size = nh + ni + nt
         if off:
-            size += 1 + _varint_len(off)
+            size += 1 + varint_len(off)
         if nc:
-            size += 1 + _varint_len(<uint64_t>nc) + nc
+            size += 1 + varint_len(<uint64_t>nc) + nc
         cdef bytes out = PyBytes_FromStringAndSize(NULL, size)
-        cdef char* o = PyBytes_AS_STRING(out)
+        cdef uint8_t* o = <uint8_t*>PyBytes_AS_STRING(out)
         memcpy(o, PyBytes_AS_STRING(self.head), nh)
-        cdef Py_ssize_t pos = nh
+        o += nh
         if off:
-            o[pos] = 0x20
-            pos = _put_varint(o, pos + 1, off)
-        memcpy(o + pos, PyBytes_AS_STRING(self._inbox_field), ni)
-        pos += ni
+            o[0] = 0x20
+            o = put_varint(o + 1, off)
+        memcpy(o, PyBytes_AS_STRING(self._inbox_field), ni)
+        o += ni
         if nc:
-            o[pos] = 0x32
-            pos = _put_varint(o, pos + 1, <uint64_t>nc)
-            memcpy(o + pos, PyBytes_AS_STRING(corr), nc)
-            pos += nc
-        memcpy(o + pos, PyBytes_AS_STRING(self._tail), nt)
+            o[0] = 0x32
+            o = put_varint(o + 1, <uint64_t>nc)
+            memcpy(o, PyBytes_AS_STRING(corr), nc)
+            o += nc
+        memcpy(o, PyBytes_AS_STRING(self._tail), nt)
         return out

@@ -427,11 +427,16 @@ def _why_not_an_envelope(data: bytes) -> str:
 # bound over the Python ones above, which stay as the reference (_py_*) and the fallback.
 _py_decode_publish = decode_publish
 _PyAckTemplate = AckTemplate
+def _bind_twin(compiled) -> None:
+    """Hand the twin what it falls back on (also for tests that import it directly)."""
+    compiled._bind(varint)
+
+
 _c = twin(__name__, "_envelope_c")
 PUBLISH_CLASSES: tuple[type, ...] = (api_pb2.Message,)
 """The classes decode_publish may return (api_pb2.Message, and the twin's PublishMessage)."""
 if _c is not None:
-    _c._bind(varint)
+    _bind_twin(_c)
     PUBLISH_CLASSES += (_c.PublishMessage,)
     decode_publish = _c.decode_publish  # noqa: F811
     AckTemplate = _c.AckTemplate  # type: ignore[misc] # noqa: F811
