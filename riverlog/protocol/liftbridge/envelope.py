@@ -352,10 +352,28 @@ def encode_replication_response(leader_epoch: int, high_watermark: int, entries:
 
 def decode_replication_response(data: Bytes) -> Optional[ReplicationResponse]:
     """The ReplicationResponse in an envelope, or None (bad envelope, other type, < 16 bytes)."""
+    fast = _replication_response_fast(data)
+    if fast is not None:
+        return fast
     decoded = decode_envelope(data)
     if decoded is None or decoded[0] is not MsgType.ReplicationResponse:
         return None
     return _parse_replication_response(decoded[1])
+
+
+_REPLICATION_HEADER = _HEADER[MsgType.ReplicationResponse]
+_REPLICATION_AT = HEADER_LEN + _REPLICATION.size  # where the entries start
+
+
+def _replication_response_fast(data: Bytes) -> Optional[ReplicationResponse]:
+    """A follower's fetch answer as Liftbridge frames it (8-byte header, no CRC) with one copy
+    of its entries (decode_envelope then _parse_replication_response copy them twice: ~0.7 ms
+    per MiB here); None for anything else, which the general path decides."""
+    if (type(data) is bytes and len(data) >= _REPLICATION_AT
+            and data.startswith(_REPLICATION_HEADER)):
+        leader_epoch, high_watermark = _REPLICATION.unpack_from(data, HEADER_LEN)
+        return ReplicationResponse(leader_epoch, high_watermark, data[_REPLICATION_AT:])
+    return None
 
 
 def _parse_replication_response(payload: bytes) -> Optional[ReplicationResponse]:
@@ -375,6 +393,10 @@ def decode_internal(data: Bytes, expected: MsgType) -> Union[_ProtoMessage, Repl
     shorter than its 16 bytes of leader epoch and high watermark (liftbridge's envelope.go
     "not enough data").
     """
+    if expected is MsgType.ReplicationResponse:
+        fast = _replication_response_fast(data)
+        if fast is not None:
+            return fast
     decoded = decode_envelope(data)
     if decoded is None:
         raise EnvelopeError(_why_not_an_envelope(bytes(data)))
