@@ -7,6 +7,11 @@
 #                        so `make install` / `make test` (which rerun it) pick up proto edits
 # grpcio-tools comes from [build-system] requires; the protobuf/grpcio runtime floors in
 # pyproject.toml must stay at or above the versions its generated code checks for.
+# Compiled twins (Cython, riverlog/_compiled.py): every `_*_c.pyx` listed in TWINS is
+# cythonized (Cython from [build-system] requires) and compiled beside its Python module;
+# `pip install -e .` puts the .so files in the source tree (.gitignore'd with the .c files).
+# The build is optional: without Cython or a working C compiler it warns and the package
+# installs with the pure-Python codecs (the reference, which runs whenever a twin is missing).
 # The generated api_pb2 registers api.proto in a private descriptor pool instead of protobuf's
 # default one, so riverlog and another copy of Liftbridge's schema (gufo-liftbridge's api_pb2,
 # package `proto` too) can be imported in one process without "duplicate symbol" errors.
@@ -14,7 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
@@ -73,4 +79,55 @@ class BuildPyWithProtos(build_py):
         generate_protos(ROOT if editable else Path(self.build_lib))
 
 
-setup(cmdclass={"build_py": BuildPyWithProtos})
+TWINS = (
+    "riverlog/protocol/liftbridge/_envelope_c.pyx",
+    "riverlog/_record_c.pyx",
+    "riverlog/protocol/liftbridge/_messages_c.pyx",
+)
+
+
+def twin_extensions() -> list[Extension]:
+    """The compiled twins as cythonized Extensions, or [] (with a warning) without Cython."""
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        print("warning: Cython is not installed: riverlog installs with pure-Python codecs")
+        return []
+    extensions = [Extension(path[: -len(".pyx")].replace("/", "."), [path],
+                            extra_compile_args=["-O2"]) for path in TWINS]
+    return cythonize(extensions, language_level=3, quiet=True,
+                     compiler_directives={"boundscheck": False, "wraparound": False})
+
+
+class OptionalBuildExt(build_ext):
+    """build_ext that warns instead of failing: a twin that does not compile is left out."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # no compiler at all (DistutilsPlatformError and the like)
+            self._skipped(exc)
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:  # CompileError, LinkError, a compiler that is not there
+            self._failed = getattr(self, "_failed", set()) | {ext.name}
+            self._skipped(exc, ext.name)
+
+    def copy_extensions_to_source(self) -> None:  # pip install -e: only the ones built
+        every = self.extensions
+        self.extensions = [e for e in every if e.name not in getattr(self, "_failed", ())]
+        try:
+            super().copy_extensions_to_source()
+        finally:
+            self.extensions = every
+
+    @staticmethod
+    def _skipped(exc: Exception, name: str = "compiled twins") -> None:
+        print(f"warning: {name} not built ({type(exc).__name__}: {exc}); "
+              "riverlog runs the pure-Python code instead")
+
+
+setup(cmdclass={"build_py": BuildPyWithProtos, "build_ext": OptionalBuildExt},
+      ext_modules=twin_extensions())

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Iterable
 
+from ._compiled import twin
 from .protocol.amqp10 import Described, Malformed as _Malformed, Message as _Message
 from .protocol.amqp10 import Symbol, Timestamp, decode_amqp_value, parse_message
 from .protocol.amqp10 import compound as _compound
@@ -228,6 +229,9 @@ def encode_record(record: Record) -> bytes:
         app, _SEC_DATA, _vbin(len(value)), value))
 
 
+_NOT_READ = object()  # encode_records' headers before the first record
+
+
 def encode_records(records: Iterable[Record]) -> list[bytes]:
     """``[encode_record(r) for r in records]``, byte for byte, in one pass over a batch (the
     records of one read): what consecutive records share is encoded once — the
@@ -237,14 +241,16 @@ def encode_records(records: Iterable[Record]) -> list[bytes]:
     fails."""
     out = []
     append = out.append
-    last_ts = last_ack = last_ma = last_sr = last_head = last_headers = last_app = None
+    last_ts = last_ack = last_ma = last_sr = last_head = last_app = None
+    last_headers: Any = _NOT_READ
     last_empty = b""
     ma_empty = None  # the empty header names last_ma was encoded with
     for record in records:
         headers = record.headers
         if headers != last_headers:
             last_app, last_empty = _headers(headers)
-            last_headers = dict(headers)  # a copy: the caller may reuse the dict
+            # a copy: the caller may reuse the dict (None, as encode_record takes it, stays)
+            last_headers = dict(headers) if headers else headers
         ts, key, ack = record.timestamp_ns, record.key, record.ack_inbox
         if key is None:
             if (ts != last_ts or ack != last_ack or last_empty is not ma_empty
@@ -269,6 +275,24 @@ def encode_records(records: Iterable[Record]) -> list[bytes]:
         append(b"".join((ma, props, last_app, _SEC_DATA, _vbin(len(value)), value)))
     return out
 
+
+# The compiled twin (_record_c.pyx, riverlog/_compiled.py): encode_record and encode_records
+# bound over the Python ones above, which stay as the reference (_py_*) and the fallback.
+_py_encode_record = encode_record
+_py_encode_records = encode_records
+
+
+def _bind_twin(compiled) -> None:
+    """Hand the twin its fallback and constants (also for tests that import it directly)."""
+    compiled._bind(_py_encode_record, _MA_TIMESTAMP_NAME, _MA_KEY, _MA_ACK, _MA_EMPTY,
+                   _EMPTY_REPLY, (_SEC_MA, _SEC_PROPERTIES, _SEC_APP_PROPERTIES, _SEC_DATA))
+
+
+_c = twin(__name__, "_record_c")
+if _c is not None:
+    _bind_twin(_c)
+    encode_record = _c.encode_record  # noqa: F811
+    encode_records = _c.encode_records  # noqa: F811
 
 
 def _jsonable(value: Any) -> Any:

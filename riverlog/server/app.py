@@ -15,7 +15,7 @@ import logging
 import os
 from urllib.parse import urlsplit
 
-from .. import __version__
+from .. import __version__, _compiled
 from ..alarms import ResourceAlarms
 from ..broker import RESERVED_STREAMS, Broker
 from ..broker.broker import CURSORS_STREAM
@@ -123,6 +123,7 @@ class App:
                  os.path.abspath(self.config.data_dir),
                  sum(1 for name in self.broker.streams if not name.startswith("__")),
                  self.config.log.durability.value)
+        log.info("codecs: %s", _compiled.status())  # which per-message codecs are compiled
 
     def _warn_beyond_loopback(self) -> None:
         """Warn about each door that listens beyond loopback where no user may log in from

@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from riverlog.protocol.liftbridge import api_pb2 as pb
-from riverlog.protocol.liftbridge.envelope import (MAGIC, MESSAGE_CLASSES, EnvelopeError,
+from riverlog.protocol.liftbridge.envelope import (MAGIC, MESSAGE_CLASSES, PUBLISH_CLASSES,
+                                                   EnvelopeError,
                                                    MsgType, decode_ack, decode_envelope,
                                                    decode_internal, decode_message,
                                                    decode_publish,
@@ -49,7 +50,7 @@ def test_decoders_never_raise_and_results_round_trip(data, kind):
     data = kind(data)
     assert decode_envelope(data) is None or isinstance(decode_envelope(data)[0], MsgType)
     publish = decode_publish(data)
-    assert publish is None or isinstance(publish, pb.Message)
+    assert publish is None or isinstance(publish, PUBLISH_CLASSES)
     ack = decode_ack(data)
     assert ack is None or isinstance(ack, pb.Ack)
     decode_replication_response(data)

@@ -18,10 +18,13 @@
 #   partition; subject, reply and headers, which are equal bytes in the stored records) is
 #   encoded once per encoder and looked up by those bytes.
 # - Hot path (Subscribe): measure before changing it (benchmarks/subscribe_serialize_bench.py).
+#   A compiled twin of extend (_messages_c.pyx) is bound over it when built, unless
+#   RIVERLOG_NO_EXTENSIONS is set; the code here stays the reference (riverlog/_compiled.py).
 from __future__ import annotations
 
 from typing import Iterable
 
+from ..._compiled import twin
 from ...record import (_MA_ACK, _MA_EMPTY, _MA_EMPTY_REPLY, _MA_KEY, _MA_TIMESTAMP_NAME, _NULL3,
                        _SEC_APP_PROPERTIES, _SEC_DATA, _SEC_MA, _SEC_PROPERTIES, _add_empty_headers,
                        _i64, _own_compound, _own_str, _own_text_or_bin, _u32, _u32x2,
@@ -370,3 +373,28 @@ def _str_or_null(raw: bytes, pos: int) -> tuple[bytes | None, int]:
         return None, pos + 1
     end = _skip_str(raw, pos)
     return raw[pos + (2 if raw[pos] == 0xA1 else 5):end], end
+
+
+# The compiled twin (_messages_c.pyx, riverlog/_compiled.py): MessageEncoder with its extend;
+# the class above stays the reference (_PyMessageEncoder) and reads every record the twin
+# leaves to it.
+_PyMessageEncoder = MessageEncoder
+
+
+def _bind_twin(compiled) -> type:
+    """Hand the twin the reference extend and constants; the MessageEncoder class with the
+    twin's extend (also for tests that import the twin directly)."""
+    compiled._bind(_PyMessageEncoder.extend, _MA_KEY, _KEY_AT, _SEC_PROPERTIES, _NULL3,
+                   _SEC_APP_PROPERTIES, _SEC_DATA)
+
+    class MessageEncoder(_PyMessageEncoder):
+        __doc__ = _PyMessageEncoder.__doc__
+        __slots__ = ()
+        extend = compiled.extend
+
+    return MessageEncoder
+
+
+_c = twin(__name__, "_messages_c")
+if _c is not None:
+    MessageEncoder = _bind_twin(_c)  # type: ignore[misc] # noqa: F811
