@@ -54,7 +54,8 @@ DROPPED = Counter(
     "riverlog_dropped_messages", "Messages a door received and did not store, by reason: "
     "\"alarm\", NATS messages that arrived while a resource alarm blocked publishers; "
     "\"slow_consumer\", NATS messages that arrived while over 512 MiB of a partition's "
-    "waited to be stored.",
+    "waited to be stored; \"not_stored_here\", NATS messages read for a partition that "
+    "was paused, made read-only or led elsewhere before they were stored.",
     ["door", "reason"], registry=REGISTRY)
 NATS_RECONNECTS = Counter(
     "riverlog_nats_reconnects", "Times the NATS door got its connection to the NATS server "

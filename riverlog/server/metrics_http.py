@@ -120,7 +120,7 @@ class StateCollector(Collector):
             "riverlog_subscriptions", "Active subscriptions per door (RabbitMQ Subscribe, "
             "Liftbridge Subscribe calls).", labels=["door"])
         nats_up = GaugeMetricFamily("riverlog_nats_connected",
-                                    "1 when the NATS door is connected to its NATS server.")
+                                    "1 when the NATS door's connections (control and data) are up.")
         sub_lag = GaugeMetricFamily(
             "riverlog_subscription_lag_messages", "Largest lag of a RabbitMQ Stream "
             "subscription per stream: committed offset + 1 minus the next offset it is sent.",
@@ -142,8 +142,9 @@ class StateCollector(Collector):
         if app.liftbridge is not None:
             subscriptions.add_metric([GRPC], sum(app.liftbridge.subscribers.values()))
         if app.nats is not None:
-            nc = app.nats.nc
-            nats_up.add_metric([], 1 if nc is not None and nc.is_connected else 0)
+            nc, data = app.nats.nc, app.nats.data  # control and data connections: both
+            up = nc is not None and nc.is_connected and data is not None and data.connected
+            nats_up.add_metric([], 1 if up else 0)
         families = [info, connections, subscriptions, nats_up, sub_lag, *_open_files()]
         families += self._alarm_families()
         if app.cluster is not None:

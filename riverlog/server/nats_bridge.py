@@ -373,12 +373,20 @@ class NatsBridge:
         """Store the NATS messages that arrived for ``partition`` (``(sid, subject, reply,
         headers, payload)``, nats_data.Handler), at most TURN_MESSAGES of them in this loop
         turn (the rest wait for the next one: a burst read in one turn must not keep the loop
-        from answering followers' fetches and the other doors for long), in arrival order: runs of consecutive ones
-        with the same subject and ack mode (no ack, LEADER, ALL) are encoded in one pass and
+        from answering followers' fetches and the other doors for long). Those still waiting
+        when the partition is paused, made read-only or led elsewhere are dropped, never
+        acked (riverlog_dropped_messages{reason="not_stored_here"}). In arrival order: runs
+        of consecutive ones with the same subject and ack mode (no ack, LEADER, ALL) are encoded in one pass and
         appended at once, their acks built from one AckTemplate; a message needing a check of
         its own (over the size limit, an expected offset on a stream with optimistic
         concurrency) goes through ``Liftbridge.ingest`` alone, in its place. What one-by-one
         ingest would store and ack stays exactly the same (test_lb_envelope_batch.py)."""
+        if partition.readonly or partition.paused or \
+                not self.service.broker.placement.leads(stream.name, partition.index):
+            DROPPED.labels(NATS, "not_stored_here").inc(len(arrived.messages))
+            arrived.messages.clear()
+            arrived.nbytes = 0
+            return
         msgs = arrived.messages[:TURN_MESSAGES]
         del arrived.messages[:TURN_MESSAGES]
         arrived.nbytes -= sum(len(m[4]) for m in msgs)

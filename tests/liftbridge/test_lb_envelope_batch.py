@@ -20,6 +20,7 @@ from riverlog.protocol.liftbridge.envelope import (ACK_HEADER, MAGIC, AckTemplat
                                                    encode_ack, encode_envelope, encode_publish,
                                                    varint)
 from riverlog.record import Record, decode_record, encode_record
+from riverlog.server.nats_bridge import TURN_MESSAGES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -209,3 +210,25 @@ async def test_optimistic_concurrency_in_a_burst(server_factory):
         await wait_for_offset(server, "occ", 5)
         assert [m.value for m in await read_all(stub, "occ")] == [
             b"m0", b"m1", b"m2", b"m4", b"m5", b"m8"]
+
+
+async def test_a_burst_is_stored_a_turn_at_a_time_and_what_waits_is_dropped_once_read_only(
+        server, stub):
+    """10,000 NATS messages of one read (the data connection hands a partition a read's
+    messages as one list) are stored TURN_MESSAGES per loop turn, so a burst does not hold the
+    loop for long (a three-server leader stopped answering its followers: test_nats_burst);
+    those still waiting when the partition becomes read-only are dropped, never stored or
+    acked, and counted."""
+    await create(stub, "turns")
+    stream = server.app.broker.streams["turns"]
+    partition = stream.partitions[0]
+    labels = {"door": "nats", "reason": "not_stored_here"}
+    dropped = REGISTRY.get_sample_value("riverlog_dropped_messages_total", labels) or 0.0
+    handler = server.app.nats._handler(stream, partition)
+    handler([(1, "turns", "", None, b"m%d" % i) for i in range(10_000)])
+    await asyncio.sleep(0)  # one loop turn: the first TURN_MESSAGES go to the appender
+    partition.readonly = True  # as SetStreamReadonly sets it, between two turns
+    await asyncio.sleep(0.1)
+    assert partition.next_offset == TURN_MESSAGES
+    assert (REGISTRY.get_sample_value("riverlog_dropped_messages_total", labels) or 0.0) \
+        - dropped == 10_000 - TURN_MESSAGES
