@@ -15,8 +15,7 @@
 # resource alarm holds (riverlog.alarms; counted in riverlog_dropped_messages); only a
 # partition's leader (Broker.placement) subscribes it, and a new leader subscribes when it
 # takes over (on one server: every partition).
-# When the data connection is replaced (the server closed it), it subscribes every partition
-# again itself.
+# A replaced data connection (the server closed it) subscribes every partition again itself.
 # The messages a partition gets in one event-loop turn (at most TURN_MESSAGES; the rest in the
 # next turns, and past PENDING_BYTES_LIMIT waiting ones dropped as a slow consumer's, never
 # acked) are stored together, in order: runs of
@@ -517,12 +516,9 @@ class NatsBridge:
         self._out.append((subject, data))
 
     def _send_out(self) -> None:
-        """Send the queued publishes as one write: the PUB commands of the NATS client
-        protocol ("PUB <subject> <#bytes>\\r\\n<payload>\\r\\n", docs.nats.io "Client
-        Protocol") joined (one write instead of a publish per ack). Subjects are sent as
-        queued: every one was checked where it entered (``queue_publish``). A payload over
-        the server's max_payload is not sent, and logged; so are publishes while the data
-        connection is down (their publishers' acks time out, as when Liftbridge loses them)."""
+        """Send the queued publishes as one write of PUB commands (docs.nats.io "Client
+        Protocol"), subjects as queued (checked where they entered). A payload over
+        max_payload, or any while the data connection is down, is not sent, and logged."""
         out, self._out = self._out, []
         data_link = self.data
         if not out or data_link is None:
