@@ -43,6 +43,24 @@ cdef inline uint32_t _u32(const uint8_t* p) noexcept:
     return (<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3]
 
 
+cdef inline bint _compound(const uint8_t* p, Py_ssize_t n, Py_ssize_t pos, uint8_t small,
+                           Py_ssize_t* count, Py_ssize_t* first, Py_ssize_t* end) noexcept:
+    """The list8/map8 (``small``) or list32/map32 whose constructor is at ``pos``: its item
+    count, first item and end (record._own_compound's); False when it is neither or its
+    header runs past ``n``."""
+    cdef uint8_t code
+    if pos + 3 > n:
+        return False
+    code = p[pos]
+    if code == small:
+        count[0], first[0], end[0] = p[pos + 2], pos + 3, pos + 2 + p[pos + 1]
+        return True
+    if code == small + 0x10 and pos + 9 <= n:
+        count[0], first[0], end[0] = _u32(p + pos + 5), pos + 9, pos + 5 + _u32(p + pos + 1)
+        return True
+    return False
+
+
 cdef inline uint8_t* _put(uint8_t* o, bytes b) noexcept:
     cdef Py_ssize_t n = PyBytes_GET_SIZE(b)
     memcpy(o, PyBytes_AS_STRING(b), n)
@@ -86,18 +104,7 @@ cdef object _message(object self, bytes raw, object offset_obj, dict heads, dict
     # properties: subject, reply-to, correlation id (not part of a Message)
     cdef bytes subject_reply = b""
     if _at(p, n_raw, pos, _SEC_PROPERTIES):
-        if pos + 4 > n_raw:
-            return None
-        code = p[pos + 3]
-        if code == 0xC0:
-            if pos + 6 > n_raw:
-                return None
-            count, first, end = p[pos + 5], pos + 6, pos + 5 + p[pos + 4]
-        elif code == 0xD0:
-            if pos + 12 > n_raw:
-                return None
-            count, first, end = _u32(p + pos + 8), pos + 12, pos + 8 + _u32(p + pos + 4)
-        else:
+        if not _compound(p, n_raw, pos + 3, 0xC0, &count, &first, &end):
             return None
         if not 4 <= count <= 6 or not _at(p, n_raw, first, _NULL3):
             return None
@@ -129,16 +136,7 @@ cdef object _message(object self, bytes raw, object offset_obj, dict heads, dict
     # application-properties: their bytes, for the suffix lookup
     cdef bytes app = b""
     if _at(p, n_raw, pos, _SEC_APP_PROPERTIES):
-        if pos + 5 > n_raw:
-            return None
-        code = p[pos + 3]
-        if code == 0xC1:
-            end = pos + 5 + p[pos + 4]
-        elif code == 0xD1:
-            if pos + 8 > n_raw:
-                return None
-            end = pos + 8 + _u32(p + pos + 4)
-        else:
+        if not _compound(p, n_raw, pos + 3, 0xC1, &count, &first, &end):
             return None
         if end > n_raw:
             return None
