@@ -538,7 +538,7 @@ class NatsBridge:
                     lines.clear()
                 line = lines[(subject, size)] = b"PUB %b %d\r\n" % (subject, size)
             parts += (line, data, b"\r\n")
-        if parts and not data_link.publish([b"".join(parts)]):
+        if parts and not data_link.publish(b"".join(parts)):
             log.error("%d NATS publishes not sent: the data connection is down", len(parts) // 3)
 
     async def publish_wait_ack(self, subject: str, data: bytes, inbox: str,

@@ -10,9 +10,9 @@
 # a lost network) it connects again every RECONNECT_WAIT_S and subscribes everything again.
 # Rules: a server that breaks the protocol or a limit gets its connection dropped (and
 # retried), never the process; nothing is published while disconnected (publishes are
-# dropped and counted: an ack that never comes is what Liftbridge's publisher sees too); the
-# server's PING is answered; a PING is sent every PING_INTERVAL_S and a connection with
-# MAX_OUTSTANDING_PINGS unanswered is dropped.
+# dropped, the caller logs them: an ack that never comes is what Liftbridge's publisher sees
+# too); the server's PING is answered; a PING is sent every PING_INTERVAL_S and a connection
+# with MAX_OUTSTANDING_PINGS unanswered is dropped.
 from __future__ import annotations
 
 import asyncio
@@ -57,7 +57,6 @@ class NatsDataLink:
         self._stopping = False
         self._task: asyncio.Task | None = None
         self.max_payload = 1024 * 1024
-        self.dropped = 0  # publishes not sent: no connection
 
     @property
     def connected(self) -> bool:
@@ -94,14 +93,13 @@ class NatsDataLink:
         if self._subs.pop(sid, None) is not None and self.connected:
             self._conn.write(unsub_command(sid))
 
-    def publish(self, commands: list[bytes]) -> int:
-        """Write PUB commands (``PUB <subject> <#bytes>``, the payload) as one write; returns how many were
-        sent (0 when disconnected: they are dropped and counted in ``dropped``)."""
+    def publish(self, commands: bytes) -> bool:
+        """Write ``commands`` (PUB commands: ``PUB <subject> <#bytes>``, the payload) as one
+        write; False when disconnected (nothing is sent)."""
         if not self.connected:
-            self.dropped += len(commands)
-            return 0
-        self._conn.write(b"".join(commands))
-        return len(commands)
+            return False
+        self._conn.write(commands)
+        return True
 
     async def flush(self, timeout: float = 5.0) -> None:
         """Wait until the server has read everything sent so far (a PING's PONG). Raises

@@ -71,12 +71,12 @@ def sort_items(items: list[dict], query: Mapping[str, str],
     then the ``default`` fields; ``sort=`` empty leaves them as they are; ``sort_reverse``
     ``true`` reverses."""
     sort = query.get("sort")
-    if sort == "":
-        ordered = list(items)
-    else:
-        fields = ([sort] if sort else []) + [f for f in default if f != sort]
+    fields = [] if sort == "" else ([sort] if sort else []) + [f for f in default if f != sort]
+    if fields:
         paths = [f.split(".") for f in fields]
         ordered = sorted(items, key=lambda item: [_sort_key(_field(item, p)) for p in paths])
+    else:  # nothing to sort by: the listing's own order
+        ordered = list(items)
     if query.get("sort_reverse") == "true":
         ordered.reverse()
     return ordered
