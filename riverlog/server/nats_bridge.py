@@ -49,7 +49,7 @@ from .embedded_nats import EmbeddedNats
 from .liftbridge import (ALL, LEADER, NONE, Liftbridge, LiftbridgeError, nats_problem,
                          partition_subject)
 from .nats_data import NatsDataLink
-from .nats_link import NatsLink
+from .nats_link import NatsLink, settle
 
 log = logging.getLogger("riverlog.nats")
 
@@ -163,7 +163,7 @@ class NatsBridge:
         if self.data is not None and self.data.connected:
             await self.data.flush(5)
         if self.nc is not None and self.nc.is_connected:
-            await self.nc.flush(5)
+            await settle(self.nc)
 
     def attach(self, stream: Stream) -> None:
         """Subscribe every unpaused partition of a stream that has a subject."""

@@ -41,6 +41,18 @@ ReconnectListener = Callable[[NatsClient], Awaitable[None]]
 """Called (awaited, on the loop) with the new connection that replaced a closed one."""
 
 
+async def settle(nc: NatsClient, timeout: float = 5.0) -> None:
+    """Return once nats-server has read everything ``nc`` was asked to send before the call
+    (a SUB just made is in effect for publishers on other connections). One ``flush()`` does
+    not prove it: nats-py (2.x, ``Client._send_ping``) writes its PING straight to the socket,
+    ahead of the commands still queued for its flusher task, so the PONG can come back before
+    nats-server has read a SUB issued just before. The first round trip lets the flusher write
+    the queue (its wake-up is scheduled before the PONG can be read); the second PING follows
+    it on the wire. Raises nats-py's ``FlushTimeoutError`` after ``timeout`` s each."""
+    await nc.flush(timeout)
+    await nc.flush(timeout)
+
+
 class NatsLink:
     """riverlog's NATS connection. ``await start()``, ``nc`` (None until started or while
     reconnecting), ``await stop()``. ``routes``: the embedded nats-server's ``cluster`` block

@@ -17,6 +17,7 @@ from riverlog.protocol.forward_batch import (ANSWER_MAGIC, FAILED_MAGIC, MAGIC,
                                              encode_items, forward_subject)
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.server.grpc_publish_async import _AsyncSession, _publish_batch
+from riverlog.server.nats_link import settle
 
 LEADER, NONE, ALL = pb.AckPolicy.LEADER, pb.AckPolicy.NONE, pb.AckPolicy.ALL
 
@@ -171,7 +172,7 @@ async def test_the_forward_subject_is_the_servers_own(cluster):
         nc = await nats.connect(cluster[follow].nats.url, error_cb=on_error)
         await nc.subscribe(f"{namespace}.ack.>")
         await nc.publish(subject, batch, reply=f"{namespace}.ack.x.0")
-        await nc.flush()
+        await settle(nc)
         await until("both refusals", lambda: len(errors) >= 2)
         assert "permissions violation for subscription" in errors[0]
         assert "permissions violation for publish" in errors[1]

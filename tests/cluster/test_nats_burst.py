@@ -23,6 +23,7 @@ from _cluster import cluster_up, read_table, until, values, with_stream
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge import api_pb2_grpc
 from riverlog.protocol.liftbridge.envelope import decode_ack, encode_publish
+from riverlog.server.nats_link import settle
 
 __all__ = ["cluster_up"]  # the fixture, used by name
 pytestmark = pytest.mark.timeout(240)
@@ -109,7 +110,7 @@ async def test_an_unflowcontrolled_burst_of_all_acks_is_acked_and_stored_once(cl
             if len(acked) == MESSAGES and not done.done():
                 done.set_result(None)
         await nc.subscribe(inbox, cb=on_ack, pending_msgs_limit=0, pending_bytes_limit=0)
-        await nc.flush()
+        await settle(nc)
         value = bytes(10)
         await _burst(rows[via]["NATS"], "burst", [encode_publish(pb.Message(
             key=KEYS[i % 4], value=value, ackInbox=inbox, correlationId=str(i),

@@ -11,6 +11,7 @@ import nats
 
 from compat._servers import HOST, free_port
 from riverlog.server.embedded_nats import EmbeddedNats, route_settings
+from riverlog.server.nats_link import settle
 
 
 async def _first_arrival(nc, subject: str, data: bytes, sub, tries: int) -> bool:
@@ -38,7 +39,7 @@ async def test_routes_join_only_with_the_raft_password(caplog):
     try:
         clients = [await nats.connect(s.url) for s in servers]
         sub = await clients[0].subscribe("t")
-        await clients[0].flush()
+        await settle(clients[0])
         # the route forms within seconds: publish until one arrives
         assert await _first_arrival(clients[1], "t", b"over the route", sub, 600)
         for _ in range(600):
@@ -89,7 +90,7 @@ async def test_a_clustered_nats_server_holds_no_password_in_clear(caplog):
         assert config["cluster"]["authorization"]["password"] == password
         nc = await nats.connect(link.url, error_cb=on_error)
         await nc.subscribe("liftbridge-default.notify.a")
-        await nc.flush()
+        await settle(nc)
         for _ in range(100):
             if errors:
                 break
@@ -122,7 +123,7 @@ async def test_answers_to_riverlogs_own_requests_are_out_of_users_reach():
         await link.nc.subscribe("liftbridge-default.s.0.replicate", cb=leader)
         spy = await nats.connect(link.url)  # no credentials
         seen = await spy.subscribe("_INBOX.>")
-        await spy.flush()
+        await settle(spy)
         reply = await link.nc.request("liftbridge-default.s.0.replicate", b"fetch", timeout=10)
         assert reply.data == b"chunks"
         await spy.publish("_INBOX.after", b"")  # reaches the spy after any earlier answer
@@ -164,7 +165,7 @@ async def test_a_cluster_links_two_connections_come_back_together():
         assert link.nc.is_connected and link.cluster_nc.is_connected
         assert old.is_closed and old_cluster.is_closed
         sub = await link.nc.subscribe("t.both")  # both new connections carry messages
-        await link.nc.flush()
+        await settle(link.nc)
         # publish until one arrives: right after a flushed SUB, a first message between two
         # plain nats-py connections of a fresh nats-server is lost in ~1 of 20 runs here
         assert await _first_arrival(link.cluster_nc, "t.both", b"over the cluster", sub, 100)

@@ -25,6 +25,7 @@ from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge.envelope import decode_ack, encode_publish
 from riverlog.security.users import hash_password
 from riverlog.server.app import App
+from riverlog.server.nats_link import settle
 
 
 async def test_a_stream_made_through_any_server_is_on_every_replica(cluster):
@@ -101,7 +102,7 @@ async def test_a_stream_made_through_any_server_is_on_every_replica(cluster):
         nc2 = await nats.connect(followers[1].nats.url, error_cb=on_error)
         await nc2.subscribe(f"{leader.liftbridge.namespace}.notify.{leader_id}")
         await nc2.publish(f"{leader.liftbridge.namespace}.orders.0.replicate", b"x")
-        await nc2.flush()
+        await settle(nc2)
         await until("both refusals", lambda: len(errors) >= 2)
         assert "permissions violation for subscription" in errors[0]
         assert "permissions violation for publish" in errors[1]
@@ -478,7 +479,7 @@ async def test_with_authorization_acks_reach_only_the_publishers_inboxes_across_
         nc = await nats.connect(follower.nats.url, user="alice", password="alice-pw",
                                 inbox_prefix="_INBOX.alice", error_cb=on_error)
         acks = await nc.subscribe(nc.new_inbox())
-        await nc.flush()
+        await settle(nc)
         namespace = leader.liftbridge.namespace
 
         def envelope(inbox: str, correlation: str) -> bytes:
@@ -506,7 +507,7 @@ async def test_with_authorization_acks_reach_only_the_publishers_inboxes_across_
             a.broker.streams["orders"].partitions[0].committed_offset == ack.offset
             for a in apps))
         await nc.subscribe(f"{namespace}.>")
-        await nc.flush()
+        await settle(nc)
         await until("the refusal", lambda: errors)
         assert len(errors) == 1 and "permissions violation for subscription" in errors[0]
     finally:

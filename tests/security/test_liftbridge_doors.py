@@ -23,6 +23,7 @@ from riverlog.protocol.liftbridge.api_pb2_grpc import APIStub
 from riverlog.protocol.liftbridge.envelope import decode_ack, decode_publish, encode_publish
 from riverlog.security.authz import Authorizer
 from riverlog.server.embedded_nats import EmbeddedNats
+from riverlog.server.nats_link import settle
 
 LEADER = pb.AckPolicy.LEADER
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -196,9 +197,9 @@ async def test_a_stream_never_widens_its_users_nats_rights(tmp_path, users):
         await wait_stored(app, "bob.more", 1)
         await client.publish("secret", b"hijack")
         await client.nc.subscribe("secret")
-        await client.nc.flush()
+        await settle(client.nc)
         await client.nc.subscribe(">")
-        await client.nc.flush()
+        await settle(client.nc)
         errors = await client.errors_reach(3)
         assert all("permissions violation" in e.lower() for e in errors), errors
         assert stored(app, "bob.mirror") == 0
@@ -255,7 +256,7 @@ async def test_a_forged_ack_never_reaches_another_users_inbox(tmp_path, users):
             seen = await bob.nc.subscribe("orders.eu")  # bob reads orders.*
             await bob.nc.subscribe("_INBOX.alice.>")
             await bob.nc.subscribe("_INBOX.>")
-            await bob.nc.flush()
+            await settle(bob.nc)
             assert all("permissions violation for subscription" in e.lower()
                        for e in await bob.errors_reach(2))
             forged = encode_publish(pb.Message(value=b"forged", ackInbox=acks.subject,
@@ -368,13 +369,13 @@ async def test_only_the_server_joins_the_queue_groups_of_stream_subjects(tmp_pat
                 metadata=basic("ops"), timeout=10)
         bob = await Client().connect(app.nats.url, "bob")  # bob reads orders.*
         await bob.nc.subscribe("orders.eu", queue="riverlog")
-        await bob.nc.flush()
+        await settle(bob.nc)
         await bob.nc.subscribe("orders.eu.1", queue="mine")
-        await bob.nc.flush()
+        await settle(bob.nc)
         errors = await bob.errors_reach(2)
         assert all("permissions violation for subscription" in e.lower() for e in errors)
         copy = await bob.nc.subscribe("orders.eu")  # reading what goes by is allowed
-        await bob.nc.flush()
+        await settle(bob.nc)
         alice = await Client().connect(app.nats.url, "alice")
         for i in range(200):
             await alice.nc.publish("orders.eu", b"%d" % i)

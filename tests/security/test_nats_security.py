@@ -19,6 +19,7 @@ from riverlog.security.tls import client_context
 from riverlog.security.users import hash_password
 from riverlog.server.app import App
 from riverlog.server.embedded_nats import EmbeddedNats
+from riverlog.server.nats_link import settle
 
 OPS = basic("ops")
 
@@ -63,11 +64,11 @@ async def test_nats_users_and_permissions_follow_the_policy(tmp_path, users, pki
         await bob.publish("orders.eu", b"bob may only read")
         assert "permissions violation" in (await bob.errors_reach(1))[0].lower()
         seen = await bob.nc.subscribe("orders.eu")  # consume: the raw subject is readable
-        await bob.nc.flush()  # the subscription is in place before alice publishes
+        await settle(bob.nc)  # the subscription is in place before alice publishes
         await alice.publish("orders.eu", b"third")
         assert (await seen.next_msg(timeout=5)).data == b"third"
         await bob.nc.subscribe("logs")
-        await bob.nc.flush()
+        await settle(bob.nc)
         assert "permissions violation for subscription" in (await bob.errors_reach(2))[-1].lower()
         await wait_stored(app, "orders.eu", 3)
 
@@ -143,7 +144,7 @@ async def test_no_nats_user_reaches_riverlogs_own_subjects(tmp_path, users):
         url, own = app.nats.url, f"{app.liftbridge.namespace}.notify.a"
         ops = await Client().connect(url, "ops")
         await ops.nc.subscribe(own)
-        await ops.nc.flush()
+        await settle(ops.nc)
         await ops.publish(own, b"forged")
         errors = await ops.errors_reach(2)
         assert "permissions violation for subscription" in errors[0].lower()
