@@ -34,6 +34,7 @@ from ..log import CompactionPoint
 from ..protocol.liftbridge import api_pb2
 from ..protocol.liftbridge.envelope import (EnvelopeError, MsgType, decode_internal,
                                             encode_message)
+from .replication_asks import NO_RESPONDERS, Asks
 from .replication_context import ReplicationEngine
 from .replication_leader import COMPACTION_HEADER, EPOCH_HEADER, ERROR_HEADER
 
@@ -72,6 +73,7 @@ class Follower:
         self._leader_timeout = settings.replica_max_leader_timeout_ms / 1000
         self._loop = asyncio.get_running_loop()
         self._leader_seen = self._reported = self._loop.time()
+        self._asks = Asks(engine, self._heard)
         self._compaction: asyncio.Task | None = None
         self._bad_point: str | None = None  # the last bad COMPACTION_HEADER logged
         self._task = self._loop.create_task(self._run())
@@ -105,6 +107,8 @@ class Follower:
             log.info("%r: closed, replication from %s stopped", self.partition, self.leader)
         except Exception:  # a bug or a broken log: say so, never die silently
             log.exception("%r: replication from %s stopped", self.partition, self.leader)
+        finally:
+            await self._asks.close()
 
     # -- the two phases -----------------------------------------------------------------
     async def _truncate(self) -> None:
@@ -253,19 +257,20 @@ class Follower:
                    headers: dict[str, str] | None = None) -> nats.aio.msg.Msg | None:
         """The leader's answer (the NATS message), or None (no answer in time, no responder,
         or an error answer: after a pause, and reporting the leader once it is silent for too
-        long)."""
+        long). A late answer to an earlier ask of the same request counts (replication_asks)."""
         self._check_stopped()
         try:
-            reply = await self.engine.nc.request(subject, request, timeout=self._fetch_timeout,
-                                                 headers=headers)
-        except nats.errors.Error as exc:
-            self._check_stopped()
+            reply = await self._asks.ask(subject, request, headers, self._fetch_timeout)
+        except nats.errors.Error as exc:  # not sent: the connection is closed or closing
+            reply = None
+            log.debug("%r: cannot ask leader %s: %r", self.partition, self.leader, exc)
+        self._check_stopped()
+        if reply is None or reply is NO_RESPONDERS:
             self._refusal = None
-            log.debug("%r: no answer from leader %s: %r", self.partition, self.leader, exc)
+            log.debug("%r: no answer from leader %s", self.partition, self.leader)
             self._check_leader()
             await asyncio.sleep(RETRY_S)
             return None
-        self._check_stopped()
         error = reply.headers.get(ERROR_HEADER) if reply.headers else None
         self._refusal = None if error is None else error.split(":", 1)[0]
         if error is not None:
@@ -273,8 +278,12 @@ class Follower:
             self._check_leader()
             await self._idle()
             return None
-        self._leader_seen = self._loop.time()
         return reply
+
+    def _heard(self, msg: nats.aio.msg.Msg) -> None:
+        """An answer came, maybe late: unless it is a refusal, the leader lives."""
+        if not (msg.headers and ERROR_HEADER in msg.headers):
+            self._leader_seen = self._loop.time()
 
     def _check_leader(self) -> None:
         now = self._loop.time()

@@ -42,10 +42,11 @@ class Node:
         self.broker = Broker(data_dir, cluster.log_config)
         self.broker.open()
         self.nc = None
+        self.url: str | None = None  # this server's own way to nats-server (default: the cluster's)
         self.replication: Replication | None = None
 
     async def start(self) -> None:
-        self.nc = await nats.connect(self.cluster.url)
+        self.nc = await nats.connect(self.url or self.cluster.url)
         self.replication = Replication(self.id, NS, self.nc, self.cluster.settings,
                                        self.cluster)
         await self.replication.start()

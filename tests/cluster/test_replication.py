@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 
@@ -11,7 +12,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _replicas import NS, SLOW, Cluster, chunk_bytes, eventually  # noqa: E402
+from _relay import Relay  # noqa: E402
+from _replicas import FAST, NS, SLOW, Cluster, chunk_bytes, eventually  # noqa: E402
 from riverlog.cluster import state as meta  # noqa: E402
 from riverlog.server.embedded_nats import EmbeddedNats  # noqa: E402
 
@@ -182,6 +184,37 @@ async def test_a_silent_leader_is_reported_and_replaced_and_rejoins_as_a_followe
     await eventually(lambda: a.partition().committed_offset == new_last, what="a catching up")
     await eventually(lambda: "a" in cluster.placement().isr, what="a rejoining the ISR")
     assert chunk_bytes(a.partition()) == chunk_bytes(b.partition()) == chunk_bytes(c.partition())
+
+
+async def test_a_leader_that_answers_late_is_not_reported_and_its_follower_keeps_up(
+        nats_url, tmp_path):
+    """A busy leader answers, though after the fetch timeout: here a relay holds every byte
+    nats-server sends b for 1.3 s (fetch timeout 1 s, leader timeout 2 s). b takes the late
+    answers (an answer to an earlier ask of the same request), keeps fetching, and never
+    reports a (issue 29 item 5: a live leader is not deposed). Before, nats-py dropped each
+    late answer, b heard nothing for 2 s and a was replaced."""
+    relay = Relay(int(nats_url.rpartition(":")[2]))
+    settings = dataclasses.replace(FAST, replica_max_lag_time_ms=60_000)  # b stays in the ISR
+    cluster = Cluster(nats_url, tmp_path, ids=("a", "b"), settings=settings)
+    cluster.nodes["b"].url = f"nats://127.0.0.1:{await relay.start()}"
+    await cluster.start()
+    try:
+        cluster.create_stream(replication_factor=2)
+        a, b = cluster.nodes["a"], cluster.nodes["b"]
+        last = await publish(a, 10)
+        await eventually(lambda: b.partition().committed_offset == last, what="b committing")
+        relay.delay_s = 1.3
+        for round_ in range(4):
+            offsets = a.partition().write_records([b"late %d" % round_] * 10)
+            await eventually(lambda: b.partition().log.next_offset == offsets[-1] + 1,
+                             what=f"b holding round {round_}")
+        assert [e for e in cluster.events if e[0] == "report_leader"] == []
+        assert (cluster.placement().leader, cluster.placement().leader_epoch) == ("a", 1)
+        assert chunk_bytes(b.partition(), committed_only=False) == chunk_bytes(
+            a.partition(), committed_only=False)
+    finally:
+        relay.close()
+        await cluster.close()
 
 
 async def test_bad_replication_requests_get_an_error_and_change_nothing(nats_url, tmp_path):
