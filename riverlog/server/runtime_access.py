@@ -95,7 +95,8 @@ class RuntimeAccess:
         if cluster is not None:
             from ..cluster.access import AccessRefused
             try:
-                result = await cluster.submit("change_access", change=change, **arguments)
+                result = await self.app.broker.placement.submit(
+                    "change_access", change=change, **arguments)
             except AccessRefused as exc:
                 raise exc.error from None
             self._follow(cluster.metadata.state.access)
