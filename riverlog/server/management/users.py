@@ -210,6 +210,9 @@ class UserRoutes:
             raise _bad(f"key_missing: {', '.join(missing)}")
         expressions = {key: body[key] for key in ("configure", "write", "read")}
         created = await self._change("set_permissions", user=user, **expressions)
+        if not self.app.guard.config.authz:
+            log.warning("permissions of %r are stored but decide nothing while authorization "
+                        "is off (docs/security.md)", user)
         log.info("permissions of %r on vhost '/' %s by %r: configure %r write %r read %r",
                  user, "set" if created else "changed", caller.user, *expressions.values())
         return web.Response(status=201 if created else 204)
