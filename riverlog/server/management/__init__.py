@@ -7,6 +7,8 @@
 #   connections.py  connections, publishers and consumers of the RabbitMQ Stream door
 #   queues.py       streams as queues, super streams as exchanges and bindings
 #   paging.py       sorting, `name` filters and pages of the listings
+#   users.py        runtime users and permissions (administrators only)
+#   answers.py      RabbitMQ's error bodies and the listings' answer, shared by the routes
 #   web/            the page itself (static HTML + JS, no build step)
 # Rules: every answer is computed on the event loop from the running server's state; nothing
 # here runs on a publish or delivery path; each answer shows only what its caller may see.

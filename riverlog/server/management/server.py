@@ -7,6 +7,7 @@
 # Found", "reason": "Not Found"}`, 400 `bad_request`, 201 for a queue created, 204 for one
 # that existed, a deletion or a connection closed.
 # Every route is wrapped by ``_guarded``, which logs the caller in and hands it to the handler.
+# Users and permissions are users.py's routes (administrators only).
 # Listings are sorted and paged as RabbitMQ's are (paging.py).
 # Rules: per-server answers are this server's connections, publishers and consumers (RabbitMQ
 # lists them per node too); queues and exchanges are the cluster's (queues.py); `alarms` of
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import logging
 import os
 import platform
@@ -31,10 +31,13 @@ from ...errors import (ClusterUnavailableError, InvalidArgumentError, LimitExcee
                       ReservedStreamError, ResourceExhaustedError, StreamExistsError,
                       StreamNotFoundError)
 from ...security.authz import CREATE, DELETE, PUBLISH
+from . import users
 from .access import Caller
+from .answers import error as _error
+from .answers import listed as _listed
+from .answers import not_found
 from .connections import (VHOST, connection_json, connection_name, consumers, find, publishers,
                           visible)
-from .paging import PagingError, listing
 from .queues import (bindings_json, create, delete, exchange_json,
                      node_name, one_queue, queues, stream_arguments)
 
@@ -46,17 +49,6 @@ REALM = 'Basic realm="RabbitMQ Management"'
 CLOSE_REASON = "Closed via management plugin"  # rabbit_mgmt_wm_connection's default
 
 
-def _error(status: type[web.HTTPException], error: str, reason: str, **kwargs: Any
-           ) -> web.HTTPException:
-    """An HTTP error with RabbitMQ's body: ``{"error": ..., "reason": ...}``."""
-    return status(text=json.dumps({"error": error, "reason": reason}),
-                  content_type="application/json", **kwargs)
-
-
-def not_found() -> web.HTTPException:
-    return _error(web.HTTPNotFound, "Object Not Found", "Not Found")
-
-
 UNAVAILABLE = (ClusterUnavailableError, ResourceExhaustedError)
 """Errors of a request the server cannot serve now (no Raft leader, no file descriptor): 503."""
 
@@ -64,15 +56,6 @@ UNAVAILABLE = (ClusterUnavailableError, ResourceExhaustedError)
 def unavailable(exc: Exception) -> web.HTTPException:
     """503 ``{"error": "service_unavailable", "reason": <why>}``: try again later."""
     return _error(web.HTTPServiceUnavailable, "service_unavailable", str(exc))
-
-
-def _listed(request: web.Request, items: list[dict]) -> web.Response:
-    """A listing's answer: sorted, and paged when the request asks (paging.listing); 400
-    with RabbitMQ's error word for bad paging parameters."""
-    try:
-        return web.json_response(listing(items, request.query))
-    except PagingError as exc:
-        raise _error(web.HTTPBadRequest, exc.error, exc.reason) from None
 
 
 def _vhost(request: web.Request) -> None:
@@ -193,6 +176,7 @@ class ManagementServer:
         router.add_delete("/api/exchanges/{vhost}/{name}", guarded(self.delete_exchange))
         router.add_post("/api/bindings/{vhost}/e/{name}/q/{queue}",
                         guarded(self.post_binding))
+        users.add_routes(router, guarded, self.app)
         router.add_get("/", guarded(self.index))
 
     async def index(self, request: web.Request, caller: Caller) -> web.StreamResponse:
