@@ -13,6 +13,10 @@
 #   (_slow_sizes), which raises its errors or returns the sizes; a sid that is not 1-18 digits
 #   goes to the reference's _sid. tests/protocol/test_compiled_nats_wire.py holds the two to
 #   it on generated, split and damaged bytes.
+# Wire facts (docs.nats.io "Client Protocol", https://docs.nats.io/reference/reference-protocols/
+# nats-protocol): `MSG <subject> <sid> [reply-to] <#bytes>` CRLF payload CRLF, and `HMSG
+# <subject> <sid> [reply-to] <#header bytes> <#total bytes>` CRLF headers+payload CRLF, the
+# header bytes counted in the total.
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem
 from cpython.long cimport PyLong_FromLongLong
