@@ -83,6 +83,7 @@ TWINS = (
     "riverlog/protocol/liftbridge/_envelope_c.pyx",
     "riverlog/_record_c.pyx",
     "riverlog/protocol/liftbridge/_messages_c.pyx",
+    "riverlog/protocol/_nats_wire_c.pyx",
 )
 
 

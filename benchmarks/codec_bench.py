@@ -4,7 +4,9 @@
 # ratios of one run, not absolute numbers across runs (benchmarks/README.md records results).
 # With --callgrind, CPU instructions per message instead (valgrind's callgrind, counting only
 # inside the measuring loop: collections' consume_iterator), which load does not disturb.
-#   .venv/bin/python benchmarks/codec_bench.py [--n 200000]
+# The NATS door's framing (NatsParser.feed) is measured on reads of 100 MSG or HMSG of 10 and
+# 256 bytes. --match TEXT keeps only the rows whose name holds TEXT.
+#   .venv/bin/python benchmarks/codec_bench.py [--n 200000] [--match NatsParser]
 #   .venv/bin/python benchmarks/codec_bench.py --callgrind [--n 5000]
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from collections import deque
 from itertools import repeat, starmap
 
 from riverlog import record
+from riverlog.protocol import nats_wire
 from riverlog.protocol.liftbridge import api_pb2, envelope, messages
 
 NATS_PUBLISH = envelope.encode_publish(api_pb2.Message(
@@ -87,6 +90,35 @@ def batch_cases():
             for impl, e in encoders.items()}, BATCH
 
 
+# a read of the NATS door's data connection (nats_data.py): 100 messages on one subscription,
+# as nats-server writes them for lift-bench's subject (no reply: the ack inbox is in the
+# envelope), MSG or HMSG with one header
+HEADER_BLOCK = b"NATS/1.0\r\nNats-Msg-Id: c4d7e2aa-0001\r\n\r\n"
+
+
+def nats_read(size: int, headers: bool) -> bytes:
+    payload = bytes(range(256))[:size]
+    if headers:
+        one = b"HMSG lift-bench 7 %d %d\r\n%b%b\r\n" % (
+            len(HEADER_BLOCK), len(HEADER_BLOCK) + size, HEADER_BLOCK, payload)
+    else:
+        one = b"MSG lift-bench 7 %d\r\n%b\r\n" % (size, payload)
+    return one * BATCH
+
+
+def nats_cases():
+    """NatsParser.feed of one read of BATCH messages, reported per message."""
+    parsers = {"python": nats_wire._PyNatsParser(),
+               "compiled": nats_wire._bind_twin(
+                   importlib.import_module("riverlog.protocol._nats_wire_c"))()}
+    for size in (10, 256):
+        for headers in (False, True):
+            data = nats_read(size, headers)
+            name = f"NatsParser.feed, {BATCH} per read ({'HMSG' if headers else 'MSG'}, {size} B)"
+            yield name, {impl: lambda p=p, data=data: p.feed(data)
+                         for impl, p in parsers.items()}, BATCH
+
+
 def ns_per_call(fn, n: int) -> float:
     runs = []
     for _ in range(3):
@@ -98,7 +130,8 @@ def ns_per_call(fn, n: int) -> float:
 
 
 def rows() -> list[tuple[str, dict, int]]:
-    return [(name, impls, 1) for name, impls in cases()] + list(batch_cases())
+    return ([(name, impls, 1) for name, impls in cases()] + list(batch_cases())
+            + list(nats_cases()))
 
 
 def instructions_per_call(index: int, impl: str, n: int) -> float:
@@ -118,6 +151,7 @@ def main() -> None:
     parser.add_argument("--callgrind", action="store_true", help="count instructions")
     parser.add_argument("--only", type=int, help=argparse.SUPPRESS)  # one row, under valgrind
     parser.add_argument("--impl", help=argparse.SUPPRESS)
+    parser.add_argument("--match", default="", help="only the rows whose name has this text")
     args = parser.parse_args()
     if args.only is not None:
         name, impls, per_call = rows()[args.only]
@@ -131,6 +165,8 @@ def main() -> None:
     print(f"| function | python {unit}/msg | compiled {unit}/msg | speedup |")
     print("|---|---|---|---|")
     for index, (name, impls, per_call) in enumerate(rows()):
+        if args.match not in name:
+            continue
         if args.callgrind:
             py = instructions_per_call(index, "python", n)
             c = instructions_per_call(index, "compiled", n)

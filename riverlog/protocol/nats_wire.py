@@ -11,9 +11,14 @@
 # looked into. Wire facts: docs.nats.io "Client Protocol" (the operations, their arguments,
 # CRLF line ends), ADR-4 "NATS Message Headers" (`NATS/1.0[ status[ description]]` then
 # `Name: Value` lines, a blank line); nats-server's max_control_line is 4096 bytes.
+# NatsParser runs once per read of every NATS message the door stores: a compiled twin
+# (_nats_wire_c.pyx) replaces it when built, unless RIVERLOG_NO_EXTENSIONS is set; the class
+# here stays the reference (_PyNatsParser) and the fallback (riverlog/_compiled.py).
 from __future__ import annotations
 
 import json
+
+from .._compiled import twin
 
 __all__ = ["MAX_CONTROL_LINE", "NatsParser", "NatsProtocolError", "PING", "PONG",
            "connect_command", "parse_headers", "sub_command", "unsub_command"]
@@ -166,3 +171,20 @@ def sub_command(subject: str, sid: int, queue: str = "") -> bytes:
 
 def unsub_command(sid: int) -> bytes:
     return b"UNSUB %d\r\n" % sid
+
+
+# The compiled twin (_nats_wire_c.pyx, riverlog/_compiled.py): its NatsParser bound over the
+# class above, which stays the reference (_PyNatsParser) and the fallback.
+_PyNatsParser = NatsParser
+
+
+def _bind_twin(compiled) -> type:
+    """Hand the twin the reference's error class, helpers and limits; its NatsParser class
+    (also for tests that import the twin directly)."""
+    compiled._bind(NatsProtocolError, _size, _sid, _operation, MAX_CONTROL_LINE, _SUBJECTS_KEPT)
+    return compiled.NatsParser
+
+
+_c = twin(__name__, "_nats_wire_c")
+if _c is not None:
+    NatsParser = _bind_twin(_c)  # type: ignore[misc] # noqa: F811
