@@ -16,8 +16,8 @@
 # partition's leader (Broker.placement) subscribes it, and a new leader subscribes when it
 # takes over (on one server: every partition).
 # A replaced data connection (the server closed it) subscribes every partition again itself.
-# The messages a partition gets in one event-loop turn (at most TURN_MESSAGES; the rest in the
-# next turns, and past PENDING_BYTES_LIMIT waiting ones dropped as a slow consumer's, never
+# The messages a partition gets in one event-loop turn (at most TURN_MESSAGES, fewer with
+# followers; the rest in the next turns, and past PENDING_BYTES_LIMIT waiting ones dropped as a slow consumer's, never
 # acked) are stored together, in order: runs of
 # them (same subject, same ack mode) encoded in one pass and appended at once, acks built from
 # template bytes; what one-by-one ingest would store and ack stays exactly the same (tests:
@@ -54,12 +54,12 @@ from .nats_link import NatsLink, settle
 log = logging.getLogger("riverlog.nats")
 
 REFUSAL_LOG_INTERVAL_S = 1.0  # refused NATS messages: one log line at most this often
-TURN_MESSAGES = 4096  # a partition's NATS messages stored per loop turn, at most
+TURN_MESSAGES = 4096  # a partition's NATS messages stored per loop turn, at most...
+TURN_MESSAGES_REPLICATED = 512  # ...and with followers, whose fetches wait for the turn's end
 PENDING_BYTES_LIMIT = 512 * 1024 * 1024  # per partition, waiting to be stored; more: dropped
 
 
-def _shown(text: str) -> str:
-    """``text`` for a log line or an error message: its first 64 characters."""
+def _shown(text: str) -> str:  # for a log line or an error message: the first 64 characters
     return repr(text if len(text) <= 64 else text[:64] + "...")
 
 
@@ -108,9 +108,7 @@ class NatsBridge:
     def embedded(self) -> EmbeddedNats | None:
         return self.link.embedded
 
-    @property
-    def url(self) -> str:
-        return self.link.url  # the NATS address clients can use (the first server)
+    url = property(lambda self: self.link.url)  # the NATS address clients use (the first server)
 
     async def start(self) -> None:
         """Note the streams with a subject NATS takes (the embedded server's permissions start
@@ -371,23 +369,25 @@ class NatsBridge:
     def _ingest_turn(self, stream: Stream, partition: Partition, arrived: "_Arrived") -> None:
         """Store the NATS messages that arrived for ``partition`` (``(sid, subject, reply,
         headers, payload)``, nats_data.Handler), at most TURN_MESSAGES of them in this loop
-        turn (the rest wait for the next one: a burst read in one turn must not keep the loop
-        from answering followers' fetches and the other doors for long). Those still waiting
-        when the partition is paused, made read-only or led elsewhere are dropped, never
-        acked (riverlog_dropped_messages{reason="not_stored_here"}). In arrival order: runs
-        of consecutive ones with the same subject and ack mode (no ack, LEADER, ALL) are encoded in one pass and
-        appended at once, their acks built from one AckTemplate; a message needing a check of
-        its own (over the size limit, an expected offset on a stream with optimistic
-        concurrency) goes through ``Liftbridge.ingest`` alone, in its place. What one-by-one
-        ingest would store and ack stays exactly the same (test_lb_envelope_batch.py)."""
-        if partition.readonly or partition.paused or \
-                not self.service.broker.placement.leads(stream.name, partition.index):
+        turn, TURN_MESSAGES_REPLICATED with followers (the rest wait: a burst must not keep
+        the loop from answering followers' fetches and the other doors for long; with 4096,
+        a three-server lift-bench left its followers behind and out of the ISR). Those still
+        waiting when the partition is paused, made read-only or led elsewhere are dropped,
+        never acked (riverlog_dropped_messages{reason="not_stored_here"}). In arrival order,
+        runs of the same subject and ack mode are encoded in one pass and appended at once,
+        acks built from one AckTemplate; a message needing a check of its own (over the size
+        limit, an expected offset with optimistic concurrency) goes through
+        ``Liftbridge.ingest`` alone, in its place (test_lb_envelope_batch.py)."""
+        placed = self.service.broker.placement.of(stream.name, partition.index)
+        if partition.readonly or partition.paused or placed is None or \
+                placed.leader != self.service.broker.placement.server_id:
             DROPPED.labels(NATS, "not_stored_here").inc(len(arrived.messages))
             arrived.messages.clear()
             arrived.nbytes = 0
             return
-        msgs = arrived.messages[:TURN_MESSAGES]
-        del arrived.messages[:TURN_MESSAGES]
+        turn = TURN_MESSAGES if len(placed.replicas) == 1 else TURN_MESSAGES_REPLICATED
+        msgs = arrived.messages[:turn]
+        del arrived.messages[:turn]
         arrived.nbytes -= sum(len(m[4]) for m in msgs)
         if arrived.messages:
             asyncio.get_running_loop().call_soon(self._ingest_turn, stream, partition, arrived)

@@ -138,3 +138,23 @@ async def test_an_unflowcontrolled_burst_of_all_acks_is_acked_and_stored_once(cl
     await until("the followers back in the ISR", caught_up)
     stored = await values(grpc_of[via], "burst", MESSAGES - 1)  # a follower's copy
     assert stored == [value] * MESSAGES
+
+
+async def test_a_leader_with_followers_stores_a_burst_in_smaller_turns(cluster):
+    """A partition with followers stores TURN_MESSAGES_REPLICATED of a read's NATS messages
+    per loop turn (one without, TURN_MESSAGES: test_lb_envelope_batch.py): the followers'
+    fetches are answered between turns, so they keep up with the burst (with 4,096 per turn
+    a three-server lift-bench left them out of the ISR)."""
+    from _apps import created
+    from riverlog.server.nats_bridge import TURN_MESSAGES, TURN_MESSAGES_REPLICATED
+    placed = await created(cluster, "turns", subject="turns", replication_factor=3)
+    app = next(a for a in cluster if a.config.cluster.server_id == placed.leader)
+    stream = app.broker.streams["turns"]
+    partition = stream.partitions[0]
+    burst = TURN_MESSAGES + 100
+    app.nats._handler(stream, partition)([(1, "turns", "", None, b"m%d" % i)
+                                          for i in range(burst)])
+    await asyncio.sleep(0)  # one loop turn: the first TURN_MESSAGES_REPLICATED go to the log
+    partition.readonly = True  # the rest are dropped from here on
+    await asyncio.sleep(0.2)
+    assert partition.next_offset == TURN_MESSAGES_REPLICATED < TURN_MESSAGES
