@@ -147,6 +147,28 @@ class Placement:
         stay). Raises ``StreamNotFoundError``."""
         raise NotImplementedError("a single server forgets super streams in SuperStreams")
 
+    async def create_super_stream_with_streams(self, name: str, partitions: tuple[str, ...],
+                                               binding_keys: tuple[str, ...],
+                                               config: "StreamConfig") -> None:
+        """Create the partition streams (each as ``create_stream(partition, config)``) and
+        record the super stream binding them, all or nothing, on every server (cluster only:
+        one metadata change). Raises ``StreamExistsError`` (the super stream or a partition
+        stream exists), ``InvalidArgumentError`` (counts, names, replication factor)."""
+        raise NotImplementedError("a single server creates super streams in SuperStreams")
+
+    async def delete_super_stream_with_streams(self, name: str) -> None:
+        """Forget a super stream and delete its partition streams, all or nothing, on every
+        server (cluster only: one metadata change). Raises ``StreamNotFoundError``."""
+        raise NotImplementedError("a single server deletes super streams in SuperStreams")
+
+    async def bind_super_stream(self, name: str, partition: str, binding_key: str,
+                                index: int) -> None:
+        """Bind stream ``partition`` to super stream ``name`` with ``binding_key`` at position
+        ``index`` of its partitions (the end when larger), on every server (cluster only: one
+        metadata change). Raises ``StreamNotFoundError`` (no such super stream or stream),
+        ``InvalidArgumentError`` (bound already)."""
+        raise NotImplementedError("a single server binds super streams in SuperStreams")
+
     async def store_offset_at_leader(self, stream: str, index: int, reference: str,
                                      offset: int) -> None:
         """Pass a RabbitMQ StoreOffset to the partition's leader, another server (cluster

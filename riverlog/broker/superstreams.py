@@ -9,7 +9,9 @@
 # without a super stream, never a super stream without partitions it names; a partition
 # stream deleted on its own leaves its super stream (RabbitMQ drops the binding).
 # In a cluster the registry is the cluster metadata's (``Placement.super_streams``, agreed
-# through Raft), so every server answers the same; the file is a single server's.
+# through Raft), so every server answers the same; the file is a single server's. There,
+# creating a super stream with its partitions, deleting it with them and binding a stream
+# are each one Raft entry (cluster/state_super.py): all of it or none, whatever is killed.
 # A broker stream with several partitions (made through Liftbridge) is a super stream too,
 # derived, never stored: partition i is the stream `<name>-<i>` bound with key "i", as
 # RabbitMQ names the partitions of a super stream made with a partition count; its name is
@@ -136,39 +138,35 @@ class SuperStreams:
     async def create_in_cluster(self, name: str, partitions: list[str] | tuple[str, ...],
                                 binding_keys: list[str] | tuple[str, ...],
                                 config: StreamConfig) -> SuperStream:
-        """``create`` in a cluster: each partition stream through
-        ``broker.placement.create_stream`` (on the servers holding its replicas), then the
-        super stream through ``Placement.create_super_stream`` (the metadata every server
-        reads); the partitions made are deleted again when a step fails. Raises as
-        ``create`` and as ``Placement.create_stream``."""
+        """``create`` in a cluster: the partition streams (each placed as
+        ``Placement.create_stream`` places one) and the super stream in one metadata change
+        (``Placement.create_super_stream_with_streams``, one Raft entry): a server killed at
+        any point leaves all of it or none. Raises as ``create`` and as
+        ``Placement.create_stream``."""
         self._check_new(name, partitions, binding_keys)
-        placement = self.broker.placement
-        created: list[str] = []
-        try:
-            for partition in partitions:
-                await placement.create_stream(partition, config)
-                created.append(partition)
-            await placement.create_super_stream(name, tuple(partitions), tuple(binding_keys))
-            log.info("created super stream %r with %d partition(s)", name, len(partitions))
-            return self.get(name)
-        except BaseException:
-            for partition in created:
-                try:
-                    await placement.delete_stream(partition)
-                except Exception as exc:
-                    log.error("super stream %r: partition %r made, not deleted again: %s",
-                              name, partition, exc)
-            raise
+        await self.broker.placement.create_super_stream_with_streams(
+            name, tuple(partitions), tuple(binding_keys), config)
+        log.info("created super stream %r with %d partition(s)", name, len(partitions))
+        return self.get(name)
 
     # -- declared piece by piece (the management API: an exchange, then bindings) ----------
     async def declare(self, name: str) -> bool:
         """Record super stream ``name`` with no partition yet, as RabbitMQ's exchange
         declaration before its bindings; False when it exists (a derived one too). In a
-        cluster through the placement. Raises ``InvalidArgumentError`` for a bad name."""
+        cluster through the placement (one Raft entry). Raises ``InvalidArgumentError`` for a
+        bad name."""
         _check_name("super stream", name)
         if self.find(name) is not None:
             return False
-        await self._replace(name, SuperStream(name, (), ()))
+        placement = self.broker.placement
+        if placement.clustered:
+            try:
+                await placement.create_super_stream(name, (), ())
+            except StreamExistsError:  # declared through another server meanwhile
+                return False
+        else:
+            self.super_streams[name] = SuperStream(name, (), ())
+            self._save()
         return True
 
     async def bind(self, name: str, partition: str, binding_key: str,
@@ -177,9 +175,11 @@ class SuperStreams:
         partitions stay sorted by ``order`` (RabbitMQ's ``x-stream-partition-order``,
         whatever order the bindings come in; None: after the others). The orders given are
         kept in memory; partitions bound otherwise, or before a restart, count by their
-        position. Raises ``StreamNotFoundError`` (no such super stream, or a derived one:
-        its partitions are fixed), ``InvalidArgumentError`` when ``partition`` is no stream
-        here or bound already."""
+        position. In a cluster one Raft entry inserts the binding at its position
+        (``Placement.bind_super_stream``): the super stream is never missing meanwhile.
+        Raises ``StreamNotFoundError`` (no such super stream, or a derived one: its
+        partitions are fixed), ``InvalidArgumentError`` when ``partition`` is no stream here
+        or bound already."""
         found = self._registry().get(name)
         if found is None:
             raise StreamNotFoundError(f"super stream {name!r} does not exist or is fixed")
@@ -193,8 +193,14 @@ class SuperStreams:
         rank = order if order is not None else max((r[0] for r in ranked), default=-1) + 1
         ranked.append((rank, len(ranked), partition, binding_key))
         ranked.sort()
-        await self._replace(name, SuperStream(name, tuple(r[2] for r in ranked),
-                                              tuple(r[3] for r in ranked)))
+        placement = self.broker.placement
+        if placement.clustered:
+            index = [r[2] for r in ranked].index(partition)
+            await placement.bind_super_stream(name, partition, binding_key, index)
+        else:
+            self.super_streams[name] = SuperStream(name, tuple(r[2] for r in ranked),
+                                                   tuple(r[3] for r in ranked))
+            self._save()
         orders[partition] = rank
 
     async def forget(self, name: str) -> None:
@@ -207,20 +213,6 @@ class SuperStreams:
             await self.broker.placement.delete_super_stream(name)
         else:
             self._forget(name)
-
-    async def _replace(self, name: str, super_stream: SuperStream) -> None:
-        """Store ``super_stream`` under ``name``: in the file, or in a cluster as a delete
-        and a create in the metadata (two Raft entries: between them the super stream is
-        missing)."""
-        placement = self.broker.placement
-        if not placement.clustered:
-            self.super_streams[name] = super_stream
-            self._save()
-            return
-        if name in self._registry():
-            await placement.delete_super_stream(name)
-        await placement.create_super_stream(name, super_stream.partitions,
-                                            super_stream.binding_keys)
 
     def _check_new(self, name: str, partitions: list[str] | tuple[str, ...],
                    binding_keys: list[str] | tuple[str, ...]) -> None:
@@ -259,21 +251,20 @@ class SuperStreams:
                 self.broker.delete(stream)
 
     async def delete_in_cluster(self, name: str) -> None:
-        """``delete`` in a cluster: the super stream goes through
-        ``Placement.delete_super_stream``, then its streams through
-        ``Placement.delete_stream`` (a partition stream already gone is skipped). Raises
+        """``delete`` in a cluster: a stored super stream and its partition streams go in one
+        metadata change (``Placement.delete_super_stream_with_streams``, one Raft entry); a
+        derived one is its broker stream, deleted (``Placement.delete_stream``). Raises
         ``StreamNotFoundError``."""
-        super_stream = self.get(name)
-        streams = [name]  # a derived one: its broker stream
+        self.get(name)  # StreamNotFoundError
         if name in self._registry():
-            await self.broker.placement.delete_super_stream(name)
-            log.info("deleted super stream %r", name)
-            streams = list(super_stream.partitions)
-        for stream in streams:
-            try:
-                await self.broker.placement.delete_stream(stream)
-            except StreamNotFoundError:
-                pass
+            await self.broker.placement.delete_super_stream_with_streams(name)
+            self._orders.pop(name, None)
+            log.info("deleted super stream %r with its partitions", name)
+            return
+        try:
+            await self.broker.placement.delete_stream(name)
+        except StreamNotFoundError:  # deleted meanwhile
+            pass
 
     def _forget(self, name: str) -> list[str]:
         """Forget super stream ``name`` (in the file too); the streams to delete: a derived

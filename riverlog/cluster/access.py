@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 
 from ..security.access_table import CHANGES, AccessError
-from .state import TRANSITIONS, ClusterState, MetadataError
+from .state import ClusterState, MetadataError
+from .state_super import TRANSITIONS
 
 
 class AccessRefused(MetadataError):
@@ -34,4 +35,5 @@ def change_access(state: ClusterState, change: str, **arguments) -> tuple[Cluste
 
 
 COMMANDS = {**TRANSITIONS, "change_access": change_access}
-"""Every command Raft replicates: state.TRANSITIONS and change_access."""
+"""Every command Raft replicates: state_super.TRANSITIONS (state.py's and the super streams')
+and change_access."""

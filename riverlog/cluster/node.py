@@ -46,7 +46,8 @@ from .agreed import Agreed
 from .metadata import RaftMetadata, RaftSettings, RaftUnavailable
 from .offsets import OffsetForwarding
 from .state import (CREATED_KEY, ClusterState, Door, MetadataError, NoSuchStream, Server,
-                    StreamExists, SuperStreamExists, config_dict, stream_config)
+                    StreamExists, config_dict, stream_config)
+from .state_super import SuperStreamExists
 from .status import PartitionStatus
 
 log = logging.getLogger("riverlog.cluster")
@@ -150,19 +151,23 @@ class ClusterPlacement(Agreed, Placement):
         cluster's own), RaftUnavailable (no Raft leader: the outcome is unknown)."""
         if not internal:
             check_writable(name)
-        if config.min_isr is None:
-            config = dataclasses.replace(config, min_isr=self.min_isr)
         try:
-            await self.submit("create_stream", name=name, subject=config.subject or "",
-                              partitions=config.partitions,
-                              replication_factor=config.replication_factor,
-                              config={**config_dict(config), CREATED_KEY: time.time_ns()})
+            await self.submit("create_stream", name=name, **self._stream_arguments(config))
         except StreamExists as exc:
             raise StreamExistsError(str(exc)) from None
         except MetadataError as exc:
             raise InvalidArgumentError(str(exc)) from None
         if self.created is not None:
             await self.created(name)
+
+    def _stream_arguments(self, config: StreamConfig) -> dict:
+        """The create_stream arguments of ``config`` but the name (``min_isr`` None:
+        clustering.min.insync.replicas; the creation time, the same on every server)."""
+        if config.min_isr is None:
+            config = dataclasses.replace(config, min_isr=self.min_isr)
+        return {"subject": config.subject or "", "partitions": config.partitions,
+                "replication_factor": config.replication_factor,
+                "config": {**config_dict(config), CREATED_KEY: time.time_ns()}}
 
     async def delete_stream(self, name: str) -> None:
         """Delete the stream through Raft, on every server. Raises StreamNotFoundError,
@@ -194,6 +199,53 @@ class ClusterPlacement(Agreed, Placement):
             await self.submit("delete_super_stream", name=name)
         except NoSuchStream as exc:
             raise StreamNotFoundError(str(exc)) from None
+
+    async def create_super_stream_with_streams(self, name: str, partitions: tuple[str, ...],
+                                               binding_keys: tuple[str, ...],
+                                               config: StreamConfig) -> None:
+        """One Raft entry (state_super.create_super_stream_with_streams); returns once
+        applied here and, best effort, once every partition's replicas hold it
+        (``created``). Raises as ``create_stream`` (ReservedStreamError for an internal
+        partition name), RaftUnavailable."""
+        for partition in partitions:
+            check_writable(partition)
+        arguments = self._stream_arguments(config)
+        try:
+            await self.submit("create_super_stream_with_streams", name=name,
+                              partitions=tuple(partitions), binding_keys=tuple(binding_keys),
+                              subject=arguments["subject"],
+                              stream_partitions=arguments["partitions"],
+                              replication_factor=arguments["replication_factor"],
+                              config=arguments["config"])
+        except (StreamExists, SuperStreamExists) as exc:
+            raise StreamExistsError(str(exc)) from None
+        except MetadataError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        if self.created is not None:
+            await asyncio.gather(*(self.created(p) for p in partitions))
+
+    async def delete_super_stream_with_streams(self, name: str) -> None:
+        """One Raft entry (state_super.delete_super_stream_with_streams). Raises
+        StreamNotFoundError, ReservedStreamError (an internal partition), RaftUnavailable."""
+        for partition in self.state.super_streams.get(name, SuperStream(name, (), ())
+                                                      ).partitions:
+            check_writable(partition)
+        try:
+            await self.submit("delete_super_stream_with_streams", name=name)
+        except NoSuchStream as exc:
+            raise StreamNotFoundError(str(exc)) from None
+
+    async def bind_super_stream(self, name: str, partition: str, binding_key: str,
+                                index: int) -> None:
+        """One Raft entry (state_super.bind_super_stream). Raises StreamNotFoundError,
+        InvalidArgumentError, RaftUnavailable."""
+        try:
+            await self.submit("bind_super_stream", name=name, partition=partition,
+                              binding_key=binding_key, index=index)
+        except NoSuchStream as exc:
+            raise StreamNotFoundError(str(exc)) from None
+        except MetadataError as exc:
+            raise InvalidArgumentError(str(exc)) from None
 
     # -- stored consumer offsets at the leader (cluster/offsets.py) -----------------------
     async def store_offset_at_leader(self, stream: str, index: int, reference: str,

@@ -1,12 +1,12 @@
 # Cluster metadata and its transitions, as pure functions (docs/clustering.md). Owns: the
 # servers of the cluster and the doors each advertises, streams and their partitions (replicas,
 # leader, in-sync replicas, leader epoch, paused/read-only), consumer groups and RabbitMQ
-# super streams (each a name for an ordered list of partition streams), runtime users. Rules: a
-# transition takes a ClusterState and returns a new one (the old one is never changed) or
-# raises a MetadataError naming what is wrong, and it is deterministic (no clock, no
-# randomness, no I/O), because every Raft member applies it on its own copy and all copies
-# must stay equal. Leaders come from the in-sync replicas only (no unclean election, as
-# Liftbridge); the first leader epoch is 1 (RabbitMQ's first chunk epoch).
+# super streams (each a name for an ordered list of partition streams; their transitions are
+# state_super.py's), runtime users. Rules: a transition takes a ClusterState and returns a new
+# one (the old one is never changed) or raises a MetadataError naming what is wrong, and it is
+# deterministic (no clock, no randomness, no I/O), because every Raft member applies it on its
+# own copy and all copies must stay equal. Leaders come from the in-sync replicas only (no
+# unclean election, as Liftbridge); the first leader epoch is 1 (RabbitMQ's first chunk epoch).
 from __future__ import annotations
 
 import dataclasses
@@ -48,10 +48,6 @@ class NotEnoughServers(MetadataError):
 
 class NotAReplica(MetadataError):
     """A server named as leader or in-sync replica that does not hold a replica."""
-
-
-class SuperStreamExists(MetadataError):
-    """create_super_stream of a super stream name that is taken."""
 
 
 class ReplicaExists(MetadataError):
@@ -560,40 +556,11 @@ def report_group_coordinator(state: ClusterState, group: str, consumer: str, coo
     return state, state.groups[group]
 
 
-def create_super_stream(state: ClusterState, name: str, partitions: tuple[str, ...],
-                        binding_keys: tuple[str, ...]) -> tuple[ClusterState, SuperStream]:
-    """Record super stream ``name``: ``partitions[i]`` (streams that exist) bound with
-    ``binding_keys[i]``, in that order. Raises SuperStreamExists, NoSuchStream (a partition
-    that is no stream), MetadataError (counts differ, a partition named twice)."""
-    if not name:
-        raise MetadataError("a super stream needs a name")
-    if name in state.super_streams:
-        raise SuperStreamExists(f"super stream {name!r} exists")
-    if len(partitions) != len(binding_keys) or len(set(partitions)) != len(partitions):
-        raise MetadataError(f"super stream {name!r}: as many distinct partitions as binding "
-                            f"keys are needed, got {list(partitions)} and {list(binding_keys)}")
-    for partition in partitions:
-        if partition not in state.streams:
-            raise NoSuchStream(f"super stream {name!r}: no stream {partition!r}")
-    created = SuperStream(name, tuple(partitions), tuple(binding_keys))
-    return dataclasses.replace(state, super_streams={**state.super_streams,
-                                                     name: created}), created
-
-
-def delete_super_stream(state: ClusterState, name: str) -> tuple[ClusterState, SuperStream]:
-    """Forget super stream ``name`` (its partition streams stay: delete_stream them).
-    Raises NoSuchStream."""
-    if name not in state.super_streams:
-        raise NoSuchStream(f"no super stream {name!r}")
-    supers = dict(state.super_streams)
-    removed = supers.pop(name)
-    return dataclasses.replace(state, super_streams=supers), removed
-
-
 TRANSITIONS: Mapping[str, Callable[..., tuple[ClusterState, object]]] = {
     f.__name__: f for f in (add_server, create_stream, delete_stream, change_leader,
                             report_leader, shrink_isr, expand_isr, set_partition_flags, join_group,
-                            leave_group, report_group_coordinator, remove_server,
-                            create_super_stream, delete_super_stream, add_replica,
+                            leave_group, report_group_coordinator, remove_server, add_replica,
                             delete_replica)}
-"""The commands Raft replicates, by name: ``TRANSITIONS[name](state, **arguments)``."""
+"""This module's commands, by name: ``TRANSITIONS[name](state, **arguments)``; every command
+Raft replicates is in state_super.TRANSITIONS (these and the super streams') and
+access.COMMANDS (those and change_access)."""

@@ -84,3 +84,33 @@ async def test_without_a_raft_leader_changes_are_503(cluster):
     for status, error in answers:
         assert status == 503 and error["error"] == "service_unavailable", (status, error)
         assert "Raft" in error["reason"]
+
+
+async def test_exchange_and_bindings_are_one_raft_entry_each(cluster):
+    """The management API's super stream path in a cluster (issue 31 item 4): declaring the
+    exchange is one create_super_stream entry and each binding one bind_super_stream entry
+    that inserts at the binding's x-stream-partition-order (never a delete and a create of
+    the super stream, between which it was missing); every server lists the same order."""
+    for name in ("p0", "p1", "p2"):
+        await created(cluster, name)
+    server = cluster[1]
+    raft = server.cluster.metadata
+    before = raft.applied_commands()
+    assert (await call(server, "PUT", "/api/exchanges/%2F/ordered", json={}))[0] == 201
+    for queue, order in (("p2", 2), ("p0", 0), ("p1", 1)):
+        status, _ = await call(server, "POST", f"/api/bindings/%2F/e/ordered/q/{queue}",
+                               json={"routing_key": f"k{order}",
+                                     "arguments": {"x-stream-partition-order": order}})
+        assert status == 201
+    assert (await call(server, "POST", "/api/bindings/%2F/e/ordered/q/p1",
+                       json={"routing_key": "again"}))[0] == 400  # bound already
+    await until("the bindings everywhere", lambda: all(
+        (found := x.broker.placement.super_streams().get("ordered")) is not None
+        and found.partitions == ("p0", "p1", "p2") for x in cluster))
+    assert cluster[0].broker.placement.super_streams()["ordered"].binding_keys == (
+        "k0", "k1", "k2")
+    after = raft.applied_commands()
+    counts = {name: after.get(name, 0) - before.get(name, 0) for name in (
+        "create_super_stream", "bind_super_stream", "delete_super_stream")}
+    assert counts == {"create_super_stream": 1, "bind_super_stream": 3,  # the refused
+                      "delete_super_stream": 0}  # bind was refused before Raft

@@ -3,7 +3,7 @@
 # tracking chunks replicated with the data, so a new leader after a failover answers them and
 # a consumer never receives them; a server that does not lead the partition passes them to the
 # leader, as RabbitMQ does. A super stream made through one server is in the Raft metadata: every
-# server lists its partitions and routes its keys alike. Liftbridge cursors live in the
+# server lists its partitions and routes its keys alike; a refused one leaves nothing. Liftbridge cursors live in the
 # replicated `__cursors` stream of the metadata, and a new cursor leader serves them (gufo).
 # No mocks; waits are polls.
 from __future__ import annotations
@@ -19,6 +19,7 @@ from rstream import exceptions as rexc
 
 from _apps import IDS, WAIT_S, until
 from compat._servers import HOST
+from riverlog.broker import StreamConfig
 from riverlog.broker.broker import CURSORS_STREAM
 from riverlog.cluster.offsets import tracking_subject
 from riverlog.log.chunk import CHUNK_TRACKING_DELTA
@@ -145,6 +146,34 @@ async def test_a_super_stream_is_the_same_on_every_server(cluster):
                 return await client.partitions("regions") == []
             await until(f"regions gone from {app.config.cluster.server_id}", gone)
         assert not any(p in app.broker.streams for p in partitions)
+
+
+async def test_a_refused_super_stream_leaves_nothing_in_the_cluster(cluster):
+    """A super stream and its partition streams are one Raft entry (issue 31 item 4); its
+    refusals keep their codes and make nothing: a partition name taken on another server
+    (seen only by the metadata's transition) 0x05, the super stream's name taken 0x05,
+    counts that differ 0x11."""
+    first = cluster[0]
+    for i in range(3):  # one replica each, round robin: some on other servers than first
+        await first.broker.placement.create_stream(f"taken-{i}", StreamConfig())
+    elsewhere = next(f"taken-{i}" for i in range(3) if f"taken-{i}" not in first.broker.streams)
+    async with super_producer(first) as producer:
+        client = await producer.default_client
+        await client.create_super_stream("ok", ["ok-0"], ["0"])
+        with pytest.raises(rexc.StreamAlreadyExists):
+            await client.create_super_stream("taken", ["fresh-0", "fresh-1", elsewhere],
+                                             ["0", "1", "2"])
+        with pytest.raises(rexc.StreamAlreadyExists):
+            await client.create_super_stream("ok", ["new-0"], ["0"])
+        with pytest.raises(rexc.PreconditionFailed):
+            await client.create_super_stream("odd", ["odd-0", "odd-1"], ["0"])
+    for app in cluster:
+        placement = app.broker.placement
+        await until(f"ok on {app.config.cluster.server_id}",
+                    lambda p=placement: "ok" in p.super_streams())
+        assert set(placement.super_streams()) == {"ok"}
+        assert set(placement.streams()) - {CURSORS_STREAM} == {
+            "ok-0", "taken-0", "taken-1", "taken-2"}
 
 
 async def test_liftbridge_cursors_survive_a_cursor_leader_change(cluster):

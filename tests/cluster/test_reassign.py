@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from riverlog.cluster import state as s
+from riverlog.cluster.state_super import create_super_stream
 from riverlog.cluster.metadata import summary
 from riverlog.cluster.reassign import partitions_of, plan_moves, server_with_raft_address
 
@@ -52,7 +53,7 @@ def test_a_request_names_partitions_and_servers_or_says_what_is_unknown():
 
 def test_a_super_stream_named_as_a_stream_gets_its_partitions_named():
     state, _ = s.create_stream(_state("ab"), "invoices-0", "invoices-0")
-    state, _ = s.create_super_stream(state, "invoices", ("invoices-0",), ("0",))
+    state, _ = create_super_stream(state, "invoices", ("invoices-0",), ("0",))
     with pytest.raises(s.MetadataError, match="'invoices' is a super stream, name its "
                                               "partition streams \\(invoices-0\\)"):
         partitions_of(summary(state), "invoices")

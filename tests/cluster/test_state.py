@@ -288,30 +288,6 @@ def test_remove_server_leaves_new_streams_to_the_others():
         s.remove_server(st2, "c")
 
 
-def test_super_streams_are_in_the_metadata():
-    state = cluster("a")
-    for name in ("r-eu", "r-us", "other"):
-        state, _ = s.create_stream(state, name, name)
-    state, created = s.create_super_stream(state, "r", ("r-eu", "r-us"), ("eu", "us"))
-    assert created.route("us") == ["r-us"] and state.super_streams["r"] == created
-    with pytest.raises(s.SuperStreamExists):
-        s.create_super_stream(state, "r", ("other",), ("x",))
-    with pytest.raises(s.NoSuchStream):
-        s.create_super_stream(state, "q", ("missing",), ("x",))
-    with pytest.raises(s.MetadataError):
-        s.create_super_stream(state, "q", ("other", "other"), ("x", "y"))
-    with pytest.raises(s.MetadataError):
-        s.create_super_stream(state, "q", ("other",), ())
-    state, _ = s.delete_stream(state, "r-eu")  # its binding goes, as RabbitMQ's
-    assert (state.super_streams["r"].partitions, state.super_streams["r"].binding_keys) == (
-        ("r-us",), ("us",))
-    assert pickle.loads(pickle.dumps(state)) == state
-    state, _ = s.delete_super_stream(state, "r")
-    assert not state.super_streams and "r-us" in state.streams
-    with pytest.raises(s.NoSuchStream):
-        s.delete_super_stream(state, "r")
-
-
 def test_add_replica_joins_outside_the_isr_until_it_is_asked_in():
     state, _ = s.create_stream(cluster("a", "b", "c", "d"), "x", "x", partitions=2,
                                replication_factor=3)

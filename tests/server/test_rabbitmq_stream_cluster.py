@@ -119,6 +119,21 @@ class ScriptedPlacement(Placement):
         if self.cluster.super_streams.pop(name, None) is None:
             raise StreamNotFoundError(name)
 
+    async def create_super_stream_with_streams(self, name: str, partitions: tuple[str, ...],
+                                               binding_keys: tuple[str, ...],
+                                               config: StreamConfig) -> None:
+        if name in self.cluster.super_streams:  # the cluster's one entry, scripted
+            raise StreamExistsError(name)
+        for partition in partitions:
+            await self.create_stream(partition, config)
+        await self.create_super_stream(name, partitions, binding_keys)
+
+    async def delete_super_stream_with_streams(self, name: str) -> None:
+        found = self.cluster.super_streams.get(name)
+        await self.delete_super_stream(name)
+        for partition in found.partitions:
+            await self.delete_stream(partition)
+
 
 @pytest.fixture
 def cluster():
