@@ -13,7 +13,8 @@ import socket
 import sys
 
 import pytest
-from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, Producer
+from rstream import (Consumer, ConsumerOffsetSpecification, OffsetSpecification, OffsetType,
+                     Producer)
 
 from compat._raw import RawPeer
 from riverlog.config import LogConfig, ManagementConfig, RabbitStreamConfig, ServerConfig
@@ -182,7 +183,7 @@ async def test_consumer_groups_and_group_consumers(app):
         await consumer.start()
 
         async def on_update(active, ctx):
-            return ConsumerOffsetSpecification(OffsetType.FIRST)
+            return OffsetSpecification(OffsetType.FIRST, 0)
         await consumer.subscribe("sacs", lambda msg, ctx: None, properties={
             "single-active-consumer": "true", "name": "grp"},
             consumer_update_listener=on_update)
