@@ -37,7 +37,8 @@ from pysyncobj.utility import TcpUtility, UtilityException
 from ..config import ClusterConfig
 from ..errors import ClusterUnavailableError
 from . import raft_files
-from .state import TRANSITIONS, ClusterState, MetadataError
+from .access import COMMANDS as TRANSITIONS
+from .state import ClusterState, MetadataError
 
 log = logging.getLogger("riverlog.cluster.metadata")
 

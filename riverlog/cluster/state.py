@@ -1,7 +1,7 @@
 # Cluster metadata and its transitions, as pure functions (docs/clustering.md). Owns: the
 # servers of the cluster and the doors each advertises, streams and their partitions (replicas,
 # leader, in-sync replicas, leader epoch, paused/read-only), consumer groups and RabbitMQ
-# super streams (each a name for an ordered list of partition streams). Rules: a
+# super streams (each a name for an ordered list of partition streams), runtime users. Rules: a
 # transition takes a ClusterState and returns a new one (the old one is never changed) or
 # raises a MetadataError naming what is wrong, and it is deterministic (no clock, no
 # randomness, no I/O), because every Raft member applies it on its own copy and all copies
@@ -15,6 +15,7 @@ from typing import Callable, Mapping
 from ..broker.groups import (ALREADY_MEMBER, GROUP_NOT_FOUND, NOT_MEMBER, STREAM_NOT_FOUND,
                              balance, generation_mismatch)
 from ..broker.stream import StreamConfig, SuperStream
+from ..security.access_table import AccessTable
 
 FIRST_LEADER_EPOCH = 1
 ALL_SERVERS = -1
@@ -179,6 +180,8 @@ class ClusterState:
     group made again never reuses one: riverlog's single server does the same)."""
     super_streams: Mapping[str, SuperStream] = dataclasses.field(default_factory=dict)
     """RabbitMQ super streams by name (their own namespace: a stream may share a name)."""
+    access: AccessTable = dataclasses.field(default_factory=AccessTable)
+    """Runtime users and permissions (the management API's; cluster/access.py changes it)."""
     __setstate__ = _load_with_defaults
 
     def partition(self, stream: str, index: int) -> Partition:

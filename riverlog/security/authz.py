@@ -4,13 +4,18 @@
 # once enabled, deny by default: only a policy line grants. Actions are ACTIONS below; a
 # policy line's stream is a glob pattern (casbin's globMatch: `*`, `?`, `[a-z]`), its action
 # an action or `*`; `g, USER, ROLE` lines give a user a role's lines. Answers are cached per
-# (user, stream, action): the doors ask on declare/subscribe, not per message.
+# (user, stream, action): the doors ask on declare/subscribe, not per message, and are
+# forgotten when the runtime permissions change (``set_runtime``). Runtime permissions (the
+# management API's, access_table.Permission) join the policy when it is enabled: a user with
+# one is answered by its expressions instead of policy lines (one store decides, as in
+# RabbitMQ), a runtime user without one may do nothing; `admin` is a runtime user's
+# `administrator` tag, and a configuration-file user's policy lines.
 from __future__ import annotations
 
 import csv
 import functools
 import logging
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Protocol, Sequence
 
 import casbin
 from casbin.model import Model
@@ -39,6 +44,12 @@ m = g(r.sub, p.sub) && globMatch(r.obj, p.obj) && (p.act == r.act || p.act == "*
 """
 
 
+class Grant(Protocol):
+    """A runtime permission (access_table.Permission)."""
+
+    def permits(self, stream: str, action: str) -> bool: ...
+
+
 def read_policy_file(path: str) -> list[tuple[str, ...]]:
     """Lines of a casbin CSV policy file (``p, alice, orders.*, publish`` / ``g, bob, ops``);
     blank lines and ``#`` comments skipped. Raises ``OSError``, ``ValueError`` naming the line."""
@@ -64,6 +75,9 @@ class Authorizer:
                  model_path: str | None = None) -> None:
         self.enabled = enabled
         self._enforcer: casbin.Enforcer | None = None
+        self._permissions: Mapping[str, Grant] = {}
+        self._runtime_users: frozenset[str] = frozenset()
+        self._administrators: frozenset[str] = frozenset()
         if not enabled:
             return
         if model_path:
@@ -85,6 +99,17 @@ class Authorizer:
                 raise ValueError(f"authorization rule {list(rule)}: expected p or g first")
         self._enforcer = enforcer
 
+    def set_runtime(self, permissions: Mapping[str, Grant], runtime_users: Iterable[str],
+                    administrators: Iterable[str]) -> None:
+        """Take the runtime permissions by user name, the runtime users' names (those not
+        in the configuration file) and the administrators among them; every cached answer
+        is forgotten (the doors' next checks see the change)."""
+        self._permissions = dict(permissions)
+        self._runtime_users = frozenset(runtime_users)
+        self._administrators = frozenset(administrators)
+        Authorizer.allowed.cache_clear()
+        Authorizer.permits.cache_clear()
+
     @functools.lru_cache(maxsize=4096)
     def allowed(self, user: str | None, stream: str, action: str) -> bool:
         """True when ``user`` may do ``action`` on ``stream`` (always when not enabled;
@@ -101,5 +126,13 @@ class Authorizer:
         if self._enforcer is None:
             return True
         if user is None:
+            return False
+        runtime = user in self._runtime_users
+        if action == ADMIN and runtime:
+            return user in self._administrators
+        permission = self._permissions.get(user)
+        if permission is not None and action != ADMIN:
+            return permission.permits(stream, action)
+        if runtime:
             return False
         return bool(self._enforcer.enforce(user, stream, action))

@@ -1,12 +1,14 @@
 # The security of one running server, shared by its doors: the user table, the authorizer and
 # the TLS material, built once from SecurityConfig. Rules: a door asks `login` for passwords,
 # `certificate_user` for client certificates and `allowed` for each stream operation; refusals
-# are answered by the door with its protocol's own error.
+# are answered by the door with its protocol's own error. The runtime users and permissions
+# (the management API's AccessTable) are taken whole by ``set_runtime``.
 from __future__ import annotations
 
 import asyncio
 from typing import TYPE_CHECKING
 
+from .access_table import AccessTable
 from .authz import Authorizer
 from .tls import common_name, server_context
 from .users import Users
@@ -28,7 +30,26 @@ class Guard:
         self.allowed = self.authorizer.allowed
         self.permits = self.authorizer.permits  # ``allowed`` without logging denials
         self.require_auth = config.liftbridge_auth
+        self.runtime = AccessTable()
         self._checking: dict[bytes, asyncio.Future] = {}  # bcrypt runs under way, by Users.token
+
+    def set_runtime(self, table: AccessTable) -> None:
+        """Take ``table``'s users and permissions (a configuration-file user of the same
+        name stays the file's); the next login and the next permission check see them."""
+        self.runtime = table
+        users = self.users
+        users.set_runtime(table.users)
+        runtime = [name for name in table.users if not users.in_file(name)]
+        self.authorizer.set_runtime(table.permissions, runtime,
+                                    [name for name in runtime if table.administrator(name)])
+
+    def administrator(self, user: str) -> bool:
+        """RabbitMQ's administrator: a runtime user tagged ``administrator``; a
+        configuration-file user that may ``admin`` every stream (everyone while
+        authorization is off)."""
+        if self.users.runtime(user) is not None:
+            return self.runtime.administrator(user)
+        return self.permits(user, "*", "admin")
 
     def ssl_context(self) -> "ssl.SSLContext | None":
         """The server ssl context for a TLS listener, None when TLS is off."""

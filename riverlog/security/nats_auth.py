@@ -124,20 +124,9 @@ class NatsAuth:
         self.users_on = self.authz or not self.on_loopback or clustered
         self.anonymous = clustered and self.on_loopback and not self.authz
         self.reserved = [f"{namespace}.>"]  # riverlog's own subjects
-        users = guard.users
-        # (name, bcrypt hash) of the NATS users
-        self.users = [(name, users.hash_of(name)) for name in users if users.hash_of(name)
-                      and (name not in users.loopback_only or self.on_loopback)]
-        # with authorization on: user -> the prefix of its own inboxes (users without any left out)
-        self._inboxes: dict[str, str] = {}
-        if self.authz:
-            for name, _ in self.users:
-                prefix = own_inboxes(name)
-                if prefix is None:
-                    log.warning("NATS user %r has no ack inbox: its name is no single NATS "
-                                "subject token, so no `_INBOX.<user>.>` can be its own", name)
-                else:
-                    self._inboxes[name] = prefix
+        self.users: list[tuple[str, str]] = []  # (name, bcrypt hash) of the NATS users
+        self._inboxes: dict[str, str] = {}  # with authorization on: user -> its inbox prefix
+        self._refresh_users()
         # stream name -> (its partition subjects, users who may publish, users who may consume)
         self._grants: dict[str, tuple[list[str], list[str], list[str]]] = {}
         self.bridge_user: str | None = None
@@ -149,6 +138,33 @@ class NatsAuth:
             self.bridge_user = f"riverlog-bridge-{secrets.token_hex(4)}"
             self.bridge_password = secrets.token_urlsafe(24)
             self._bridge_hash = hash_password(self.bridge_password, rounds=4)
+
+    def _refresh_users(self) -> None:
+        """Take the guard's users as they are now: those with a bcrypt hash (nats-server
+        checks nothing else: a runtime user with RabbitMQ's SHA-256 hash is no NATS user),
+        and with authorization on their own inboxes (users without any left out)."""
+        users = self.guard.users
+        self.users = [(name, users.bcrypt_hash_of(name)) for name in users
+                      if users.bcrypt_hash_of(name)
+                      and (name not in users.loopback_only or self.on_loopback)]
+        self._inboxes = {}
+        if not self.authz:
+            return
+        for name, _ in self.users:
+            prefix = own_inboxes(name)
+            if prefix is None:
+                log.warning("NATS user %r has no ack inbox: its name is no single NATS "
+                            "subject token, so no `_INBOX.<user>.>` can be its own", name)
+            else:
+                self._inboxes[name] = prefix
+
+    def access_changed(self, streams) -> None:
+        """The users or permissions changed at runtime (the management API): take the
+        users again and note anew who may use the subjects of ``streams`` (those added);
+        the caller reloads nats-server."""
+        self._refresh_users()
+        for stream in streams:
+            self.add(stream)
 
     @property
     def names_senders(self) -> bool:

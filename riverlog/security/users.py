@@ -4,16 +4,22 @@
 # (SASL EXTERNAL, gRPC client certificates) only and never passes a password check.
 # Successful checks are remembered in memory under an HMAC with a per-process key, so a
 # client that reconnects does not pay bcrypt's cost (~65 ms at cost 10) on the event loop
-# again; failures are never remembered.
+# again; failures are never remembered. Runtime users (the management API's, access_table.py)
+# join the configuration file's through ``set_runtime``; a name in the file is the file's
+# (precedence: the API refuses to change it, and a runtime user of that name in a cluster's
+# table is ignored on a server whose file has it). A runtime user's hash is bcrypt or
+# RabbitMQ's salted SHA-256.
 from __future__ import annotations
 
 import hashlib
 import hmac
 import ipaddress
 import os
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import bcrypt
+
+from .access_table import SHA256, RuntimeUser
 
 DEFAULT_ROUNDS = 12
 # bcrypt (cost 10) of "guest": RabbitMQ's default user, allowed from loopback only.
@@ -66,21 +72,53 @@ class Users:
         self.loopback_only = frozenset(loopback_only)
         self._key = os.urandom(32)
         self._verified: set[bytes] = set()
+        self._runtime: dict[str, RuntimeUser] = {}
 
-    def __contains__(self, name: str) -> bool:
+    def set_runtime(self, users: Mapping[str, RuntimeUser]) -> None:
+        """Take the runtime users (the management API's) as they are now: a user gone or
+        with another hash logs in no more with what it logged in with before."""
+        self._runtime = {name: user for name, user in users.items()
+                         if name not in self._hashes}
+
+    def in_file(self, name: str) -> bool:
+        """Whether ``name`` is a user of the configuration file (not the API's to change)."""
         return name in self._hashes
 
+    def runtime(self, name: str) -> RuntimeUser | None:
+        """The runtime user ``name`` (None for a configuration-file user or none)."""
+        return self._runtime.get(name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._hashes or name in self._runtime
+
     def __iter__(self):
-        return iter(self._hashes)
+        return iter([*self._hashes, *self._runtime])
+
+    def _hash(self, name: str) -> bytes | None:
+        found = self._hashes.get(name)
+        if found is None and name in self._runtime:
+            found = self._runtime[name].password_hash.encode()
+        return found
 
     def hash_of(self, name: str) -> str:
-        """The stored bcrypt hash ("" for a certificate-only user); ``KeyError`` if unknown."""
-        return self._hashes[name].decode()
+        """The stored hash ("" for a certificate-only user; a runtime user's may be
+        RabbitMQ's SHA-256, ``bcrypt_hash_of`` tells); ``KeyError`` if unknown."""
+        found = self._hash(name)
+        if found is None:
+            raise KeyError(name)
+        return found.decode()
+
+    def bcrypt_hash_of(self, name: str) -> str:
+        """The stored hash when it is bcrypt (what nats-server can check), else ""."""
+        found = self._runtime.get(name)
+        if found is not None and found.algorithm == SHA256:
+            return ""
+        return self.hash_of(name)
 
     def token(self, name: str, password: str) -> bytes:
         """The pair ``name``/``password`` as this process remembers it: an HMAC-SHA256 under
         a per-process key (with the stored hash, so a changed hash is a new pair)."""
-        return hmac.new(self._key, b"\0".join((name.encode(), self._hashes.get(name, b""),
+        return hmac.new(self._key, b"\0".join((name.encode(), self._hash(name) or b"",
                                                 password.encode())), hashlib.sha256).digest()
 
     def remembered(self, name: str, password: str) -> bool:
@@ -90,12 +128,15 @@ class Users:
 
     def check_password(self, name: str, password: str) -> bool:
         """True when ``name`` exists with a hash that ``password`` matches. Thread-safe."""
-        hashed = self._hashes.get(name)
+        hashed = self._hash(name)
         if not hashed:
             return False
         token = self.token(name, password)
         if token in self._verified:
             return True
+        runtime = self._runtime.get(name)
+        if runtime is not None and runtime.algorithm == SHA256:
+            return runtime.check(password)
         try:
             ok = bcrypt.checkpw(password.encode(), hashed)
         except ValueError:  # a malformed hash: nobody logs in with it

@@ -26,6 +26,7 @@ from ..tables.service import TableService
 from . import fd_limit
 from .metrics_http import MetricsServer
 from .rabbitmq_stream import RabbitStreamServer
+from .runtime_access import RuntimeAccess
 
 # The Liftbridge doors (NATS bridge, gRPC API) import grpc and nats-py: loaded only when on.
 
@@ -58,6 +59,8 @@ class App:
                 config.cluster, self.broker,
                 RaftSettings.from_config(config.cluster, config.data_dir),
                 self._create_local, self._delete_local, doors_synced=self._doors_synced)
+        # runtime users and permissions (the management API's; alone: read from DATA now)
+        self.access = RuntimeAccess(self)
 
     def _create_local(self, name: str, stream_config) -> None:
         """The cluster's way to make a stream's local replica: as the doors make one (an
@@ -98,6 +101,7 @@ class App:
                     self.cluster.internal_streams[CURSORS_STREAM] = cursors.stream_config()
                 self.nats_link.add_reconnect_listener(self.cluster.reconnected)
                 await self.cluster.start(self.doors(), self.nats_link)
+                self.access.start()
             if self.config.metrics is not None:
                 self.metrics = MetricsServer(self, self.config.metrics)
                 self.metrics.start()
@@ -179,6 +183,7 @@ class App:
         await self.broker.alarms.stop()
         if self.metrics is not None:
             await self.metrics.stop()
+        self.access.stop()
         if self.cluster is not None:
             await self.cluster.stop()
         if self.rabbitmq_stream is not None:

@@ -110,13 +110,11 @@ class NatsBridge:
 
     @property
     def url(self) -> str:
-        """The NATS address clients can use (the first server)."""
-        return self.link.url
+        return self.link.url  # the NATS address clients can use (the first server)
 
     async def start(self) -> None:
-        """Note every stream with a subject NATS can take (the embedded server's permissions
-        start with them), start the NATS link, and subscribe their partitions. Raises
-        ``OSError`` (port taken, no server) with a message naming the address."""
+        """Note the streams with a subject NATS takes (the embedded server's permissions start
+        with them), start the NATS link, subscribe their partitions. Raises ``OSError``."""
         for stream in list(self.service.broker.streams.values()):
             if self._index(stream) and self.auth is not None:
                 self.auth.add(stream)
@@ -171,7 +169,7 @@ class NatsBridge:
             self._subscribe_all(stream)
             if self.auth is not None:
                 self.auth.add(stream)
-                self._permissions_changed()
+                self.permissions_changed()
 
     def _subscribe_all(self, stream: Stream) -> None:
         for partition in stream.partitions:
@@ -186,7 +184,7 @@ class NatsBridge:
             self._count_subjects(stream, -1)
             if self.auth is not None:
                 self.auth.remove(stream)
-                self._permissions_changed()
+                self.permissions_changed()
 
     def _index(self, stream: Stream) -> bool:
         """Count ``stream`` as attached (its partition subjects are what ack inboxes must not
@@ -282,12 +280,14 @@ class NatsBridge:
             log.warning("a message on %s is not stored: %s (refused messages are counted in "
                         "riverlog_errors{door=\"nats\"})", _shown(subject), error.message)
 
-    def _permissions_changed(self) -> None:
-        """A stream's subjects came or went: the embedded server's user permissions follow
-        (in effect once ``sync()`` returns). One reload runs at a time; changes made while
-        it runs get one more."""
+    def permissions_changed(self, users: bool = False) -> None:
+        """A stream's subjects came or went, or (``users``) runtime users or permissions
+        changed: the embedded server's users and permissions follow (in effect once ``sync()``
+        returns). One reload runs at a time; changes made while it runs get one more."""
         if self.auth is None or not self.auth.users_on:
             return
+        if users:
+            self.auth.access_changed(list(self._attached.values()))
         self._permissions_dirty = True
         if self._reload_task is None:
             self._reload_task = self._task(self._reload())

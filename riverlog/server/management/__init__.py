@@ -7,6 +7,10 @@
 #   connections.py  connections, publishers and consumers of the RabbitMQ Stream door
 #   queues.py       streams as queues, super streams as exchanges and bindings
 #   paging.py       sorting, `name` filters and pages of the listings
+#   answers.py      RabbitMQ's error bodies, 503s and listing answers the routes share
+#   users.py        runtime users and permissions (/api/users, /api/permissions)
+#   stream_groups.py  single active consumer groups (riverlog's /api/riverlog/stream/...)
+#   super_streams.py  super streams made and deleted whole (rabbitmq-streams' commands)
 #   web/            the page itself (static HTML + JS, no build step)
 # Rules: every answer is computed on the event loop from the running server's state; nothing
 # here runs on a publish or delivery path; each answer shows only what its caller may see.

@@ -1,6 +1,7 @@
 # Who sees what in the management API, from docs/security.md's authorization: a caller that
-# may `admin` every stream (pattern "*"; everyone while authorization is off) is RabbitMQ's
-# "administrator": it sees and closes every connection. Any other caller sees the streams it
+# may `admin` every stream (pattern "*"; everyone while authorization is off), or a runtime
+# user tagged `administrator`, is RabbitMQ's "administrator": it sees and closes every
+# connection and alone changes users and permissions. Any other caller sees the streams it
 # may do anything with, and only its own connections with their publishers and consumers, as
 # RabbitMQ shows non-monitoring users their own connections only (rabbit_mgmt_util:
 # filter_user).
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...security.authz import ACTIONS, ADMIN
+from ...security.authz import ACTIONS
 from ...security.guard import Guard
 
 
@@ -23,12 +24,17 @@ class Caller:
 
     @property
     def administrator(self) -> bool:
-        """May see and close every connection (``admin`` on ``*``)."""
-        return self.guard.permits(self.user, "*", ADMIN)
+        """May see and close every connection, and change users and permissions
+        (Guard.administrator: ``admin`` on ``*``, or a runtime user's tag)."""
+        return self.guard.administrator(self.user)
 
     @property
     def tags(self) -> list[str]:
-        """RabbitMQ user tags: ``administrator`` or none."""
+        """RabbitMQ user tags: a runtime user's own; ``administrator`` or none for a
+        configuration-file user."""
+        runtime = self.guard.users.runtime(self.user)
+        if runtime is not None:
+            return list(runtime.tags)
         return ["administrator"] if self.administrator else []
 
     def sees_stream(self, name: str) -> bool:

@@ -7,6 +7,7 @@
 # Found", "reason": "Not Found"}`, 400 `bad_request`, 201 for a queue created, 204 for one
 # that existed, a deletion or a connection closed.
 # Every route is wrapped by ``_guarded``, which logs the caller in and hands it to the handler.
+# Users and permissions are users.py's routes (administrators only).
 # Listings are sorted and paged as RabbitMQ's are (paging.py).
 # Rules: per-server answers are this server's connections, publishers and consumers (RabbitMQ
 # lists them per node too); queues and exchanges are the cluster's (queues.py); `alarms` of
@@ -29,12 +30,16 @@ from ...alarms import DISK, MEMORY
 from ...errors import (InvalidArgumentError, LimitExceededError, ReservedStreamError,
                       StreamExistsError, StreamNotFoundError)
 from ...security.authz import CREATE, DELETE, PUBLISH
+from . import users
 from .access import Caller
+from .answers import UNAVAILABLE
+from .answers import error as _error
+from .answers import listed as _listed
+from .answers import not_found, unavailable
 from .connections import (VHOST, connection_json, connection_name, consumers, find, publishers,
                           visible)
 from .queues import (bindings_json, create, delete, exchange_json,
                      node_name, one_queue, queues, stream_arguments)
-from .replies import UNAVAILABLE, error as _error, listed as _listed, not_found, unavailable
 from .stream_groups import consumer_groups, group_consumers
 from .super_streams import delete_super_stream, put_super_stream
 
@@ -171,6 +176,7 @@ class ManagementServer:
         router.add_put("/api/stream/super-streams/{vhost}/{name}", guarded(self.put_super_stream))
         router.add_delete("/api/riverlog/stream/super-streams/{vhost}/{name}",
                           guarded(self.delete_super_stream))
+        users.add_routes(router, guarded, self.app)
         router.add_get("/", guarded(self.index))
 
     async def index(self, request: web.Request, caller: Caller) -> web.StreamResponse:

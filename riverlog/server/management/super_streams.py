@@ -25,7 +25,7 @@ from ...errors import InvalidArgumentError, LimitExceededError, StreamExistsErro
 from ...security.authz import CREATE, DELETE
 from ..rabbitmq_stream.arguments import stream_config_from_arguments
 from .access import Caller
-from .replies import UNAVAILABLE, bad_request, error, not_found, unavailable
+from .answers import UNAVAILABLE, bad_request, error, not_found, unavailable
 
 MAX_PARTITIONS = 4096  # one request must not make that many folders (as the gRPC door's)
 

@@ -1,7 +1,7 @@
-# The management API's answers that are not a handler's own data: RabbitMQ's error bodies
-# (rabbit_mgmt_util: `{"error": ..., "reason": ...}`), the 404 and 503 answers, and a
-# listing's sorted or paged answer (paging.py).
-# Rules: pure builders of aiohttp responses and exceptions; no server state.
+# The management API's error answers and listings, shared by its route modules (server.py,
+# users.py, super_streams.py). Rules: errors have RabbitMQ's body (rabbit_mgmt_util):
+# ``{"error": ..., "reason": ...}``; a request the server cannot serve now is 503; a listing
+# is sorted and paged as RabbitMQ's (paging.py).
 from __future__ import annotations
 
 import json
@@ -21,7 +21,7 @@ def error(status: type[web.HTTPException], word: str, reason: str, **kwargs: Any
 
 
 def not_found() -> web.HTTPException:
-    """404 ``{"error": "Object Not Found", "reason": "Not Found"}`` (RabbitMQ's)."""
+    """404 ``{"error": "Object Not Found", "reason": "Not Found"}``."""
     return error(web.HTTPNotFound, "Object Not Found", "Not Found")
 
 

@@ -1,0 +1,126 @@
+# The runtime users and permissions of one running server (issue 30 item 2; the table and its
+# changes are riverlog.security.access_table's). Owns where the table is kept and what follows
+# a change on this server. Rules:
+# - alone, the table is DATA/access.json (ACCESS_FILE), replaced atomically (a temporary file,
+#   fsync, rename, fsync of the folder) before a change is answered; it holds hashes only;
+# - in a cluster the table is ClusterState.access: a change is the Raft command change_access
+#   (cluster/access.py), answered once applied here; every server follows the metadata;
+# - what follows a change here, whoever made it: the Guard takes the table (the next login
+#   and the next permission check see it), the embedded nats-server reloads its users and
+#   permissions (a deleted user's NATS connections end there), and the RabbitMQ stream
+#   connections of a user that is gone are closed (RabbitMQ closes a deleted user's
+#   connections: rabbit_connection_tracking_handler on user_deleted).
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from typing import Any, Callable
+
+from ..security.access_table import CHANGES, AccessTable, from_json, to_json
+
+log = logging.getLogger("riverlog.security")
+
+ACCESS_FILE = "access.json"
+
+
+def load(path: str) -> AccessTable:
+    """The table stored at ``path``; an empty one when there is no file. Raises ``OSError``,
+    ``ValueError`` (access_table.AccessError, JSON errors) naming the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return AccessTable()
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    try:
+        return from_json(data)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+def save(path: str, table: AccessTable) -> None:
+    """Replace ``path`` with ``table`` atomically (blocking: run it in a thread). Raises
+    ``OSError``."""
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(to_json(table), f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    folder = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+class RuntimeAccess:
+    """The runtime users and permissions of ``app`` (riverlog.server.app.App). Alone, the
+    table is read at construction (raises as ``load``); in a cluster ``start()`` follows
+    the metadata (call it once the cluster runs)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.path = os.path.join(app.config.data_dir, ACCESS_FILE)
+        self._lock = asyncio.Lock()
+        self._unwatch: Callable[[], None] | None = None
+        if app.cluster is None:
+            self._follow(load(self.path))
+
+    @property
+    def table(self) -> AccessTable:
+        return self.app.guard.runtime
+
+    def start(self) -> None:
+        metadata = self.app.cluster.metadata if self.app.cluster is not None else None
+        if metadata is not None:
+            self._unwatch = metadata.watch(asyncio.get_running_loop(),
+                                           lambda state: self._follow(state.access))
+            self._follow(metadata.state.access)
+
+    def stop(self) -> None:
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
+
+    async def change(self, change: str, **arguments: Any) -> object:
+        """Apply access_table.CHANGES[``change``] with ``arguments`` (stored before this
+        returns) and return its result. Raises access_table.AccessError (NoSuchUser,
+        NoSuchPermission), ``OSError`` (the file), ClusterUnavailableError (Raft)."""
+        cluster = self.app.cluster
+        if cluster is not None:
+            from ..cluster.access import AccessRefused
+            try:
+                result = await self.app.broker.placement.submit(
+                    "change_access", change=change, **arguments)
+            except AccessRefused as exc:
+                raise exc.error from None
+            self._follow(cluster.metadata.state.access)
+            return result
+        async with self._lock:
+            table, result = CHANGES[change](self.table, **arguments)
+            await asyncio.to_thread(save, self.path, table)
+            self._follow(table)
+        return result
+
+    def _follow(self, table: AccessTable) -> None:
+        """Make this server follow ``table`` (nothing when it is the one followed)."""
+        old = self.table
+        if table is old or table == old:
+            return
+        guard = self.app.guard
+        guard.set_runtime(table)
+        nats = self.app.nats
+        if nats is not None:
+            nats.permissions_changed(users=True)
+        gone = {name for name in old.users if name not in guard.users}
+        door = self.app.rabbitmq_stream
+        if gone and door is not None:
+            for conn in list(door.connections):
+                if conn.link.user in gone:
+                    log.info("closing stream connection of deleted user %r", conn.link.user)
+                    conn.close_for_shutdown()
