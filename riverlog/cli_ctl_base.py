@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 
 import click
 
-from .ctl_client import DEFAULT_URL, EX_USAGE, CtlError, Management, node_url
+from .ctl_client import DEFAULT_URL, EX_SOFTWARE, EX_USAGE, CtlError, Management, node_url
 from .ctl_output import FORMATTERS, render
 
 
@@ -78,9 +78,9 @@ _SHARED = (
     click.option("-n", "--node", default=None,
                  help="rabbitmqctl's node: rabbit@HOST or HOST[:PORT] means the management "
                       "API at http://HOST:15672 (or PORT); --url wins."),
-    click.option("--username", default=None,
+    click.option("--username", "api_username", default=None,
                  help="Management API user (env RIVERLOG_MANAGEMENT_USER).  [default: guest]"),
-    click.option("--password", default=None,
+    click.option("--password", "api_password", default=None,
                  help="Its password (env RIVERLOG_MANAGEMENT_PASSWORD).  [default: guest]"),
     click.option("-t", "--timeout", type=float, default=None,
                  help="Seconds to wait for each answer.  [default: 60]"),
@@ -94,7 +94,7 @@ _SHARED = (
                  help="No header line in table output."),
     click.option("-p", "--vhost", default=None, help="Virtual host.  [default: /]"),
 )
-_SHARED_KEYS = ("url", "node", "username", "password", "timeout", "quiet", "silent",
+_SHARED_KEYS = ("url", "node", "api_username", "api_password", "timeout", "quiet", "silent",
                 "formatter", "no_table_headers", "vhost")
 
 
@@ -116,8 +116,8 @@ def _ctl(group_options: dict[str, Any], own: dict[str, Any]) -> Ctl:
     if timeout <= 0:
         raise click.BadParameter("must be more than 0", param_hint="'-t' / '--timeout'")
     return Ctl(url=url,
-               username=given["username"] or env.get("RIVERLOG_MANAGEMENT_USER") or "guest",
-               password=(given["password"] if given["password"] is not None
+               username=given["api_username"] or env.get("RIVERLOG_MANAGEMENT_USER") or "guest",
+               password=(given["api_password"] if given["api_password"] is not None
                          else env.get("RIVERLOG_MANAGEMENT_PASSWORD", "guest")),
                timeout=timeout, quiet=bool(given["quiet"]), silent=bool(given["silent"]),
                formatter=given["formatter"] or "table",
@@ -170,4 +170,7 @@ def run(args: Sequence[str], prog: str = "riverlog ctl") -> int:
         return 1
     except BrokenPipeError:
         return 0
+    except Exception as exc:  # a bug or an answer of an unexpected shape: one line, no traceback
+        click.echo(f"Error: {type(exc).__name__}: {exc}", err=True)
+        return EX_SOFTWARE
     return result if isinstance(result, int) else 0

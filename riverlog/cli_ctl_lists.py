@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import click
 
 from .cli_ctl_base import Ctl, command
-from .ctl_client import EX_SOFTWARE, EX_USAGE, CtlError, HTTPFailure, segment
+from .ctl_client import EX_DATAERR, EX_SOFTWARE, EX_USAGE, CtlError, HTTPFailure, segment
 from .ctl_output import columns
 
 CONNECTION_KEYS = (
@@ -196,9 +196,14 @@ def list_users(ctl: Ctl) -> None:
 def list_permissions(ctl: Ctl) -> None:
     """Lists user permissions in a virtual host."""
     ctl.banner(f'Listing permissions for vhost "{ctl.vhost}" ...')
+    try:
+        found = _listing(ctl, f"/api/vhosts/{segment(ctl.vhost)}/permissions")
+    except HTTPFailure as exc:
+        if exc.status == 404:
+            raise CtlError(EX_DATAERR, f'Error:\n{{:no_such_vhost, "{ctl.vhost}"}}') from None
+        raise
     ctl.listing([{"user": p.get("user"), "configure": p.get("configure"),
-                  "write": p.get("write"), "read": p.get("read")}
-                 for p in _listing(ctl, "/api/permissions") if p.get("vhost") == ctl.vhost])
+                  "write": p.get("write"), "read": p.get("read")} for p in found])
 
 
 @command("status")

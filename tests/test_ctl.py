@@ -341,3 +341,79 @@ async def test_riverlog_ctl_and_the_rabbitmqctl_script(app):
     assert rc == 0 and "--stream" in out and "--reference" in out
     rc, out, _ = await run(riverlog, "--help")
     assert rc == 0 and "ctl" in out
+
+
+async def _logs_in(app: App, user: str, password: str) -> bool:
+    """Whether ``user`` with ``password`` opens a RabbitMQ Stream connection."""
+    try:
+        peer = await RawPeer.open("127.0.0.1", app.rabbitmq_stream.port, user, password)
+    except (AssertionError, Exception):
+        return False
+    peer.writer.close()
+    return True
+
+
+async def test_users_and_permissions(app):
+    done = ("Done. Don't forget to grant the user permissions to some virtual hosts! See "
+            "'rabbitmqctl help set_permissions' to learn more.")
+    rc, out, err = await ctl(app, "add_user", "alice", "s3cret")
+    assert rc == 0, err
+    assert out.splitlines() == ['Adding user "alice" ...', done]
+    assert await _logs_in(app, "alice", "s3cret") and not await _logs_in(app, "alice", "nope")
+    rc, _, err = await ctl(app, "add_user", "alice", "other")
+    assert rc == 70 and err.strip() == 'User "alice" already exists'
+    assert await _logs_in(app, "alice", "s3cret")
+    rc, out, err = await ctl(app, "-q", "add_user", "bob", stdin=b"from-stdin\n")
+    assert rc == 0 and out == "", err
+    assert await _logs_in(app, "bob", "from-stdin")
+    rc, _, err = await ctl(app, "add_user", "carol", stdin=b"")
+    assert rc == 65 and "Password is not provided via argument or stdin" in err
+    rc, _, err = await ctl(app, "add_user", "", "x")
+    assert rc == 65 and "user cannot be an empty string" in err
+
+    rc, out, err = await ctl(app, "list_users")
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[:2] == ["Listing users ...", "user\ttags"]
+    assert {"alice\t[]", "bob\t[]"} <= set(lines[2:])
+    rc, out, _ = await ctl(app, "list_users", "--formatter", "json")
+    assert {"user": "alice", "tags": []} in json.loads(out)
+
+    rc, out, err = await ctl(app, "change_password", "alice", "n3w")
+    assert rc == 0 and out.splitlines() == ['Changing password for user "alice" ...'], err
+    assert await _logs_in(app, "alice", "n3w") and not await _logs_in(app, "alice", "s3cret")
+    rc, _, err = await ctl(app, "change_password", "nobody", "x")
+    assert rc == 67 and '{:no_such_user, "nobody"}' in err
+
+    rc, out, err = await ctl(app, "set_permissions", "-p", "/", "alice", "^a.*", "^a.*", ".*")
+    assert rc == 0, err
+    assert out.splitlines() == ['Setting permissions for user "alice" in vhost "/" ...']
+    rc, out, err = await ctl(app, "list_permissions")
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[:2] == ['Listing permissions for vhost "/" ...', "user\tconfigure\twrite\tread"]
+    assert "alice\t^a.*\t^a.*\t.*" in lines[2:]
+    rc, _, err = await ctl(app, "set_permissions", "nobody", ".*", ".*", ".*")
+    assert rc == 67 and '{:no_such_user, "nobody"}' in err
+    rc, _, err = await ctl(app, "set_permissions", "alice", ".*", ".*")
+    assert rc == 64 and "Missing argument" in err
+    rc, _, err = await ctl(app, "list_permissions", "-p", "nope")
+    assert rc == 65 and '{:no_such_vhost, "nope"}' in err
+
+    rc, out, err = await ctl(app, "clear_permissions", "alice")
+    assert rc == 0, err
+    assert out.splitlines() == ['Clearing permissions for user "alice" in vhost "/" ...']
+    rc, out, _ = await ctl(app, "-s", "list_permissions")
+    assert not any(line.startswith("alice\t") for line in out.splitlines())
+    rc, _, err = await ctl(app, "clear_permissions", "alice")
+    assert rc == 0, err  # nothing to clear is no error, as rabbitmqctl
+    rc, _, err = await ctl(app, "clear_permissions", "nobody")
+    assert rc == 67 and '{:no_such_user, "nobody"}' in err
+
+    rc, out, err = await ctl(app, "delete_user", "alice")
+    assert rc == 0 and out.splitlines() == ['Deleting user "alice" ...'], err
+    assert not await _logs_in(app, "alice", "n3w")
+    rc, _, err = await ctl(app, "delete_user", "alice")
+    assert rc == 67 and err.strip() == 'Error:\n{:no_such_user, "alice"}'
+    rc, out, _ = await ctl(app, "-s", "list_users")
+    assert not any(line.startswith("alice\t") for line in out.splitlines())
