@@ -104,15 +104,22 @@ def _client_value(item: dict, key: str) -> Any:
     return item.get(key)
 
 
+def _clients(ctl: Ctl, kind: str, valid: Sequence[str], column: Sequence[str],
+             verbose: bool) -> None:
+    """list_stream_publishers or list_stream_consumers (``kind``): every key but
+    connection_pid and node by default, as rabbit_stream's commands."""
+    keys = _keys(column, valid, valid[2:], verbose)
+    ctl.banner(f"Listing stream {kind} ...")
+    items = _listing(ctl, f"/api/stream/{kind}/{segment(ctl.vhost)}")
+    ctl.listing(_rows(items, keys, _client_value))
+
+
 @command("list_stream_publishers")
 @click.option("-V", "--verbose", is_flag=True, help="Every column.")
 @click.argument("column", nargs=-1)
 def list_stream_publishers(ctl: Ctl, column: tuple[str, ...], verbose: bool) -> None:
     """Lists all stream publishers for a vhost."""
-    keys = _keys(column, PUBLISHER_KEYS, PUBLISHER_KEYS[2:], verbose)
-    ctl.banner("Listing stream publishers ...")
-    items = _listing(ctl, f"/api/stream/publishers/{segment(ctl.vhost)}")
-    ctl.listing(_rows(items, keys, _client_value))
+    _clients(ctl, "publishers", PUBLISHER_KEYS, column, verbose)
 
 
 @command("list_stream_consumers")
@@ -120,10 +127,7 @@ def list_stream_publishers(ctl: Ctl, column: tuple[str, ...], verbose: bool) -> 
 @click.argument("column", nargs=-1)
 def list_stream_consumers(ctl: Ctl, column: tuple[str, ...], verbose: bool) -> None:
     """Lists all stream consumers for a vhost."""
-    keys = _keys(column, CONSUMER_KEYS, CONSUMER_KEYS[2:], verbose)
-    ctl.banner("Listing stream consumers ...")
-    items = _listing(ctl, f"/api/stream/consumers/{segment(ctl.vhost)}")
-    ctl.listing(_rows(items, keys, _client_value))
+    _clients(ctl, "consumers", CONSUMER_KEYS, column, verbose)
 
 
 @command("list_stream_consumer_groups")

@@ -57,16 +57,6 @@ async def ctl(app: App | None, *args: str, **kwargs) -> tuple[int, str, str]:
     return await run(sys.executable, "-m", "riverlog.cli_ctl", *where, *args, **kwargs)
 
 
-async def eventually(check, timeout: float = 30.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        assert asyncio.get_running_loop().time() < deadline, "condition never held"
-        await asyncio.sleep(0.05)
-
-
 def names(app: App) -> dict[str, str]:
     """connection_name client property -> RabbitMQ connection name, from the door."""
     from riverlog.server.management.connections import connection_name
@@ -131,13 +121,16 @@ async def test_list_stream_publishers_and_consumers(app):
         consumer = Consumer("127.0.0.1", port, username="guest", password="guest")
         await consumer.start()
         got = []
+        all_in = asyncio.Event()
 
         async def on_message(msg, ctx):
             got.append(ctx.offset)
+            if len(got) == 3:
+                all_in.set()
         await consumer.subscribe("orders", on_message, offset_specification=(
             ConsumerOffsetSpecification(OffsetType.FIRST)))
         try:
-            await eventually(lambda: asyncio.sleep(0, len(got) == 3))
+            await asyncio.wait_for(all_in.wait(), 30)
             rc, out, err = await ctl(app, "list_stream_publishers")
             assert rc == 0, err
             lines = out.splitlines()
@@ -172,8 +165,7 @@ async def test_list_stream_publishers_and_consumers(app):
 
 async def test_consumer_groups_and_group_consumers(app):
     port = app.rabbitmq_stream.port
-    async with Producer("127.0.0.1", port, username="guest", password="guest") as producer:
-        await producer.create_stream("sacs")
+    app.broker.create("sacs")
     rc, out, _ = await ctl(app, "list_stream_consumer_groups")
     assert rc == 0 and out.splitlines() == ["Listing stream consumer groups ..."]
     members = []

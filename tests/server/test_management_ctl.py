@@ -63,12 +63,18 @@ async def test_put_and_delete_super_stream(app):  # noqa: F811
     assert status == 404 and answer["error"] == "Object Not Found"
 
 
-async def test_super_stream_routes_follow_the_caller_rights(tmp_path):
+async def _secured(tmp_path, *alice_rules: tuple[str, str]):
+    """An App with authorization on: `ops` may do anything, `alice` what ``alice_rules``
+    ((pattern, action) pairs) allow; each logs in with its name as password."""
     users = tuple((name, hash_password(name, rounds=4)) for name in ("alice", "ops"))
-    rules = (("p", "alice", "a.*", "create"), ("p", "alice", "a.*", "publish"),
+    rules = (*(("p", "alice", pattern, action) for pattern, action in alice_rules),
              ("p", "ops", "*", "*"))
-    app = await _app(tmp_path, security=SecurityConfig(users=users, loopback_users=(),
-                                                       authz=True, authz_rules=rules))
+    return await _app(tmp_path, security=SecurityConfig(users=users, loopback_users=(),
+                                                        authz=True, authz_rules=rules))
+
+
+async def test_super_stream_routes_follow_the_caller_rights(tmp_path):
+    app = await _secured(tmp_path, ("a.*", "create"), ("a.*", "publish"))
     alice, ops = basic("alice", "alice"), basic("ops", "ops")
     try:
         status, answer = await call(app, "PUT", PUT + "b.inv", auth=alice,
@@ -136,10 +142,7 @@ async def test_consumer_groups(app):  # noqa: F811
 
 
 async def test_consumer_groups_show_what_the_caller_may_see(tmp_path):
-    users = tuple((name, hash_password(name, rounds=4)) for name in ("alice", "ops"))
-    rules = (("p", "alice", "a.*", "*"), ("p", "ops", "*", "*"))
-    app = await _app(tmp_path, security=SecurityConfig(users=users, loopback_users=(),
-                                                       authz=True, authz_rules=rules))
+    app = await _secured(tmp_path, ("a.*", "*"))
     port = app.rabbitmq_stream.port
     try:
         async with Producer("127.0.0.1", port, username="ops", password="ops") as producer:
