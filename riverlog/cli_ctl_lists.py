@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
+from urllib.parse import urlsplit
 
 import click
 
@@ -39,7 +40,10 @@ QUEUE_KEYS = (
     "state", "type", "leader", "members", "online")
 VHOST_KEYS = ("name", "description", "tags", "default_queue_type", "tracing",
               "cluster_state", "metadata")
-COLUMN_HELP = "Columns (info keys), space- or comma-separated."
+# the listener lines of rabbitmqctl status (the Java suite looks for `stream/ssl` there to
+# know whether TLS is on)
+PURPOSES = {"stream": "stream protocol", "stream/ssl": "stream protocol over TLS",
+            "http": "HTTP API"}
 
 
 def _rows(items: Sequence[dict], keys: Sequence[str], value: Callable[[dict, str], Any]
@@ -219,7 +223,7 @@ def status(ctl: Ctl) -> None:
     info = ctl.api.get(f"/api/nodes/{segment(node)}") or {}
     listeners = list(overview.get("listeners") or []) + [
         {"node": c.get("node"), "protocol": "http", "port": c.get("port"),
-         "ip_address": ctl.api.url} for c in overview.get("contexts") or []]
+         "ip_address": urlsplit(ctl.api.url).hostname} for c in overview.get("contexts") or []]
     if ctl.machine_readable:
         ctl.document({
             "node": node, "pid": info.get("os_pid"), "uptime": info.get("uptime"),
@@ -239,8 +243,9 @@ def status(ctl: Ctl) -> None:
         f"Product version: {overview.get('product_version', '')}", "", "Alarms", "",
         *([f"{a.get('resource')} alarm on node {a.get('node')}" for a in alarms]
           or ["(none)"]), "", "Listeners", "",
-        *(f"Node: {l.get('node')}, interface: {l.get('ip_address')}, port: {l.get('port')}, "
-          f"protocol: {l.get('protocol')}" for l in listeners), "", "Totals", "",
+        *(f"Interface: {l.get('ip_address')}, port: {l.get('port')}, protocol: "
+          f"{l.get('protocol')}, purpose: {PURPOSES.get(l.get('protocol'), '')}"
+          for l in listeners), "", "Totals", "",
         *(f"{k}: {v}" for k, v in (overview.get("object_totals") or {}).items()), "",
         "Disk", "", f"Free bytes: {info.get('disk_free', '')}", "", "Memory", "",
         f"Used bytes: {info.get('mem_used', '')}"]

@@ -280,8 +280,9 @@ async def test_vhosts_and_status(app):
     assert lines[0].startswith("Status of node rabbit@") and lines[0].endswith(" ...")
     assert "RabbitMQ version: 3.13.0" in lines and "Product name: riverlog" in lines
     assert f"OS PID: {os.getpid()}" in lines
-    assert any(f"port: {app.rabbitmq_stream.port}, protocol: stream" in line
-               for line in lines)
+    assert (f"Interface: 127.0.0.1, port: {app.rabbitmq_stream.port}, protocol: stream, "
+            "purpose: stream protocol") in lines
+    assert not any("stream/ssl" in line for line in lines)  # no TLS listener here
     rc, out, _ = await ctl(app, "status", "--formatter", "json")
     assert json.loads(out)["product_name"] == "riverlog"
 
@@ -409,3 +410,23 @@ async def test_users_and_permissions(app):
     assert rc == 67 and err.strip() == 'Error:\n{:no_such_user, "alice"}'
     rc, out, _ = await ctl(app, "-s", "list_users")
     assert not any(line.startswith("alice\t") for line in out.splitlines())
+
+
+async def test_status_names_the_tls_listener(tmp_path):
+    """The Java suite's TlsTest and OffsetTest look for `stream/ssl` in rabbitmqctl status to
+    know whether the server has TLS."""
+    from riverlog.config import SecurityConfig, TlsConfig
+    from security._certs import Authority
+    pem = Authority(str(tmp_path)).issue("localhost", server=True)
+    app = App(ServerConfig(data_dir=str(tmp_path / "data"), log=LogConfig(),
+                           rabbitmq_stream=RabbitStreamConfig(port=0, tls_port=0),
+                           management=ManagementConfig(port=0),
+                           security=SecurityConfig(tls=TlsConfig(pem.cert, pem.key))))
+    await app.start()
+    try:
+        rc, out, err = await ctl(app, "status")
+        assert rc == 0, err
+        assert (f"Interface: 127.0.0.1, port: {app.rabbitmq_stream.tls_port}, protocol: "
+                "stream/ssl, purpose: stream protocol over TLS") in out.splitlines()
+    finally:
+        await app.stop()
