@@ -192,9 +192,11 @@ class ManagementServer:
         listed = await queues(self.app, caller, {})
         messages = sum(q.get("messages", 0) for q in listed)
         door = self.app.rabbitmq_stream
-        listeners = [] if door is None else [
-            {"node": self.node, "protocol": "stream", "ip_address": door.config.host,
-             "port": door.port}]
+        listeners = [] if door is None else [  # RabbitMQ names the TLS one stream/ssl
+            {"node": self.node, "protocol": protocol, "ip_address": door.config.host,
+             "port": port} for protocol, port in (("stream", door.port), ("stream/ssl",
+                                                  door.tls_port if door.tls_listening else None))
+            if port is not None]
         return web.json_response({
             "management_version": RABBITMQ_VERSION, "rabbitmq_version": RABBITMQ_VERSION,
             "product_name": "riverlog", "product_version": __version__,
