@@ -3,8 +3,8 @@
 # lib/rabbitmq/cli/ctl/commands/*.ex; rabbitmq_stream's Elixir.RabbitMQ.CLI.Ctl.Commands.*
 # and rabbit_stream.hrl; the rabbitmq-streams(8) page), read from the management API.
 # Rules: a column riverlog has no value for (an Erlang pid, TLS details it does not keep)
-# is empty, never made up, except `connection_pid`, which is the connection's name (riverlog
-# has no processes: the name is what close_connection takes); `client_properties` is
+# is empty, never made up, except `connection_pid` and `pid`, which are the connection's
+# name (riverlog has no processes: the name is what close_connection takes); `client_properties` is
 # rabbitmqctl's list of [key, type, value].
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from .ctl_client import EX_DATAERR, EX_SOFTWARE, EX_USAGE, CtlError, HTTPFailure
 from .ctl_output import columns
 
 CONNECTION_KEYS = (
-    "conn_name", "port", "peer_port", "host", "peer_cert_issuer", "peer_cert_subject",
+    "conn_name", "pid", "port", "peer_port", "host", "peer_cert_issuer", "peer_cert_subject",
     "peer_cert_validity", "peer_host", "user", "vhost", "subscriptions", "ssl",
     "ssl_cipher", "ssl_hash", "ssl_key_exchange", "ssl_protocol", "connection_state",
     "auth_mechanism", "heartbeat", "frame_max", "client_properties", "connected_at")
@@ -67,7 +67,7 @@ def _listing(ctl: Ctl, path: str) -> list[dict]:
 
 
 def _connection_value(item: dict, key: str, subscriptions: dict[str, int]) -> Any:
-    if key == "conn_name":
+    if key in ("conn_name", "pid"):
         return item.get("name")
     if key == "subscriptions":
         return subscriptions.get(item.get("name"), 0)

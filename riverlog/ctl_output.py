@@ -15,17 +15,33 @@ import json
 from typing import Any, Iterable, Sequence
 
 FORMATTERS = ("table", "json", "pretty_table")
+AMQP_TYPES = frozenset(("longstr", "bool", "signedint", "long", "float", "double", "table",
+                        "array", "timestamp"))
+
+
+def _typed(item: Any) -> bool:
+    """A [key, type, value] entry of an AMQP table (client_properties)."""
+    return (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
+            and item[1] in AMQP_TYPES)
+
+
+def _quoted(value: Any) -> str:
+    return json.dumps(value if isinstance(value, str) else str(value), ensure_ascii=False)
 
 
 def table_value(value: Any) -> str:
     """One value as rabbitmqctl's table shows it: booleans ``true``/``false``, a list of
-    strings ``[a, b]`` (user tags), None empty, other lists and maps as compact JSON."""
+    strings ``[a, b]`` (user tags), an AMQP table ([key, type, value] entries, such as
+    client_properties) as Erlang's ``[{"key","value"},...]`` (the Java suite's Cli parses
+    that), None empty, other lists and maps as compact JSON."""
     if value is None:
         return ""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return "[" + ", ".join(value) + "]"
+    if isinstance(value, list) and value and all(_typed(v) for v in value):
+        return "[" + ",".join(f'{{{_quoted(k)},{_quoted(v)}}}' for k, _, v in value) + "]"
     if isinstance(value, (list, dict)):
         return json.dumps(value, separators=(",", ":"))
     return str(value)

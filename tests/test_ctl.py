@@ -108,6 +108,21 @@ async def test_list_stream_connections_table_quiet_silent_and_json(app):
                              if k == "connection_name"): c["conn_name"] for c in listed}
             assert provided == named
             assert all(list(c) == ["conn_name", "client_properties"] for c in listed)
+            # the Java suite's Cli.listConnections: a table it splits at tabs, client
+            # properties as Erlang's [{"key","value"},...]
+            rc, out, _ = await ctl(app, "list_stream_connections", "-q", "--formatter",
+                                   "table", "conn_name,pid,client_properties")
+            lines = out.splitlines()
+            assert rc == 0 and lines[0] == "conn_name\tpid\tclient_properties"
+            parsed = {}
+            for line in lines[1:]:
+                conn, pid, properties = line.split("\t")
+                entries = (properties.replace("[", "").replace("]", "").replace("},{", "|")
+                           .replace("{", "").replace("}", "").split("|"))
+                pairs = dict((e.split('","')[0][1:], e.split('","')[1][:-1]) for e in entries)
+                assert pid == conn and pairs["product"] == "RabbitMQ Stream"
+                parsed[pairs["connection_name"]] = conn
+            assert parsed == named
         finally:
             await consumer.close()
 
@@ -321,11 +336,14 @@ async def test_riverlog_ctl_and_the_rabbitmqctl_script(app):
     riverlog = os.path.join(os.path.dirname(sys.executable), "riverlog")
     rc, out, err = await run(riverlog, "ctl", "--url", url(app), "list_vhosts", "-q")
     assert rc == 0 and out.splitlines() == ["name", "/"], err
-    script = os.path.join(REPO, "scripts", "rabbitmqctl")
-    rc, out, err = await run(script, "list_vhosts", "-s",
-                             env={"RIVERLOG_MANAGEMENT_URL": url(app),
-                                  "RIVERLOG_PYTHON": sys.executable})
+    where = {"RIVERLOG_MANAGEMENT_URL": url(app), "RIVERLOG_PYTHON": sys.executable}
+    rc, out, err = await run(os.path.join(REPO, "scripts", "rabbitmqctl"), "list_vhosts",
+                             "-s", env=where)
     assert rc == 0 and out.splitlines() == ["/"], err
+    # the Java suite runs rabbitmq-streams from the folder of -Drabbitmqctl.bin
+    rc, out, err = await run(os.path.join(REPO, "scripts", "rabbitmq-streams"),
+                             "list_stream_consumer_groups", env=where)
+    assert rc == 0 and out.splitlines() == ["Listing stream consumer groups ..."], err
     rc, out, _ = await run(riverlog, "ctl", "--help")
     assert rc == 0 and all(c in out for c in (
         "list_stream_connections", "list_stream_group_consumers", "add_user",
