@@ -21,7 +21,7 @@ import re
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from .authz import ADMIN, CONSUME, CREATE, DELETE, PUBLISH
+from .authz import CONSUME, CREATE, DELETE, PUBLISH
 
 VHOST = "/"
 """riverlog's one virtual host: every permission is on it."""
@@ -87,14 +87,7 @@ class Permission:
         never granted here (it is the ``administrator`` tag's)."""
         kind = _ACTION_KIND.get(action)
         pattern = getattr(self, kind) if kind else ""
-        return bool(pattern) and _compiled(pattern).search(stream) is not None
-
-
-def _compiled(pattern: str) -> re.Pattern:
-    return _cache.get(pattern) or _cache.setdefault(pattern, re.compile(pattern))
-
-
-_cache: dict[str, re.Pattern] = {}
+        return bool(pattern) and re.search(pattern, stream) is not None  # re caches it
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -169,7 +162,7 @@ def check_expression(kind: str, pattern: Any) -> str:
     if not isinstance(pattern, str):
         raise AccessError(f"{kind} must be a string (a regular expression)")
     try:
-        _compiled(pattern)
+        re.compile(pattern)
     except (re.error, RecursionError, OverflowError) as exc:
         raise AccessError(f"{kind}: invalid regular expression {pattern!r}: {exc}") from None
     return pattern

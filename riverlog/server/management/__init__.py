@@ -7,8 +7,8 @@
 #   connections.py  connections, publishers and consumers of the RabbitMQ Stream door
 #   queues.py       streams as queues, super streams as exchanges and bindings
 #   paging.py       sorting, `name` filters and pages of the listings
-#   answers.py      RabbitMQ's error bodies, 503s and listing answers the routes share
-#   users.py        runtime users and permissions (/api/users, /api/permissions)
+#   users.py        runtime users and permissions (administrators only)
+#   answers.py      RabbitMQ's error bodies, 503s and the listings' answer, shared by the routes
 #   stream_groups.py  single active consumer groups (riverlog's /api/riverlog/stream/...)
 #   super_streams.py  super streams made and deleted whole (rabbitmq-streams' commands)
 #   web/            the page itself (static HTML + JS, no build step)
