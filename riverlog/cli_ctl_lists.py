@@ -87,10 +87,10 @@ def list_stream_connections(ctl: Ctl, column: tuple[str, ...], verbose: bool) ->
     """Lists stream connections (default column: conn_name)."""
     keys = _keys(column, CONNECTION_KEYS, ("conn_name",), verbose)
     ctl.banner("Listing stream connections ...")
-    items = _listing(ctl, "/api/stream/connections")
+    items = _listing(ctl, f"/api/stream/connections/{segment(ctl.vhost)}")
     counts: dict[str, int] = {}
     if "subscriptions" in keys:
-        for consumer in _listing(ctl, "/api/stream/consumers"):
+        for consumer in _listing(ctl, f"/api/stream/consumers/{segment(ctl.vhost)}"):
             name = (consumer.get("connection_details") or {}).get("name")
             counts[name] = counts.get(name, 0) + 1
     ctl.listing(_rows(items, keys, lambda i, k: _connection_value(i, k, counts)))

@@ -448,3 +448,19 @@ async def test_status_names_the_tls_listener(tmp_path):
                 "stream/ssl, purpose: stream protocol over TLS") in out.splitlines()
     finally:
         await app.stop()
+
+
+def test_node_names_sizes_and_durations():
+    """-n as rabbitmqctl's node names map to management URLs; add_super_stream's sizes and
+    durations as RabbitMQ reads them (rabbit_resource_monitor_misc, rabbit_date_time)."""
+    from riverlog.cli_ctl_admin import duration_seconds, information_unit
+    from riverlog.ctl_client import node_url
+    assert node_url("rabbit@broker1") == "http://broker1:15672"
+    assert node_url("broker1:15673") == "http://broker1:15673"
+    assert node_url("https://b:1") == "https://b:1" and node_url(None) is None
+    assert [information_unit(v) for v in ("20gb", "500mb", "1kb", "1k", "2KiB", "3M", "7",
+                                          "lots", "1.5gb", "")] == [
+        20 * 1000 ** 3, 500 * 1000 ** 2, 1000, 1024, 2048, 3 * 1024 ** 2, 7, None, None, None]
+    assert [duration_seconds(v) for v in ("PT10M30S", "P5DT8H", "P1Y2M", "PT1S", "P", "PT",
+                                          "10m", "P1DT")] == [
+        630, 5 * 86400 + 8 * 3600, 365 * 86400 + 60 * 86400, 1, None, None, None, None]
