@@ -143,7 +143,11 @@ def command(name: str, **kwargs) -> Callable[[Callable], click.Command]:
         def wrapper(**params):
             own = {k: params.pop(k) for k in _SHARED_KEYS}
             return fn(_ctl(click.get_current_context().obj or {}, own), **params)
-        return ctl_group.command(name, **kwargs)(_shared_options(wrapper))
+        own = list(getattr(wrapper, "__click_params__", []))
+        wrapper.__click_params__ = []
+        _shared_options(wrapper)
+        wrapper.__click_params__ += own  # click lists them reversed: the command's own first
+        return ctl_group.command(name, **kwargs)(wrapper)
     return decorate
 
 
