@@ -21,7 +21,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ...errors import InvalidArgumentError, LimitExceededError, StreamExistsError, StreamNotFoundError
+from ...errors import (InvalidArgumentError, LimitExceededError, StreamExistsError,
+                       StreamNotFoundError)
 from ...security.authz import CREATE, DELETE
 from ..rabbitmq_stream.arguments import stream_config_from_arguments
 from .access import Caller
