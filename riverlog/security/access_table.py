@@ -193,12 +193,15 @@ def delete_user(table: AccessTable, name: str) -> tuple[AccessTable, None]:
     return AccessTable(users, permissions), None
 
 
-def set_permissions(table: AccessTable, user: str, configure: str, write: str, read: str
-                    ) -> tuple[AccessTable, bool]:
-    """Set ``user``'s permission on ``/`` (the user's existence is the caller's to check:
-    a configuration-file user is not in the table). Returns (table, True when created).
-    Raises AccessError (a bad name or expression)."""
+def set_permissions(table: AccessTable, user: str, configure: str, write: str, read: str,
+                    runtime: bool = False) -> tuple[AccessTable, bool]:
+    """Set ``user``'s permission on ``/``; ``runtime``: the user must be in the table (a
+    configuration-file user is not: the caller checks those). Returns (table, True when
+    created). Raises AccessError (a bad name or expression; RabbitMQ's
+    ``vhost_or_user_not_found`` for a runtime user that is not there)."""
     check_name(user)
+    if runtime and user not in table.users:
+        raise AccessError("vhost_or_user_not_found")
     permission = Permission(check_expression("configure", configure),
                             check_expression("write", write), check_expression("read", read))
     created = user not in table.permissions

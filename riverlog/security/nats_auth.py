@@ -4,7 +4,9 @@
 # users when authorization is on or when it listens beyond loopback (it cannot serve anonymous
 # clients from loopback only, so then every client logs in); every riverlog user with a
 # password becomes a NATS user with the same bcrypt hash (nats-server checks bcrypt itself),
-# except loopback-only users when nats-server listens beyond loopback. With authorization on,
+# except loopback-only users when nats-server listens beyond loopback; runtime users (the
+# management API's) join and leave with each change (``access_changed``, then a reload), one
+# with RabbitMQ's SHA-256 hash never (nats-server checks bcrypt only). With authorization on,
 # a user may publish on the subjects (`subject` for partition 0, `subject.N` for partition N:
 # plain and enveloped publishes alike) of the streams it may publish to, and subscribe to its
 # own inboxes (`_INBOX.<user>.>`, ``own_inboxes``) and to the subjects of the streams it may

@@ -88,9 +88,10 @@ class RuntimeAccess:
             self._unwatch = None
 
     async def change(self, change: str, **arguments: Any) -> object:
-        """Apply access_table.CHANGES[``change``] with ``arguments`` (stored before this
-        returns) and return its result. Raises access_table.AccessError (NoSuchUser,
-        NoSuchPermission), ``OSError`` (the file), ClusterUnavailableError (Raft)."""
+        """Apply access_table.CHANGES[``change``] with ``arguments`` and return its result,
+        once stored and in effect on this server's doors (nats-server reloaded). Raises
+        access_table.AccessError (NoSuchUser, NoSuchPermission), ``OSError`` (the file),
+        ClusterUnavailableError (Raft)."""
         cluster = self.app.cluster
         if cluster is not None:
             from ..cluster.access import AccessRefused
@@ -100,11 +101,13 @@ class RuntimeAccess:
             except AccessRefused as exc:
                 raise exc.error from None
             self._follow(cluster.metadata.state.access)
-            return result
-        async with self._lock:
-            table, result = CHANGES[change](self.table, **arguments)
-            await asyncio.to_thread(save, self.path, table)
-            self._follow(table)
+        else:
+            async with self._lock:
+                table, result = CHANGES[change](self.table, **arguments)
+                await asyncio.to_thread(save, self.path, table)
+                self._follow(table)
+        if self.app.nats is not None:
+            await self.app.nats.sync()  # this server's nats-server reloaded
         return result
 
     def _follow(self, table: AccessTable) -> None:

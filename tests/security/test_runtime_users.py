@@ -111,7 +111,6 @@ async def test_runtime_user_on_the_grpc_and_nats_doors(app):
                        json={"password": "n-pw"}))[0] == 201
     assert (await call(app, "PUT", "/api/permissions/%2F/nina", auth=OPS, json={
         "configure": "^nina$", "write": "^nina$", "read": "^nina$"}))[0] == 201
-    await app.nats.sync()  # the embedded nats-server took her
     nina = basic("nina", "n-pw")
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc.port}") as channel:
         stub = api_pb2_grpc.APIStub(channel)
@@ -131,7 +130,6 @@ async def test_runtime_user_on_the_grpc_and_nats_doors(app):
         # write taken away: refused by nats-server on her next connection
         assert (await call(app, "PUT", "/api/permissions/%2F/nina", auth=OPS, json={
             "configure": "^nina$", "write": "", "read": "^nina$"}))[0] == 204
-        await app.nats.sync()
         later = await Client().connect(app.nats.url, "nina", "n-pw")
         await later.publish("nina", b"refused")
         assert "permissions violation for publish" in (await later.errors_reach(1))[0].lower()
@@ -139,7 +137,6 @@ async def test_runtime_user_on_the_grpc_and_nats_doors(app):
 
         # deleted: her NATS connections are dropped, she logs in nowhere
         assert (await call(app, "DELETE", "/api/users/nina", auth=OPS))[0] == 204
-        await app.nats.sync()
         for conn in (client, later):
             for _ in range(500):
                 if conn.nc.is_closed:

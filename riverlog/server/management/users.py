@@ -202,14 +202,17 @@ class UserRoutes:
         required): 201 created, 204 updated; 400 for a missing key, a bad expression, or a
         user or vhost that does not exist (RabbitMQ's `vhost_or_user_not_found`)."""
         user = request.match_info["user"]
-        if request.match_info["vhost"] != VHOST or user not in self._users:
+        if request.match_info["vhost"] != VHOST:
             raise _bad("vhost_or_user_not_found")
         body = await _body(request)
         missing = [key for key in ("configure", "write", "read") if key not in body]
         if missing:
             raise _bad(f"key_missing: {', '.join(missing)}")
         expressions = {key: body[key] for key in ("configure", "write", "read")}
-        created = await self._change("set_permissions", user=user, **expressions)
+        # a runtime user's existence is checked in the change itself: in Raft's order in a
+        # cluster, so a user just made through another server is found
+        created = await self._change("set_permissions", user=user, **expressions,
+                                     runtime=not self._users.in_file(user))
         if not self.app.guard.config.authz:
             log.warning("permissions of %r are stored but decide nothing while authorization "
                         "is off (docs/security.md)", user)
