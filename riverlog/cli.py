@@ -13,6 +13,7 @@ import time
 import click
 
 from . import __version__
+from .cli_ctl import ctl_command
 from .cli_ops import COMMANDS as OPS_COMMANDS
 from .cli_ops import stream_group
 from .cli_replicas import REPLICA_COMMANDS, WAIT_S, raft_options
@@ -232,6 +233,7 @@ for _command in OPS_COMMANDS:  # stream, publish, tail, stats (riverlog/cli_ops.
 for _command in REPLICA_COMMANDS:
     stream_group.add_command(_command)
 main.add_command(demo)  # riverlog demo ... (riverlog/spark/demo.py)
+main.add_command(ctl_command)  # riverlog ctl ... (rabbitmqctl's commands: riverlog/cli_ctl.py)
 
 
 @main.group("user")

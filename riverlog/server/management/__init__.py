@@ -8,7 +8,9 @@
 #   queues.py       streams as queues, super streams as exchanges and bindings
 #   paging.py       sorting, `name` filters and pages of the listings
 #   users.py        runtime users and permissions (administrators only)
-#   answers.py      RabbitMQ's error bodies and the listings' answer, shared by the routes
+#   answers.py      RabbitMQ's error bodies, 503s and the listings' answer, shared by the routes
+#   stream_groups.py  single active consumer groups (riverlog's /api/riverlog/stream/...)
+#   super_streams.py  super streams made and deleted whole (rabbitmq-streams' commands)
 #   web/            the page itself (static HTML + JS, no build step)
 # Rules: every answer is computed on the event loop from the running server's state; nothing
 # here runs on a publish or delivery path; each answer shows only what its caller may see.

@@ -1,6 +1,7 @@
 # The management API's error answers and listings, shared by its route modules (server.py,
-# users.py). Rules: errors have RabbitMQ's body (rabbit_mgmt_util): ``{"error": ...,
-# "reason": ...}``; a listing is sorted and paged as RabbitMQ's (paging.py).
+# users.py, super_streams.py). Rules: errors have RabbitMQ's body (rabbit_mgmt_util):
+# ``{"error": ..., "reason": ...}``; a request the server cannot serve now is 503; a listing
+# is sorted and paged as RabbitMQ's (paging.py).
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ...errors import ClusterUnavailableError, ResourceExhaustedError
 from .paging import PagingError, listing
 
 
@@ -21,6 +23,20 @@ def error(status: type[web.HTTPException], word: str, reason: str, **kwargs: Any
 def not_found() -> web.HTTPException:
     """404 ``{"error": "Object Not Found", "reason": "Not Found"}``."""
     return error(web.HTTPNotFound, "Object Not Found", "Not Found")
+
+
+def bad_request(reason: str) -> web.HTTPException:
+    """400 ``{"error": "bad_request", "reason": reason}`` (rabbit_mgmt_util:bad_request)."""
+    return error(web.HTTPBadRequest, "bad_request", reason)
+
+
+UNAVAILABLE = (ClusterUnavailableError, ResourceExhaustedError)
+"""Errors of a request the server cannot serve now (no Raft leader, no file descriptor): 503."""
+
+
+def unavailable(exc: Exception) -> web.HTTPException:
+    """503 ``{"error": "service_unavailable", "reason": <why>}``: try again later."""
+    return error(web.HTTPServiceUnavailable, "service_unavailable", str(exc))
 
 
 def listed(request: web.Request, items: list[dict]) -> web.Response:

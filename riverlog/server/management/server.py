@@ -27,19 +27,21 @@ from aiohttp import web
 
 from ... import __version__
 from ...alarms import DISK, MEMORY
-from ...errors import (ClusterUnavailableError, InvalidArgumentError, LimitExceededError,
-                      ReservedStreamError, ResourceExhaustedError, StreamExistsError,
-                      StreamNotFoundError)
+from ...errors import (InvalidArgumentError, LimitExceededError, ReservedStreamError,
+                      StreamExistsError, StreamNotFoundError)
 from ...security.authz import CREATE, DELETE, PUBLISH
 from . import users
 from .access import Caller
+from .answers import UNAVAILABLE
 from .answers import error as _error
 from .answers import listed as _listed
-from .answers import not_found
+from .answers import not_found, unavailable
 from .connections import (VHOST, connection_json, connection_name, consumers, find, publishers,
                           visible)
 from .queues import (bindings_json, create, delete, exchange_json,
                      node_name, one_queue, queues, stream_arguments)
+from .stream_groups import consumer_groups, group_consumers
+from .super_streams import delete_super_stream, put_super_stream
 
 log = logging.getLogger("riverlog.management")
 
@@ -47,15 +49,6 @@ WEB_DIR = os.path.join(os.path.dirname(__file__), "web")
 RABBITMQ_VERSION = "3.13.0"  # what the stream door's PeerProperties says it is
 REALM = 'Basic realm="RabbitMQ Management"'
 CLOSE_REASON = "Closed via management plugin"  # rabbit_mgmt_wm_connection's default
-
-
-UNAVAILABLE = (ClusterUnavailableError, ResourceExhaustedError)
-"""Errors of a request the server cannot serve now (no Raft leader, no file descriptor): 503."""
-
-
-def unavailable(exc: Exception) -> web.HTTPException:
-    """503 ``{"error": "service_unavailable", "reason": <why>}``: try again later."""
-    return _error(web.HTTPServiceUnavailable, "service_unavailable", str(exc))
 
 
 def _vhost(request: web.Request) -> None:
@@ -164,6 +157,10 @@ class ManagementServer:
             "/api/queues/{vhost}/{name}": self.queue,
             "/api/exchanges/{vhost}/{name}": self.exchange,
             "/api/exchanges/{vhost}/{name}/bindings/source": self.bindings,
+            "/api/riverlog/stream/consumer-groups": self.consumer_groups,
+            "/api/riverlog/stream/consumer-groups/{vhost}": self.consumer_groups,
+            "/api/riverlog/stream/consumer-groups/{vhost}/{stream}/{reference}":
+                self.group_consumers,
         }
         for path, handler in get.items():
             for variant in (path, path + "/"):  # RabbitMQ takes a trailing slash too
@@ -176,6 +173,9 @@ class ManagementServer:
         router.add_delete("/api/exchanges/{vhost}/{name}", guarded(self.delete_exchange))
         router.add_post("/api/bindings/{vhost}/e/{name}/q/{queue}",
                         guarded(self.post_binding))
+        router.add_put("/api/stream/super-streams/{vhost}/{name}", guarded(self.put_super_stream))
+        router.add_delete("/api/riverlog/stream/super-streams/{vhost}/{name}",
+                          guarded(self.delete_super_stream))
         users.add_routes(router, guarded, self.app)
         router.add_get("/", guarded(self.index))
 
@@ -192,9 +192,11 @@ class ManagementServer:
         listed = await queues(self.app, caller, {})
         messages = sum(q.get("messages", 0) for q in listed)
         door = self.app.rabbitmq_stream
-        listeners = [] if door is None else [
-            {"node": self.node, "protocol": "stream", "ip_address": door.config.host,
-             "port": door.port}]
+        listeners = [] if door is None else [  # RabbitMQ names the TLS one stream/ssl
+            {"node": self.node, "protocol": protocol, "ip_address": door.config.host,
+             "port": port} for protocol, port in (("stream", door.port), ("stream/ssl",
+                                                  door.tls_port if door.tls_listening else None))
+            if port is not None]
         return web.json_response({
             "management_version": RABBITMQ_VERSION, "rabbitmq_version": RABBITMQ_VERSION,
             "product_name": "riverlog", "product_version": __version__,
@@ -315,6 +317,28 @@ class ManagementServer:
         _vhost(request)
         return _listed(request, consumers(self._door(), caller, self.node,
                                           stream=request.match_info.get("stream")))
+
+    # -- single active consumer groups and whole super streams (stream_groups.py,
+    # super_streams.py: riverlog's routes for rabbitmq-streams' commands) ----------------
+    async def consumer_groups(self, request: web.Request, caller: Caller) -> web.Response:
+        _vhost(request)
+        return _listed(request, consumer_groups(self.app, caller))
+
+    async def group_consumers(self, request: web.Request, caller: Caller) -> web.Response:
+        _vhost(request)
+        found = group_consumers(self.app, caller, request.match_info["stream"],
+                                request.match_info["reference"])
+        if found is None:
+            raise not_found()
+        return web.json_response(found)
+
+    async def put_super_stream(self, request: web.Request, caller: Caller) -> web.Response:
+        _vhost(request)
+        return await put_super_stream(self.app, request, caller)
+
+    async def delete_super_stream(self, request: web.Request, caller: Caller) -> web.Response:
+        _vhost(request)
+        return await delete_super_stream(self.app, request, caller)
 
     # -- queues and exchanges -------------------------------------------------------------
     def _consumer_counts(self) -> dict[str, int]:

@@ -48,6 +48,11 @@ class RabbitStreamServer:
             "localhost" if self.config.host in ("0.0.0.0", "::", "") else self.config.host)
         return host, self.config.advertised_port or self.port
 
+    @property
+    def tls_listening(self) -> bool:
+        """Whether the TLS listener is up (on ``tls_port``)."""
+        return self._tls_server is not None
+
     def advertised_for(self, tls: bool) -> tuple[str, int]:
         """What Open and Metadata tell a client: the TLS listener's port on TLS connections."""
         host, port = self.advertised
