@@ -74,12 +74,14 @@ async def _secured(tmp_path, *alice_rules: tuple[str, str]):
 
 
 async def test_super_stream_routes_follow_the_caller_rights(tmp_path):
-    app = await _secured(tmp_path, ("a.*", "create"), ("a.*", "publish"))
+    app = await _secured(tmp_path, ("a.*", "create"), ("a.*", "publish"), ("a.inv", "consume"))
     alice, ops = basic("alice", "alice"), basic("ops", "ops")
     try:
         status, answer = await call(app, "PUT", PUT + "b.inv", auth=alice,
                                     json={"partitions": 1})
         assert status == 401 and answer["error"] == "not_authorized"
+        status, _ = await call(app, "PUT", PUT + "a.no", auth=alice, json={"partitions": 1})
+        assert status == 401  # no consume on a.no: RabbitMQ's read on the exchange
         status, _ = await call(app, "PUT", PUT + "a.inv", auth=alice, json={"partitions": 2})
         assert status == 201
         assert app.broker.streams["a.inv-0"].config.owner == "alice"

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from ...errors import (InvalidArgumentError, LimitExceededError, StreamExistsError,
                        StreamNotFoundError)
-from ...security.authz import CREATE, DELETE
+from ...security.authz import CONSUME, CREATE, DELETE, PUBLISH
 from ..rabbitmq_stream.arguments import stream_config_from_arguments
 from .access import Caller
 from .answers import UNAVAILABLE, bad_request, error, not_found, unavailable
@@ -81,7 +81,9 @@ async def put_super_stream(app, request: web.Request, caller: Caller) -> web.Res
         raise bad_request(str(exc)) from None
     if door is None:
         raise not_found()
-    if not all(caller.may(n, CREATE) for n in (name, *partitions)):
+    wanted = [(n, CREATE) for n in (name, *partitions)]  # RabbitMQ's configure, read, write
+    wanted += [(name, CONSUME), *((n, PUBLISH) for n in partitions)]
+    if not all(caller.may(n, action) for n, action in wanted):
         raise _refused(caller, name)
     broker = app.broker
     placement = broker.placement

@@ -59,6 +59,7 @@ class Session:
         self.frame_max = self.config.frame_max
         self.heartbeat_s = self.config.heartbeat_s
         self.deliver_v2 = False
+        self.mechanism: str | None = None  # the SASL mechanism of the first login
         self._heartbeat_task: asyncio.Task | None = None
         self._close_timer: asyncio.TimerHandle | None = None  # set by the client's Close
 
@@ -95,6 +96,12 @@ class Session:
         connection's reading paused meanwhile, so other connections are not held up."""
         link = self.link
         corr = frame.correlation_id
+        if self.state.open and frame.mechanism != self.mechanism:  # a secret update
+            self._refuse(f.SaslAuthenticateResponse(
+                corr, ResponseCode.SASL_CANNOT_CHANGE_MECHANISM),
+                f"user {link.user!r} may not change mechanism {self.mechanism} for "
+                f"{frame.mechanism[:20]!r}")
+            return
         certificate = link.peer_certificate() if frame.mechanism == "EXTERNAL" else None
         if certificate:
             user = link.guard.certificate_user(certificate)
@@ -102,7 +109,7 @@ class Session:
                 self._refuse(f.SaslAuthenticateResponse(corr, ResponseCode.AUTHENTICATION_FAILURE),
                              "no configured user for the client certificate")
             else:
-                self._logged_in(corr, user, None)
+                self._logged_in(corr, user, None, "EXTERNAL")
         elif frame.mechanism == "PLAIN":
             parts = (frame.data or b"").split(b"\0")
             if len(parts) != 3:
@@ -113,13 +120,17 @@ class Session:
             link.flow.hold(LOGIN)
             checked = asyncio.ensure_future(link.guard.login_async(user, password,
                                                                    link.peer_host))
-            checked.add_done_callback(lambda done: self._logged_in(corr, user, done.result()))
+            checked.add_done_callback(
+                lambda done: self._logged_in(corr, user, done.result(), "PLAIN"))
         else:
             self.send(f.SaslAuthenticateResponse(corr, ResponseCode.SASL_MECHANISM_NOT_SUPPORTED))
 
-    def _logged_in(self, corr: int, user: str, refused: str | None) -> None:
+    def _logged_in(self, corr: int, user: str, refused: str | None, mechanism: str) -> None:
         """Finish SaslAuthenticate: ``refused`` is None (then Tune follows), "password" or
-        "loopback" (riverlog.security.guard.Guard.login)."""
+        "loopback" (riverlog.security.guard.Guard.login). After Open it is a secret update:
+        the same user's, answered OK with no Tune; another user's is refused with
+        SASL_CANNOT_CHANGE_USERNAME and the connection closed (rabbit_stream_reader,
+        handle_frame_post_auth, sasl_authenticate: "Not allowed to change username")."""
         link = self.link
         if link.flow.gone():
             return
@@ -131,8 +142,15 @@ class Session:
             self._refuse(f.SaslAuthenticateResponse(
                 corr, ResponseCode.SASL_AUTHENTICATION_FAILURE_LOOPBACK),
                 f"user {user!r} may only connect from loopback")
+        elif self.state.open:
+            if user != link.user:
+                self._refuse(f.SaslAuthenticateResponse(
+                    corr, ResponseCode.SASL_CANNOT_CHANGE_USERNAME),
+                    f"user {link.user!r} may not become {user!r} (only its secret may change)")
+            else:
+                self.send(f.SaslAuthenticateResponse(corr, OK))
         else:
-            link.user = user
+            link.user, self.mechanism = user, mechanism
             self.state.on(LOGGED_IN)
             self.send(f.SaslAuthenticateResponse(corr, OK))
             self.send(f.Tune(self.config.frame_max, self.config.heartbeat_s))

@@ -258,14 +258,19 @@ class Streams:
 
     # -- super streams (registry and routing in broker/superstreams.py) -------------------
     def on_create_super_stream(self, frame: f.CreateSuperStream) -> None:
-        """Partitions are ordinary streams made with the Create arguments (in a cluster each
-        through ``Placement.create_stream``); 0x05 when the super stream or a partition
-        exists, 0x11 for a bad list (reference doc)."""
+        """Partitions are ordinary streams made with the Create arguments (in a cluster one
+        Raft entry with the super stream); 0x05 when the super stream or a partition
+        exists, 0x11 for a bad list (reference doc). 0x10 unless the user may create the
+        super stream and its partitions, consume from the super stream and publish to the
+        partitions: RabbitMQ's configure on the exchange and the streams, read on the
+        exchange and write on the streams (rabbit_stream_utils,
+        check_super_stream_management_permitted)."""
         link = self.link
         respond = partial(f.CreateSuperStreamResponse, frame.correlation_id)
         super_streams = link.server.super_streams
-        if not all(link.may(name, CREATE, link.resolve(name))
-                   for name in (frame.name, *frame.partitions)):
+        wanted = [(name, CREATE) for name in (frame.name, *frame.partitions)]
+        wanted += [(frame.name, CONSUME), *((name, PUBLISH) for name in frame.partitions)]
+        if not all(link.may(name, action, link.resolve(name)) for name, action in wanted):
             self.send(respond(ResponseCode.ACCESS_REFUSED))
         elif self._over_quota(frame.name, len(frame.partitions)):
             self.send(respond(ResponseCode.PRECONDITION_FAILED))
