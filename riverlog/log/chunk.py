@@ -324,11 +324,29 @@ def counts_match(buf: bytes | memoryview, header: ChunkHeader, pos: int = 0) -> 
 
 
 def count_entries(data: bytes | memoryview) -> tuple[int, int]:
-    """Return ``(entries, records)`` of an encoded data section, validating its structure."""
+    """Return ``(entries, records)`` of an encoded data section, validating its structure as
+    ``iter_entries`` does (the same ChunkFormatError on the same bytes) without building the
+    entries: a follower counts every chunk it appends (check_chunks), once per record."""
     entries = records = 0
-    for entry in iter_entries(data):
+    pos, end = 0, len(data)
+    u32, sub_batch, sub_size = _U32.unpack_from, _SUB_BATCH.unpack_from, _SUB_BATCH.size
+    while pos < end:
+        if end - pos < 4:
+            raise ChunkFormatError("truncated entry header")
+        if data[pos] & 0x80 == 0:
+            pos += 4 + u32(data, pos)[0]
+            if pos > end:
+                raise ChunkFormatError("entry longer than the data section")
+            records += 1
+        else:
+            if end - pos < sub_size:
+                raise ChunkFormatError("truncated sub-batch header")
+            _, count, _, n = sub_batch(data, pos)
+            pos += sub_size + n
+            if pos > end or count == 0:
+                raise ChunkFormatError("malformed sub-batch entry")
+            records += count
         entries += 1
-        records += entry.records
     return entries, records
 
 

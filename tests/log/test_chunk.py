@@ -104,3 +104,37 @@ def test_encode_chunk_rejects_bad_counts():
         c.encode_chunk(b"", 0, 0, first_offset=0, timestamp_ms=0)
     with pytest.raises(ValueError):
         c.encode_chunk(b"xx", 2, 1, first_offset=0, timestamp_ms=0)
+
+
+def _counted_by_walking(data):
+    """The reference: iter_entries' walk, entry by entry (what count_entries did before)."""
+    try:
+        entries = list(c.iter_entries(data))
+    except c.ChunkFormatError as exc:
+        return str(exc)
+    return len(entries), sum(e.records for e in entries)
+
+
+def _counted(data):
+    try:
+        return c.count_entries(data)
+    except c.ChunkFormatError as exc:
+        return str(exc)
+
+
+def test_count_entries_counts_and_refuses_as_the_walk_does():
+    """count_entries (a follower counts every chunk it appends) gives the walk's counts, or
+    its ChunkFormatError message, on valid, truncated and damaged data sections."""
+    from hypothesis import given, settings, strategies as st
+    simple = st.binary(max_size=40).map(lambda b: struct.pack(">I", len(b)) + b)
+    sub = st.tuples(st.integers(0, 4), st.integers(0, 3), st.binary(max_size=40)).map(
+        lambda t: struct.pack(">BHII", 0x80 | t[0] << 4, t[1], len(t[2]), len(t[2])) + t[2])
+    section = st.lists(st.one_of(simple, sub), max_size=8).map(b"".join)
+
+    @settings(max_examples=300, deadline=None)
+    @given(section, st.integers(0, 400), st.binary(max_size=6), st.booleans())
+    def check(data, cut, junk, memory):
+        for variant in (data, data[:cut], data + junk, junk + data):
+            value = memoryview(variant) if memory else variant
+            assert _counted(value) == _counted_by_walking(value)
+    check()
