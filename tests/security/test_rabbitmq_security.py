@@ -184,7 +184,8 @@ async def test_a_secret_update_keeps_its_user_and_mechanism(tmp_path, users):
                 (f.SaslAuthenticate(7, "PLAIN", f"\0bob\0{PASSWORDS['bob']}".encode()),
                  ResponseCode.SASL_CANNOT_CHANGE_USERNAME),
                 (f.SaslAuthenticate(7, "EXTERNAL", b""),
-                 ResponseCode.SASL_CANNOT_CHANGE_MECHANISM)):
+                 ResponseCode.SASL_CANNOT_CHANGE_MECHANISM),
+                (f.SaslAuthenticate(7, None, b""), ResponseCode.SASL_CANNOT_CHANGE_MECHANISM)):
             raw = await (await Raw.connect(port)).opened("alice")
             answer = await raw.request(frame)
             assert (type(answer), answer.response_code) == (f.SaslAuthenticateResponse, code)

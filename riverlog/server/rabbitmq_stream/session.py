@@ -100,7 +100,7 @@ class Session:
             self._refuse(f.SaslAuthenticateResponse(
                 corr, ResponseCode.SASL_CANNOT_CHANGE_MECHANISM),
                 f"user {link.user!r} may not change mechanism {self.mechanism} for "
-                f"{frame.mechanism[:20]!r}")
+                f"{str(frame.mechanism)[:20]!r}")  # a null mechanism is None
             return
         certificate = link.peer_certificate() if frame.mechanism == "EXTERNAL" else None
         if certificate:
