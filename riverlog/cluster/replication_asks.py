@@ -2,9 +2,10 @@
 # the cluster connection with replies to an inbox of the follower's own, so that an answer
 # that comes after its request timed out is still seen (nats-py's request() drops it).
 # Rules: every answer but "no responders" is handed to ``heard`` whenever it comes (the
-# follower counts those that are not refusals as proof that the leader lives); asking the same request again after a timeout keeps the earlier
-# asks open, and the first answer to any of them is taken: within one leader epoch the
-# leader's log only grows, so an answer to the same request is as good as any (a busy leader
+# follower counts those that are not refusals as proof that the leader lives); asking the
+# same request again after a timeout keeps the earlier asks open, and the first answer to
+# any of them is taken: within one leader epoch the leader's log only grows, so an answer to
+# the same request is as good as any (a busy leader
 # whose answers take longer than the fetch timeout keeps its followers fetching, and is not
 # reported silent, issue 29 item 5); once taken, later answers to that request only count as
 # proof of life. At most MAX_OPEN asks are remembered; older answers are proof of life only.
@@ -36,10 +37,11 @@ class Asks:
 
     ``await ask(subject, request, headers, timeout)`` returns the answer (a nats-py Msg),
     ``NO_RESPONDERS``, or None when no answer came within ``timeout`` s; ``heard(msg)`` is
-    called on the loop with every answer but no-responders, late ones included. ``close()`` drops the inbox.
-    Raises nats-py's errors when the request cannot be sent (connection closed)."""
+    called on the loop with every answer but no-responders, late ones included. ``close()``
+    drops the inbox. Raises nats-py's errors when the request cannot be sent (connection closed)."""
 
-    def __init__(self, engine: "ReplicationEngine", heard: Callable[["nats.aio.msg.Msg"], None]) -> None:
+    def __init__(self, engine: "ReplicationEngine",
+                 heard: Callable[["nats.aio.msg.Msg"], None]) -> None:
         self.engine = engine
         self.heard = heard
         self._nc = None

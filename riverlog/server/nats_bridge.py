@@ -17,8 +17,8 @@
 # takes over (on one server: every partition).
 # A replaced data connection (the server closed it) subscribes every partition again itself.
 # The messages a partition gets in one event-loop turn (at most TURN_MESSAGES, fewer with
-# followers; the rest in the next turns, and past PENDING_BYTES_LIMIT waiting ones dropped as a slow consumer's, never
-# acked) are stored together, in order: runs of
+# followers; the rest in the next turns, and past PENDING_BYTES_LIMIT waiting ones dropped
+# as a slow consumer's, never acked) are stored together, in order: runs of
 # them (same subject, same ack mode) encoded in one pass and appended at once, acks built from
 # template bytes; what one-by-one ingest would store and ack stays exactly the same (tests:
 # test_lb_envelope_batch.py). The publishes (acks) queued during one turn go out as one write
