@@ -2,11 +2,11 @@
 # 4): three real `riverlog serve` processes (`riverlog cluster up`), a CreateSuperStream (or
 # DeleteSuperStream) of many partitions sent as a raw RabbitMQ Stream frame to the Raft
 # leader, which is SIGKILLed as soon as another server shows the first sign of it (its first
-# partition stream in FetchMetadata, or the super stream gone), or right after the request. Riverlog before this issue made
-# a super stream in one Raft entry per partition stream and one for the record (and deleted
-# it likewise), so the kill left partition streams without their super stream; now each is
-# one entry, and the two servers left agree on all of it or none of it. Waits are generous
-# polls, never timed assertions.
+# partition stream in FetchMetadata, or the super stream gone), or right after the request.
+# Riverlog before this issue made a super stream in one Raft entry per partition stream and
+# one for the record (and deleted it likewise), so the kill left partition streams without
+# their super stream; now each is one entry, and the two servers left agree on all of it or
+# none of it. Waits are generous polls, never timed assertions.
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +17,8 @@ import time
 import pytest
 
 from _cluster import WAIT_S, cluster_up, metadata, raft_leader, read_table, until
-from riverlog.protocol.rabbitmq_stream import FrameDecoder, ResponseCode, encode
+from compat._raw import Closed, RawPeer
+from riverlog.protocol.rabbitmq_stream import ResponseCode
 from riverlog.protocol.rabbitmq_stream import frames as f
 
 __all__ = ["cluster_up"]  # the fixture, used by name
@@ -27,60 +28,18 @@ PARTS = tuple(f"{NAME}-{i}" for i in range(PARTITIONS))
 SETTLED_S = 1.0  # the servers left must agree this long before the verdict
 
 
-class Door:
+class Door(RawPeer):
     """A raw RabbitMQ Stream connection (riverlog's own codec), logged in as guest."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.decoder = FrameDecoder(max_frame_size=0)
-        self.frames: list[f.Frame] = []
-        self.correlation = 10
-
     @classmethod
-    async def open(cls, address: str) -> "Door":
+    async def open_at(cls, address: str) -> "Door":
         host, port = address.rsplit(":", 1)
-        door = cls(*await asyncio.open_connection(host, int(port)))
-        await door.request(f.PeerProperties(1, {}))
-        await door.request(f.SaslHandshake(2))
-        answer = await door.request(f.SaslAuthenticate(3, "PLAIN", b"\0guest\0guest"))
-        assert answer.response_code == ResponseCode.OK, answer
-        assert type(await door.next_frame()) is f.Tune
-        door.send(f.TuneResponse(1048576, 0))
-        assert (await door.request(f.Open(4, "/"))).response_code == ResponseCode.OK
-        return door
-
-    def send(self, frame: f.Frame) -> None:
-        self.writer.write(encode(frame))
-
-    def next_correlation(self) -> int:
-        self.correlation += 1
-        return self.correlation
-
-    async def next_frame(self, timeout: float = 30) -> f.Frame | None:
-        while not self.frames:
-            data = await asyncio.wait_for(self.reader.read(65536), timeout)
-            if not data:
-                return None
-            self.frames += self.decoder.feed(data)
-        return self.frames.pop(0)
-
-    async def request(self, frame: f.Frame, timeout: float = 30) -> f.Frame | None:
-        """Send ``frame``; the next answer to it (other frames, e.g. MetadataUpdate, are
-        dropped)."""
-        self.send(frame)
-        while True:
-            answer = await self.next_frame(timeout)
-            if answer is None or getattr(answer, "correlation_id", None) == \
-                    getattr(frame, "correlation_id", None):
-                return answer
+        return await cls.open(host, int(port))
 
     async def partitions(self, name: str) -> tuple[str, ...] | None:
         """The super stream's partitions as this server answers Partitions; None: none."""
-        answer = await self.request(f.Partitions(self.next_correlation(), name))
+        answer = await self.request(f.Partitions(self.next_corr(), name))
         return tuple(answer.streams) if answer.response_code == ResponseCode.OK else None
-
-    def close(self) -> None:
-        self.writer.close()
 
 
 async def streams_at(address: str) -> set[str] | None:
@@ -121,8 +80,8 @@ async def started(proc) -> Cluster:
 
 async def _opened(address: str) -> Door | None:
     try:
-        return await Door.open(address)
-    except OSError:
+        return await Door.open_at(address)
+    except (OSError, Closed):
         return None
 
 
@@ -168,7 +127,7 @@ async def answered(door: Door, frame, done_before: int) -> None:
 
     async def ok():
         nonlocal first
-        code = (await door.request(frame(door.next_correlation()), WAIT_S)).response_code
+        code = (await door.request(frame(door.next_corr()), WAIT_S)).response_code
         assert code in (ResponseCode.OK, ResponseCode.INTERNAL_ERROR) or (
             code == done_before and not first), code
         first = False
@@ -186,8 +145,8 @@ async def test_a_leader_killed_while_creating_a_super_stream_leaves_all_or_none(
         cluster_up, when):
     cluster = await started(cluster_up)
     watcher = cluster.grpc(cluster.left[0])
-    door = await Door.open(cluster.stream_door(cluster.doomed))
-    door.send(f.CreateSuperStream(door.next_correlation(), NAME, PARTS,
+    door = await Door.open_at(cluster.stream_door(cluster.doomed))
+    door.send(f.CreateSuperStream(door.next_corr(), NAME, PARTS,
                                   tuple(map(str, range(PARTITIONS))),
                                   {"initial-cluster-size": "2"}))
     await door.writer.drain()
@@ -202,7 +161,7 @@ async def test_a_leader_killed_while_creating_a_super_stream_leaves_all_or_none(
 
     # and what is left works: made whole if it was not, deleted through a server left (a
     # request meeting the election has an unknown outcome, 0x0f: asked again)
-    door = await Door.open(cluster.stream_door(cluster.left[1]))
+    door = await Door.open_at(cluster.stream_door(cluster.left[1]))
     try:
         if seen[cluster.left[0]][0] is None:
             await answered(door, lambda c: f.CreateSuperStream(
@@ -219,22 +178,22 @@ async def test_a_leader_killed_while_creating_a_super_stream_leaves_all_or_none(
 async def test_a_leader_killed_while_deleting_a_super_stream_leaves_all_or_none(
         cluster_up, when):
     cluster = await started(cluster_up)
-    door = await Door.open(cluster.stream_door(cluster.left[1]))
+    door = await Door.open_at(cluster.stream_door(cluster.left[1]))
     try:
         answer = await door.request(f.CreateSuperStream(
-            door.next_correlation(), NAME, PARTS, tuple(map(str, range(PARTITIONS))),
+            door.next_corr(), NAME, PARTS, tuple(map(str, range(PARTITIONS))),
             {"initial-cluster-size": "2"}), timeout=WAIT_S)
         assert answer.response_code == ResponseCode.OK
     finally:
         door.close()
-    doors = [await Door.open(cluster.stream_door(s)) for s in sorted(cluster.rows)]
+    doors = [await Door.open_at(cluster.stream_door(s)) for s in sorted(cluster.rows)]
     try:
         async def everywhere():
             return all([await d.partitions(NAME) == PARTS for d in doors])
         await until("the super stream on every server", everywhere)
         watcher = doors[sorted(cluster.rows).index(cluster.left[0])]
         door = doors[sorted(cluster.rows).index(cluster.doomed)]
-        door.send(f.DeleteSuperStream(door.next_correlation(), NAME))
+        door.send(f.DeleteSuperStream(door.next_corr(), NAME))
         await door.writer.drain()
 
         async def first_sign_of_the_delete():
