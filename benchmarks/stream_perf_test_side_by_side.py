@@ -16,20 +16,24 @@ line (consumed is the sum over the consumers: each of N consumers reads the whol
 confirm latency p50 and p99: the median over the run's one-second reports (stream-perf-test's
 confirm-latency timer keeps one second of samples) after the first --warmup seconds; the
 server's CPU time (/proc of the riverlog process or of RabbitMQ's beam.smp) per published
-message.
+message; the generator's CPU (stream-perf-test's JVM, from getrusage of this script's
+children) per published message, to show when the generator is the limit. With --rate, each
+producer is held to that many msgs/s (stream-perf-test's --rate), so consume can be compared
+at the same publish rate on both servers.
 
 stream-perf-test is not on Maven Central; build it from github.com/rabbitmq/
 rabbitmq-stream-perf-test (a release tag): `mvn -q package -DskipTests`, then
 --jar target/stream-perf-test.jar.
 
     .venv/bin/python benchmarks/stream_perf_test_side_by_side.py --jar PATH [--time 20]
-        [--sizes 100,10000] [--clients 1,10]
+        [--sizes 100,10000] [--clients 1,10] [--rate MSGS_PER_PRODUCER]
 """
 from __future__ import annotations
 
 import argparse
 import os
 import re
+import resource
 import shutil
 import signal
 import statistics
@@ -47,6 +51,7 @@ LOOPBACK = os.path.join(HERE, "..", "..", "shared", "tools", "rabbitmq-loopback"
 PORTS = {"riverlog": 5553, "rabbitmq": 5552}
 SUMMARY = re.compile(r"Summary: published (\d+) msg/s, confirmed (\d+) msg/s, "
                      r"consumed (\d+) msg/s")
+CHUNK_SIZE = re.compile(r"chunk size (\d+)")
 SECOND = re.compile(r"^(\d+), published .*confirm latency median/75th/95th/99th "
                     r"(\d+)/(\d+)/(\d+)/(\d+) ms")
 
@@ -77,9 +82,12 @@ def perf_test(args, server: str, clients: int, size: int, stream: str, pid: int)
            "--producers", str(clients), "--consumers", str(clients), "--size", str(size),
            "--time", str(args.time), "--confirm-latency", "--streams", stream,
            "--delete-streams", "--max-length-bytes", "2gb"]
-    began, cpu = load(), cpu_seconds(pid)
+    if args.rate:
+        cmd += ["--rate", str(args.rate)]
+    began, cpu, generator = load(), cpu_seconds(pid), children_cpu_seconds()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.time + 120)
     cpu = cpu_seconds(pid) - cpu
+    generator = children_cpu_seconds() - generator
     summary = SUMMARY.search(out.stdout)
     if out.returncode or not summary:
         return {"error": (out.stdout + out.stderr).strip()[-500:], "load": began}
@@ -90,11 +98,20 @@ def perf_test(args, server: str, clients: int, size: int, stream: str, pid: int)
             p50.append(int(m.group(2)))
             p99.append(int(m.group(5)))
     published, confirmed, consumed = (int(x) for x in summary.groups())
+    chunk = CHUNK_SIZE.search(out.stdout[summary.start():])
     return {"published": published, "confirmed": confirmed, "consumed": consumed,
             "p50": statistics.median(p50) if p50 else None,
             "p99": statistics.median(p99) if p99 else None,
             "cpu": round(cpu / max(published * args.time, 1) * 1e6, 1),
+            "chunk": int(chunk.group(1)) if chunk else None,
+            "generator_cpu": round(generator / max(published * args.time, 1) * 1e6, 1),
             "load": f"{began} -> {load()}", "command": " ".join(cmd[1:])}
+
+
+def children_cpu_seconds() -> float:
+    """User and system CPU seconds of this script's children that have ended."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def start_riverlog(work: str) -> subprocess.Popen:
@@ -125,6 +142,8 @@ def main() -> None:
                         help="first seconds left out of the latency medians")
     parser.add_argument("--sizes", default="100,10000", help="message sizes in bytes")
     parser.add_argument("--clients", default="1,10", help="producer (= consumer) counts")
+    parser.add_argument("--rate", type=int, default=0,
+                        help="msgs/s per producer (stream-perf-test --rate); 0: unlimited")
     args = parser.parse_args()
     if not os.path.isfile(args.jar):
         raise SystemExit(f"--jar {args.jar}: no such file")
@@ -157,7 +176,8 @@ def main() -> None:
             time.sleep(1)
             end_private_network()
             shutil.rmtree(work, ignore_errors=True)
-    print(f"\n{os.cpu_count()} CPUs, {args.time} s per run, load at the end {load()}")
+    rate = f", {args.rate} msgs/s per producer" if args.rate else ""
+    print(f"\n{os.cpu_count()} CPUs, {args.time} s per run{rate}, load at the end {load()}")
     print("| producers = consumers | size | figure | riverlog | RabbitMQ | ratio |")
     print("|---|---|---|---|---|---|")
     for clients, size, got in rows:
@@ -168,7 +188,9 @@ def main() -> None:
             continue
         for key, label in (("published", "publish msg/s"), ("confirmed", "confirm msg/s"),
                            ("consumed", "consume msg/s"), ("p50", "confirm p50 ms"),
-                           ("p99", "confirm p99 ms"), ("cpu", "server CPU us/published msg")):
+                           ("p99", "confirm p99 ms"), ("cpu", "server CPU us/published msg"),
+                           ("generator_cpu", "generator CPU us/published msg"),
+                           ("chunk", "messages per chunk consumed")):
             a, b = r[key], q[key]
             ratio = f"{a / b:.2f}x" if a is not None and b else "-"
             print(f"| {clients} | {size} | {label} | {a} | {b} | {ratio} |")
