@@ -155,7 +155,12 @@ def main() -> None:
               help="The Iceberg catalog: a REST catalog's http(s):// URI or an SQLAlchemy URL "
                    "(streams.table.catalog).  [default: SQLite in the table folder, "
                    "sqlite:///TABLE_DIR/catalog.db]")
-def serve(config_file: str | None, **flags) -> None:
+@click.option("--workers", default="1", show_default=True, metavar="N|auto",
+              help="Run N server processes on this machine as one cluster, one core each "
+                   "('auto': one per core; docs/operations.md \"Workers\"). Clients are "
+                   "sent to each stream's worker by the protocols' metadata; worker 0 takes "
+                   "the ports given here.")
+def serve(config_file: str | None, workers: str, **flags) -> None:
     """Run the server until SIGINT or SIGTERM.
 
     Serves the RabbitMQ Stream protocol (rstream, rbfly, the Java/Go/.NET/Node clients) on
@@ -165,7 +170,8 @@ def serve(config_file: str | None, **flags) -> None:
     so `liftbridge -c cfg -d dir --embedded-nats --raft-bootstrap-seed` works as
     `riverlog serve -c cfg -d dir --embedded-nats --raft-bootstrap-seed`.
     """
-    from .config_file import build, load, log_format, log_ignored
+    from .cluster.workers import worker_count
+    from .config_file import INITIAL_SIZE_KEY, build, load, log_format, log_ignored
     try:
         for name in ("nats_servers", "nats_routes"):
             if flags.get(name):
@@ -174,8 +180,12 @@ def serve(config_file: str | None, **flags) -> None:
         config, level = build(settings, flags)
         _setup_logging(level, log_format(settings, flags.get("log_format")))
         log_ignored(settings)
-        _run(_serve(config))
-    except (RiverlogError, OSError, ValueError) as exc:
+        count = worker_count(workers)
+        if count > 1:
+            _serve_workers(config, count, settings.get(INITIAL_SIZE_KEY) or 1)
+        else:
+            _run(_serve(config))
+    except (RiverlogError, OSError, ValueError, RuntimeError, TimeoutError) as exc:
         raise click.ClickException(str(exc)) from None
 
 
@@ -204,6 +214,33 @@ async def _serve(config: ServerConfig) -> None:
         await stop.wait()
     finally:
         await app.stop()
+
+
+def _serve_workers(config: ServerConfig, count: int, initial_size) -> None:
+    """`serve --workers COUNT`: the workers of riverlog.cluster.workers until SIGINT or
+    SIGTERM. Raises ValueError (settings workers cannot run with), RuntimeError (a worker
+    exited while starting), TimeoutError."""
+    from .cluster.local import table
+    from .cluster.workers import Workers, run
+    argv = sys.argv[sys.argv.index("serve") + 1:]
+    workers = Workers(config, count, argv, int(initial_size))
+
+    def announce(workers: Workers) -> None:
+        first = workers.members[0]
+        host = first.advertised
+        lines = [f"RabbitMQ Stream: {host}:{first.ports['stream']}",
+                 f"Liftbridge gRPC: {host}:{first.ports['grpc']}",
+                 f"NATS: nats://{host}:{first.ports['nats']}"]
+        if workers.metrics:
+            lines.append(f"metrics: http://{host}:{first.ports['metrics']}/metrics")
+        if workers.management:
+            lines.append(f"management: http://{host}:{first.ports['management']}/")
+        click.echo(table(workers.members, [p.pid for p in workers.procs]))
+        click.echo(f"riverlog serving  {'  '.join(lines)}  ({count} workers; logs in "
+                   f"{workers.directory}/<worker>/riverlog.log)")
+        sys.stdout.flush()
+    log.info("starting %d workers in %s", count, workers.directory)
+    run(workers, announce)
 
 
 def _announce(app: App) -> None:

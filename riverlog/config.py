@@ -404,6 +404,11 @@ class ClusterConfig:
     raft_password: str = ""
     min_insync_replicas: int = 1
     """``clustering.min.insync.replicas``: the minimum ISR of streams created without one."""
+    initial_cluster_size: int | None = None
+    """``riverlog.stream.initial.cluster.size``: the replication factor of a stream created
+    on the RabbitMQ Stream door or the management API without ``initial-cluster-size``
+    (capped at the cluster's size); None: every server, as RabbitMQ. `serve --workers` sets
+    1 (riverlog.cluster.workers)."""
     replica_timings_ms: tuple[tuple[str, int], ...] = ()
     """The ``clustering.replica.*`` keys given, as (ReplicationSettings field, ms); the rest
     take riverlog's defaults (riverlog.cluster.replication.ReplicationSettings)."""
@@ -411,6 +416,8 @@ class ClusterConfig:
     def __post_init__(self) -> None:
         if self.min_insync_replicas < 1:
             raise ValueError("clustering.min.insync.replicas must be >= 1")
+        if self.initial_cluster_size is not None and self.initial_cluster_size < 1:
+            raise ValueError("riverlog.stream.initial.cluster.size must be >= 1")
         if not self.server_id:
             raise ValueError("clustering.server.id: a cluster member needs an id")
         if self.bootstrap_seed and self.bootstrap_peers:

@@ -75,13 +75,14 @@ SECURITY_KEYS = {
     "riverlog.stream.tls.port", "riverlog.limits.streams.per.user",
     "riverlog.limits.groups.per.user",
 }
+INITIAL_SIZE_KEY = "riverlog.stream.initial.cluster.size"
 # The cluster member (ClusterConfig, docs/clustering.md): read, checked and kept in
 # ServerConfig.cluster when riverlog.raft.address is set, which makes `riverlog serve` a
 # cluster member; without it they are logged as having no effect on a single server.
 CLUSTER_KEYS = {
     "clustering.raft.bootstrap.seed", "clustering.raft.bootstrap.peers",
     "riverlog.raft.address", "riverlog.raft.peers", "riverlog.raft.password",
-    "riverlog.nats.cluster.port", "riverlog.nats.routes",
+    "riverlog.nats.cluster.port", "riverlog.nats.routes", INITIAL_SIZE_KEY,
     "clustering.replica.max.lag.time", "clustering.replica.max.leader.timeout",
     "clustering.replica.max.idle.wait", "clustering.replica.fetch.timeout",
 }
@@ -340,6 +341,8 @@ def _cluster(v: dict[str, Any]) -> ClusterConfig | None:
             raft_password=str(v.get("riverlog.raft.password") or ""),
             min_insync_replicas=_int("clustering.min.insync.replicas",
                                      v.get("clustering.min.insync.replicas") or 1),
+            initial_cluster_size=None if v.get(INITIAL_SIZE_KEY) is None else _int(
+                INITIAL_SIZE_KEY, v[INITIAL_SIZE_KEY]),
             replica_timings_ms=tuple((field, _ms(key, v[key]))
                                      for key, field in REPLICA_TIMINGS.items()
                                      if v.get(key) is not None))

@@ -73,6 +73,9 @@ class Placement:
     other servers exist (single server: False)."""
 
     clustered: bool = False
+    initial_cluster_size: int | None = None
+    """In a cluster, the replication factor of a RabbitMQ-created stream that names none
+    (ClusterConfig.initial_cluster_size; None: every server)."""
 
     def __init__(self, server_id: str = "") -> None:
         self.server_id = server_id

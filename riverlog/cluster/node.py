@@ -290,6 +290,7 @@ class ClusterNode:
         self.create_local = create_local
         self.delete_local = delete_local
         self.placement = ClusterPlacement(config.server_id, config.min_insync_replicas)
+        self.placement.initial_cluster_size = config.initial_cluster_size
         self.placement.bootstrap_size = len({config.server_id, *config.bootstrap_peers})
         self.status = PartitionStatus(self)
         self.placement.created = self.status.wait_for_replicas

@@ -317,3 +317,17 @@ def test_create_arguments():
     assert cfg.rabbitmq_arguments == ('{"initial-cluster-size": 3, "max-age": "7D", '
                                       '"max-length-bytes": 1000000, '
                                       '"stream-max-segment-size-bytes": 500000}')
+
+
+def test_initial_cluster_size_in_a_cluster():
+    """Every server when not given (RabbitMQ's), the cluster's default when it has one
+    (riverlog.stream.initial.cluster.size), what Create asks for either way, each capped at
+    the cluster's size."""
+    assert stream_config_from_arguments({}, 3).replication_factor == -1
+    assert stream_config_from_arguments({}, 3, 1).replication_factor == 1
+    assert stream_config_from_arguments({}, 2, 5).replication_factor == 2
+    asked = {"initial-cluster-size": "2"}
+    assert stream_config_from_arguments(asked, 3, 1).replication_factor == 2
+    assert stream_config_from_arguments(asked, 3).replication_factor == 2
+    assert stream_config_from_arguments({"initial-cluster-size": "9"}, 3, 1) \
+        .replication_factor == 3

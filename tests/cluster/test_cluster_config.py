@@ -55,6 +55,10 @@ def test_environment_and_flags(tmp_path):
                                 "LIFTBRIDGE_RIVERLOG_RAFT_PASSWORD": "pw"}),
                     {"server_id": "a", "raft_bootstrap_seed": True})
     assert seed.cluster.bootstrap_seed and seed.cluster.peer_addresses == ()
+    assert seed.cluster.initial_cluster_size is None  # every server, RabbitMQ's default
+    sized, _ = build(load(None, {**env, "LIFTBRIDGE_RIVERLOG_STREAM_INITIAL_CLUSTER_SIZE": "1"}),
+                     {"server_id": "b"})
+    assert sized.cluster.initial_cluster_size == 1
 
 
 def test_without_raft_address_the_single_server_is_unchanged(tmp_path):
@@ -78,6 +82,8 @@ def test_without_raft_address_the_single_server_is_unchanged(tmp_path):
     ({"riverlog.raft.address": ":7000"}, "riverlog.raft.address: give host:port"),
     ({"riverlog.raft.address": "0.0.0.0:7000"}, "riverlog.raft.address: 0.0.0.0 is no address"),
     ({"riverlog.raft.address": "[::]:7000"}, "riverlog.raft.address: :: is no address"),
+    ({"riverlog.stream.initial.cluster.size": 0},
+     "riverlog.stream.initial.cluster.size must be >= 1"),
 ])
 def test_bad_cluster_settings_refused(tmp_path, extra, message):
     values = {**load(write(tmp_path, CLUSTER_FILE), {}), **extra}

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 from ...broker import RESERVED_STREAMS, Stream, check_writable
 from ...broker.superstreams import member_name, split_member_name
-from ..rabbitmq_stream.arguments import stream_config_from_arguments
+from ..rabbitmq_stream.arguments import stream_config_for
 from .access import Caller
 from .connections import VHOST
 
@@ -176,8 +176,7 @@ async def create(app, name: str, arguments: dict[str, str], owner: str | None) -
     broker = app.broker
     placement = broker.placement
     check_writable(name)  # __cursors, __activity: the server's own
-    servers = len(placement.servers()) if placement.clustered else None
-    config = dataclasses.replace(stream_config_from_arguments(arguments, servers), owner=owner)
+    config = dataclasses.replace(stream_config_for(arguments, placement), owner=owner)
     broker.check_quota(owner, config.partitions)
     if placement.clustered:
         await placement.create_stream(name, config)

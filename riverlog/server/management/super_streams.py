@@ -24,7 +24,7 @@ from aiohttp import web
 from ...errors import (InvalidArgumentError, LimitExceededError, StreamExistsError,
                        StreamNotFoundError)
 from ...security.authz import CONSUME, CREATE, DELETE, PUBLISH
-from ..rabbitmq_stream.arguments import stream_config_from_arguments
+from ..rabbitmq_stream.arguments import stream_config_for
 from .access import Caller
 from .answers import UNAVAILABLE, bad_request, error, not_found, unavailable
 
@@ -89,8 +89,7 @@ async def put_super_stream(app, request: web.Request, caller: Caller) -> web.Res
     placement = broker.placement
     try:
         broker.check_quota(caller.user, len(partitions))
-        servers = len(placement.servers()) if placement.clustered else None
-        config = dataclasses.replace(stream_config_from_arguments(arguments, servers),
+        config = dataclasses.replace(stream_config_for(arguments, placement),
                                      owner=caller.user)
         if placement.clustered:
             await door.super_streams.create_in_cluster(name, partitions, keys, config)

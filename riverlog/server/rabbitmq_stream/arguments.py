@@ -57,22 +57,34 @@ def equivalence_arguments(arguments: dict[str, str]) -> str:
                       sort_keys=True)
 
 
-def stream_config_from_arguments(arguments: dict[str, str],
-                                 cluster_size: int | None = None) -> StreamConfig:
+def stream_config_for(arguments: dict[str, str], placement) -> StreamConfig:
+    """``stream_config_from_arguments`` on a server with ``placement``
+    (riverlog.broker.placement.Placement): in a cluster, its size and its
+    ``initial_cluster_size`` for a stream that names none."""
+    if not placement.clustered:
+        return stream_config_from_arguments(arguments)
+    return stream_config_from_arguments(arguments, len(placement.servers()),
+                                        placement.initial_cluster_size)
+
+
+def stream_config_from_arguments(arguments: dict[str, str], cluster_size: int | None = None,
+                                 default_size: int | None = None) -> StreamConfig:
     """Translate Create arguments to a StreamConfig, validating them as RabbitMQ does:
     ``max-length-bytes``; ``max-age`` (e.g. ``7D``, ``12h``, ``30s``; units Y M D h m s);
     ``stream-max-segment-size-bytes`` up to 3,000,000,000, raised to the commit log's
     smallest segment (MIN_SEGMENT_MAX_BYTES) when below it, as RabbitMQ takes any smaller
     value; ``initial-cluster-size`` (at least 1): in a cluster of ``cluster_size`` servers
-    the replication factor, at most every server and every server when not given
-    (rabbit_stream_queue:initial_cluster_size, rabbit_queue_location:select_members), on a
+    the replication factor, at most every server; when not given ``default_size`` (at most
+    every server) or, None, every server (rabbit_stream_queue:initial_cluster_size,
+    rabbit_queue_location:select_members), on a
     single server (``cluster_size`` None) checked only; ``queue-leader-locator`` (one of
     LEADER_LOCATORS) and ``stream-filter-size-bytes`` (16..255) are checked, then ignored
     with a log line, as are unknown arguments; riverlog's ``x-riverlog-table``
     (``true``/``false``: mirror the stream to Parquet). Raises ``InvalidArgumentError``."""
     kwargs = {}
     if cluster_size is not None:
-        kwargs["replication_factor"] = -1  # every server
+        kwargs["replication_factor"] = -1 if default_size is None else min(default_size,
+                                                                           cluster_size)
     for key, value in arguments.items():
         try:
             if key == "initial-cluster-size" and cluster_size is not None:

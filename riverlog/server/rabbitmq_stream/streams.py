@@ -20,7 +20,8 @@ from ...errors import (InvalidArgumentError, LimitExceededError, ResourceExhaust
 from ...protocol.rabbitmq_stream import ResponseCode
 from ...protocol.rabbitmq_stream import frames as f
 from ...security.authz import CONSUME, CREATE, DELETE, PUBLISH
-from .arguments import equivalence_arguments, stream_config_from_arguments
+from ...broker.placement import Placement
+from .arguments import equivalence_arguments, stream_config_for, stream_config_from_arguments
 from .link import Link
 
 log = logging.getLogger("riverlog.rabbitmq_stream")
@@ -75,10 +76,12 @@ async def _deleted(delete: Awaitable[None]) -> int:
 
 
 def _config(arguments: dict[str, str] | None, owner: str | None,
-            servers: int | None = None) -> StreamConfig:
-    """The StreamConfig of Create ``arguments`` (``servers``: the cluster's size), owned by
-    ``owner`` (the connection's user). Raises InvalidArgumentError."""
-    config = stream_config_from_arguments(dict(arguments or {}), servers)
+            placement: Placement | None = None) -> StreamConfig:
+    """The StreamConfig of Create ``arguments`` on a server with ``placement`` (None: a
+    single server), owned by ``owner`` (the connection's user). Raises
+    InvalidArgumentError."""
+    config = stream_config_from_arguments(dict(arguments or {})) if placement is None else \
+        stream_config_for(dict(arguments or {}), placement)
     return dataclasses.replace(config, owner=owner)
 
 
@@ -140,7 +143,7 @@ class Streams:
         """``_create`` in a cluster: ``await create(name, config)``, the replication factor
         from ``initial-cluster-size`` over the cluster's servers."""
         try:
-            config = _config(arguments, self.link.user, len(self.broker.placement.servers()))
+            config = _config(arguments, self.link.user, self.broker.placement)
             await create(name, config)
             return OK
         except (StreamExistsError, InvalidArgumentError) as exc:
