@@ -231,8 +231,9 @@ def _serve_workers(config: ServerConfig, count: int, initial_size) -> None:
         lines = [f"RabbitMQ Stream: {host}:{first.ports['stream']}",
                  f"Liftbridge gRPC: {host}:{first.ports['grpc']}",
                  f"NATS: nats://{host}:{first.ports['nats']}"]
-        if workers.metrics:
-            lines.append(f"metrics: http://{host}:{first.ports['metrics']}/metrics")
+        if workers.metrics is not None:
+            lines.append(f"metrics: http://{workers.metrics.host}:{workers.metrics_port}"
+                         f"/metrics")
         if workers.management:
             lines.append(f"management: http://{host}:{first.ports['management']}/")
         click.echo(table(workers.members, [p.pid for p in workers.procs]))

@@ -5,9 +5,10 @@
 # the ports in DATA/workers/cluster.json, the Raft password), the ports each worker takes, the
 # workers' command lines and their supervision.
 # Rules:
-# - worker w0 takes the ports the configuration names (clients, the management API and
-#   /metrics are where one process would have them); the others take free ports, saved and
-#   reused while free (riverlog.cluster.local.layout);
+# - worker s0 takes the ports the configuration names (clients and the management API are
+#   where one process would have them); the others take free ports, saved and reused while
+#   free (riverlog.cluster.local.layout); the configured /metrics port is the supervising
+#   process's, which answers for every worker (workers_metrics.py);
 # - every worker runs the user's own command line and configuration; only the data folder,
 #   the id, the ports and the cluster settings are replaced (flags given later win); the
 #   tables folder is the configuration's, shared;
@@ -28,6 +29,7 @@ from typing import Callable, Sequence
 
 from ..config import ServerConfig
 from .local import LocalCluster, Member, layout, serve_command
+from .workers_metrics import serve_metrics
 
 log = logging.getLogger("riverlog.workers")
 
@@ -78,7 +80,6 @@ def members(config: ServerConfig, count: int) -> list[Member]:
     named = {"stream": config.rabbitmq_stream.port,
              "grpc": config.grpc.port if config.grpc is not None else 0,
              "nats": config.nats.port if config.nats is not None else 0,
-             "metrics": config.metrics.port if config.metrics is not None else 0,
              "management": config.management.port if config.management is not None else 0}
     first = {**found[0].ports, **{k: v for k, v in named.items() if v}}
     clash = {v for k, v in first.items() if k in named} & {
@@ -123,14 +124,15 @@ class Workers(LocalCluster):
         self.table_dir = table_dir if "://" in table_dir else os.path.abspath(table_dir)
         self.initial_size = initial_size
         self.management = config.management is not None
-        self.metrics = config.metrics is not None
+        self.metrics = config.metrics  # None: no /metrics; else the supervisor's
+        self.metrics_port = 0  # where the supervisor serves it, once ``run`` started
 
     def command(self, member: Member) -> tuple[list[str], dict[str, str]]:
         command, env = serve_command(member, self.members, self.directory)
         command[command.index("--table-dir") + 1] = self.table_dir
         if not self.management:  # the user turned them off: no worker has one
             command += ["--no-management"]
-        if not self.metrics:
+        if self.metrics is None:
             command += ["--no-metrics"]
         serve = command.index("serve") + 1
         command[serve:serve] = self.arguments  # the worker's own flags come later and win
@@ -155,9 +157,16 @@ class Workers(LocalCluster):
 
 def run(workers: Workers, announce: Callable[[Workers], None],
         timeout: float = 120.0) -> None:
-    """Start ``workers``, wait until each is registered in the cluster metadata, tell
-    ``announce``, supervise them until SIGINT or SIGTERM, then stop them all. Raises
-    RuntimeError (a worker exited while starting) or TimeoutError, after stopping them."""
+    """Serve the workers' /metrics (when configured), start ``workers``, wait until each is
+    registered in the cluster metadata, tell ``announce``, supervise them until SIGINT or
+    SIGTERM, then stop them all. Raises OSError (the /metrics port), RuntimeError (a worker
+    exited while starting) or TimeoutError, after stopping them."""
+    metrics = None
+    if workers.metrics is not None:
+        metrics, workers.metrics_port = serve_metrics(
+            workers.metrics.host, workers.metrics.port,
+            {m.id: f"http://{_host(m.advertised)}:{m.ports['metrics']}/metrics"
+             for m in workers.members})
     stop: list[int] = []
 
     def on_signal(signum, frame) -> None:
@@ -175,3 +184,10 @@ def run(workers: Workers, announce: Callable[[Workers], None],
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if metrics is not None:
+            metrics.shutdown()
+
+
+def _host(host: str) -> str:
+    """``host`` as a URL writes it (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host else host

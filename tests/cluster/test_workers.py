@@ -1,7 +1,8 @@
 # `riverlog serve --workers 2` (issue 31 item 0): one server made of two processes on this
 # machine, as one cluster. Worker s0 takes the ports given on the command line; a stream
 # created without a replication factor has one replica; leaders spread over both workers;
-# rstream finds each stream's worker through Metadata from s0's port, and a plain NATS
+# rstream finds each stream's worker through Metadata from s0's port; one /metrics answers
+# for both workers (a `worker` label on each sample); a plain NATS
 # publish on s0's NATS reaches a stream that s1 leads; a SIGKILLed worker is started again
 # and serves its streams; SIGTERM stops every worker and the server exits 0. Waits are
 # generous polls, never timed assertions.
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import grpc
 import nats
@@ -117,6 +119,16 @@ async def test_two_workers_serve_as_one_server(tmp_path):
                                              OffsetType.FIRST))
                 await asyncio.wait_for(done.wait(), WAIT_S)
             assert got == [f"{name}-{i}".encode() for i in range(5)]
+
+        # one /metrics, on the port given, for both workers: each sample names its worker
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports['metrics']}/metrics",
+                                    timeout=30) as answer:
+            text = answer.read().decode()
+        assert 'riverlog_worker_up{worker="s0"} 1.0' in text
+        assert 'riverlog_worker_up{worker="s1"} 1.0' in text
+        for name, (leader, _) in placed.items():  # counted by the worker leading it
+            assert (f'riverlog_published_messages_total{{door="rabbitmq_stream",'
+                    f'stream="{name}",worker="{leader}"}} 5.0') in text, name
 
         # a Liftbridge stream led by s1 takes a plain NATS publish made on s0's NATS
         async with grpc.aio.insecure_channel(grpc_at) as channel:
