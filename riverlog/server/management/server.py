@@ -229,6 +229,7 @@ class ManagementServer:
             "queue_totals": {"messages": messages, "messages_ready": messages,
                              "messages_unacknowledged": 0, **lag},
             "message_stats": stats, "statistics_db_event_queue": 0,
+            "riverlog_sample_interval_ms": self.config.sample_interval_ms,
             "alarms": list(self.alarms),
         })
 
