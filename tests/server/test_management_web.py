@@ -75,16 +75,21 @@ async def _screenshot(page, tmp_path, name: str) -> None:
     print(f"screenshot of the web view: {path}")
 
 
-async def _chart_max(page, chart: str, trace: int) -> float:
-    """The largest value the chart's trace draws (plotly keeps them on the element)."""
-    return await page.evaluate(
+async def _chart(page, chart: str, trace: int) -> tuple[float, int]:
+    """(the largest value, the number of points) the chart's trace draws (plotly keeps its
+    data on the element); (-1, 0) before it draws any."""
+    return tuple(await page.evaluate(
         "([id, i]) => { const d = document.getElementById(id).data;"
-        " return d && d[i] && d[i].y.length ? Math.max(...d[i].y) : -1; }", [chart, trace])
+        " return d && d[i] && d[i].y.length ? [Math.max(...d[i].y), d[i].y.length]"
+        " : [-1, 0]; }", [chart, trace]))
 
 
-async def _wait_chart(page, chart: str, trace: int, above: float = 0.0) -> None:
+async def _wait_chart(page, chart: str, trace: int, above: float = 0.0,
+                      points: int = 2) -> None:
+    """Until the chart's trace draws a value above ``above`` among ``points`` or more."""
     for _ in range(300):
-        if await _chart_max(page, chart, trace) > above:
+        top, count = await _chart(page, chart, trace)
+        if top > above and count >= points:
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"{chart} trace {trace} never drew a value above {above}")
@@ -148,6 +153,15 @@ async def test_charts_draw_rates_and_lag_of_the_server_and_a_stream(tmp_path):
                                      offset_specification=ConsumerOffsetSpecification(
                                          OffsetType.FIRST))
             stop = asyncio.Event()
+            # a consumer that takes one chunk and then waits: its lag grows with the flow
+            slow = Consumer("127.0.0.1", port, username="guest", password="guest")
+            await slow.start()
+
+            async def hold(msg, ctx):
+                await stop.wait()
+            await slow.subscribe("charted", hold, initial_credit=1,
+                                 offset_specification=ConsumerOffsetSpecification(
+                                     OffsetType.FIRST))
 
             async def publish():  # a steady flow for the charts: 100 confirmed each 100 ms
                 i = 0
@@ -160,22 +174,23 @@ async def test_charts_draw_rates_and_lag_of_the_server_and_a_stream(tmp_path):
             try:
                 # published, confirmed and delivered, each drawn above 0 msg/s
                 for trace in range(3):
-                    await _wait_chart(page, "chart-rates", trace)
-                assert await _chart_max(page, "chart-lag", 0) >= 0  # drawn, with points
+                    await _wait_chart(page, "chart-rates", trace, points=8)
+                await _wait_chart(page, "chart-lag", 0, above=100)
                 await expect(page.locator("#chart-rates .main-svg").first).to_be_visible()
                 await _screenshot(page, tmp_path, "overview")
                 await page.locator("#streams a", has_text="charted").click()
                 await expect(page.locator("#stream-name")).to_have_text("charted")
                 for trace in range(3):
-                    await _wait_chart(page, "stream-chart-rates", trace)
-                assert await _chart_max(page, "stream-chart-lag", 0) >= 0
+                    await _wait_chart(page, "stream-chart-rates", trace, points=8)
+                await _wait_chart(page, "stream-chart-lag", 0, above=100)
                 await expect(page.locator("#stream-publishers tbody tr")).to_have_count(1)
-                await expect(page.locator("#stream-consumers tbody tr")).to_have_count(1)
+                await expect(page.locator("#stream-consumers tbody tr")).to_have_count(2)
                 await _screenshot(page, tmp_path, "stream")
             finally:
                 stop.set()
                 await flow
                 await consumer.close()
+                await slow.close()
     finally:
         await app.stop()
 
