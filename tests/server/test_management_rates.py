@@ -12,7 +12,8 @@ from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, Producer
 
 from riverlog.config import LogConfig, ManagementConfig, RabbitStreamConfig, ServerConfig
 from riverlog.server.app import App
-from riverlog.server.management.history import SERVER, RateHistory
+from riverlog.metrics import RABBITMQ_STREAM, StreamCounters
+from riverlog.server.management.history import PUBLISHED, RateHistory
 from server.test_management import call, eventually
 
 pytestmark = pytest.mark.timeout(120)
@@ -95,15 +96,30 @@ async def test_rates_and_lag_of_a_stream_and_the_server(tmp_path):
         await app.stop()
 
 
-def test_ring_is_bounded_and_rates_come_from_the_last_two_samples():
+def test_ring_keeps_the_last_samples_and_only_changes():
     history = RateHistory(lambda: [], interval_s=5, size=4)
+    counts = StreamCounters("ring-test", RABBITMQ_STREAM)  # as the doors count
+    t0 = 1_000_000
     for k in range(10):
-        history.sample(now_ms=1_000_000 + k * 5000)
-    assert len(history.rings[SERVER]) == 4
-    assert history.message_stats(SERVER)["publish_details"]["rate"] >= 0.0
-    stats = history.message_stats(SERVER, age_s=600, incr_s=5)
-    # four samples kept: no sample older than the ring's oldest is made up
-    assert len(stats["publish_details"]["samples"]) == 4
+        counts.published(10, 100)  # 10 messages every 5 s: 2 msg/s
+        history.sample(now_ms=t0 + k * 5000)
+    ring = history.rings["ring-test"]
+    assert len(ring) == 4 and [row[0] for row in ring] == [t0 + k * 5000 for k in (6, 7, 8, 9)]
+    published = [row[PUBLISHED] for row in ring]
+    assert [b - a for a, b in zip(published, published[1:])] == [10, 10, 10]
+    assert history.message_stats("ring-test")["publish_details"]["rate"] == 2.0
+    # idle for two samples: nothing appended, the rate falls to 0, the samples go on
+    history.sample(now_ms=t0 + 10 * 5000)
+    history.sample(now_ms=t0 + 11 * 5000)
+    assert len(ring) == 4 and ring[-1][0] == t0 + 9 * 5000
+    stats = history.message_stats("ring-test", age_s=30, incr_s=5)
+    details = stats["publish_details"]
+    assert details["rate"] == 0.0 and stats["publish"] == published[-1]
+    assert [(s["timestamp"], s["sample"]) for s in details["samples"]] == [
+        (t0 + 55_000, published[3]), (t0 + 50_000, published[3]),
+        (t0 + 45_000, published[3]), (t0 + 40_000, published[2]),
+        (t0 + 35_000, published[1]), (t0 + 30_000, published[0])]  # none before the ring
+    assert details["avg_rate"] == 1.2  # 30 messages over 25 s
     assert history.message_stats("no-such-stream") == {}
     with pytest.raises(ValueError):
         RateHistory(lambda: [], interval_s=0)

@@ -3,12 +3,17 @@
 # taken every ``interval_s`` (5 s, 120 samples: 10 minutes), and turning a ring into
 # RabbitMQ's shapes (`message_stats` with `publish`, `publish_details.rate`, and `samples`,
 # `avg_rate`, `avg` when a request gives `msg_rates_age` and `msg_rates_incr`).
-# Rules: memory is bounded (``size`` samples a ring; a stream's ring is dropped when its
-# counters are gone); a sample reads counters only (riverlog.metrics' Prometheus counters,
-# the RabbitMQ Stream door's publishers and subscriptions), never a file, on the event loop;
-# rates are never negative (a counter that went back, a publisher gone, counts as no change).
+# Rules: memory is bounded: a ring is one array of ``size`` samples of 5 integers (120
+# samples: 4.8 KB; 10,000 streams ~50 MB), made when a stream is first counted, dropped when
+# its counters are gone; a stream's sample is appended only when it changed (the last one
+# stands for the times after it). A sample reads counters only, never a file: riverlog.metrics'
+# Prometheus counters in a worker thread (prometheus_client's collect costs ~5 us a stream
+# and counter: 10,000 streams would hold the event loop ~60 ms), the RabbitMQ Stream door's
+# publishers and subscriptions on the event loop. Rates are never negative (a counter that
+# went back, a publisher gone, counts as no change).
 from __future__ import annotations
 
+import array
 import asyncio
 import collections
 import logging
@@ -40,6 +45,56 @@ def _counter_totals(counter: Counter) -> dict[str, float]:
     return totals
 
 
+def counted() -> tuple[dict[str, float], dict[str, float]]:
+    """(published, delivered) messages per stream since the process started, every door's
+    (thread-safe: prometheus_client's counters take their locks)."""
+    return _counter_totals(PUBLISHED_MESSAGES), _counter_totals(DELIVERED_MESSAGES)
+
+
+class Ring:
+    """The last ``size`` samples, oldest first, in one array of 8-byte integers: ``append``,
+    ``len``, ``ring[i]`` (negative from the newest) and iteration give samples as tuples."""
+
+    WIDTH = 5  # time ms, published, confirmed, delivered, lag
+    __slots__ = ("values", "size", "start", "count")
+
+    def __init__(self, size: int) -> None:
+        self.values = array.array("q", bytes(8 * self.WIDTH * size))
+        self.size, self.start, self.count = size, 0, 0
+
+    def append(self, row: tuple[int, ...]) -> None:
+        if self.count < self.size:
+            at = (self.start + self.count) % self.size
+            self.count += 1
+        else:  # full: the newest takes the oldest's place
+            at, self.start = self.start, (self.start + 1) % self.size
+        self.values[at * self.WIDTH:(at + 1) * self.WIDTH] = array.array("q", row)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> tuple[int, ...]:
+        if not -self.count <= index < self.count:
+            raise IndexError(index)
+        at = (self.start + index % self.count) % self.size * self.WIDTH
+        return tuple(self.values[at:at + self.WIDTH])
+
+    def __iter__(self):
+        return (self[i] for i in range(self.count))
+
+    def at(self, at_ms: int) -> tuple[int, ...] | None:
+        """The last sample taken at or before ``at_ms``; None when the ring starts after it
+        (a binary search: samples are appended in time order)."""
+        low, high = 0, self.count  # the first sample after at_ms is in [low, high]
+        while low < high:
+            middle = (low + high) // 2
+            if self.values[(self.start + middle) % self.size * self.WIDTH] <= at_ms:
+                low = middle + 1
+            else:
+                high = middle
+        return self[low - 1] if low else None
+
+
 class RateHistory:
     """Samples of published, confirmed and delivered message totals and of consumer lag, per
     stream and for the whole server: one every ``interval_s`` seconds while ``start()``ed,
@@ -56,7 +111,8 @@ class RateHistory:
         self.interval_s = interval_s
         self.size = size
         self._connections = connections
-        self.rings: dict[str, collections.deque] = {}
+        self.rings: dict[str, Ring] = {}
+        self.times: collections.deque[int] = collections.deque(maxlen=2)  # last two, ms
         self._confirmed_seen: dict[tuple, tuple[str, int]] = {}  # publisher -> stream, count
         self._confirmed_gone: dict[str, int] = collections.defaultdict(int)
         self._task: asyncio.Task | None = None
@@ -77,7 +133,7 @@ class RateHistory:
     async def _run(self) -> None:
         while True:
             try:
-                self.sample()
+                self.sample(counts=await asyncio.to_thread(counted))
             except Exception:  # a sample must not end the history; say why once a minute
                 log.exception("cannot sample message rates")
                 await asyncio.sleep(60)
@@ -101,13 +157,14 @@ class RateHistory:
             totals[stream] += count
         return totals
 
-    def sample(self, now_ms: int | None = None) -> None:
+    def sample(self, now_ms: int | None = None,
+               counts: tuple[dict[str, float], dict[str, float]] | None = None) -> None:
         """Take one sample of every stream and of the server (``now_ms``: its time, ms since
-        the epoch; now when None)."""
+        the epoch; now when None; ``counts``: what ``counted()`` just read, read here when
+        None)."""
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
         connections = list(self._connections())
-        published = _counter_totals(PUBLISHED_MESSAGES)
-        delivered = _counter_totals(DELIVERED_MESSAGES)
+        published, delivered = counted() if counts is None else counts
         confirmed = self._confirmed(connections)
         lag: dict[str, int] = collections.defaultdict(int)
         for conn in connections:
@@ -118,18 +175,22 @@ class RateHistory:
         for stream in streams:
             row = (now_ms, int(published.get(stream, 0)), confirmed.get(stream, 0),
                    int(delivered.get(stream, 0)), lag.get(stream, 0))
-            self._ring(stream).append(row)
+            self._append(stream, row)
             for place in (PUBLISHED, CONFIRMED, DELIVERED, LAG):
                 server[place] += row[place]
-        self._ring(SERVER).append(tuple(server))
+        self._append(SERVER, tuple(server))
+        self.times.append(now_ms)
         for stream in set(self.rings) - streams - {SERVER}:
             del self.rings[stream]
 
-    def _ring(self, key: str) -> collections.deque:
+    def _append(self, key: str, row: tuple[int, ...]) -> None:
+        """Append ``row`` to ``key``'s ring unless it holds what the ring's newest does."""
         ring = self.rings.get(key)
         if ring is None:
-            ring = self.rings[key] = collections.deque(maxlen=self.size)
-        return ring
+            ring = self.rings[key] = Ring(self.size)
+        elif ring[-1][1:] == row[1:]:
+            return
+        ring.append(row)
 
     # -- answers ----------------------------------------------------------------------
     def message_stats(self, stream: str = SERVER, age_s: int | None = None,
@@ -140,13 +201,13 @@ class RateHistory:
         (seconds) also ``samples`` (``{"sample": count, "timestamp": ms}``, newest first,
         one every ``incr_s`` over the last ``age_s``), ``avg_rate`` and ``avg``. {} before a
         first sample."""
-        ring = self.rings.get(stream)
-        if not ring:
+        view = self._view(stream, age_s, incr_s)
+        if view is None:
             return {}
         stats: dict[str, Any] = {}
         for key, place in RATES:
-            stats[key] = ring[-1][place]
-            stats[key + "_details"] = self._details(ring, place, age_s, incr_s)
+            stats[key] = view[0][place]
+            stats[key + "_details"] = _details(place, *view)
         return stats
 
     def lag(self, stream: str = SERVER, age_s: int | None = None,
@@ -154,48 +215,49 @@ class RateHistory:
         """The consumers' total lag (messages) of ``stream`` as RabbitMQ gives a gauge:
         ``{"riverlog_consumer_lag": n, "riverlog_consumer_lag_details": {...}}``, the details
         as ``message_stats``' (``rate`` in messages/s). {} before a first sample."""
+        view = self._view(stream, age_s, incr_s)
+        if view is None:
+            return {}
+        return {LAG_KEY: view[0][LAG], LAG_KEY + "_details": _details(LAG, *view)}
+
+    def _view(self, stream: str, age_s: int | None, incr_s: int | None) -> tuple | None:
+        """What the details of ``stream`` are made of, read from its ring once: (the newest
+        sample, the one in force at the sample before the last or None, the seconds between
+        them, [(timestamp ms, sample)] newest first when ``age_s``/``incr_s`` ask, else
+        None); None without a ring."""
         ring = self.rings.get(stream)
         if not ring:
-            return {}
-        return {LAG_KEY: ring[-1][LAG],
-                LAG_KEY + "_details": self._details(ring, LAG, age_s, incr_s)}
+            return None
+        before, elapsed_ms = None, 0
+        if len(self.times) == 2:  # from the sample before the last to the last
+            before, elapsed_ms = ring.at(self.times[0]), self.times[1] - self.times[0]
+        window = None
+        if age_s is not None and incr_s is not None and age_s > 0 and incr_s > 0:
+            incr_ms = incr_s * 1000
+            newest = self.times[-1] // incr_ms * incr_ms
+            window = []
+            for k in range(min(age_s // incr_s + 1, MAX_SAMPLES_ASKED)):
+                row = ring.at(newest - k * incr_ms)
+                if row is None:
+                    break
+                window.append((newest - k * incr_ms, row))
+        return ring[-1], before, elapsed_ms, window
 
-    def _details(self, ring: collections.deque, place: int, age_s: int | None,
-                 incr_s: int | None) -> dict[str, Any]:
-        rate = 0.0
-        if len(ring) > 1:
-            (t0, *_), (t1, *_) = ring[-2], ring[-1]
-            rate = _rate(ring[-2][place], ring[-1][place], t1 - t0)
-        details: dict[str, Any] = {"rate": rate}
-        if age_s is None or incr_s is None or age_s <= 0 or incr_s <= 0:
-            return details
-        incr_ms = incr_s * 1000
-        newest = ring[-1][0] // incr_ms * incr_ms
-        count = min(age_s // incr_s + 1, MAX_SAMPLES_ASKED)
-        samples = []
-        for k in range(count):
-            at = newest - k * incr_ms
-            value = _at(ring, place, at)
-            if value is None:
-                break
-            samples.append({"sample": value, "timestamp": at})
-        details["samples"] = samples
-        if samples:
-            details["avg"] = sum(s["sample"] for s in samples) / len(samples)
-            details["avg_rate"] = _rate(samples[-1]["sample"], samples[0]["sample"],
-                                        samples[0]["timestamp"] - samples[-1]["timestamp"])
+
+def _details(place: int, last: tuple, before: tuple | None, elapsed_ms: int,
+             window: list | None) -> dict[str, Any]:
+    """The ``_details`` of the value at ``place`` of a ``RateHistory._view``."""
+    rate = 0.0 if before is None else _rate(before[place], last[place], elapsed_ms)
+    details: dict[str, Any] = {"rate": rate}
+    if window is None:
         return details
-
-
-def _at(ring: collections.deque, place: int, at_ms: int) -> int | None:
-    """The value at ``place`` of the last sample taken at or before ``at_ms``; None when the
-    ring starts after it."""
-    found = None
-    for row in ring:
-        if row[0] > at_ms:
-            break
-        found = row[place]
-    return found
+    samples = details["samples"] = [{"sample": row[place], "timestamp": at}
+                                    for at, row in window]
+    if samples:
+        details["avg"] = sum(s["sample"] for s in samples) / len(samples)
+        details["avg_rate"] = _rate(samples[-1]["sample"], samples[0]["sample"],
+                                    samples[0]["timestamp"] - samples[-1]["timestamp"])
+    return details
 
 
 def _rate(before: int, after: int, elapsed_ms: int) -> float:
