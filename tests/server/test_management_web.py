@@ -238,6 +238,7 @@ async def test_administrator_buttons_and_a_consumer_only_user_without_them(tmp_p
             await expect(form.locator(".message")).to_contain_text("HTTP 201")
             row = page.locator("#streams tbody tr", has_text="made-in-browser")
             await expect(row).to_have_count(1)
+            await expect(row.locator("td")).to_have_count(14)  # and the Delete button's
             assert "made-in-browser" in app.broker.streams
             await row.locator("button", has_text="Delete").click()
             await expect(row).to_have_count(0)
@@ -270,6 +271,8 @@ async def test_administrator_buttons_and_a_consumer_only_user_without_them(tmp_p
             await expect(page.locator("#user")).to_have_text("watcher")
             await expect(page.locator("#status")).to_contain_text("updated", timeout=30_000)
             await expect(page.locator("#streams tbody")).to_contain_text("keep")
+            # no administrator's column either: 13 cells as 13 headers
+            await expect(page.locator("#streams tbody tr").first.locator("td")).to_have_count(13)
             assert await page.locator("button:visible").count() == 0
             assert await page.locator("form:visible").count() == 0
             await _screenshot(page, tmp_path, "consumer-only")

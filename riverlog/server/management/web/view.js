@@ -12,6 +12,7 @@ const COLOURS = {publish: "#1f77b4", confirm: "#2ca02c", deliver_get: "#ff7f0e",
 const DASHES = {publish: "solid", confirm: "dash", deliver_get: "dot"};  // lines that overlap
 const LABELS = {publish: "published", confirm: "confirmed", deliver_get: "delivered"};
 let admin = false;
+const NO_CELL = Symbol("no cell");  // an administrator's column, left out for others
 let incrS = 5;  // msg_rates_incr: the server's sample interval, in whole seconds
 let ageS = 600;  // msg_rates_age: the charts' window (#window), at most what the server keeps
 
@@ -49,13 +50,14 @@ function fill(id, rows, columns) {
   body.replaceChildren();
   if (!rows.length) {
     const td = body.insertRow().insertCell();
-    td.colSpan = document.querySelectorAll(`#${id} th`).length;
+    td.colSpan = document.querySelectorAll(`#${id} th:not([hidden])`).length;
     td.className = "empty"; td.textContent = "none";
     return;
   }
   for (const row of rows) {
     const tr = body.insertRow();
     for (const value of columns(row)) {
+      if (value === NO_CELL) continue;
       const td = tr.insertCell();
       if (value instanceof Node) { td.append(value); continue; }
       if (typeof value === "number") td.className = "n";
@@ -71,7 +73,7 @@ function link(text, href) {
 }
 
 function button(text, onClick, className = "danger") {
-  if (!admin) return "";
+  if (!admin) return NO_CELL;
   const b = document.createElement("button");
   b.textContent = text; b.className = className;
   b.addEventListener("click", onClick);
@@ -190,7 +192,7 @@ async function overviewPage() {
     c.connection_details.name, c.offset, c.offset_lag, c.messages_consumed, c.credits,
     c.activity_status]);
   fill("vhosts", vhosts, v => [v.name, v.description,
-    v.name === "/" ? "" : button("Delete", () => deleteVhost(v.name))]);
+    v.name === "/" ? (admin ? "" : NO_CELL) : button("Delete", () => deleteVhost(v.name))]);
 }
 
 function rateNow(stats) {
