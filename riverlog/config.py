@@ -319,10 +319,19 @@ class MetricsConfig(HttpEndpointConfig):
 @dataclasses.dataclass(frozen=True)
 class ManagementConfig(HttpEndpointConfig):
     """The management HTTP API and web view (docs/operations.md): RabbitMQ's management
-    port 15672 by default, loopback only."""
+    port 15672 by default, loopback only. ``sample_interval_ms``: how often message rates
+    are sampled for the API's ``message_stats`` and the web view's charts (RabbitMQ's
+    collect_statistics_interval, 5 s; 120 samples are kept). Raises ``ValueError`` for an
+    interval below 1 ms."""
 
     port: int = 15672
+    sample_interval_ms: int = 5000
     what = "management"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.sample_interval_ms < 1:
+            raise ValueError("management sample_interval_ms must be at least 1")
 
 
 TABLE_CODECS = ("zstd", "snappy", "none")

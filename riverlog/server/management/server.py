@@ -6,6 +6,8 @@
 # `{"error": "not_authorized", ...}` and a Basic challenge, 404 `{"error": "Object Not
 # Found", "reason": "Not Found"}`, 400 `bad_request`, 201 for a queue created, 204 for one
 # that existed, a deletion or a connection closed.
+# Message rates and consumer lag over time (``message_stats``, history.py) are sampled here
+# while the server runs; the web view's files are view.py's.
 # Every route is wrapped by ``_guarded``, which logs the caller in and hands it to the handler.
 # Users and permissions are users.py's routes (administrators only).
 # Listings are sorted and paged as RabbitMQ's are (paging.py).
@@ -30,7 +32,7 @@ from ...alarms import DISK, MEMORY
 from ...errors import (InvalidArgumentError, LimitExceededError, ReservedStreamError,
                       StreamExistsError, StreamNotFoundError)
 from ...security.authz import CREATE, DELETE, PUBLISH
-from . import users
+from . import users, view
 from .access import Caller
 from .answers import UNAVAILABLE
 from .answers import error as _error
@@ -38,6 +40,7 @@ from .answers import listed as _listed
 from .answers import not_found, unavailable
 from .connections import (VHOST, connection_json, connection_name, consumers, find, publishers,
                           visible)
+from .history import SERVER, RateHistory, rates_window
 from .queues import (bindings_json, create, delete, exchange_json,
                      node_name, one_queue, queues, stream_arguments)
 from .stream_groups import consumer_groups, group_consumers
@@ -45,7 +48,6 @@ from .super_streams import delete_super_stream, put_super_stream
 
 log = logging.getLogger("riverlog.management")
 
-WEB_DIR = os.path.join(os.path.dirname(__file__), "web")
 RABBITMQ_VERSION = "3.13.0"  # what the stream door's PeerProperties says it is
 REALM = 'Basic realm="RabbitMQ Management"'
 CLOSE_REASON = "Closed via management plugin"  # rabbit_mgmt_wm_connection's default
@@ -68,6 +70,7 @@ class ManagementServer:
         self.port = config.port
         self.started = time.time()
         self._runner: web.AppRunner | None = None
+        self.history = RateHistory(self._door, config.sample_interval_ms / 1000)
 
     @property
     def alarms(self) -> list[dict[str, Any]]:
@@ -106,6 +109,7 @@ class ManagementServer:
             await self._listen(runner, host, 0)
         self._runner = runner
         self.port = runner.addresses[-1][1]
+        self.history.start()
         log.info("management API and web view on %s", self.url)
 
     @staticmethod
@@ -113,6 +117,7 @@ class ManagementServer:
         await web.TCPSite(runner, host, port, reuse_address=True).start()
 
     async def stop(self) -> None:
+        await self.history.stop()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -177,10 +182,18 @@ class ManagementServer:
         router.add_delete("/api/riverlog/stream/super-streams/{vhost}/{name}",
                           guarded(self.delete_super_stream))
         users.add_routes(router, guarded, self.app)
-        router.add_get("/", guarded(self.index))
+        view.add_routes(router, guarded)
 
-    async def index(self, request: web.Request, caller: Caller) -> web.StreamResponse:
-        return web.FileResponse(os.path.join(WEB_DIR, "index.html"))
+    def _rates(self, request: web.Request, stream: str = SERVER) -> dict[str, Any]:
+        """``message_stats`` and the consumer lag of ``stream`` (the server's: SERVER) as
+        history.py gives them for the request's msg_rates_age/msg_rates_incr; 400 for bad
+        ones."""
+        try:
+            window = rates_window(request.query)
+        except ValueError as exc:
+            raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
+        return {"message_stats": self.history.message_stats(stream, *window),
+                **self.history.lag(stream, *window)}
 
     def _door(self) -> list:
         door = self.app.rabbitmq_stream
@@ -191,6 +204,8 @@ class ManagementServer:
         conns = visible(self._door(), caller)
         listed = await queues(self.app, caller, {})
         messages = sum(q.get("messages", 0) for q in listed)
+        lag = self._rates(request)
+        stats = lag.pop("message_stats")
         door = self.app.rabbitmq_stream
         listeners = [] if door is None else [  # RabbitMQ names the TLS one stream/ssl
             {"node": self.node, "protocol": protocol, "ip_address": door.config.host,
@@ -212,8 +227,9 @@ class ManagementServer:
                 "consumers": sum(len(c.subscriptions) for c in conns),
                 "exchanges": len(self._super_streams(caller))},
             "queue_totals": {"messages": messages, "messages_ready": messages,
-                             "messages_unacknowledged": 0},
-            "message_stats": {}, "statistics_db_event_queue": 0,
+                             "messages_unacknowledged": 0, **lag},
+            "message_stats": stats, "statistics_db_event_queue": 0,
+            "riverlog_sample_interval_ms": self.config.sample_interval_ms,
             "alarms": list(self.alarms),
         })
 
@@ -350,7 +366,10 @@ class ManagementServer:
 
     async def queues(self, request: web.Request, caller: Caller) -> web.Response:
         _vhost(request)
-        return _listed(request, await queues(self.app, caller, self._consumer_counts()))
+        listed = await queues(self.app, caller, self._consumer_counts())
+        for queue in listed:
+            queue.update(self._rates(request, queue["name"]))
+        return _listed(request, listed)
 
     async def queue(self, request: web.Request, caller: Caller) -> web.Response:
         _vhost(request)
@@ -358,7 +377,7 @@ class ManagementServer:
         found = one_queue(self.app, caller, name, self._consumer_counts().get(name, 0))
         if found is None:
             raise not_found()
-        return web.json_response(found)
+        return web.json_response({**found, **self._rates(request, name)})
 
     async def put_queue(self, request: web.Request, caller: Caller) -> web.Response:
         """Declare a stream queue owned by the caller: 201 when created, 204 when it exists
