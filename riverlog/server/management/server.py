@@ -30,7 +30,8 @@ from ...alarms import DISK, MEMORY
 from ...errors import (InvalidArgumentError, LimitExceededError, ReservedStreamError,
                       StreamExistsError, StreamNotFoundError)
 from ...security.authz import CREATE, DELETE, PUBLISH
-from . import users
+from ...vhost_names import external, lookup
+from . import users, vhosts
 from .access import Caller
 from .answers import UNAVAILABLE
 from .answers import error as _error
@@ -42,6 +43,7 @@ from .queues import (bindings_json, create, delete, exchange_json,
                      node_name, one_queue, queues, stream_arguments)
 from .stream_groups import consumer_groups, group_consumers
 from .super_streams import delete_super_stream, put_super_stream
+from .vhosts import existing
 
 log = logging.getLogger("riverlog.management")
 
@@ -52,7 +54,8 @@ CLOSE_REASON = "Closed via management plugin"  # rabbit_mgmt_wm_connection's def
 
 
 def _vhost(request: web.Request) -> None:
-    """404 for a virtual host other than riverlog's one, ``/``."""
+    """404 for a virtual host other than ``/`` on the routes that serve only ``/`` (super
+    streams as exchanges, consumer groups)."""
     if request.match_info.get("vhost", VHOST) != VHOST:
         raise not_found()
 
@@ -137,7 +140,6 @@ class ManagementServer:
     def _routes(self, web_app: web.Application) -> None:
         get = {
             "/api/overview": self.overview, "/api/whoami": self.whoami,
-            "/api/vhosts": self.vhosts, "/api/vhosts/{vhost}": self.vhost,
             "/api/nodes": self.nodes, "/api/nodes/{node}": self.one_node,
             "/api/connections": self.connections,
             "/api/connections/{name}": self.connection,
@@ -177,6 +179,7 @@ class ManagementServer:
         router.add_delete("/api/riverlog/stream/super-streams/{vhost}/{name}",
                           guarded(self.delete_super_stream))
         users.add_routes(router, guarded, self.app)
+        vhosts.add_routes(router, guarded, self.app)
         router.add_get("/", guarded(self.index))
 
     async def index(self, request: web.Request, caller: Caller) -> web.StreamResponse:
@@ -221,20 +224,6 @@ class ManagementServer:
         return web.json_response({"name": caller.user, "tags": caller.tags,
                                   "is_internal_user": True})
 
-    async def vhosts(self, request: web.Request, caller: Caller) -> web.Response:
-        return _listed(request, [self._vhost_json()])
-
-    async def vhost(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
-        return web.json_response(self._vhost_json())
-
-    @staticmethod
-    def _vhost_json() -> dict[str, Any]:
-        return {"name": VHOST, "description": "Default virtual host", "tags": [],
-                "default_queue_type": "stream", "tracing": False,
-                "cluster_state": {}, "metadata": {"description": "Default virtual host",
-                                                  "tags": []}}
-
     async def nodes(self, request: web.Request, caller: Caller) -> web.Response:
         return _listed(request, [self._node_json(s) for s in self._servers()])
 
@@ -271,15 +260,20 @@ class ManagementServer:
         return node
 
     # -- connections ----------------------------------------------------------------------
+    def _scope(self, request: web.Request) -> str | None:
+        """The route's ``{vhost}`` (None when it has none); 404 when it does not exist."""
+        return existing(self.app, request) if "vhost" in request.match_info else None
+
     async def connections(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
+        vhost = self._scope(request)
         return _listed(request, [connection_json(c, self.node)
-                                 for c in visible(self._door(), caller)])
+                                 for c in visible(self._door(), caller)
+                                 if vhost is None or c.link.vhost == vhost])
 
     def _find(self, request: web.Request, caller: Caller):
-        _vhost(request)
+        vhost = self._scope(request)
         conn = find(self._door(), request.match_info["name"], caller)
-        if conn is None:
+        if conn is None or vhost is not None and conn.link.vhost != vhost:
             raise not_found()
         return conn
 
@@ -308,15 +302,19 @@ class ManagementServer:
         return _listed(request, consumers(self._door(), caller, self.node,
                                           connection=connection_name(conn)))
 
+    def _stream_scope(self, request: web.Request) -> dict[str, str | None]:
+        """``vhost`` and ``stream`` (its broker name) of a publishers or consumers route."""
+        vhost = self._scope(request)
+        stream = request.match_info.get("stream")
+        return {"vhost": vhost, "stream": None if stream is None else lookup(vhost, stream)}
+
     async def publishers(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
         return _listed(request, publishers(self._door(), caller, self.node,
-                                           stream=request.match_info.get("stream")))
+                                           **self._stream_scope(request)))
 
     async def consumers(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
         return _listed(request, consumers(self._door(), caller, self.node,
-                                          stream=request.match_info.get("stream")))
+                                          **self._stream_scope(request)))
 
     # -- single active consumer groups and whole super streams (stream_groups.py,
     # super_streams.py: riverlog's routes for rabbitmq-streams' commands) ----------------
@@ -349,12 +347,17 @@ class ManagementServer:
         return counts
 
     async def queues(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
-        return _listed(request, await queues(self.app, caller, self._consumer_counts()))
+        vhost = self._scope(request)
+        return _listed(request, await queues(self.app, caller, self._consumer_counts(),
+                                             vhost))
+
+    def _queue_name(self, request: web.Request) -> tuple[str, str]:
+        """(vhost, broker name) of a queue route."""
+        vhost = existing(self.app, request)
+        return vhost, lookup(vhost, request.match_info["name"])
 
     async def queue(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
-        name = request.match_info["name"]
+        _, name = self._queue_name(request)
         found = one_queue(self.app, caller, name, self._consumer_counts().get(name, 0))
         if found is None:
             raise not_found()
@@ -366,17 +369,18 @@ class ManagementServer:
         reserved name (``__cursors``, ``__activity``) or a caller at its stream limit
         (SecurityConfig.max_streams_per_user, as the doors count it), 401 without the
         ``create`` permission, 503 when the cluster or the server cannot create it now."""
-        _vhost(request)
-        name = request.match_info["name"]
+        vhost, name = self._queue_name(request)
         try:
             body = await request.json() if request.can_read_body else {}
             arguments = stream_arguments(dict(body.get("arguments") or {}))
         except (ValueError, AttributeError, TypeError) as exc:
             raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
+        if not external(name)[1]:  # a name no client may use (vhost_names.lookup)
+            raise _error(web.HTTPBadRequest, "bad_request", "invalid queue name")
         if not caller.may(name, CREATE):
             raise _error(web.HTTPUnauthorized, "not_authorized",
-                         f"access to queue '{name}' in vhost '/' refused for user "
-                         f"'{caller.user}'")
+                         f"access to queue '{external(name)[1]}' in vhost '{vhost}' refused "
+                         f"for user '{caller.user}'")
         try:
             await create(self.app, name, arguments, caller.user)
         except StreamExistsError:
@@ -391,14 +395,13 @@ class ManagementServer:
         """Delete a stream queue: 204; 404 when the caller sees no such stream, 401 without
         the ``delete`` permission, 400 for a reserved name (``__cursors``, ``__activity``),
         503 when the cluster cannot delete it now."""
-        _vhost(request)
-        name = request.match_info["name"]
+        vhost, name = self._queue_name(request)
         if not caller.sees_stream(name):
             raise not_found()
         if not caller.may(name, DELETE):
             raise _error(web.HTTPUnauthorized, "not_authorized",
-                         f"access to queue '{name}' in vhost '/' refused for user "
-                         f"'{caller.user}'")
+                         f"access to queue '{external(name)[1]}' in vhost '{vhost}' refused "
+                         f"for user '{caller.user}'")
         try:
             await delete(self.app, name)
         except ReservedStreamError as exc:
