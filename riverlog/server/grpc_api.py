@@ -85,8 +85,10 @@ async def _parse(cls, raw: bytes, context):
         req = cls.FromString(raw)
     except DecodeError as exc:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {cls.__name__}: {exc}")
-    name = getattr(req, "stream", "")
-    if isinstance(name, str) and hidden(name):
+    names = [getattr(req, field, "") for field in ("stream", "name")]
+    names += getattr(req, "streams", ())  # JoinConsumerGroup's (FetchMetadata: its own)
+    if cls is not pb.FetchMetadataRequest and any(isinstance(n, str) and hidden(n)
+                                                  for n in names):
         if cls is pb.CreateStreamRequest:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Stream name is reserved")
         await context.abort(grpc.StatusCode.NOT_FOUND, "No such stream")
