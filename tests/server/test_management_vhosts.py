@@ -174,3 +174,34 @@ async def test_deleting_a_vhost_closes_connections_and_deletes_streams(app):
     assert (await call(app, "GET", "/api/vhosts/doomed"))[0] == 404
     status, conns = await call(app, "GET", "/api/connections")
     assert [c["vhost"] for c in conns] == []
+
+
+async def test_consumer_groups_name_their_vhost(app):
+    """A single active consumer group on v1's stream `s` is listed as v1's, under `s`, and
+    found through /api/riverlog/stream/consumer-groups/v1/s/g only."""
+    assert (await call(app, "PUT", "/api/vhosts/v1"))[0] == 201
+    async with _producer(app, "v1") as producer:
+        await producer.create_stream("s")
+    consumer = Consumer("127.0.0.1", app.rabbitmq_stream.port, username="guest",
+                        password="guest", vhost="v1")
+    await consumer.start()
+    try:
+        async def on_update(active, ctx):
+            return ConsumerOffsetSpecification(OffsetType.FIRST)
+        await consumer.subscribe("s", lambda msg, ctx: None, properties={
+            "single-active-consumer": "true", "name": "g"}, consumer_update_listener=on_update)
+        groups = "/api/riverlog/stream/consumer-groups"
+        expected = [{"vhost": "v1", "stream": "s", "reference": "g", "partition_index": -1,
+                     "consumers": 1}]
+        assert (await call(app, "GET", groups))[1] == expected
+        assert (await call(app, "GET", groups + "/v1"))[1] == expected
+        assert (await call(app, "GET", groups + "/%2F"))[1] == []
+        status, one = await call(app, "GET", groups + "/v1/s/g")
+        assert status == 200 and one["vhost"] == "v1" and len(one["consumers"]) == 1
+        assert (await call(app, "GET", groups + "/%2F/s/g"))[0] == 404
+        status, consumers = await call(app, "GET", "/api/stream/consumers/v1/s")
+        assert status == 200 and [c["queue"] for c in consumers] == [
+            {"name": "s", "vhost": "v1"}]
+        assert (await call(app, "GET", "/api/stream/consumers/%2F/s"))[1] == []
+    finally:
+        await consumer.close()

@@ -319,13 +319,11 @@ class ManagementServer:
     # -- single active consumer groups and whole super streams (stream_groups.py,
     # super_streams.py: riverlog's routes for rabbitmq-streams' commands) ----------------
     async def consumer_groups(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
-        return _listed(request, consumer_groups(self.app, caller))
+        return _listed(request, consumer_groups(self.app, caller, self._scope(request)))
 
     async def group_consumers(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
-        found = group_consumers(self.app, caller, request.match_info["stream"],
-                                request.match_info["reference"])
+        stream = lookup(existing(self.app, request), request.match_info["stream"])
+        found = group_consumers(self.app, caller, stream, request.match_info["reference"])
         if found is None:
             raise not_found()
         return web.json_response(found)
