@@ -205,3 +205,31 @@ async def test_consumer_groups_name_their_vhost(app):
         assert (await call(app, "GET", "/api/stream/consumers/%2F/s"))[1] == []
     finally:
         await consumer.close()
+
+
+async def test_super_streams_and_exchanges_of_a_vhost(app):
+    assert (await call(app, "PUT", "/api/vhosts/v1"))[0] == 201
+    path = "/api/stream/super-streams/v1/ss"
+    assert (await call(app, "PUT", path, json={"partitions": 2}))[0] == 201
+    assert sorted(app.broker.streams) == [internal("v1", "ss-0"), internal("v1", "ss-1")]
+    status, exchange = await call(app, "GET", "/api/exchanges/v1/ss")
+    assert status == 200 and (exchange["name"], exchange["vhost"]) == ("ss", "v1")
+    assert (await call(app, "GET", "/api/exchanges/%2F/ss"))[0] == 404
+    status, bindings = await call(app, "GET", "/api/exchanges/v1/ss/bindings/source")
+    assert [(b["vhost"], b["source"], b["destination"]) for b in bindings] == [
+        ("v1", "ss", "ss-0"), ("v1", "ss", "ss-1")]
+    # the same name on / is another super stream
+    assert (await call(app, "PUT", "/api/stream/super-streams/%2F/ss",
+                       json={"partitions": 1}))[0] == 201
+    assert (await call(app, "DELETE", "/api/riverlog/stream/super-streams/v1/ss"))[0] == 204
+    assert sorted(app.broker.streams) == ["ss-0"]
+    assert (await call(app, "GET", "/api/exchanges/v1/ss"))[0] == 404
+    # exchanges and bindings declared one by one, in the vhost
+    assert (await call(app, "PUT", "/api/queues/v1/p0"))[0] == 201
+    assert (await call(app, "PUT", "/api/exchanges/v1/e"))[0] == 201
+    status, _ = await call(app, "POST", "/api/bindings/v1/e/e/q/p0", json={
+        "routing_key": "k", "arguments": {"x-stream-partition-order": 0}})
+    assert status == 201
+    status, bindings = await call(app, "GET", "/api/exchanges/v1/e/bindings/source")
+    assert [(b["destination"], b["routing_key"]) for b in bindings] == [("p0", "k")]
+    assert (await call(app, "POST", "/api/bindings/%2F/e/e/q/p0", json={}))[0] == 404

@@ -27,7 +27,6 @@ from ...broker.superstreams import member_name, split_member_name
 from ..rabbitmq_stream.arguments import stream_config_from_arguments
 from .access import Caller
 from ...vhost_names import external, in_vhost
-from .connections import VHOST
 
 YIELD_EVERY = 256  # partitions listed between turns given to the event loop
 
@@ -203,15 +202,17 @@ async def delete(app, name: str) -> None:
 
 
 def exchange_json(name: str) -> dict[str, Any]:
-    """A super stream as its direct exchange."""
-    return {"name": name, "vhost": VHOST, "type": "direct", "durable": True,
+    """A super stream (``name``: its broker name) as its direct exchange."""
+    vhost, name = external(name)
+    return {"name": name, "vhost": vhost, "type": "direct", "durable": True,
             "auto_delete": False, "internal": False, "arguments": {"x-super-stream": True},
             "user_who_performed_action": "rmq-internal"}
 
 
 def bindings_json(super_stream) -> list[dict[str, Any]]:
     """The bindings of a super stream's exchange, in partition order."""
-    return [{"source": super_stream.name, "vhost": VHOST, "destination": partition,
+    vhost, source = external(super_stream.name)
+    return [{"source": source, "vhost": vhost, "destination": external(partition)[1],
              "destination_type": "queue", "routing_key": key,
              "arguments": {"x-stream-partition-order": order}, "properties_key": key}
             for order, (partition, key) in enumerate(zip(super_stream.partitions,

@@ -9,6 +9,8 @@
 # Every route is wrapped by ``_guarded``, which logs the caller in and hands it to the handler.
 # Users and permissions are users.py's routes (administrators only).
 # Listings are sorted and paged as RabbitMQ's are (paging.py).
+# Virtual hosts are vhosts.py's routes; every route with a {vhost} takes any existing one (404
+# otherwise) and names streams as that vhost's clients do (riverlog.vhost_names.lookup).
 # Rules: per-server answers are this server's connections, publishers and consumers (RabbitMQ
 # lists them per node too); queues and exchanges are the cluster's (queues.py); `alarms` of
 # /api/nodes and /api/overview list the resource alarms in force (riverlog.alarms: this
@@ -22,6 +24,7 @@ import os
 import platform
 import time
 from typing import Any, Callable
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -37,7 +40,7 @@ from .answers import UNAVAILABLE
 from .answers import error as _error
 from .answers import listed as _listed
 from .answers import not_found, unavailable
-from .connections import (VHOST, connection_json, connection_name, consumers, find, publishers,
+from .connections import (connection_json, connection_name, consumers, find, publishers,
                           visible)
 from .queues import (bindings_json, create, delete, exchange_json,
                      node_name, one_queue, queues, stream_arguments)
@@ -51,13 +54,6 @@ WEB_DIR = os.path.join(os.path.dirname(__file__), "web")
 RABBITMQ_VERSION = "3.13.0"  # what the stream door's PeerProperties says it is
 REALM = 'Basic realm="RabbitMQ Management"'
 CLOSE_REASON = "Closed via management plugin"  # rabbit_mgmt_wm_connection's default
-
-
-def _vhost(request: web.Request) -> None:
-    """404 for a virtual host other than ``/`` on the routes that serve only ``/`` (super
-    streams as exchanges, consumer groups)."""
-    if request.match_info.get("vhost", VHOST) != VHOST:
-        raise not_found()
 
 
 class ManagementServer:
@@ -329,12 +325,10 @@ class ManagementServer:
         return web.json_response(found)
 
     async def put_super_stream(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
-        return await put_super_stream(self.app, request, caller)
+        return await put_super_stream(self.app, request, caller, *self._queue_name(request))
 
     async def delete_super_stream(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
-        return await delete_super_stream(self.app, request, caller)
+        return await delete_super_stream(self.app, caller, *self._queue_name(request))
 
     # -- queues and exchanges -------------------------------------------------------------
     def _consumer_counts(self) -> dict[str, int]:
@@ -417,8 +411,7 @@ class ManagementServer:
         return [s for s in door.super_streams.every() if caller.sees_stream(s.name)]
 
     def _super_stream(self, request: web.Request, caller: Caller):
-        _vhost(request)
-        name = request.match_info["name"]
+        _, name = self._queue_name(request)
         for super_stream in self._super_streams(caller):
             if super_stream.name == name:
                 return super_stream
@@ -431,25 +424,27 @@ class ManagementServer:
         return web.json_response(bindings_json(self._super_stream(request, caller)))
 
     def _registry(self, request: web.Request, caller: Caller, action: str):
-        """The door's super streams, once ``caller`` may do ``action`` on the one named."""
-        _vhost(request)
-        name = request.match_info["name"]
+        """(the door's super streams, the vhost, the broker name of the one named), once
+        ``caller`` may do ``action`` on it."""
+        vhost, name = self._queue_name(request)
         if not caller.may(name, action):
             raise _error(web.HTTPUnauthorized, "not_authorized",
-                         f"access to exchange '{name}' in vhost '/' refused for user "
-                         f"'{caller.user}'")
+                         f"access to exchange '{external(name)[1]}' in vhost '{vhost}' "
+                         f"refused for user '{caller.user}'")
         if self.app.rabbitmq_stream is None:
             raise not_found()
-        return self.app.rabbitmq_stream.super_streams
+        return self.app.rabbitmq_stream.super_streams, vhost, name
 
     async def put_exchange(self, request: web.Request, caller: Caller) -> web.Response:
         """Declare an exchange: riverlog's exchanges are super streams, so this records one
         with no partition yet (bindings add them, as RabbitMQ's super stream exchange gets
         one binding per partition); 201 when new, 204 when it exists, 400 for a bad name, 503
         when the cluster cannot record it now (no Raft leader)."""
-        registry = self._registry(request, caller, CREATE)
+        registry, _, name = self._registry(request, caller, CREATE)
+        if not external(name)[1]:  # a name no client may use (vhost_names.lookup)
+            raise _error(web.HTTPBadRequest, "bad_request", "invalid exchange name")
         try:
-            created = await registry.declare(request.match_info["name"])
+            created = await registry.declare(name)
         except InvalidArgumentError as exc:
             raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
         except UNAVAILABLE as exc:
@@ -460,9 +455,9 @@ class ManagementServer:
         """Forget a super stream, its partition streams stay (RabbitMQ deletes the exchange
         and keeps the queues); 204, 404 when there is none, 503 when the cluster cannot
         forget it now."""
-        registry = self._registry(request, caller, DELETE)
+        registry, _, name = self._registry(request, caller, DELETE)
         try:
-            await registry.forget(request.match_info["name"])
+            await registry.forget(name)
         except StreamNotFoundError:
             raise not_found() from None
         except UNAVAILABLE as exc:
@@ -477,16 +472,16 @@ class ManagementServer:
         when it is bound already or the order is no integer, 503 when the cluster cannot
         record it now (no Raft leader), 401 unless the caller may ``create`` the super stream and
         ``publish`` to (or ``create``) the stream (RabbitMQ wants write on the queue)."""
-        registry = self._registry(request, caller, CREATE)
-        name, queue = request.match_info["name"], request.match_info["queue"]
+        registry, vhost, name = self._registry(request, caller, CREATE)
+        queue = lookup(vhost, request.match_info["queue"])
         found = registry.resolve(queue)
         target = found[0].name if found is not None else queue  # a partition: its stream
         if not caller.sees_stream(target):
             raise not_found()
         if not (caller.may(target, PUBLISH) or caller.may(target, CREATE)):
             raise _error(web.HTTPUnauthorized, "not_authorized",
-                         f"access to queue '{queue}' in vhost '/' refused for user "
-                         f"'{caller.user}'")
+                         f"access to queue '{external(queue)[1]}' in vhost '{vhost}' refused "
+                         f"for user '{caller.user}'")
         try:
             body = await request.json() if request.can_read_body else {}
             key = str(body.get("routing_key", ""))
@@ -505,7 +500,8 @@ class ManagementServer:
             raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
         except UNAVAILABLE as exc:
             raise unavailable(exc) from None
-        location = f"/api/bindings/%2F/e/{name}/q/{queue}/{key}"
+        location = "/".join(("/api/bindings", quote(vhost, safe=""), "e", quote(
+            external(name)[1], safe=""), "q", quote(external(queue)[1], safe=""), key))
         return web.Response(status=201, headers={"Location": location})
 
 
