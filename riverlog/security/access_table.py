@@ -122,11 +122,12 @@ class AccessTable:
     vhost_permissions: Mapping[tuple[str, str], Permission] = dataclasses.field(
         default_factory=dict)
 
-    def __setstate__(self, state: list) -> None:
+    def __setstate__(self, state: list | tuple) -> None:
         """Unpickle (Raft snapshots): a table pickled before virtual hosts existed has
         only the first two fields; the others take their defaults."""
-        for field in dataclasses.fields(self):
-            value = state.pop(0) if state else field.default_factory()
+        values = list(state)
+        for i, field in enumerate(dataclasses.fields(self)):
+            value = values[i] if i < len(values) else field.default_factory()
             object.__setattr__(self, field.name, value)
 
     def administrator(self, name: str) -> bool:
