@@ -24,7 +24,7 @@ from ...errors import StreamNotFoundError
 from ...security.access_table import AccessError, NoSuchVhost, VirtualHost, parse_tags
 from ...vhost_names import in_vhost
 from .access import Caller
-from .answers import UNAVAILABLE, bad_request, listed, not_found
+from .answers import UNAVAILABLE, bad_request, listed, not_found, unavailable
 from .queues import delete
 from .users import administrator, body_of, change
 
@@ -141,4 +141,4 @@ class VhostRoutes:
             except UNAVAILABLE as exc:
                 log.error("virtual host %r deleted, but not its stream %r: %s", vhost,
                           name, exc)
-                raise
+                raise unavailable(exc) from None
