@@ -18,15 +18,9 @@ from rstream.exceptions import VirtualHostAccessFailure
 from riverlog.server.runtime_access import ACCESS_FILE
 from riverlog.vhost_names import internal
 from server.test_management import _app, basic, call, eventually
+from server.test_management_users import app  # noqa: F401 (a fixture: one App, no gRPC)
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-async def app(tmp_path):
-    app = await _app(tmp_path)
-    yield app
-    await app.stop()
 
 
 def _producer(app, vhost: str, **kwargs) -> Producer:
