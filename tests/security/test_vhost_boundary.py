@@ -2,9 +2,12 @@
 # virtual host v1 is kept under a hidden broker name (riverlog.vhost_names), and no client of
 # any door reaches it by spelling that name: not on the stream door from `/` or from another
 # virtual host (raw frames), not on the gRPC Liftbridge door (its own stub), not through
-# NATS subjects (nats-py against the embedded nats-server). Open of a virtual host the user
+# NATS subjects (nats-py against the embedded nats-server), not through the management API's
+# queue routes. Open of a virtual host the user
 # has no permission on is refused 0x0c, as RabbitMQ's check_vhost_access refuses it.
 from __future__ import annotations
+
+from urllib.parse import quote
 
 import grpc
 import pytest
@@ -140,4 +143,19 @@ async def test_no_liftbridge_client_reaches_another_vhosts_stream(app):
     for subject in ("secret", "v1.secret", "v1"):
         await client.publish(subject, b"x")
     assert app.broker.streams[SECRET].partitions[0].next_offset == 0
+    assert sorted(app.broker.streams) == sorted(["__cursors", SECRET])
+
+
+async def test_no_management_route_reaches_another_vhosts_stream(app):
+    owner, _ = await opened(app, "ops", "v1")
+    assert (await owner.request(f.Create(10, "secret", {}))).response_code == ResponseCode.OK
+    spelled_name = quote(SECRET, safe="")
+    for vhost in ("%2F", "v2"):
+        assert (await call(app, "GET", f"/api/queues/{vhost}/{spelled_name}",
+                           auth=OPS))[0] == 404
+        assert (await call(app, "DELETE", f"/api/queues/{vhost}/{spelled_name}",
+                           auth=OPS))[0] == 404
+        assert (await call(app, "PUT", f"/api/queues/{vhost}/{spelled_name}",
+                           auth=OPS))[0] == 400
+    assert [q["name"] for q in (await call(app, "GET", "/api/queues/%2F", auth=OPS))[1]] == []
     assert sorted(app.broker.streams) == sorted(["__cursors", SECRET])
