@@ -3,8 +3,8 @@
 # any door reaches it by spelling that name: not on the stream door from `/` or from another
 # virtual host (raw frames), not on the gRPC Liftbridge door (its own stub), not through
 # NATS subjects (nats-py against the embedded nats-server), not through the management API's
-# queue routes. Open of a virtual host the user
-# has no permission on is refused 0x0c, as RabbitMQ's check_vhost_access refuses it.
+# queue routes. Open of a virtual host the user has no permission on is refused 0x0c, as
+# RabbitMQ's check_vhost_access refuses it.
 from __future__ import annotations
 
 from urllib.parse import quote
