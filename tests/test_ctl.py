@@ -282,12 +282,21 @@ async def test_vhosts_and_status(app):
     assert json.loads(out) == [{"name": "/", "default_queue_type": "stream"}]
     rc, out, _ = await ctl(app, "list_vhosts", "--formatter", "pretty_table")
     assert out.splitlines()[1:] == ["┌──────┐", "│ name │", "├──────┤", "│ /    │", "└──────┘"]
-    # riverlog has only `/` until issue 30 item 1: the server's answer, printed, exit 70
-    rc, out, err = await ctl(app, "add_vhost", "qa")
-    assert out.splitlines() == ['Adding vhost "qa" ...']
-    assert rc == 70 and err.startswith("Error:\n405")
+    # virtual hosts at runtime (issue 30 item 1)
+    rc, out, err = await ctl(app, "add_vhost", "qa", "--description", "for QA")
+    assert rc == 0 and out.splitlines() == ['Adding vhost "qa" ...'], err
+    rc, out, _ = await ctl(app, "list_vhosts", "name", "description", "--formatter", "json")
+    assert json.loads(out) == [{"name": "/", "description": "Default virtual host"},
+                               {"name": "qa", "description": "for QA"}]
+    rc, out, err = await ctl(app, "set_permissions", "-p", "qa", "guest", ".*", ".*", ".*")
+    assert rc == 0, err
+    rc, out, err = await ctl(app, "-q", "list_permissions", "-p", "qa")
+    assert rc == 0 and out.splitlines() == ["user\tconfigure\twrite\tread",
+                                            "guest\t.*\t.*\t.*"], (out, err)
     rc, out, err = await ctl(app, "delete_vhost", "qa")
-    assert rc == 70 and err.startswith("Error:\n405")
+    assert rc == 0 and out.splitlines() == ['Deleting vhost "qa" ...'], err
+    rc, out, err = await ctl(app, "delete_vhost", "qa")
+    assert rc == 65 and '{:no_such_vhost, "qa"}' in err
 
     rc, out, err = await ctl(app, "status")
     assert rc == 0, err

@@ -9,7 +9,10 @@
 # management API's, access_table.Permission) join the policy when it is enabled: a user with
 # one is answered by its expressions instead of policy lines (one store decides, as in
 # RabbitMQ), a runtime user without one may do nothing; `admin` is a runtime user's
-# `administrator` tag, and a configuration-file user's policy lines.
+# `administrator` tag, and a configuration-file user's policy lines. A stream of a virtual
+# host other than `/` (riverlog.vhost_names: a hidden broker name) is decided only by the
+# user's runtime permission on that virtual host (the policy lines are `/`'s), on the name
+# its clients use.
 from __future__ import annotations
 
 import csv
@@ -19,6 +22,8 @@ from typing import Iterable, Mapping, Protocol, Sequence
 
 import casbin
 from casbin.model import Model
+
+from ..vhost_names import DEFAULT, external, hidden
 
 log = logging.getLogger("riverlog.security")
 
@@ -78,6 +83,7 @@ class Authorizer:
         self._permissions: Mapping[str, Grant] = {}
         self._runtime_users: frozenset[str] = frozenset()
         self._administrators: frozenset[str] = frozenset()
+        self._vhost_permissions: dict[tuple[str, str], Grant] = {}
         if not enabled:
             return
         if model_path:
@@ -100,15 +106,25 @@ class Authorizer:
         self._enforcer = enforcer
 
     def set_runtime(self, permissions: Mapping[str, Grant], runtime_users: Iterable[str],
-                    administrators: Iterable[str]) -> None:
-        """Take the runtime permissions by user name, the runtime users' names (those not
-        in the configuration file) and the administrators among them; every cached answer
-        is forgotten (the doors' next checks see the change)."""
+                    administrators: Iterable[str],
+                    vhost_permissions: Mapping[tuple[str, str], Grant] | None = None) -> None:
+        """Take the runtime permissions on ``/`` by user name, the runtime users' names
+        (those not in the configuration file), the administrators among them and the
+        permissions on other virtual hosts by (vhost, user); every cached answer is
+        forgotten (the doors' next checks see the change)."""
         self._permissions = dict(permissions)
+        self._vhost_permissions = dict(vhost_permissions or {})
         self._runtime_users = frozenset(runtime_users)
         self._administrators = frozenset(administrators)
         Authorizer.allowed.cache_clear()
         Authorizer.permits.cache_clear()
+
+    def vhost_access(self, user: str | None, vhost: str) -> bool:
+        """Whether ``user`` may open ``vhost`` (RabbitMQ's check_vhost_access: a permission
+        on it); always when not enabled, and on ``/`` (its policy lines decide per stream)."""
+        if self._enforcer is None or vhost == DEFAULT:
+            return True
+        return (vhost, user) in self._vhost_permissions
 
     @functools.lru_cache(maxsize=4096)
     def allowed(self, user: str | None, stream: str, action: str) -> bool:
@@ -127,6 +143,10 @@ class Authorizer:
             return True
         if user is None:
             return False
+        if hidden(stream):  # another virtual host's stream: its permission alone decides
+            vhost, name = external(stream)
+            grant = self._vhost_permissions.get((vhost, user))
+            return grant is not None and action != ADMIN and grant.permits(name, action)
         runtime = user in self._runtime_users
         if action == ADMIN and runtime:
             return user in self._administrators

@@ -41,7 +41,8 @@ class Guard:
         users.set_runtime(table.users)
         runtime = [name for name in table.users if not users.in_file(name)]
         self.authorizer.set_runtime(table.permissions, runtime,
-                                    [name for name in runtime if table.administrator(name)])
+                                    [name for name in runtime if table.administrator(name)],
+                                    table.vhost_permissions)
 
     def administrator(self, user: str) -> bool:
         """RabbitMQ's administrator: a runtime user tagged ``administrator``; a

@@ -41,6 +41,7 @@ from ..security.grpc_auth import CALLER, GrpcAuth, partitions_on_subject
 from ..security.guard import Guard
 from ..security.tls import grpc_server_credentials, server_context
 from ..security.users import listens_on_loopback
+from ..vhost_names import hidden
 from .grpc_metadata import check_names, fetch_metadata, partition_metadata
 from .grpc_publish_async import ack_error_to_async, exact_nats_size, nats_size, publish_async
 from .grpc_subscribe import subscribe
@@ -77,10 +78,21 @@ def _serialize(message) -> bytes:
 
 
 async def _parse(cls, raw: bytes, context):
+    """The request ``cls`` of ``raw``; INVALID_ARGUMENT when malformed or when it creates a
+    stream of a name no client may use, NOT_FOUND when it names such a stream (another
+    virtual host's: riverlog.vhost_names; the Liftbridge doors are on ``/``)."""
     try:
-        return cls.FromString(raw)
+        req = cls.FromString(raw)
     except DecodeError as exc:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {cls.__name__}: {exc}")
+    names = [getattr(req, field, "") for field in ("stream", "name")]
+    names += getattr(req, "streams", ())  # JoinConsumerGroup's (FetchMetadata: its own)
+    if cls is not pb.FetchMetadataRequest and any(isinstance(n, str) and hidden(n)
+                                                  for n in names):
+        if cls is pb.CreateStreamRequest:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Stream name is reserved")
+        await context.abort(grpc.StatusCode.NOT_FOUND, "No such stream")
+    return req
 
 
 def _nullable(field):

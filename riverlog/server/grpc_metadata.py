@@ -14,6 +14,7 @@ import asyncio
 from ..broker import Partition
 from ..broker.cursors import read_varint
 from ..protocol.liftbridge import api_pb2 as pb
+from ..vhost_names import hidden
 from .liftbridge import Liftbridge, LiftbridgeError
 
 MAX_METADATA_NAMES = 10_000
@@ -141,12 +142,16 @@ async def fetch_metadata(service: Liftbridge, req: pb.FetchMetadataRequest
     METADATA_SLICE names."""
     streams = service.broker.streams
     elsewhere = service.broker.placement.streams() or {}  # a cluster's, held here or not
-    names = list(req.streams) or list(streams) + [n for n in elsewhere if n not in streams]
+    names = list(req.streams) or [n for n in list(streams) + [
+        n for n in elsewhere if n not in streams] if not hidden(n)]  # / only
     resp = pb.FetchMetadataResponse(brokers=brokers(service))
     for i, name in enumerate(names):
         if i and not i % METADATA_SLICE:
             await asyncio.sleep(0)
-        _stream_metadata(service, resp, name, elsewhere)
+        if hidden(name):  # another virtual host's (riverlog.vhost_names): unknown here
+            resp.streamMetadata.add(name=name, error=pb.StreamMetadata.Error.UNKNOWN_STREAM)
+        else:
+            _stream_metadata(service, resp, name, elsewhere)
     for i, group_id in enumerate(req.groups):
         if i and not i % METADATA_SLICE:
             await asyncio.sleep(0)

@@ -30,6 +30,7 @@ from ..metrics import counters, error as count_error
 from ..protocol.liftbridge import api_pb2 as pb
 from ..protocol.nats_subject import queue_problem, subject_problem
 from ..record import Record, encode_record
+from ..vhost_names import hidden
 from .ack_sinks import AckSink
 from .activity import ActivityStream
 from .auto_pause import idle_partitions
@@ -144,14 +145,15 @@ class Liftbridge:
 
     # -- lookups ------------------------------------------------------------------------
     def stream(self, name: str) -> Stream:
-        """The stream; raises LiftbridgeError NOT_FOUND."""
-        stream = self.broker.streams.get(name)
+        """The stream; raises LiftbridgeError NOT_FOUND (also for a stream of another
+        virtual host than ``/``: riverlog.vhost_names, never reachable here)."""
+        stream = None if hidden(name) else self.broker.streams.get(name)
         if stream is None:
             raise LiftbridgeError("NOT_FOUND", f"no such stream: {name}")
         return stream
 
     def partition(self, name: str, index: int) -> Partition | None:
-        stream = self.broker.streams.get(name)
+        stream = None if hidden(name) else self.broker.streams.get(name)
         if stream is None or not 0 <= index < len(stream.partitions):
             return None
         return stream.partitions[index]
@@ -161,7 +163,7 @@ class Liftbridge:
         reaching this server goes (Liftbridge publishes every gRPC publish there); None
         when this server leads it, on a single server, or for an unknown partition."""
         placement = self.broker.placement
-        if not placement.clustered or placement.leads(stream, index):
+        if not placement.clustered or hidden(stream) or placement.leads(stream, index):
             return None
         known = (placement.streams() or {}).get(stream)
         if known is None or not 0 <= index < known[1]:
@@ -381,7 +383,7 @@ class Liftbridge:
         if not name:
             raise LiftbridgeError("BAD_REQUEST", "no stream provided")
         writable(name, "BAD_REQUEST")
-        stream = self.broker.streams.get(name)
+        stream = None if hidden(name) else self.broker.streams.get(name)
         if stream is None:
             raise LiftbridgeError("NOT_FOUND", f"no such stream: {name}")
         if not 0 <= index < len(stream.partitions):

@@ -1,6 +1,6 @@
-# The runtime users and permissions of one running server (issue 30 item 2; the table and its
-# changes are riverlog.security.access_table's). Owns where the table is kept and what follows
-# a change on this server. Rules:
+# The runtime users, permissions and virtual hosts of one running server (issue 30 items 1
+# and 2; the table and its changes are riverlog.security.access_table's). Owns where the
+# table is kept and what follows a change on this server. Rules:
 # - alone, the table is DATA/access.json (ACCESS_FILE), replaced atomically (a temporary file,
 #   fsync, rename, fsync of the folder) before a change is answered; it holds hashes only;
 # - in a cluster the table is ClusterState.access: a change is the Raft command change_access
@@ -8,8 +8,8 @@
 # - what follows a change here, whoever made it: the Guard takes the table (the next login
 #   and the next permission check see it), the embedded nats-server reloads its users and
 #   permissions (a deleted user's NATS connections end there), and the RabbitMQ stream
-#   connections of a user that is gone are closed (RabbitMQ closes a deleted user's
-#   connections: rabbit_connection_tracking_handler on user_deleted).
+#   connections of a user or on a virtual host that is gone are closed (RabbitMQ closes them:
+#   rabbit_connection_tracking_handler on user_deleted and vhost_deleted).
 from __future__ import annotations
 
 import asyncio
@@ -121,9 +121,14 @@ class RuntimeAccess:
         if nats is not None:
             nats.permissions_changed(users=True)
         gone = {name for name in old.users if name not in guard.users}
+        vhosts_gone = {name for name in old.vhosts if not table.has_vhost(name)}
         door = self.app.rabbitmq_stream
-        if gone and door is not None:
+        if (gone or vhosts_gone) and door is not None:
             for conn in list(door.connections):
                 if conn.link.user in gone:
                     log.info("closing stream connection of deleted user %r", conn.link.user)
+                    conn.close_for_shutdown()
+                elif conn.link.vhost in vhosts_gone:
+                    log.info("closing stream connection of %r on deleted virtual host %r",
+                             conn.link.user, conn.link.vhost)
                     conn.close_for_shutdown()

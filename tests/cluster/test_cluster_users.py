@@ -1,11 +1,17 @@
 """Runtime users and permissions in a cluster (issue 30 item 2): a change made through one
 server's management API is agreed through Raft (the change_access command), so the user logs
 in on every server, its permission holds there, its deletion reaches them all, and a server
-restarted from its files catches up with a change it missed."""
+restarted from its files catches up with a change it missed. Virtual hosts are agreed the
+same way."""
 from __future__ import annotations
+
+import asyncio
+
+from rstream import Producer
 
 from _apps import started, stopped, until
 from riverlog.server.app import App
+from riverlog.vhost_names import internal
 from server.test_management import basic, call
 
 
@@ -50,3 +56,37 @@ async def test_a_user_made_on_one_server_logs_in_on_the_others(tmp_path):
         await until("carol deleted everywhere", lambda: everywhere([a, b, again], 401))
     finally:
         await stopped(cluster + ([again] if again is not None else []))
+
+
+async def test_a_vhost_made_on_one_server_is_agreed_and_its_deletion_reaches_all(tmp_path):
+    """Virtual hosts (issue 30 item 1) ride the same change_access command: made on a, seen
+    and opened on c; its stream, made on c, is deleted through the placement when b deletes
+    the virtual host, and the connection on it is closed."""
+    cluster = await started(tmp_path)
+    try:
+        a, b, c = cluster
+        assert (await call(a, "PUT", "/api/vhosts/shared", json={"description": "d"}))[0] == 201
+        assert (await call(b, "PUT", "/api/vhosts/shared"))[0] == 204  # agreed: exists there
+
+        async def seen(servers):
+            return all([(await call(x, "GET", "/api/vhosts/shared"))[0] == 200
+                        for x in servers])
+        await until("the vhost on every server", lambda: seen(cluster))
+        closed = asyncio.Event()
+        async with Producer("127.0.0.1", c.rabbitmq_stream.port, username="guest",
+                            password="guest", vhost="shared",
+                            on_close_handler=lambda *a: closed.set()) as producer:
+            await producer.create_stream("s")
+            name = internal("shared", "s")
+            await until("its stream everywhere", lambda: all(
+                x.broker.placement.of(name, 0) is not None for x in cluster))
+            await producer.send_wait("s", b"x")  # a publisher connection, to the leader
+            assert any(c.link.vhost == "shared" for x in cluster
+                       for c in x.rabbitmq_stream.connections)
+            assert (await call(b, "DELETE", "/api/vhosts/shared"))[0] == 204
+            await asyncio.wait_for(closed.wait(), 30)
+        await until("its stream deleted everywhere", lambda: all(
+            x.broker.placement.of(name, 0) is None for x in cluster))
+        assert (await call(c, "GET", "/api/vhosts/shared"))[0] == 404
+    finally:
+        await stopped(cluster)

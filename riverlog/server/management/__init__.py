@@ -8,6 +8,7 @@
 #   queues.py       streams as queues, super streams as exchanges and bindings
 #   paging.py       sorting, `name` filters and pages of the listings
 #   users.py        runtime users and permissions (administrators only)
+#   vhosts.py       virtual hosts: /api/vhosts, and a deleted vhost's streams
 #   answers.py      RabbitMQ's error bodies, 503s and the listings' answer, shared by the routes
 #   stream_groups.py  single active consumer groups (riverlog's /api/riverlog/stream/...)
 #   super_streams.py  super streams made and deleted whole (rabbitmq-streams' commands)

@@ -5,14 +5,17 @@
 # cluster's other servers list their own).
 # Rules: read-only over the door's state on the event loop; a connection's name is
 # RabbitMQ's "<peer host>:<peer port> -> <host>:<port>"; RabbitMQ's user-given
-# `connection_name` client property is `user_provided_name`.
+# `connection_name` client property is `user_provided_name`; each connection names the
+# virtual host it opened, each publisher and consumer its stream as that virtual host's
+# clients know it (riverlog.vhost_names).
 from __future__ import annotations
 
 from typing import Any, Iterable
 
+from ...vhost_names import DEFAULT, external
 from .access import Caller
 
-VHOST = "/"  # riverlog has one virtual host, RabbitMQ's default
+VHOST = DEFAULT  # RabbitMQ's default virtual host, the Liftbridge doors' only one
 
 
 def connection_name(conn) -> str:
@@ -52,7 +55,7 @@ def connection_json(conn, node: str) -> dict[str, Any]:
     properties = link.client_properties
     info: dict[str, Any] = {
         "name": connection_name(conn), "node": node, "type": "network",
-        "protocol": "stream", "user": link.user, "vhost": VHOST,
+        "protocol": "stream", "user": link.user, "vhost": link.vhost,
         "host": host, "port": port, "peer_host": peer_host,
         "peer_port": int(peer_port) if peer_port.isdigit() else 0,
         "ssl": conn.tls, "auth_mechanism": "PLAIN", "timeout": conn.session.heartbeat_s,
@@ -73,10 +76,16 @@ def _details(conn, node: str) -> dict[str, Any]:
             "peer_host": peer_host, "peer_port": int(peer_port) if peer_port.isdigit() else 0}
 
 
+def _queue(broker_name: str) -> dict[str, str]:
+    """``{"name", "vhost"}`` of a stream's broker name."""
+    vhost, name = external(broker_name)
+    return {"name": name, "vhost": vhost}
+
+
 def publisher_json(conn, pub, node: str) -> dict[str, Any]:
     """One publisher as GET /api/stream/publishers lists it."""
     return {"publisher_id": pub.id, "reference": pub.reference or "",
-            "queue": {"name": pub.name, "vhost": VHOST},
+            "queue": _queue(pub.name),
             "connection_details": _details(conn, node),
             "messages_published": pub.published, "messages_confirmed": pub.confirmed,
             "messages_errored": pub.errored}
@@ -89,7 +98,7 @@ def consumer_json(conn, sub, node: str) -> dict[str, Any]:
     active = sub.task is not None
     properties = dict(sub.properties)
     single = properties.get("single-active-consumer") == "true"
-    return {"subscription_id": sub.id, "queue": {"name": sub.name, "vhost": VHOST},
+    return {"subscription_id": sub.id, "queue": _queue(sub.name),
             "connection_details": _details(conn, node), "credits": sub.credit,
             "messages_consumed": sub.consumed, "offset": sub.offset,
             "offset_lag": max(partition.committed_offset + 1 - sub.offset, 0),
@@ -99,24 +108,29 @@ def consumer_json(conn, sub, node: str) -> dict[str, Any]:
 
 
 def _listed(connections: Iterable, caller: Caller, node: str, kind: str, stream: str | None,
-            connection: str | None) -> list[dict]:
+            connection: str | None, vhost: str | None = None) -> list[dict]:
     """``kind`` "publishers" or "subscriptions" of the connections ``caller`` may see, as
-    JSON, on ``stream`` or ``connection`` when given."""
+    JSON, on ``stream`` (a broker name), ``connection`` or ``vhost`` when given."""
     to_json = publisher_json if kind == "publishers" else consumer_json
     return [to_json(conn, item, node)
             for conn in visible(connections, caller)
-            if connection is None or connection_name(conn) == connection
+            if (connection is None or connection_name(conn) == connection)
+            and (vhost is None or conn.link.vhost == vhost)
             for item in list(getattr(conn, kind).values())
             if stream is None or item.name == stream]
 
 
 def publishers(connections: Iterable, caller: Caller, node: str, *,
-               stream: str | None = None, connection: str | None = None) -> list[dict]:
-    """The publishers ``caller`` may see, on ``stream`` or ``connection`` when given."""
-    return _listed(connections, caller, node, "publishers", stream, connection)
+               stream: str | None = None, connection: str | None = None,
+               vhost: str | None = None) -> list[dict]:
+    """The publishers ``caller`` may see, on ``stream`` (a broker name), ``connection`` or
+    ``vhost`` when given."""
+    return _listed(connections, caller, node, "publishers", stream, connection, vhost)
 
 
 def consumers(connections: Iterable, caller: Caller, node: str, *,
-              stream: str | None = None, connection: str | None = None) -> list[dict]:
-    """The consumers ``caller`` may see, on ``stream`` or ``connection`` when given."""
-    return _listed(connections, caller, node, "subscriptions", stream, connection)
+              stream: str | None = None, connection: str | None = None,
+              vhost: str | None = None) -> list[dict]:
+    """The consumers ``caller`` may see, on ``stream`` (a broker name), ``connection`` or
+    ``vhost`` when given."""
+    return _listed(connections, caller, node, "subscriptions", stream, connection, vhost)

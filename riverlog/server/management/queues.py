@@ -5,6 +5,7 @@
 # segments) in RabbitMQ 3.13/4.x; a super stream's exchange is a durable direct exchange
 # with `x-super-stream: true`, its bindings carry `x-stream-partition-order`
 # (rabbit_stream_manager:add_super_stream).
+# A queue names its virtual host and its name there (riverlog.vhost_names).
 # Every partition of a stream is one queue under the name the RabbitMQ Stream door gives it
 # (the stream itself, or `<stream>-<i>` for partition i of a stream with several), so
 # Liftbridge streams appear too, each queue with its NATS `subject`. In a cluster the list
@@ -25,7 +26,7 @@ from ...broker import RESERVED_STREAMS, Stream, check_writable
 from ...broker.superstreams import member_name, split_member_name
 from ..rabbitmq_stream.arguments import stream_config_for
 from .access import Caller
-from .connections import VHOST
+from ...vhost_names import external, in_vhost
 
 YIELD_EVERY = 256  # partitions listed between turns given to the event loop
 
@@ -87,15 +88,16 @@ def queue_json(app, name: str, index: int, count: int, subject: str | None,
     where = placement.of(name, index)
     local = node(placement.server_id)
     leader = node(where.leader) if where is not None and where.leader else None
+    vhost, client = external(member_name(name, index) if count > 1 else name)
     queue: dict[str, Any] = {
-        "name": member_name(name, index) if count > 1 else name, "vhost": VHOST,
+        "name": client, "vhost": vhost,
         "type": "stream", "durable": True, "auto_delete": False, "exclusive": False,
         "arguments": creation_arguments(stream), "node": leader or local,
         "leader": leader,
         "members": [node(s) for s in where.replicas] if where is not None else [local],
         "online": [node(s) for s in where.isr] if where is not None else [local],
         "state": "running" if leader else "down", "consumers": consumers,
-        "stream": name, "partition": index, "subject": subject,
+        "stream": external(name)[1], "partition": index, "subject": subject,
     }
     if stream is not None:
         p = stream.partitions[index]
@@ -110,9 +112,10 @@ def queue_json(app, name: str, index: int, count: int, subject: str | None,
     return queue
 
 
-async def queues(app, caller: Caller, consumer_counts: dict[str, int]
-                 ) -> list[dict[str, Any]]:
-    """Every stream queue ``caller`` may see (``consumer_counts``: queue name -> consumers).
+async def queues(app, caller: Caller, consumer_counts: dict[str, int],
+                 vhost: str | None = None) -> list[dict[str, Any]]:
+    """Every stream queue ``caller`` may see (``consumer_counts``: broker queue name ->
+    consumers), of ``vhost`` when given.
     Gives the loop a turn every YIELD_EVERY partitions, so a long listing does not hold
     the other connections up."""
     found: list[dict[str, Any]] = []
@@ -122,7 +125,8 @@ async def queues(app, caller: Caller, consumer_counts: dict[str, int]
     for seen, (name, index, count, subject, stream) in enumerate(_partitions(app), 1):
         if seen % YIELD_EVERY == 0:
             await asyncio.sleep(0)
-        if everything or caller.sees_stream(name):
+        if (vhost is None or in_vhost(name, vhost)) and (everything or
+                                                         caller.sees_stream(name)):
             queue_name = member_name(name, index) if count > 1 else name
             found.append(queue_json(app, name, index, count, subject, stream,
                                     consumer_counts.get(queue_name, 0), nodes, tabled))
@@ -197,15 +201,17 @@ async def delete(app, name: str) -> None:
 
 
 def exchange_json(name: str) -> dict[str, Any]:
-    """A super stream as its direct exchange."""
-    return {"name": name, "vhost": VHOST, "type": "direct", "durable": True,
+    """A super stream (``name``: its broker name) as its direct exchange."""
+    vhost, name = external(name)
+    return {"name": name, "vhost": vhost, "type": "direct", "durable": True,
             "auto_delete": False, "internal": False, "arguments": {"x-super-stream": True},
             "user_who_performed_action": "rmq-internal"}
 
 
 def bindings_json(super_stream) -> list[dict[str, Any]]:
     """The bindings of a super stream's exchange, in partition order."""
-    return [{"source": super_stream.name, "vhost": VHOST, "destination": partition,
+    vhost, source = external(super_stream.name)
+    return [{"source": source, "vhost": vhost, "destination": external(partition)[1],
              "destination_type": "queue", "routing_key": key,
              "arguments": {"x-stream-partition-order": order}, "properties_key": key}
             for order, (partition, key) in enumerate(zip(super_stream.partitions,

@@ -11,6 +11,8 @@
 # Every route is wrapped by ``_guarded``, which logs the caller in and hands it to the handler.
 # Users and permissions are users.py's routes (administrators only).
 # Listings are sorted and paged as RabbitMQ's are (paging.py).
+# Virtual hosts are vhosts.py's routes; every route with a {vhost} takes any existing one (404
+# otherwise) and names streams as that vhost's clients do (riverlog.vhost_names.lookup).
 # Rules: per-server answers are this server's connections, publishers and consumers (RabbitMQ
 # lists them per node too); queues and exchanges are the cluster's (queues.py); `alarms` of
 # /api/nodes and /api/overview list the resource alarms in force (riverlog.alarms: this
@@ -24,6 +26,7 @@ import os
 import platform
 import time
 from typing import Any, Callable
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -32,31 +35,27 @@ from ...alarms import DISK, MEMORY
 from ...errors import (InvalidArgumentError, LimitExceededError, ReservedStreamError,
                       StreamExistsError, StreamNotFoundError)
 from ...security.authz import CREATE, DELETE, PUBLISH
-from . import users, view
+from ...vhost_names import external, lookup
+from . import users, vhosts, view
 from .access import Caller
 from .answers import UNAVAILABLE
 from .answers import error as _error
 from .answers import listed as _listed
 from .answers import not_found, unavailable
-from .connections import (VHOST, connection_json, connection_name, consumers, find, publishers,
+from .connections import (connection_json, connection_name, consumers, find, publishers,
                           visible)
 from .history import SERVER, RateHistory, rates_window
 from .queues import (bindings_json, create, delete, exchange_json,
                      node_name, one_queue, queues, stream_arguments)
 from .stream_groups import consumer_groups, group_consumers
 from .super_streams import delete_super_stream, put_super_stream
+from .vhosts import existing
 
 log = logging.getLogger("riverlog.management")
 
 RABBITMQ_VERSION = "3.13.0"  # what the stream door's PeerProperties says it is
 REALM = 'Basic realm="RabbitMQ Management"'
 CLOSE_REASON = "Closed via management plugin"  # rabbit_mgmt_wm_connection's default
-
-
-def _vhost(request: web.Request) -> None:
-    """404 for a virtual host other than riverlog's one, ``/``."""
-    if request.match_info.get("vhost", VHOST) != VHOST:
-        raise not_found()
 
 
 class ManagementServer:
@@ -142,7 +141,6 @@ class ManagementServer:
     def _routes(self, web_app: web.Application) -> None:
         get = {
             "/api/overview": self.overview, "/api/whoami": self.whoami,
-            "/api/vhosts": self.vhosts, "/api/vhosts/{vhost}": self.vhost,
             "/api/nodes": self.nodes, "/api/nodes/{node}": self.one_node,
             "/api/connections": self.connections,
             "/api/connections/{name}": self.connection,
@@ -182,6 +180,7 @@ class ManagementServer:
         router.add_delete("/api/riverlog/stream/super-streams/{vhost}/{name}",
                           guarded(self.delete_super_stream))
         users.add_routes(router, guarded, self.app)
+        vhosts.add_routes(router, guarded, self.app)
         view.add_routes(router, guarded)
 
     def _rates(self, request: web.Request, stream: str = SERVER) -> dict[str, Any]:
@@ -237,20 +236,6 @@ class ManagementServer:
         return web.json_response({"name": caller.user, "tags": caller.tags,
                                   "is_internal_user": True})
 
-    async def vhosts(self, request: web.Request, caller: Caller) -> web.Response:
-        return _listed(request, [self._vhost_json()])
-
-    async def vhost(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
-        return web.json_response(self._vhost_json())
-
-    @staticmethod
-    def _vhost_json() -> dict[str, Any]:
-        return {"name": VHOST, "description": "Default virtual host", "tags": [],
-                "default_queue_type": "stream", "tracing": False,
-                "cluster_state": {}, "metadata": {"description": "Default virtual host",
-                                                  "tags": []}}
-
     async def nodes(self, request: web.Request, caller: Caller) -> web.Response:
         return _listed(request, [self._node_json(s) for s in self._servers()])
 
@@ -287,15 +272,20 @@ class ManagementServer:
         return node
 
     # -- connections ----------------------------------------------------------------------
+    def _scope(self, request: web.Request) -> str | None:
+        """The route's ``{vhost}`` (None when it has none); 404 when it does not exist."""
+        return existing(self.app, request) if "vhost" in request.match_info else None
+
     async def connections(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
+        vhost = self._scope(request)
         return _listed(request, [connection_json(c, self.node)
-                                 for c in visible(self._door(), caller)])
+                                 for c in visible(self._door(), caller)
+                                 if vhost is None or c.link.vhost == vhost])
 
     def _find(self, request: web.Request, caller: Caller):
-        _vhost(request)
+        vhost = self._scope(request)
         conn = find(self._door(), request.match_info["name"], caller)
-        if conn is None:
+        if conn is None or vhost is not None and conn.link.vhost != vhost:
             raise not_found()
         return conn
 
@@ -324,37 +314,37 @@ class ManagementServer:
         return _listed(request, consumers(self._door(), caller, self.node,
                                           connection=connection_name(conn)))
 
+    def _stream_scope(self, request: web.Request) -> dict[str, str | None]:
+        """``vhost`` and ``stream`` (its broker name) of a publishers or consumers route."""
+        vhost = self._scope(request)
+        stream = request.match_info.get("stream")
+        return {"vhost": vhost, "stream": None if stream is None else lookup(vhost, stream)}
+
     async def publishers(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
         return _listed(request, publishers(self._door(), caller, self.node,
-                                           stream=request.match_info.get("stream")))
+                                           **self._stream_scope(request)))
 
     async def consumers(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
         return _listed(request, consumers(self._door(), caller, self.node,
-                                          stream=request.match_info.get("stream")))
+                                          **self._stream_scope(request)))
 
     # -- single active consumer groups and whole super streams (stream_groups.py,
     # super_streams.py: riverlog's routes for rabbitmq-streams' commands) ----------------
     async def consumer_groups(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
-        return _listed(request, consumer_groups(self.app, caller))
+        return _listed(request, consumer_groups(self.app, caller, self._scope(request)))
 
     async def group_consumers(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
-        found = group_consumers(self.app, caller, request.match_info["stream"],
-                                request.match_info["reference"])
+        stream = lookup(existing(self.app, request), request.match_info["stream"])
+        found = group_consumers(self.app, caller, stream, request.match_info["reference"])
         if found is None:
             raise not_found()
         return web.json_response(found)
 
     async def put_super_stream(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
-        return await put_super_stream(self.app, request, caller)
+        return await put_super_stream(self.app, request, caller, *self._queue_name(request))
 
     async def delete_super_stream(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
-        return await delete_super_stream(self.app, request, caller)
+        return await delete_super_stream(self.app, caller, *self._queue_name(request))
 
     # -- queues and exchanges -------------------------------------------------------------
     def _consumer_counts(self) -> dict[str, int]:
@@ -365,15 +355,19 @@ class ManagementServer:
         return counts
 
     async def queues(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
-        listed = await queues(self.app, caller, self._consumer_counts())
+        vhost = self._scope(request)
+        listed = await queues(self.app, caller, self._consumer_counts(), vhost)
         for queue in listed:
-            queue.update(self._rates(request, queue["name"]))
+            queue.update(self._rates(request, lookup(queue["vhost"], queue["name"])))
         return _listed(request, listed)
 
+    def _queue_name(self, request: web.Request) -> tuple[str, str]:
+        """(vhost, broker name) of a queue route."""
+        vhost = existing(self.app, request)
+        return vhost, lookup(vhost, request.match_info["name"])
+
     async def queue(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
-        name = request.match_info["name"]
+        _, name = self._queue_name(request)
         found = one_queue(self.app, caller, name, self._consumer_counts().get(name, 0))
         if found is None:
             raise not_found()
@@ -385,17 +379,18 @@ class ManagementServer:
         reserved name (``__cursors``, ``__activity``) or a caller at its stream limit
         (SecurityConfig.max_streams_per_user, as the doors count it), 401 without the
         ``create`` permission, 503 when the cluster or the server cannot create it now."""
-        _vhost(request)
-        name = request.match_info["name"]
+        vhost, name = self._queue_name(request)
         try:
             body = await request.json() if request.can_read_body else {}
             arguments = stream_arguments(dict(body.get("arguments") or {}))
         except (ValueError, AttributeError, TypeError) as exc:
             raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
+        if not external(name)[1]:  # a name no client may use (vhost_names.lookup)
+            raise _error(web.HTTPBadRequest, "bad_request", "invalid queue name")
         if not caller.may(name, CREATE):
             raise _error(web.HTTPUnauthorized, "not_authorized",
-                         f"access to queue '{name}' in vhost '/' refused for user "
-                         f"'{caller.user}'")
+                         f"access to queue '{external(name)[1]}' in vhost '{vhost}' refused "
+                         f"for user '{caller.user}'")
         try:
             await create(self.app, name, arguments, caller.user)
         except StreamExistsError:
@@ -410,14 +405,13 @@ class ManagementServer:
         """Delete a stream queue: 204; 404 when the caller sees no such stream, 401 without
         the ``delete`` permission, 400 for a reserved name (``__cursors``, ``__activity``),
         503 when the cluster cannot delete it now."""
-        _vhost(request)
-        name = request.match_info["name"]
+        vhost, name = self._queue_name(request)
         if not caller.sees_stream(name):
             raise not_found()
         if not caller.may(name, DELETE):
             raise _error(web.HTTPUnauthorized, "not_authorized",
-                         f"access to queue '{name}' in vhost '/' refused for user "
-                         f"'{caller.user}'")
+                         f"access to queue '{external(name)[1]}' in vhost '{vhost}' refused "
+                         f"for user '{caller.user}'")
         try:
             await delete(self.app, name)
         except ReservedStreamError as exc:
@@ -435,8 +429,7 @@ class ManagementServer:
         return [s for s in door.super_streams.every() if caller.sees_stream(s.name)]
 
     def _super_stream(self, request: web.Request, caller: Caller):
-        _vhost(request)
-        name = request.match_info["name"]
+        _, name = self._queue_name(request)
         for super_stream in self._super_streams(caller):
             if super_stream.name == name:
                 return super_stream
@@ -449,25 +442,27 @@ class ManagementServer:
         return web.json_response(bindings_json(self._super_stream(request, caller)))
 
     def _registry(self, request: web.Request, caller: Caller, action: str):
-        """The door's super streams, once ``caller`` may do ``action`` on the one named."""
-        _vhost(request)
-        name = request.match_info["name"]
+        """(the door's super streams, the vhost, the broker name of the one named), once
+        ``caller`` may do ``action`` on it."""
+        vhost, name = self._queue_name(request)
         if not caller.may(name, action):
             raise _error(web.HTTPUnauthorized, "not_authorized",
-                         f"access to exchange '{name}' in vhost '/' refused for user "
-                         f"'{caller.user}'")
+                         f"access to exchange '{external(name)[1]}' in vhost '{vhost}' "
+                         f"refused for user '{caller.user}'")
         if self.app.rabbitmq_stream is None:
             raise not_found()
-        return self.app.rabbitmq_stream.super_streams
+        return self.app.rabbitmq_stream.super_streams, vhost, name
 
     async def put_exchange(self, request: web.Request, caller: Caller) -> web.Response:
         """Declare an exchange: riverlog's exchanges are super streams, so this records one
         with no partition yet (bindings add them, as RabbitMQ's super stream exchange gets
         one binding per partition); 201 when new, 204 when it exists, 400 for a bad name, 503
         when the cluster cannot record it now (no Raft leader)."""
-        registry = self._registry(request, caller, CREATE)
+        registry, _, name = self._registry(request, caller, CREATE)
+        if not external(name)[1]:  # a name no client may use (vhost_names.lookup)
+            raise _error(web.HTTPBadRequest, "bad_request", "invalid exchange name")
         try:
-            created = await registry.declare(request.match_info["name"])
+            created = await registry.declare(name)
         except InvalidArgumentError as exc:
             raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
         except UNAVAILABLE as exc:
@@ -478,9 +473,9 @@ class ManagementServer:
         """Forget a super stream, its partition streams stay (RabbitMQ deletes the exchange
         and keeps the queues); 204, 404 when there is none, 503 when the cluster cannot
         forget it now."""
-        registry = self._registry(request, caller, DELETE)
+        registry, _, name = self._registry(request, caller, DELETE)
         try:
-            await registry.forget(request.match_info["name"])
+            await registry.forget(name)
         except StreamNotFoundError:
             raise not_found() from None
         except UNAVAILABLE as exc:
@@ -495,16 +490,16 @@ class ManagementServer:
         when it is bound already or the order is no integer, 503 when the cluster cannot
         record it now (no Raft leader), 401 unless the caller may ``create`` the super stream and
         ``publish`` to (or ``create``) the stream (RabbitMQ wants write on the queue)."""
-        registry = self._registry(request, caller, CREATE)
-        name, queue = request.match_info["name"], request.match_info["queue"]
+        registry, vhost, name = self._registry(request, caller, CREATE)
+        queue = lookup(vhost, request.match_info["queue"])
         found = registry.resolve(queue)
         target = found[0].name if found is not None else queue  # a partition: its stream
         if not caller.sees_stream(target):
             raise not_found()
         if not (caller.may(target, PUBLISH) or caller.may(target, CREATE)):
             raise _error(web.HTTPUnauthorized, "not_authorized",
-                         f"access to queue '{queue}' in vhost '/' refused for user "
-                         f"'{caller.user}'")
+                         f"access to queue '{external(queue)[1]}' in vhost '{vhost}' refused "
+                         f"for user '{caller.user}'")
         try:
             body = await request.json() if request.can_read_body else {}
             key = str(body.get("routing_key", ""))
@@ -523,7 +518,8 @@ class ManagementServer:
             raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
         except UNAVAILABLE as exc:
             raise unavailable(exc) from None
-        location = f"/api/bindings/%2F/e/{name}/q/{queue}/{key}"
+        location = "/".join(("/api/bindings", quote(vhost, safe=""), "e", quote(
+            external(name)[1], safe=""), "q", quote(external(queue)[1], safe=""), key))
         return web.Response(status=201, headers={"Location": location})
 
 

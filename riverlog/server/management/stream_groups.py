@@ -16,8 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from ...broker.sac import ACTIVE
+from ...vhost_names import external, in_vhost
 from .access import Caller
-from .connections import VHOST, connection_name, visible
+from .connections import connection_name, visible
 
 
 def _groups(app, caller: Caller) -> list[tuple[tuple[str, str], Any]]:
@@ -30,21 +31,25 @@ def _groups(app, caller: Caller) -> list[tuple[tuple[str, str], Any]]:
 
 
 def group_json(stream: str, reference: str, group) -> dict[str, Any]:
-    """One group as list_stream_consumer_groups shows it (``partition_index``: -1 for a plain
-    stream, else the stream's position in its super stream)."""
-    return {"vhost": VHOST, "stream": stream, "reference": reference,
+    """One group (``stream``: a broker name) as list_stream_consumer_groups shows it
+    (``partition_index``: -1 for a plain stream, else the stream's position in its super
+    stream), with its virtual host and its stream's name there."""
+    vhost, name = external(stream)
+    return {"vhost": vhost, "stream": name, "reference": reference,
             "partition_index": group.partition_index, "consumers": len(group.members)}
 
 
-def consumer_groups(app, caller: Caller) -> list[dict[str, Any]]:
-    """Every group ``caller`` may see, sorted by (stream, reference)."""
+def consumer_groups(app, caller: Caller, vhost: str | None = None) -> list[dict[str, Any]]:
+    """Every group ``caller`` may see (of ``vhost`` when given), sorted by (stream,
+    reference)."""
     return [group_json(stream, reference, group)
-            for (stream, reference), group in _groups(app, caller)]
+            for (stream, reference), group in _groups(app, caller)
+            if vhost is None or in_vhost(stream, vhost)]
 
 
 def group_consumers(app, caller: Caller, stream: str, reference: str
                     ) -> dict[str, Any] | None:
-    """Group (``stream``, ``reference``) with its members in subscription order, each
+    """Group (``stream``: a broker name, ``reference``) with its members in subscription order, each
     ``{"subscription_id", "connection_name", "state": "active"|"inactive"}`` (the connection
     name "" when ``caller`` may not see that connection); None when there is no such group
     or ``caller`` may not see ``stream``."""

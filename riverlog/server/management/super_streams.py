@@ -24,6 +24,7 @@ from aiohttp import web
 from ...errors import (InvalidArgumentError, LimitExceededError, StreamExistsError,
                        StreamNotFoundError)
 from ...security.authz import CONSUME, CREATE, DELETE, PUBLISH
+from ...vhost_names import external
 from ..rabbitmq_stream.arguments import stream_config_for
 from .access import Caller
 from .answers import UNAVAILABLE, bad_request, error, not_found, unavailable
@@ -60,16 +61,19 @@ def partitions_of(name: str, body: dict[str, Any]) -> tuple[list[str], list[str]
     return [f"{name}-{k}" for k in binding_keys], binding_keys
 
 
-def _refused(caller: Caller, name: str) -> web.HTTPException:
+def _refused(caller: Caller, vhost: str, name: str) -> web.HTTPException:
     return error(web.HTTPUnauthorized, "not_authorized",
-                 f"access to super stream '{name}' in vhost '/' refused for user "
-                 f"'{caller.user}'")
+                 f"access to super stream '{external(name)[1]}' in vhost '{vhost}' refused "
+                 f"for user '{caller.user}'")
 
 
-async def put_super_stream(app, request: web.Request, caller: Caller) -> web.Response:
-    """PUT /api/stream/super-streams/{vhost}/{name}: make the super stream and its
-    partitions (module comment: body, answers)."""
-    name = request.match_info["name"]
+async def put_super_stream(app, request: web.Request, caller: Caller, vhost: str,
+                           name: str) -> web.Response:
+    """PUT /api/stream/super-streams/{vhost}/{name}: make the super stream ``name`` (its
+    broker name, riverlog.vhost_names) of ``vhost`` and its partitions (module comment:
+    body, answers)."""
+    if not external(name)[1]:  # a name no client may use (vhost_names.lookup)
+        raise bad_request("invalid super stream name")
     door = app.rabbitmq_stream
     try:
         body = await request.json() if request.can_read_body else {}
@@ -84,7 +88,7 @@ async def put_super_stream(app, request: web.Request, caller: Caller) -> web.Res
     wanted = [(n, CREATE) for n in (name, *partitions)]  # RabbitMQ's configure, read, write
     wanted += [(name, CONSUME), *((n, PUBLISH) for n in partitions)]
     if not all(caller.may(n, action) for n, action in wanted):
-        raise _refused(caller, name)
+        raise _refused(caller, vhost, name)
     broker = app.broker
     placement = broker.placement
     try:
@@ -102,16 +106,16 @@ async def put_super_stream(app, request: web.Request, caller: Caller) -> web.Res
     return web.Response(status=201)
 
 
-async def delete_super_stream(app, request: web.Request, caller: Caller) -> web.Response:
-    """DELETE /api/riverlog/stream/super-streams/{vhost}/{name}: the super stream and its
-    partition streams; 204, 404 when there is none (or the caller sees none of it)."""
-    name = request.match_info["name"]
+async def delete_super_stream(app, caller: Caller, vhost: str, name: str) -> web.Response:
+    """DELETE /api/riverlog/stream/super-streams/{vhost}/{name}: the super stream ``name``
+    (its broker name) and its partition streams; 204, 404 when there is none (or the
+    caller sees none of it)."""
     door = app.rabbitmq_stream
     found = door.super_streams.find(name) if door is not None else None
     if found is None or not caller.sees_stream(name):
         raise not_found()
     if not all(caller.may(n, DELETE) for n in (name, *found.partitions)):
-        raise _refused(caller, name)
+        raise _refused(caller, vhost, name)
     try:
         if app.broker.placement.clustered:
             await door.super_streams.delete_in_cluster(name)

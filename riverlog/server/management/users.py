@@ -23,8 +23,8 @@ from typing import Any, Callable
 from aiohttp import web
 
 from ...errors import ClusterUnavailableError
-from ...security.access_table import (BCRYPT, VHOST, AccessError, NoSuchPermission, NoSuchUser,
-                                      check_name, parse_tags)
+from ...security.access_table import (BCRYPT, AccessError, NoSuchPermission, NoSuchUser,
+                                      NoSuchVhost, check_name, parse_tags)
 from ...security.users import hash_password
 from .access import Caller
 from .answers import error, listed, not_found
@@ -50,13 +50,14 @@ def add_routes(router: web.UrlDispatcher, guarded: Callable, app) -> None:
             ("GET", "/api/permissions/{vhost}/{user}", routes.get_permission),
             ("PUT", "/api/permissions/{vhost}/{user}", routes.put_permission),
             ("DELETE", "/api/permissions/{vhost}/{user}", routes.delete_permission)):
-        handler = guarded(_administrator(handler))
+        handler = guarded(administrator(handler))
         router.add_route(method, path, handler)
         if method == "GET":
             router.add_route(method, path + "/", handler)
 
 
-def _administrator(handler: Callable) -> Callable:
+def administrator(handler: Callable) -> Callable:
+    """``handler(request, caller)`` for an administrator only: 403 for any other caller."""
     async def checked(request: web.Request, caller: Caller) -> web.StreamResponse:
         if not caller.administrator:
             raise error(web.HTTPForbidden, "not_authorized", "Not administrator user")
@@ -68,7 +69,7 @@ def _bad(reason: str) -> web.HTTPException:
     return error(web.HTTPBadRequest, "bad_request", reason)
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
+async def body_of(request: web.Request) -> dict[str, Any]:
     """The request's JSON object; 400 for anything else."""
     try:
         body = await request.json() if request.can_read_body else {}
@@ -79,9 +80,25 @@ async def _body(request: web.Request) -> dict[str, Any]:
     return body
 
 
-def _vhost(request: web.Request) -> None:
-    if request.match_info["vhost"] != VHOST:
+def _vhost(app, request: web.Request) -> str:
+    """The request's ``{vhost}``; 404 when it does not exist."""
+    vhost = request.match_info["vhost"]
+    if not app.guard.runtime.has_vhost(vhost):
         raise not_found()
+    return vhost
+
+
+async def change(app, change: str, **arguments: Any) -> object:
+    """app.access.change; AccessError as 400 (404 for NoSuchUser, NoSuchPermission,
+    NoSuchVhost), 503 when the cluster cannot take it now."""
+    try:
+        return await app.access.change(change, **arguments)
+    except (NoSuchUser, NoSuchPermission, NoSuchVhost):
+        raise not_found() from None
+    except AccessError as exc:
+        raise _bad(str(exc)) from None
+    except ClusterUnavailableError as exc:
+        raise error(web.HTTPServiceUnavailable, "service_unavailable", str(exc)) from None
 
 
 class UserRoutes:
@@ -106,26 +123,19 @@ class UserRoutes:
                 "hashing_algorithm": BCRYPT, "tags": tags, "limits": {},
                 "source": "configuration"}
 
-    def _permission_json(self, user: str) -> dict[str, Any]:
-        p = self.app.guard.runtime.permissions[user]
-        return {"user": user, "vhost": VHOST, "configure": p.configure, "write": p.write,
+    @staticmethod
+    def _permission_json(vhost: str, user: str, p) -> dict[str, Any]:
+        return {"user": user, "vhost": vhost, "configure": p.configure, "write": p.write,
                 "read": p.read}
 
-    def _permissions(self, user: str | None = None) -> list[dict[str, Any]]:
-        return [self._permission_json(name) for name in self.app.guard.runtime.permissions
-                if user is None or name == user]
+    def _permissions(self, user: str | None = None, vhost: str | None = None
+                     ) -> list[dict[str, Any]]:
+        return [self._permission_json(v, name, p)
+                for v, name, p in self.app.guard.runtime.every_permission()
+                if (user is None or name == user) and (vhost is None or v == vhost)]
 
-    async def _change(self, change: str, **arguments: Any) -> object:
-        """access.change; AccessError as 400 (404 for NoSuchUser/NoSuchPermission), 503
-        when the cluster cannot take it now."""
-        try:
-            return await self.app.access.change(change, **arguments)
-        except (NoSuchUser, NoSuchPermission):
-            raise not_found() from None
-        except AccessError as exc:
-            raise _bad(str(exc)) from None
-        except ClusterUnavailableError as exc:
-            raise error(web.HTTPServiceUnavailable, "service_unavailable", str(exc)) from None
+    async def _change(self, change_name: str, **arguments: Any) -> object:
+        return await change(self.app, change_name, **arguments)
 
     # -- users ------------------------------------------------------------------------------
     async def list_users(self, request: web.Request, caller: Caller) -> web.Response:
@@ -143,7 +153,7 @@ class UserRoutes:
         for no password login; neither: keep the stored one), ``tags`` (a comma-separated
         string or a list). 201 created, 204 updated, 400 as the module says."""
         name = request.match_info["name"]
-        body = await _body(request)
+        body = await body_of(request)
         try:
             check_name(name)
             tags = parse_tags(body.get("tags"))
@@ -187,24 +197,22 @@ class UserRoutes:
         return listed(request, self._permissions())
 
     async def vhost_permissions(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
-        return listed(request, self._permissions())
+        return listed(request, self._permissions(vhost=_vhost(self.app, request)))
 
     async def get_permission(self, request: web.Request, caller: Caller) -> web.Response:
-        _vhost(request)
+        vhost = _vhost(self.app, request)
         user = request.match_info["user"]
-        if user not in self._users or user not in self.app.guard.runtime.permissions:
+        found = self.app.guard.runtime.permission(vhost, user)
+        if user not in self._users or found is None:
             raise not_found()
-        return web.json_response(self._permission_json(user))
+        return web.json_response(self._permission_json(vhost, user, found))
 
     async def put_permission(self, request: web.Request, caller: Caller) -> web.Response:
-        """Set a user's configure, write and read expressions on ``/`` (all three
+        """Set a user's configure, write and read expressions on a virtual host (all three
         required): 201 created, 204 updated; 400 for a missing key, a bad expression, or a
         user or vhost that does not exist (RabbitMQ's `vhost_or_user_not_found`)."""
-        user = request.match_info["user"]
-        if request.match_info["vhost"] != VHOST:
-            raise _bad("vhost_or_user_not_found")
-        body = await _body(request)
+        user, vhost = request.match_info["user"], request.match_info["vhost"]
+        body = await body_of(request)
         missing = [key for key in ("configure", "write", "read") if key not in body]
         if missing:
             raise _bad(f"key_missing: {', '.join(missing)}")
@@ -212,18 +220,19 @@ class UserRoutes:
         # a runtime user's existence is checked in the change itself: in Raft's order in a
         # cluster, so a user just made through another server is found
         created = await self._change("set_permissions", user=user, **expressions,
-                                     runtime=not self._users.in_file(user))
+                                     runtime=not self._users.in_file(user), vhost=vhost)
         if not self.app.guard.config.authz:
             log.warning("permissions of %r are stored but decide nothing while authorization "
                         "is off (docs/security.md)", user)
-        log.info("permissions of %r on vhost '/' %s by %r: configure %r write %r read %r",
-                 user, "set" if created else "changed", caller.user, *expressions.values())
+        log.info("permissions of %r on vhost %r %s by %r: configure %r write %r read %r",
+                 user, vhost, "set" if created else "changed", caller.user,
+                 *expressions.values())
         return web.Response(status=201 if created else 204)
 
     async def delete_permission(self, request: web.Request, caller: Caller) -> web.Response:
-        """Clear a user's permission on ``/``: 204; 404 when there is none."""
-        _vhost(request)
+        """Clear a user's permission on a virtual host: 204; 404 when there is none."""
+        vhost = _vhost(self.app, request)
         user = request.match_info["user"]
-        await self._change("clear_permissions", user=user)
-        log.info("permissions of %r on vhost '/' cleared by %r", user, caller.user)
+        await self._change("clear_permissions", user=user, vhost=vhost)
+        log.info("permissions of %r on vhost %r cleared by %r", user, vhost, caller.user)
         return web.Response(status=204)

@@ -14,6 +14,7 @@
 #   consuming.py    subscriptions and delivery, credit, offsets
 #   single_active.py  single active consumer (groups in broker/sac.py)
 #   draft.py        the 2020 draft dialect
+#   vhost_frames.py the names frames carry, in the connection's virtual host
 # Wire facts: ../shared/reference/rabbitmq-stream-protocol.md.
 from .arguments import stream_config_from_arguments
 from .connection import RabbitStreamConnection

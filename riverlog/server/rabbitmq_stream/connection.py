@@ -25,6 +25,7 @@ from ...protocol.rabbitmq_stream import (FrameDecoder, FrameError, ResponseCode,
 from ...protocol.rabbitmq_stream import frames as f
 from ...protocol.rabbitmq_stream.constants import INITIAL_FRAME_MAX
 from ...protocol.rabbitmq_stream.draft import opens_draft
+from ...vhost_names import DEFAULT
 from .consuming import Consuming, Subscription
 from .draft import DraftAdapter
 from .flow import ALARM, CLUSTER, OUTPUT, UNCONFIRMED, FlowControl
@@ -34,6 +35,7 @@ from .session import Session
 from .single_active import SingleActive
 from .state import CLOSE, ConnectionState
 from .streams import Streams
+from .vhost_frames import NAMED, NAMED_OUT, inbound, outbound
 
 log = logging.getLogger("riverlog.rabbitmq_stream")
 
@@ -232,6 +234,8 @@ class RabbitStreamConnection(asyncio.Protocol):
             if frame is None:
                 return
         kind = type(frame)
+        if kind in NAMED:  # the client's names become the broker's, in its virtual host
+            frame = inbound(frame, self.link.vhost)
         handler = self._handlers.get(kind)
         if self.publishing.staged and kind not in _PUBLISH:
             self.publishing.flush()  # later commands see every earlier publish written
@@ -251,6 +255,8 @@ class RabbitStreamConnection(asyncio.Protocol):
     # -- output -------------------------------------------------------------------------
     def send(self, frame: f.Frame) -> None:
         if self.transport is not None and not self.transport.is_closing():
+            if type(frame) in NAMED_OUT and self.link.vhost != DEFAULT:
+                frame = outbound(frame)
             self.transport.write(encode(frame, self.decoder.dialect))
             self.link.last_sent = time.monotonic()
 

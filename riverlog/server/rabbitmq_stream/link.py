@@ -50,7 +50,7 @@ class Link:
     authenticated user (None before); ``client_properties`` the client's PeerProperties and
     ``connected_at`` (time.time()) when the socket opened, for the management API."""
 
-    __slots__ = ("server", "broker", "config", "guard", "tls", "flow", "peer", "peer_host",
+    __slots__ = ("server", "broker", "config", "guard", "tls", "flow", "peer", "vhost", "peer_host",
                  "user", "client_properties", "connected_at", "pending", "last_received",
                  "last_sent", "send", "send_chunk", "fail", "hold_for", "hang_up", "abort",
                  "peer_certificate", "notify", "notes_after")
@@ -71,6 +71,9 @@ class Link:
         self.tls = tls
         self.flow = flow
         self.peer = "?"
+        self.vhost = "/"
+        """The virtual host Open opened (``/`` before); names on the wire are its streams'
+        (vhost_frames.py)."""
         self.peer_host: str | None = None
         self.user: str | None = None
         self.client_properties: dict[str, str] = {}

@@ -160,11 +160,20 @@ class Session:
         self.heartbeat_s = _negotiate(self.config.heartbeat_s, frame.heartbeat)
 
     def on_open(self, frame: f.Open) -> None:
-        if frame.virtual_host not in ("/", ""):
+        """Open a virtual host that exists (``""`` is ``/``) and the user may reach
+        (Authorizer.vhost_access: a permission on it while authorization is on); any other
+        is answered VIRTUAL_HOST_ACCESS_FAILURE (0x0c), as rabbit_stream_reader answers
+        rabbit_access_control:check_vhost_access failing, and the connection closed."""
+        vhost = frame.virtual_host or "/"
+        guard = self.link.guard
+        refused = (f"no virtual host {vhost!r}" if not guard.runtime.has_vhost(vhost) else
+                   None if guard.authorizer.vhost_access(self.link.user, vhost) else
+                   f"user {self.link.user!r} has no permission on virtual host {vhost!r}")
+        if refused is not None:
             self._refuse(f.OpenResponse(frame.correlation_id,
-                                        ResponseCode.VIRTUAL_HOST_ACCESS_FAILURE),
-                         f"no virtual host {frame.virtual_host!r}")
+                                        ResponseCode.VIRTUAL_HOST_ACCESS_FAILURE), refused)
             return
+        self.link.vhost = vhost
         self.state.on(OPENED)
         self.decoder.max_frame_size = self.frame_max
         self.decoder.max_publish_frame_size = PUBLISH_FRAME_MAX

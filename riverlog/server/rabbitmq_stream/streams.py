@@ -23,6 +23,7 @@ from ...security.authz import CONSUME, CREATE, DELETE, PUBLISH
 from ...broker.placement import Placement
 from .arguments import equivalence_arguments, stream_config_for, stream_config_from_arguments
 from .link import Link
+from .vhost_frames import client_name
 
 log = logging.getLogger("riverlog.rabbitmq_stream")
 
@@ -44,9 +45,11 @@ def _create_refused(name: str, exc: StreamExistsError | InvalidArgumentError) ->
 
 
 def _reserved(name: str) -> bool:
-    """A name Create refuses with 0x11: riverlog's internal streams, and RabbitMQ's reserved
-    ``amq.`` prefix (rabbit_stream_utils:enforce_correct_name, check_name)."""
-    return name in RESERVED_STREAMS or name.startswith("amq.")
+    """A (broker) name Create refuses with 0x11: riverlog's internal streams, RabbitMQ's
+    reserved ``amq.`` prefix (rabbit_stream_utils:enforce_correct_name, check_name), and the
+    empty name (what vhost_frames makes of a name no client may use)."""
+    name = client_name(name)
+    return not name or name in RESERVED_STREAMS or name.startswith("amq.")
 
 
 def _exists_code(found: tuple[Stream, Partition] | None,
@@ -275,6 +278,8 @@ class Streams:
         wanted += [(frame.name, CONSUME), *((name, PUBLISH) for name in frame.partitions)]
         if not all(link.may(name, action, link.resolve(name)) for name, action in wanted):
             self.send(respond(ResponseCode.ACCESS_REFUSED))
+        elif any(_reserved(name) for name in (frame.name, *frame.partitions)):
+            self.send(respond(ResponseCode.PRECONDITION_FAILED))
         elif self._over_quota(frame.name, len(frame.partitions)):
             self.send(respond(ResponseCode.PRECONDITION_FAILED))
         elif self.broker.placement.clustered:
