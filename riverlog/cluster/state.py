@@ -64,11 +64,19 @@ class StaleLeaderEpoch(MetadataError):
     metadata."""
 
 
+class NewerMetadata(MetadataError):
+    """Metadata (a Raft snapshot) with fields this riverlog does not know: a newer riverlog
+    wrote it, and reading it without them would misread it. Upgrade this server."""
+
+
 def _load_with_defaults(self, state: list) -> None:
     """``__setstate__`` of the metadata classes: pickle (Raft snapshots) gives each field's
     value in order; fields added after the snapshot was written (at the end of the class)
     take their defaults, so a snapshot of an earlier riverlog loads."""
     fields = dataclasses.fields(self)
+    if len(state) > len(fields) and type(self) is ClusterState:
+        raise NewerMetadata(f"the cluster metadata holds {len(state)} fields, this riverlog "
+                            f"knows {len(fields)}: a newer riverlog wrote it")
     for field, value in zip(fields, state):
         object.__setattr__(self, field.name, value)
     for field in fields[len(state):]:
@@ -86,10 +94,15 @@ class Door:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Server:
-    """A server of the cluster: its id (``clustering.server.id``) and advertised doors."""
+    """A server of the cluster: its id (``clustering.server.id``), advertised doors and the
+    cluster logical version it announced (features.VERSION; 1: a riverlog before versions).
+    Fields a newer riverlog adds at the end are dropped when read here (its registration is
+    what announces it), and fields missing from an older one's take their defaults."""
 
     id: str
     doors: Mapping[str, Door] = dataclasses.field(default_factory=dict)
+    version: int = 1
+    __setstate__ = _load_with_defaults
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -194,7 +207,7 @@ def add_server(state: ClusterState, server: Server) -> tuple[ClusterState, Serve
     """Add ``server`` to the cluster, or replace its advertised doors if it is known."""
     if not server.id:
         raise MetadataError("a server needs an id")
-    server = Server(server.id, dict(server.doors))
+    server = Server(server.id, dict(server.doors), int(getattr(server, "version", 1)))
     return dataclasses.replace(state, servers={**state.servers, server.id: server}), server
 
 
