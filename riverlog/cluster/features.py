@@ -9,7 +9,8 @@
 # code that uses one always keeps the older way for a cluster that has not (a fallback).
 # Adding a feature: a FEATURES row with the VERSION it needs (bump VERSION when the last
 # release already announced the current one), its Raft commands in COMMAND_VERSIONS, and a
-# fallback where it is used (``active(state, name)``).
+# fallback where it is used (``active(state, name)``). A field added to ClusterState stays
+# empty until its feature is active (an older server reading a snapshot refuses one that is not).
 from __future__ import annotations
 
 from typing import Mapping

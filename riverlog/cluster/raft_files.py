@@ -12,7 +12,10 @@
 # ``members`` is riverlog's: the Raft addresses a joining server was given by the Raft leader
 # (riverlog.cluster.join), a JSON list of "host:port" strings, written (atomically, fsynced)
 # before its Raft member first starts; a server that has it restarts from it and its journal
-# without asking to join again.
+# without asking to join again. Versions (docs/clustering.md "Versions"): a journal entry is a
+# command by name, which came with a cluster version (features.COMMAND_VERSIONS); a name this
+# riverlog does not know, a class it does not have or a snapshot with metadata fields it does
+# not know was written by a newer riverlog, and the start stops with RaftFileNewer.
 from __future__ import annotations
 
 import gzip
@@ -24,11 +27,26 @@ import struct
 from pysyncobj import journal as raft_journal
 
 from ..errors import RiverlogError
+from .access import COMMANDS
+from .features import VERSION
+from .state import NewerMetadata
 
 JOURNAL = "journal"
 META = JOURNAL + ".meta"
 SNAPSHOT = "snapshot"
 MEMBERS = "members"
+
+
+class RaftFileNewer(RiverlogError, RuntimeError):
+    """A Raft file holding what a newer riverlog wrote (a command this one does not know, a
+    snapshot with metadata fields it does not know): refused, never misread. ``path`` names
+    it. Upgrade this server."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"Raft file {path} was written by a newer riverlog: {problem}. This "
+                         f"riverlog speaks cluster version {VERSION}: run the newer one (a "
+                         f"server that ran it cannot go back)")
+        self.path = path
 
 
 class RaftFileCorrupt(RiverlogError, RuntimeError):
@@ -125,9 +143,24 @@ def _check_command(path: str, offset: int, command: bytes) -> None:
     if kind not in (0, 2, 3):  # REGULAR, MEMBERSHIP, VERSION: a pickle follows
         raise RaftFileCorrupt(path, f"record at {offset}: unknown command type {kind}")
     try:
-        pickle.loads(command[1:])
-    except Exception as exc:  # any unpickling failure is damage here
+        loaded = pickle.loads(command[1:])
+    except AttributeError as exc:  # a class this riverlog does not have
+        raise RaftFileNewer(path, f"record at {offset}: {exc}") from None
+    except Exception as exc:  # any other unpickling failure is damage here
         raise RaftFileCorrupt(path, f"record at {offset}: command unreadable ({exc!r})") from None
+    name = _command_name(loaded) if kind == 0 else None
+    if name is not None and name not in COMMANDS:
+        raise RaftFileNewer(path, f"record at {offset} is metadata command {name!r}, which "
+                                  f"this riverlog does not know")
+
+
+def _command_name(loaded: object) -> str | None:
+    """The metadata command of a pysyncobj REGULAR entry (funcID, (name, arguments), ...)
+    of RaftMetadata's one replicated method; None for anything else."""
+    if isinstance(loaded, tuple) and len(loaded) >= 2 and isinstance(loaded[1], tuple) \
+            and loaded[1] and isinstance(loaded[1][0], str):
+        return loaded[1][0]
+    return None
 
 
 def _check_meta(path: str) -> None:
@@ -148,6 +181,8 @@ def _check_snapshot(path: str) -> None:
     try:
         with gzip.open(path, "rb") as f:
             snapshot = pickle.load(f)
+    except (NewerMetadata, AttributeError) as exc:  # more fields, or a class unknown here
+        raise RaftFileNewer(path, str(exc)) from None
     except Exception as exc:  # any gzip or unpickling failure is damage here
         raise RaftFileCorrupt(path, f"unreadable ({exc!r})") from None
     if not isinstance(snapshot, tuple) or len(snapshot) < 3:

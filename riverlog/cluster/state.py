@@ -72,11 +72,16 @@ class NewerMetadata(MetadataError):
 def _load_with_defaults(self, state: list) -> None:
     """``__setstate__`` of the metadata classes: pickle (Raft snapshots) gives each field's
     value in order; fields added after the snapshot was written (at the end of the class)
-    take their defaults, so a snapshot of an earlier riverlog loads."""
+    take their defaults, so a snapshot of an earlier riverlog loads. Fields of a newer
+    riverlog's (after the known ones) are dropped when empty (falsy: its feature, gated by
+    cluster.features, has not written them yet, as while a cluster is upgraded) and refused
+    (NewerMetadata) in a ClusterState otherwise: read without them, it would be misread. So a
+    field added to ClusterState stays empty until its feature is active."""
     fields = dataclasses.fields(self)
-    if len(state) > len(fields) and type(self) is ClusterState:
-        raise NewerMetadata(f"the cluster metadata holds {len(state)} fields, this riverlog "
-                            f"knows {len(fields)}: a newer riverlog wrote it")
+    if type(self) is ClusterState and any(state[len(fields):]):
+        raise NewerMetadata(f"the cluster metadata holds {len(state)} fields, {len(fields)} "
+                            f"known here, and the others are not empty: a newer riverlog's "
+                            f"feature wrote them")
     for field, value in zip(fields, state):
         object.__setattr__(self, field.name, value)
     for field in fields[len(state):]:
