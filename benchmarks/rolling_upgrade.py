@@ -33,6 +33,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+import urllib.request
 
 import grpc
 import nats
@@ -42,6 +43,7 @@ from rstream import Producer
 from rstream.recovery import BackOffRecoveryStrategy
 from rstream.utils import RawMessage
 
+from riverlog.cluster.features import FEATURES, VERSION
 from riverlog.cluster.local import LocalCluster
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge import api_pb2_grpc
@@ -335,6 +337,14 @@ async def in_sync(cluster: MixedCluster, index: int) -> bool:
     return part is not None and bool(part.leader) and len(part.isr) == len(cluster.members)
 
 
+async def _back(cluster: MixedCluster, index: int) -> bool:
+    """``in_sync`` as server ``index`` tells; raises RuntimeError once it exited."""
+    if cluster.procs[index].poll() is not None:
+        raise RuntimeError(f"server {index} exited with {cluster.procs[index].returncode} (see "
+                           f"{cluster.directory}/{cluster.members[index].id}/riverlog.log)")
+    return await in_sync(cluster, index)
+
+
 async def read_all(cluster: MixedCluster, index: int) -> list[bytes]:
     """Every message of the stream, read from its leader (as server ``index`` tells)."""
     part = await until("a leader", lambda: _partition(cluster, index))
@@ -422,7 +432,7 @@ async def run_upgrade(workdir: str, steady_s: float = 3.0, after_s: float = 2.0,
                 report.problems.append(f"server {step} exited with {code} on SIGTERM")
             cluster.pythons[step] = sys.executable
             cluster.restart(step)
-            await until(f"server {step} back in the ISR", lambda: in_sync(cluster, step))
+            await until(f"server {step} back in the ISR", lambda: _back(cluster, step))
             back = loop.time()
             report.restart_s.append(back - restart)
             report.restarting.append(_rate(counts, restart, back))
@@ -431,6 +441,7 @@ async def run_upgrade(workdir: str, steady_s: float = 3.0, after_s: float = 2.0,
             await asyncio.sleep(after_s)
             stop.set()
             await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        await _features_everywhere(cluster, report)
         messages = await read_all(cluster, 0)
     finally:
         await asyncio.to_thread(cluster.stop)
@@ -460,6 +471,29 @@ async def _super_stream_while_mixed(cluster: MixedCluster, report: Report) -> No
         return True
     try:
         await until("the mixed super stream on every server", everywhere, 30)
+    except TimeoutError as exc:
+        report.problems.append(str(exc))
+
+
+async def _features_everywhere(cluster: MixedCluster, report: Report) -> None:
+    """Once every server runs this riverlog, each one's /metrics tells the cluster version
+    and every feature active (the servers announced their version when they started)."""
+    wanted = [f"riverlog_cluster_version {float(VERSION)}"] + [
+        f'riverlog_feature_active{{feature="{name}"}} 1.0' for name in FEATURES]
+
+    def scraped(index: int) -> str:
+        host, port = cluster.address(index, "metrics")
+        try:
+            with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as answer:
+                return answer.read().decode()
+        except OSError:
+            return ""
+
+    async def everywhere() -> bool:
+        texts = [await asyncio.to_thread(scraped, i) for i in range(len(cluster.members))]
+        return all(line in text for text in texts for line in wanted)
+    try:
+        await until("every feature active on every server", everywhere, 60)
     except TimeoutError as exc:
         report.problems.append(str(exc))
 
