@@ -119,8 +119,9 @@ class ClusterPlacement(Agreed, Placement):
         return tuple(sorted(self.state.servers))
 
     def has_feature(self, feature: str) -> bool:
-        """Whether every server of the cluster has ``feature`` (features.FEATURES)."""
-        return features.active(self.state, feature)
+        """Whether every server of the cluster has ``feature`` (features.FEATURES); not while
+        the cluster forms (a server not yet registered has announced nothing)."""
+        return not self.forming() and features.active(self.state, feature)
 
     def forming(self) -> bool:
         return not self.caught_up or len(self.state.servers) < self.bootstrap_size
@@ -214,7 +215,7 @@ class ClusterPlacement(Agreed, Placement):
         partition name), RaftUnavailable."""
         for partition in partitions:
             check_writable(partition)
-        if not features.active(self.state, features.SUPER_STREAM_COMMANDS):
+        if not self.has_feature(features.SUPER_STREAM_COMMANDS):
             return await super_older.create(self, name, partitions, binding_keys, config)
         arguments = self._stream_arguments(config)
         try:
@@ -238,7 +239,7 @@ class ClusterPlacement(Agreed, Placement):
         for partition in self.state.super_streams.get(name, SuperStream(name, (), ())
                                                       ).partitions:
             check_writable(partition)
-        if not features.active(self.state, features.SUPER_STREAM_COMMANDS):
+        if not self.has_feature(features.SUPER_STREAM_COMMANDS):
             return await super_older.delete(self, name)
         try:
             await self.submit("delete_super_stream_with_streams", name=name)
@@ -250,7 +251,7 @@ class ClusterPlacement(Agreed, Placement):
         """One Raft entry (state_super.bind_super_stream) once every server has
         features.SUPER_STREAM_COMMANDS, else the older commands (super_older). Raises
         StreamNotFoundError, InvalidArgumentError, RaftUnavailable."""
-        if not features.active(self.state, features.SUPER_STREAM_COMMANDS):
+        if not self.has_feature(features.SUPER_STREAM_COMMANDS):
             return await super_older.bind(self, name, partition, binding_key, index)
         try:
             await self.submit("bind_super_stream", name=name, partition=partition,
