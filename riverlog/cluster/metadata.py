@@ -153,7 +153,7 @@ class RaftMetadata:
 
     def __init__(self, settings: RaftSettings) -> None:
         os.makedirs(settings.raft_dir, exist_ok=True)
-        raft_files.check(settings.raft_dir)
+        raft_files.check(settings.raft_dir, TRANSITIONS)
         self._watchers: list[tuple[asyncio.AbstractEventLoop,
                                    Callable[[ClusterState], None]]] = []
         self._lock = threading.Lock()

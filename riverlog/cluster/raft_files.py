@@ -23,6 +23,7 @@ import json
 import os
 import pickle
 import struct
+from typing import Collection
 
 from pysyncobj import journal as raft_journal
 
@@ -61,9 +62,11 @@ class RaftFileCorrupt(RiverlogError, RuntimeError):
         self.path = path
 
 
-def check(raft_dir: str) -> None:
-    """Read every Raft file in ``raft_dir`` that exists; raises RaftFileCorrupt on damage."""
-    _check_journal(os.path.join(raft_dir, JOURNAL))
+def check(raft_dir: str, commands: Collection[str] = COMMANDS) -> None:
+    """Read every Raft file in ``raft_dir`` that exists; raises RaftFileCorrupt on damage,
+    RaftFileNewer for a journal command not in ``commands`` (the names this riverlog
+    applies: RaftMetadata passes its own) or metadata this riverlog does not know."""
+    _check_journal(os.path.join(raft_dir, JOURNAL), commands)
     _check_meta(os.path.join(raft_dir, META))
     _check_snapshot(os.path.join(raft_dir, SNAPSHOT))
     read_members(raft_dir)
@@ -100,7 +103,7 @@ def write_members(raft_dir: str, members: tuple[str, ...]) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _check_journal(path: str) -> None:
+def _check_journal(path: str, commands: Collection[str]) -> None:
     if not os.path.exists(path):
         return
     with open(path, "rb") as f:
@@ -131,12 +134,12 @@ def _check_journal(path: str) -> None:
         if previous is not None and (idx != previous[0] + 1 or term < previous[1]):
             raise RaftFileCorrupt(path, f"record at {offset}: entry {idx} term {term} cannot "
                                         f"follow entry {previous[0]} term {previous[1]}")
-        _check_command(path, offset, data[offset + 20:offset + 4 + size])
+        _check_command(path, offset, data[offset + 20:offset + 4 + size], commands)
         previous = (idx, term)
         offset += size + 8
 
 
-def _check_command(path: str, offset: int, command: bytes) -> None:
+def _check_command(path: str, offset: int, command: bytes, commands: Collection[str]) -> None:
     kind = command[0]
     if kind == 1:  # pysyncobj's _COMMAND_TYPE.NO_OP: nothing follows
         return
@@ -149,7 +152,7 @@ def _check_command(path: str, offset: int, command: bytes) -> None:
     except Exception as exc:  # any other unpickling failure is damage here
         raise RaftFileCorrupt(path, f"record at {offset}: command unreadable ({exc!r})") from None
     name = _command_name(loaded) if kind == 0 else None
-    if name is not None and name not in COMMANDS:
+    if name is not None and name not in commands:
         raise RaftFileNewer(path, f"record at {offset} is metadata command {name!r}, which "
                                   f"this riverlog does not know")
 
