@@ -395,10 +395,12 @@ def _rate(counts: dict[str, Counts], start: float, end: float) -> float:
 
 
 async def run_upgrade(workdir: str, steady_s: float = 3.0, after_s: float = 2.0,
-                      rate: int = 500, older: str | None = None, log=print) -> Report:
+                      rate: int = 500, older: str | None = None, log=print,
+                      commit: str = OLDER_COMMIT) -> Report:
     """The whole run in ``workdir``; ``rate``: messages/s per door at most. Returns the
-    Report (``problems`` empty when nothing acked was lost or doubled and every check held)."""
-    pythons = [older or older_python(log=log)] * 3
+    Report (``problems`` empty when nothing acked was lost or doubled and every check held).
+    ``older``: the python of an earlier riverlog's venv; else ``commit`` built (older_python)."""
+    pythons = [older or older_python(commit, log=log)] * 3
     cluster = MixedCluster(os.path.join(workdir, "cluster"), pythons)
     report = Report()
     loop = asyncio.get_running_loop()
@@ -524,13 +526,20 @@ def _check(report: Report, messages: list[bytes], counts: dict[tuple[str, int], 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__ or "rolling upgrade under load")
+    parser = argparse.ArgumentParser(description=(
+        "A three-server cluster started on an earlier riverlog (--commit, built into a cached "
+        "venv) is upgraded one server at a time to this checkout while rstream, nats-py and "
+        "gufo-liftbridge publish with confirms / ALL acks; prints the acked rates before and "
+        "during each restart and exits 1 when an acked message was lost or doubled, a client "
+        "was refused, or a check failed (results: benchmarks/README.md)."))
     parser.add_argument("--steady", type=float, default=20.0,
                         help="seconds of publishing before each restart (default 20)")
     parser.add_argument("--after", type=float, default=10.0,
                         help="seconds of publishing after each server is back (default 10)")
     parser.add_argument("--rate", type=int, default=2000,
                         help="messages/s per door at most (default 2000)")
+    parser.add_argument("--commit", default=OLDER_COMMIT,
+                        help=f"the earlier riverlog's commit (default {OLDER_COMMIT[:12]})")
     parser.add_argument("--older", default=None,
                         help="the python of an older riverlog's venv (default: build "
                              f"{OLDER_COMMIT[:12]} and cache it)")
@@ -539,7 +548,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         report = asyncio.run(run_upgrade(args.workdir or tmp, args.steady, args.after,
-                                         args.rate, args.older))
+                                         args.rate, args.older, commit=args.commit))
     print(report.as_json())
     for step, (steady, during, took) in enumerate(zip(report.steady, report.restarting,
                                                       report.restart_s)):
