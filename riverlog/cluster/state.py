@@ -209,7 +209,8 @@ class ClusterState:
 
 
 def add_server(state: ClusterState, server: Server) -> tuple[ClusterState, Server]:
-    """Add ``server`` to the cluster, or replace its advertised doors if it is known."""
+    """Add ``server`` to the cluster, or replace its advertised doors and announced version
+    (Server.version, features.py) if it is known."""
     if not server.id:
         raise MetadataError("a server needs an id")
     server = Server(server.id, dict(server.doors), int(getattr(server, "version", 1)))
