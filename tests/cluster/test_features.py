@@ -17,6 +17,7 @@ from riverlog.broker import StreamConfig
 from riverlog.cluster import features
 from riverlog.cluster import state as s
 from riverlog.cluster.state_super import TRANSITIONS
+from riverlog.errors import StreamExistsError
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from test_forward_batch import _publish, _roles, _stored
 
@@ -131,6 +132,11 @@ async def test_super_streams_use_the_older_commands_while_an_older_server_is_in(
     before = raft.applied_commands()
     await placement.delete_super_stream_with_streams("old")
     assert counts(before) == {"delete_super_stream": 1, "delete_stream": 3}
+    await placement.create_stream("taken", config)  # a partition name taken: the older way
+    with pytest.raises(StreamExistsError):  # deletes the partitions it made before
+        await placement.create_super_stream_with_streams("bad", ("b0", "taken"), ("a", "b"),
+                                                         config)
+    assert "b0" not in placement.streams() and "bad" not in placement.super_streams()
 
     await _announce(cluster, 1, features.VERSION)  # upgraded: the one-entry commands
     before = raft.applied_commands()
