@@ -124,7 +124,7 @@ class _AsyncSession:
     written, acks outstanding."""
 
     __slots__ = ("batch", "out", "wake", "inflight", "reading", "error", "inbox", "acks",
-                 "gate", "forwards", "batches", "next_batch")
+                 "gate", "forwards", "batches", "next_batch", "enveloped")
 
     def __init__(self) -> None:
         self.batch: list[bytes] = []
@@ -139,6 +139,7 @@ class _AsyncSession:
         self.forwards: dict[str, list] = {}  # leader -> (request, its bytes, resuming) this turn
         self.batches: dict[int, list] = {}  # batch number -> its requests, answer awaited
         self.next_batch = 0
+        self.enveloped = False  # forwarded the older way once: stays so (forward_older.py)
 
     def forward(self, service: Liftbridge, req: pb.PublishRequest, raw: bytes,
                 resuming: asyncio.Future | None = None) -> list | None:
@@ -179,7 +180,10 @@ class _AsyncSession:
             self.inbox = f"{service.namespace}.ack.{new_id()}"
             self.acks = asyncio.get_running_loop().create_task(
                 bridge.nc.subscribe(self.inbox + ".*", cb=self._on_answer))
-        if not service.broker.placement.has_feature(FORWARD_BATCH):  # an older server is in
+        if self.enveloped or not service.broker.placement.has_feature(FORWARD_BATCH):
+            # an older server is in (or was when this call began: a batch sent after the
+            # enveloped requests still travelling could be stored before them)
+            self.enveloped = True
             send_enveloped(self, service, bridge, forwards, _after)
             return
         max_payload = bridge.nc.max_payload

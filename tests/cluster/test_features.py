@@ -7,6 +7,7 @@
 # ever see of a server's version. No mocks.
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import pickle
 
@@ -173,3 +174,46 @@ async def test_publish_async_goes_enveloped_while_an_older_server_is_in(cluster)
     finally:
         for channel, _ in channels:
             await channel.close()
+
+
+async def test_a_call_that_began_enveloped_stays_so_when_the_feature_starts(cluster):
+    """Requests of one PublishAsync call keep their order across the feature's start: a call
+    that forwarded enveloped goes on so (a batch could overtake the enveloped requests still
+    travelling); the next call uses batches."""
+    channels = [stub_of(app) for app in cluster]
+    stubs = [stub for _, stub in channels]
+    try:
+        lead, follow = await _roles(cluster, stubs, "fs", minIsr=pb.NullableInt32(value=2))
+        await _announce(cluster, lead, 1)
+        half = asyncio.Event()
+        upgraded = asyncio.Event()
+
+        async def requests():
+            for i in range(400):
+                if i == 200:
+                    half.set()
+                    await upgraded.wait()
+                yield pb.PublishRequest(stream="fs", value=b"v%d" % i, correlationId=f"c{i}",
+                                        ackPolicy=pb.AckPolicy.ALL)
+                if i % 50 == 49:
+                    await asyncio.sleep(0.01)
+
+        async def upgrade():
+            await half.wait()
+            await _announce(cluster, lead, features.VERSION)
+            upgraded.set()
+        answers, _ = await asyncio.gather(
+            _answers(stubs[follow].PublishAsync(requests(), timeout=60)), upgrade())
+        assert [(a.correlationId, a.ack.offset) for a in answers] == [
+            (f"c{i}", i) for i in range(400)]
+        assert cluster[lead].forwarded.batches == 0
+        await _publish(stubs[follow], [pb.PublishRequest(
+            stream="fs", value=b"w", correlationId="next", ackPolicy=pb.AckPolicy.ALL)])
+        assert cluster[lead].forwarded.batches == 1
+    finally:
+        for channel, _ in channels:
+            await channel.close()
+
+
+async def _answers(call) -> list:
+    return [answer async for answer in call]
