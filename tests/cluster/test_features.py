@@ -17,7 +17,7 @@ from _apps import stub_of, until
 from riverlog.broker import StreamConfig
 from riverlog.cluster import features
 from riverlog.cluster import state as s
-from riverlog.cluster.state_super import TRANSITIONS
+from riverlog.cluster.metadata import TRANSITIONS  # every command Raft applies
 from riverlog.errors import StreamExistsError
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from test_forward_batch import _publish, _roles, _stored
