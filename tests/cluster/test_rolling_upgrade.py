@@ -5,7 +5,8 @@
 # upgraded one at a time to this checkout while rstream (confirms), nats-py (enveloped, ALL
 # acks) and gufo-liftbridge (PublishAsync, ALL acks) publish. Every acknowledged message must
 # be stored exactly once, no message twice, no client refused (reconnects allowed), and a super
-# stream made through the upgraded server while the others are older must reach them all.
+# stream made through the upgraded server while the others are older must reach them all, and
+# PublishAsync through it to an older leader must be acked (both fallbacks of the feature table).
 from __future__ import annotations
 
 import os
