@@ -91,6 +91,11 @@ class Placement:
         found = self.of(stream, index)
         return found is not None and found.leader == self.server_id
 
+    def has_feature(self, feature: str) -> bool:
+        """Whether every server has ``feature`` (cluster.features.FEATURES): a single server
+        has all of its own."""
+        return True
+
     def created_ns(self, stream: str) -> int | None:
         """When ``stream`` was created (ns) as every server of a cluster tells; None on a
         single server (the Broker's stream knows) or when unknown."""

@@ -36,7 +36,7 @@ from pysyncobj.utility import TcpUtility, UtilityException
 
 from ..config import ClusterConfig
 from ..errors import ClusterUnavailableError
-from . import raft_files
+from . import features, raft_files
 from .access import COMMANDS as TRANSITIONS
 from .state import ClusterState, MetadataError
 
@@ -123,8 +123,12 @@ class _Replicated(SyncObjConsumer):
         """Apply TRANSITIONS[name]; returns its result, or the MetadataError it raised."""
         transition = TRANSITIONS.get(name)
         self.applied[name] += 1
-        if transition is None:
-            return MetadataError(f"unknown metadata command {name!r}")
+        if transition is None:  # only a newer riverlog submits one: the feature table failed
+            log.error("Raft command %r is unknown to this riverlog (cluster version %d): a "
+                      "newer server submitted it; it is not applied here. Upgrade this server",
+                      name, features.VERSION)
+            return MetadataError(f"unknown metadata command {name!r}: a newer riverlog's "
+                                 f"(this one speaks cluster version {features.VERSION})")
         try:
             self.state, result = transition(self.state, **arguments)
         except MetadataError as exc:
@@ -149,7 +153,7 @@ class RaftMetadata:
 
     def __init__(self, settings: RaftSettings) -> None:
         os.makedirs(settings.raft_dir, exist_ok=True)
-        raft_files.check(settings.raft_dir)
+        raft_files.check(settings.raft_dir, TRANSITIONS)
         self._watchers: list[tuple[asyncio.AbstractEventLoop,
                                    Callable[[ClusterState], None]]] = []
         self._lock = threading.Lock()
@@ -278,9 +282,11 @@ class RaftMetadata:
         and return its result once this member has applied it. Waits without blocking the
         loop; commands wait for a leader while there is none. Raises the transition's
         MetadataError, RaftUnavailable (outcome unknown, also after ``timeout`` seconds),
-        KeyError for an unknown name."""
+        KeyError for an unknown name, features.FeatureNotActive (a command of a feature some
+        server does not have: nothing submitted)."""
         if name not in TRANSITIONS:
             raise KeyError(f"unknown metadata command {name!r}")
+        features.check_command(self.state, name)
         return await self._outcome(
             lambda done: self._replicated.apply(name, arguments, callback=done), name, timeout)
 

@@ -41,7 +41,7 @@ from ..broker.placement import OffsetsUnavailable, PartitionPlacement, Placement
 from ..broker.stream import SuperStream
 from ..config import ClusterConfig
 from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
-from . import join, raft_files
+from . import features, join, raft_files, super_older
 from .agreed import Agreed
 from .metadata import RaftMetadata, RaftSettings, RaftUnavailable
 from .offsets import OffsetForwarding
@@ -117,6 +117,11 @@ class ClusterPlacement(Agreed, Placement):
 
     def servers(self) -> tuple[str, ...]:
         return tuple(sorted(self.state.servers))
+
+    def has_feature(self, feature: str) -> bool:
+        """Whether every server of the cluster has ``feature`` (features.FEATURES); not while
+        the cluster forms (a server not yet registered has announced nothing)."""
+        return not self.forming() and features.active(self.state, feature)
 
     def forming(self) -> bool:
         return not self.caught_up or len(self.state.servers) < self.bootstrap_size
@@ -203,12 +208,15 @@ class ClusterPlacement(Agreed, Placement):
     async def create_super_stream_with_streams(self, name: str, partitions: tuple[str, ...],
                                                binding_keys: tuple[str, ...],
                                                config: StreamConfig) -> None:
-        """One Raft entry (state_super.create_super_stream_with_streams); returns once
+        """One Raft entry (state_super.create_super_stream_with_streams) once every server has
+        features.SUPER_STREAM_COMMANDS, else the older commands (super_older); returns once
         applied here and, best effort, once every partition's replicas hold it
         (``created``). Raises as ``create_stream`` (ReservedStreamError for an internal
         partition name), RaftUnavailable."""
         for partition in partitions:
             check_writable(partition)
+        if not self.has_feature(features.SUPER_STREAM_COMMANDS):
+            return await super_older.create(self, name, partitions, binding_keys, config)
         arguments = self._stream_arguments(config)
         try:
             await self.submit("create_super_stream_with_streams", name=name,
@@ -225,11 +233,14 @@ class ClusterPlacement(Agreed, Placement):
             await asyncio.gather(*(self.created(p) for p in partitions))
 
     async def delete_super_stream_with_streams(self, name: str) -> None:
-        """One Raft entry (state_super.delete_super_stream_with_streams). Raises
+        """One Raft entry (state_super.delete_super_stream_with_streams) once every server has
+        features.SUPER_STREAM_COMMANDS, else the older commands (super_older). Raises
         StreamNotFoundError, ReservedStreamError (an internal partition), RaftUnavailable."""
         for partition in self.state.super_streams.get(name, SuperStream(name, (), ())
                                                       ).partitions:
             check_writable(partition)
+        if not self.has_feature(features.SUPER_STREAM_COMMANDS):
+            return await super_older.delete(self, name)
         try:
             await self.submit("delete_super_stream_with_streams", name=name)
         except NoSuchStream as exc:
@@ -237,8 +248,11 @@ class ClusterPlacement(Agreed, Placement):
 
     async def bind_super_stream(self, name: str, partition: str, binding_key: str,
                                 index: int) -> None:
-        """One Raft entry (state_super.bind_super_stream). Raises StreamNotFoundError,
-        InvalidArgumentError, RaftUnavailable."""
+        """One Raft entry (state_super.bind_super_stream) once every server has
+        features.SUPER_STREAM_COMMANDS, else the older commands (super_older). Raises
+        StreamNotFoundError, InvalidArgumentError, RaftUnavailable."""
+        if not self.has_feature(features.SUPER_STREAM_COMMANDS):
+            return await super_older.bind(self, name, partition, binding_key, index)
         try:
             await self.submit("bind_super_stream", name=name, partition=partition,
                               binding_key=binding_key, index=index)
@@ -332,7 +346,8 @@ class ClusterNode:
         raft_host, _, raft_port = settings.address.rpartition(":")
         server = Server(self.server_id, {RAFT_DOOR: Door(raft_host, int(raft_port)),
                                          **{name: Door(host, port)
-                                            for name, (host, port) in doors.items()}})
+                                            for name, (host, port) in doors.items()}},
+                        features.VERSION)
         self._register_task = loop.create_task(self._register(server))
         self._forget_task = loop.create_task(self._forget_removed())
         if self.link is not None:

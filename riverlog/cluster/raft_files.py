@@ -12,7 +12,10 @@
 # ``members`` is riverlog's: the Raft addresses a joining server was given by the Raft leader
 # (riverlog.cluster.join), a JSON list of "host:port" strings, written (atomically, fsynced)
 # before its Raft member first starts; a server that has it restarts from it and its journal
-# without asking to join again.
+# without asking to join again. Versions (docs/clustering.md "Versions"): a journal entry is a
+# command by name, which came with a cluster version (features.COMMAND_VERSIONS); a name this
+# riverlog does not know, a class it does not have or a snapshot with metadata fields it does
+# not know was written by a newer riverlog, and the start stops with RaftFileNewer.
 from __future__ import annotations
 
 import gzip
@@ -20,15 +23,31 @@ import json
 import os
 import pickle
 import struct
+from typing import Collection
 
 from pysyncobj import journal as raft_journal
 
 from ..errors import RiverlogError
+from .access import COMMANDS
+from .features import VERSION
+from .state import NewerMetadata
 
 JOURNAL = "journal"
 META = JOURNAL + ".meta"
 SNAPSHOT = "snapshot"
 MEMBERS = "members"
+
+
+class RaftFileNewer(RiverlogError, RuntimeError):
+    """A Raft file holding what a newer riverlog wrote (a command this one does not know, a
+    snapshot with metadata fields it does not know): refused, never misread. ``path`` names
+    it. Upgrade this server."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"Raft file {path} was written by a newer riverlog: {problem}. This "
+                         f"riverlog speaks cluster version {VERSION}: run the newer one (a "
+                         f"server that ran it cannot go back)")
+        self.path = path
 
 
 class RaftFileCorrupt(RiverlogError, RuntimeError):
@@ -43,9 +62,11 @@ class RaftFileCorrupt(RiverlogError, RuntimeError):
         self.path = path
 
 
-def check(raft_dir: str) -> None:
-    """Read every Raft file in ``raft_dir`` that exists; raises RaftFileCorrupt on damage."""
-    _check_journal(os.path.join(raft_dir, JOURNAL))
+def check(raft_dir: str, commands: Collection[str] = COMMANDS) -> None:
+    """Read every Raft file in ``raft_dir`` that exists; raises RaftFileCorrupt on damage,
+    RaftFileNewer for a journal command not in ``commands`` (the names this riverlog
+    applies: RaftMetadata passes its own) or metadata this riverlog does not know."""
+    _check_journal(os.path.join(raft_dir, JOURNAL), commands)
     _check_meta(os.path.join(raft_dir, META))
     _check_snapshot(os.path.join(raft_dir, SNAPSHOT))
     read_members(raft_dir)
@@ -82,7 +103,7 @@ def write_members(raft_dir: str, members: tuple[str, ...]) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _check_journal(path: str) -> None:
+def _check_journal(path: str, commands: Collection[str]) -> None:
     if not os.path.exists(path):
         return
     with open(path, "rb") as f:
@@ -113,21 +134,36 @@ def _check_journal(path: str) -> None:
         if previous is not None and (idx != previous[0] + 1 or term < previous[1]):
             raise RaftFileCorrupt(path, f"record at {offset}: entry {idx} term {term} cannot "
                                         f"follow entry {previous[0]} term {previous[1]}")
-        _check_command(path, offset, data[offset + 20:offset + 4 + size])
+        _check_command(path, offset, data[offset + 20:offset + 4 + size], commands)
         previous = (idx, term)
         offset += size + 8
 
 
-def _check_command(path: str, offset: int, command: bytes) -> None:
+def _check_command(path: str, offset: int, command: bytes, commands: Collection[str]) -> None:
     kind = command[0]
     if kind == 1:  # pysyncobj's _COMMAND_TYPE.NO_OP: nothing follows
         return
     if kind not in (0, 2, 3):  # REGULAR, MEMBERSHIP, VERSION: a pickle follows
         raise RaftFileCorrupt(path, f"record at {offset}: unknown command type {kind}")
     try:
-        pickle.loads(command[1:])
-    except Exception as exc:  # any unpickling failure is damage here
+        loaded = pickle.loads(command[1:])
+    except AttributeError as exc:  # a class this riverlog does not have
+        raise RaftFileNewer(path, f"record at {offset}: {exc}") from None
+    except Exception as exc:  # any other unpickling failure is damage here
         raise RaftFileCorrupt(path, f"record at {offset}: command unreadable ({exc!r})") from None
+    name = _command_name(loaded) if kind == 0 else None
+    if name is not None and name not in commands:
+        raise RaftFileNewer(path, f"record at {offset} is metadata command {name!r}, which "
+                                  f"this riverlog does not know")
+
+
+def _command_name(loaded: object) -> str | None:
+    """The metadata command of a pysyncobj REGULAR entry (funcID, (name, arguments), ...)
+    of RaftMetadata's one replicated method; None for anything else."""
+    if isinstance(loaded, tuple) and len(loaded) >= 2 and isinstance(loaded[1], tuple) \
+            and loaded[1] and isinstance(loaded[1][0], str):
+        return loaded[1][0]
+    return None
 
 
 def _check_meta(path: str) -> None:
@@ -148,6 +184,8 @@ def _check_snapshot(path: str) -> None:
     try:
         with gzip.open(path, "rb") as f:
             snapshot = pickle.load(f)
+    except (NewerMetadata, AttributeError) as exc:  # more fields, or a class unknown here
+        raise RaftFileNewer(path, str(exc)) from None
     except Exception as exc:  # any gzip or unpickling failure is damage here
         raise RaftFileCorrupt(path, f"unreadable ({exc!r})") from None
     if not isinstance(snapshot, tuple) or len(snapshot) < 3:

@@ -64,11 +64,24 @@ class StaleLeaderEpoch(MetadataError):
     metadata."""
 
 
+class NewerMetadata(MetadataError):
+    """Metadata (a Raft snapshot) with fields this riverlog does not know: a newer riverlog
+    wrote it, and reading it without them would misread it. Upgrade this server."""
+
+
 def _load_with_defaults(self, state: list) -> None:
     """``__setstate__`` of the metadata classes: pickle (Raft snapshots) gives each field's
     value in order; fields added after the snapshot was written (at the end of the class)
-    take their defaults, so a snapshot of an earlier riverlog loads."""
+    take their defaults, so a snapshot of an earlier riverlog loads. Fields of a newer
+    riverlog's (after the known ones) are dropped when empty (falsy: its feature, gated by
+    cluster.features, has not written them yet, as while a cluster is upgraded) and refused
+    (NewerMetadata) in a ClusterState otherwise: read without them, it would be misread. So a
+    field added to ClusterState stays empty until its feature is active."""
     fields = dataclasses.fields(self)
+    if type(self) is ClusterState and any(state[len(fields):]):
+        raise NewerMetadata(f"the cluster metadata holds {len(state)} fields, {len(fields)} "
+                            f"known here, and the others are not empty: a newer riverlog's "
+                            f"feature wrote them")
     for field, value in zip(fields, state):
         object.__setattr__(self, field.name, value)
     for field in fields[len(state):]:
@@ -86,10 +99,15 @@ class Door:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Server:
-    """A server of the cluster: its id (``clustering.server.id``) and advertised doors."""
+    """A server of the cluster: its id (``clustering.server.id``), advertised doors and the
+    cluster logical version it announced (features.VERSION; 1: a riverlog before versions).
+    Fields a newer riverlog adds at the end are dropped when read here (its registration is
+    what announces it), and fields missing from an older one's take their defaults."""
 
     id: str
     doors: Mapping[str, Door] = dataclasses.field(default_factory=dict)
+    version: int = 1
+    __setstate__ = _load_with_defaults
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -191,10 +209,11 @@ class ClusterState:
 
 
 def add_server(state: ClusterState, server: Server) -> tuple[ClusterState, Server]:
-    """Add ``server`` to the cluster, or replace its advertised doors if it is known."""
+    """Add ``server`` to the cluster, or replace its advertised doors and announced version
+    (Server.version, features.py) if it is known."""
     if not server.id:
         raise MetadataError("a server needs an id")
-    server = Server(server.id, dict(server.doors))
+    server = Server(server.id, dict(server.doors), int(getattr(server, "version", 1)))
     return dataclasses.replace(state, servers={**state.servers, server.id: server}), server
 
 

@@ -15,7 +15,7 @@ import logging
 import os
 from urllib.parse import urlsplit
 
-from .. import __version__, _compiled
+from .. import __version__, _compiled, data_layout
 from ..alarms import ResourceAlarms
 from ..broker import RESERVED_STREAMS, Broker
 from ..broker.broker import CURSORS_STREAM
@@ -85,6 +85,7 @@ class App:
 
     async def start(self) -> None:
         fd_limit.prepare(self.config.log_open_files)  # before the logs open their files
+        data_layout.check_and_stamp(self.config.data_dir)  # LayoutTooNew: a newer one's
         self.broker.open()
         self.broker.start()
         self.tables.start()

@@ -14,7 +14,9 @@
 # which stores them with this same batch code (riverlog.server.forward_leader) and answers
 # every request's PublishResponse in one message, passed on as it is: a client answered
 # through a forwarding server gets what it would get from the leader itself, in the same
-# order (tests/cluster/test_forward_batch.py).
+# order (tests/cluster/test_forward_batch.py). While a server of riverlog before batches is in
+# the cluster (cluster.features.FORWARD_BATCH inactive), each goes enveloped to its partition's
+# subject instead, as before (forward_older.py).
 from __future__ import annotations
 
 import asyncio
@@ -24,6 +26,7 @@ import time
 import grpc
 from google.protobuf.message import DecodeError
 
+from ..cluster.features import FORWARD_BATCH
 from ..metrics import GRPC, counters
 from ..protocol.forward_batch import (ANSWER_MAGIC, MAGIC, MAX_ITEMS_DIVISOR, ForwardError,
                                       decode_failed, decode_items, encode_items, forward_subject,
@@ -33,12 +36,14 @@ from ..protocol.liftbridge import envelope
 from ..protocol.liftbridge.envelope import varint
 from ..record import Record, encode_records
 from .ack_sinks import RunSink
+from .forward_older import ENVELOPED_TOKEN, on_enveloped_ack, send_enveloped
 from .liftbridge import ACK_OK, NONE, Liftbridge, LiftbridgeError, partition_subject
 from .server_id import new_id
 
 log = logging.getLogger("riverlog.grpc")
 
 ASYNC_ACK_TIMEOUT_S = 5.0
+_ENVELOPED = "." + ENVELOPED_TOKEN
 _ASYNC = pb.PublishAsyncError.Code
 
 
@@ -119,7 +124,7 @@ class _AsyncSession:
     written, acks outstanding."""
 
     __slots__ = ("batch", "out", "wake", "inflight", "reading", "error", "inbox", "acks",
-                 "gate", "forwards", "batches", "next_batch")
+                 "gate", "forwards", "batches", "next_batch", "enveloped")
 
     def __init__(self) -> None:
         self.batch: list[bytes] = []
@@ -134,6 +139,7 @@ class _AsyncSession:
         self.forwards: dict[str, list] = {}  # leader -> (request, its bytes, resuming) this turn
         self.batches: dict[int, list] = {}  # batch number -> its requests, answer awaited
         self.next_batch = 0
+        self.enveloped = False  # forwarded the older way once: stays so (forward_older.py)
 
     def forward(self, service: Liftbridge, req: pb.PublishRequest, raw: bytes,
                 resuming: asyncio.Future | None = None) -> list | None:
@@ -174,6 +180,12 @@ class _AsyncSession:
             self.inbox = f"{service.namespace}.ack.{new_id()}"
             self.acks = asyncio.get_running_loop().create_task(
                 bridge.nc.subscribe(self.inbox + ".*", cb=self._on_answer))
+        if self.enveloped or not service.broker.placement.has_feature(FORWARD_BATCH):
+            # an older server is in (or was when this call began: a batch sent after the
+            # enveloped requests still travelling could be stored before them)
+            self.enveloped = True
+            send_enveloped(self, service, bridge, forwards, _after)
+            return
         max_payload = bridge.nc.max_payload
         max_items = max(1, max_payload // MAX_ITEMS_DIVISOR)
         max_bytes = max_payload // 2
@@ -233,7 +245,11 @@ class _AsyncSession:
     async def _on_answer(self, msg) -> None:
         """A leader's answer to batch ``<inbox>.<n>``: its PublishResponses go to the client
         as they are; a failed batch or a malformed answer: every acked request gets an error;
-        nats-server's "no responders" status (no server listens: the leader is gone): none."""
+        nats-server's "no responders" status (no server listens: the leader is gone): none.
+        On ``<inbox>.e``: an enveloped ack of forward_older's fallback."""
+        if msg.subject.endswith(_ENVELOPED):
+            on_enveloped_ack(self, msg.data)
+            return
         try:
             reqs = self.batches.pop(int(msg.subject.rsplit(".", 1)[1]), None)
         except ValueError:

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..alarms import DISK, MEMORY
+from ..cluster import features
 from ..config import MetricsConfig
 from ..log.files import OPEN_FILES
 from ..metrics import CLUSTER_REGISTRY, GRPC, RABBITMQ_STREAM, REGISTRY, forget_stream
@@ -196,6 +197,7 @@ class StateCollector(Collector):
                 family = GaugeMetricFamily(f"riverlog_raft_{key}", _RAFT_HELP[key])
                 family.add_metric([], value)
                 families.append(family)
+            families += _feature_families(features.table(metadata.state))
         replication = cluster.replication
         if replication is None:
             return families
@@ -361,3 +363,23 @@ class MetricsServer:
         if httpd is not None:
             await asyncio.to_thread(httpd.shutdown)
             httpd.server_close()
+
+
+def _feature_families(table: dict) -> list[Metric]:
+    """The feature table (cluster.features.table) as gauges: this server's version, the
+    cluster's (the lowest its servers announced), each server's, each feature active or not."""
+    mine = GaugeMetricFamily("riverlog_version", "The cluster logical version this server "
+                             "speaks (docs/operations.md Upgrading).")
+    mine.add_metric([], table["version"])
+    cluster = GaugeMetricFamily("riverlog_cluster_version", "The lowest version the cluster's "
+                                "servers announced: features above it wait.")
+    cluster.add_metric([], table["cluster_version"])
+    servers = GaugeMetricFamily("riverlog_server_version", "The version each server announced "
+                                "(1: a riverlog before versions).", labels=["server"])
+    for server, version in table["servers"].items():
+        servers.add_metric([server], version)
+    active = GaugeMetricFamily("riverlog_feature_active", "1 when every server has the "
+                               "feature, 0 while it waits (cluster.features).", labels=["feature"])
+    for name, feature in table["features"].items():
+        active.add_metric([name], 1 if feature["active"] else 0)
+    return [mine, cluster, servers, active]
