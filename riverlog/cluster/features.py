@@ -26,6 +26,7 @@ VERSION = 2
 
 FORWARD_BATCH = "forward_batch"
 SUPER_STREAM_COMMANDS = "super_stream_commands"
+VIRTUAL_HOSTS = "virtual_hosts"
 FEATURES: Mapping[str, int] = {
     FORWARD_BATCH: 2,
     # forwarded PublishAsync batches on <namespace>.forward.<leader> (protocol/forward_batch);
@@ -33,6 +34,10 @@ FEATURES: Mapping[str, int] = {
     SUPER_STREAM_COMMANDS: 2,
     # create_super_stream_with_streams, delete_super_stream_with_streams, bind_super_stream
     # (state_super.py); before: create_stream per partition then create_super_stream, and so on
+    VIRTUAL_HOSTS: 2,
+    # change_access's put_vhost and delete_vhost, and permissions on a vhost other than "/"
+    # (security/access_table.py): an older server refuses those changes (its table would
+    # differ); before: "/" only, and the changes are refused (riverlog.server.runtime_access)
 }
 """Feature name -> the cluster version it needs."""
 

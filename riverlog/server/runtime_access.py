@@ -18,11 +18,15 @@ import logging
 import os
 from typing import Any, Callable
 
+from ..errors import ClusterUnavailableError
 from ..security.access_table import CHANGES, AccessTable, from_json, to_json
+from ..vhost_names import DEFAULT
 
 log = logging.getLogger("riverlog.security")
 
 ACCESS_FILE = "access.json"
+VHOST_CHANGES = ("put_vhost", "delete_vhost")
+"""The changes that only a cluster whose every server has virtual hosts may take."""
 
 
 def load(path: str) -> AccessTable:
@@ -91,10 +95,18 @@ class RuntimeAccess:
         """Apply access_table.CHANGES[``change``] with ``arguments`` and return its result,
         once stored and in effect on this server's doors (nats-server reloaded). Raises
         access_table.AccessError (NoSuchUser, NoSuchPermission), ``OSError`` (the file),
-        ClusterUnavailableError (Raft)."""
+        ClusterUnavailableError (Raft; a virtual host change while a server of the cluster
+        does not have virtual hosts, cluster.features.VIRTUAL_HOSTS)."""
         cluster = self.app.cluster
         if cluster is not None:
             from ..cluster.access import AccessRefused
+            from ..cluster.features import VIRTUAL_HOSTS
+            if (change in VHOST_CHANGES or arguments.get("vhost", DEFAULT) != DEFAULT) \
+                    and not self.app.broker.placement.has_feature(VIRTUAL_HOSTS):
+                raise ClusterUnavailableError(
+                    f"{change} of a virtual host needs every server of the cluster at the "
+                    f"version with virtual hosts (a riverlog without them is still a "
+                    f"member, or the cluster is forming): finish the upgrade, then try again")
             try:
                 result = await self.app.broker.placement.submit(
                     "change_access", change=change, **arguments)

@@ -18,7 +18,7 @@ from riverlog.broker import StreamConfig
 from riverlog.cluster import features
 from riverlog.cluster import state as s
 from riverlog.cluster.metadata import TRANSITIONS  # every command Raft applies
-from riverlog.errors import StreamExistsError
+from riverlog.errors import ClusterUnavailableError, StreamExistsError
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from test_forward_batch import _publish, _roles, _stored
 
@@ -145,6 +145,26 @@ async def test_super_streams_use_the_older_commands_while_an_older_server_is_in(
     await placement.delete_super_stream_with_streams("new")
     assert counts(before) == {"create_super_stream_with_streams": 1,
                               "delete_super_stream_with_streams": 1}
+
+
+async def test_virtual_hosts_wait_until_every_server_has_them(cluster):
+    """An older server refuses put_vhost (its access table would differ from the others'):
+    while one is in, a virtual host change is refused before Raft (503 on the management
+    API), permissions on "/" still change; once upgraded, the change goes through."""
+    await until("all registered", lambda: all(
+        len(x.cluster.placement.state.servers) == 3 for x in cluster))
+    await _announce(cluster, 2, 1)
+    access = cluster[0].access
+    with pytest.raises(ClusterUnavailableError, match="finish the upgrade"):
+        await access.change("put_vhost", name="v1")
+    with pytest.raises(ClusterUnavailableError, match="finish the upgrade"):
+        await access.change("set_permissions", user="guest", configure=".*", write=".*",
+                            read=".*", vhost="v1")
+    assert await access.change("put_user", name="ann", password_hash="")
+    await _announce(cluster, 2, features.VERSION)
+    assert await access.change("put_vhost", name="v1")
+    await until("v1 everywhere", lambda: all(x.guard.runtime.has_vhost("v1")
+                                             for x in cluster))
 
 
 async def test_publish_async_goes_enveloped_while_an_older_server_is_in(cluster):
