@@ -326,6 +326,10 @@ class ManagementConfig(HttpEndpointConfig):
 
     port: int = 15672
     sample_interval_ms: int = 5000
+    peers: tuple[str, ...] = ()
+    """``riverlog.management.peers``: base URLs (``http://host:port``) of the management APIs
+    of the other workers of `serve --workers` (set by it), whose connections, publishers and
+    consumers this one lists too (riverlog.server.management.peers)."""
     what = "management"
 
     def __post_init__(self) -> None:

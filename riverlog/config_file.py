@@ -50,6 +50,7 @@ USED_KEYS = {
     "riverlog.stream.port", "riverlog.nats.host", "riverlog.nats.port",
     "riverlog.metrics.enabled", "riverlog.metrics.host", "riverlog.metrics.port",
     "riverlog.management.enabled", "riverlog.management.host", "riverlog.management.port",
+    "riverlog.management.peers",
     "riverlog.log.format", "riverlog.grpc.transport", "riverlog.stream.validate.sub.batches",
     "riverlog.stream.handshake.timeout", "riverlog.log.open.files",
     "riverlog.cursors.max.per.stream",
@@ -572,9 +573,9 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
 
 
 def _http_endpoint(v: dict[str, Any], prefix: str, kind: type) -> Any:
-    """``kind`` (MetricsConfig, ManagementConfig) from ``<prefix>.enabled``, ``.host`` and
-    ``.port``; None when disabled. Without a port the default is taken, and another one
-    when it is in use (``port_fallback``)."""
+    """``kind`` (MetricsConfig, ManagementConfig) from ``<prefix>.enabled``, ``.host``,
+    ``.port`` (and the management API's ``.peers``); None when disabled. Without a port the
+    default is taken, and another one when it is in use (``port_fallback``)."""
     if not _bool(f"{prefix}.enabled", v.get(f"{prefix}.enabled", True)):
         return None
     kwargs: dict[str, Any] = {}
@@ -584,6 +585,8 @@ def _http_endpoint(v: dict[str, Any], prefix: str, kind: type) -> Any:
         kwargs["port"] = _int(f"{prefix}.port", v[f"{prefix}.port"])
     else:  # the default port: if it is taken, warn and take a free one
         kwargs["port_fallback"] = True
+    if v.get(f"{prefix}.peers"):  # riverlog.management.peers (serve --workers)
+        kwargs["peers"] = tuple(_list(v[f"{prefix}.peers"]))
     return kind(**kwargs)
 
 

@@ -35,6 +35,7 @@ log = logging.getLogger("riverlog.workers")
 
 WORKERS_DIR = "workers"
 INITIAL_SIZE_ENV = "LIFTBRIDGE_RIVERLOG_STREAM_INITIAL_CLUSTER_SIZE"
+PEERS_ENV = "LIFTBRIDGE_RIVERLOG_MANAGEMENT_PEERS"
 RESTART_PAUSE_S = 5.0
 DROPPED_FLAGS = {"--workers": 1, "--raft-bootstrap-seed": 0}
 """Flags of the user's command line a worker does not get, and how many values follow."""
@@ -136,7 +137,9 @@ class Workers(LocalCluster):
             command += ["--no-metrics"]
         serve = command.index("serve") + 1
         command[serve:serve] = self.arguments  # the worker's own flags come later and win
-        return command, {**env, INITIAL_SIZE_ENV: str(self.initial_size)}
+        peers = ",".join(f"http://{_host(m.advertised)}:{m.ports['management']}"
+                         for m in self.members if m is not member)
+        return command, {**env, INITIAL_SIZE_ENV: str(self.initial_size), PEERS_ENV: peers}
 
     def supervise(self, stopping: Callable[[], bool]) -> None:
         """Until ``stopping()``: start again a worker that exited (at most once per

@@ -2,13 +2,15 @@
 # machine, as one cluster. Worker s0 takes the ports given on the command line; a stream
 # created without a replication factor has one replica; leaders spread over both workers;
 # rstream finds each stream's worker through Metadata from s0's port; one /metrics answers
-# for both workers (a `worker` label on each sample); a plain NATS
+# for both workers (a `worker` label on each sample), and s0's management API lists and
+# closes a connection held by s1; a plain NATS
 # publish on s0's NATS reaches a stream that s1 leads; a SIGKILLed worker is started again
 # and serves its streams; SIGTERM stops every worker and the server exits 0. Waits are
 # generous polls, never timed assertions.
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import signal
 import socket
@@ -16,15 +18,19 @@ import subprocess
 import sys
 import time
 import urllib.request
+from urllib.parse import quote
 
+import aiohttp
 import grpc
 import nats
 from rstream import AMQPMessage, Consumer, ConsumerOffsetSpecification, OffsetType, Producer
 from rstream import amqp_decoder
 
 from _cluster import WAIT_S, metadata, until, values, with_stream
+from compat._raw import RawPeer
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge import api_pb2_grpc
+from riverlog.protocol.rabbitmq_stream import frames as f
 
 GUEST = {"username": "guest", "password": "guest"}
 STREAMS = [f"w{i}" for i in range(6)]
@@ -57,6 +63,16 @@ def read_workers(proc: subprocess.Popen) -> dict[str, dict[str, str]]:
         lines.append(line.rstrip())
     head = [h.strip() for h in lines[0].split("  ") if h]
     return {cells[0]: dict(zip(head, cells)) for cells in (li.split() for li in lines[1:])}
+
+
+async def management(ports: dict[str, int], method: str, path: str):
+    """``method path`` on worker s0's management API as guest: the JSON answer of a 200,
+    else the status."""
+    guest = base64.b64encode(b"guest:guest").decode()
+    async with aiohttp.ClientSession(headers={"Authorization": f"Basic {guest}"}) as session:
+        async with session.request(method, f"http://127.0.0.1:{ports['management']}{path}",
+                                   timeout=aiohttp.ClientTimeout(total=30)) as answer:
+            return await answer.json() if answer.status == 200 else answer.status
 
 
 def alive(pid: int) -> bool:
@@ -130,6 +146,28 @@ async def test_two_workers_serve_as_one_server(tmp_path):
             assert (f'riverlog_published_messages_total{{door="rabbitmq_stream",'
                     f'stream="{name}",worker="{leader}"}} 5.0') in text, name
 
+        # one management API: s0 lists and closes a connection (and its publisher) of s1
+        s1_stream = next(n for n, (leader, _) in placed.items() if leader == "s1")
+        s1_host, s1_port = rows["s1"]["RabbitMQ Stream"].rsplit(":", 1)
+        peer = await RawPeer.open(s1_host, int(s1_port))
+        try:
+            answer = await peer.request(f.DeclarePublisher(peer.next_corr(), 7, "ref",
+                                                           s1_stream))
+            assert answer.response_code == 1
+            listed = await management(ports, "GET", "/api/connections")
+            (name,) = [c["name"] for c in listed if c["name"].endswith(f":{s1_port}")]
+            publishers = await management(ports, "GET", "/api/stream/publishers")
+            assert [p["queue"]["name"] for p in publishers if p["publisher_id"] == 7] == \
+                [s1_stream]
+            one = await management(ports, "GET", f"/api/connections/{quote(name, safe='')}")
+            assert one["name"] == name
+            assert await management(ports, "DELETE",
+                                    f"/api/connections/{quote(name, safe='')}") == 204
+            assert await peer.wait_closed(WAIT_S) is not None
+        finally:
+            peer.close()
+        assert await management(ports, "GET", "/api/connections/nosuch") == 404
+
         # a Liftbridge stream led by s1 takes a plain NATS publish made on s0's NATS
         async with grpc.aio.insecure_channel(grpc_at) as channel:
             api = api_pb2_grpc.APIStub(channel)
@@ -150,7 +188,6 @@ async def test_two_workers_serve_as_one_server(tmp_path):
 
         # a SIGKILLed worker is started again and serves its streams
         os.kill(int(rows["s1"]["pid"]), signal.SIGKILL)
-        s1_stream = next(n for n, (leader, _) in placed.items() if leader == "s1")
 
         async def read_again():
             try:

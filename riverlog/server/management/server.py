@@ -45,6 +45,7 @@ from .answers import not_found, unavailable
 from .connections import (connection_json, connection_name, consumers, find, publishers,
                           visible)
 from .history import SERVER, RateHistory, rates_window
+from .peers import Peers
 from .queues import (bindings_json, create, delete, exchange_json,
                      node_name, one_queue, queues, stream_arguments)
 from .stream_groups import consumer_groups, group_consumers
@@ -70,6 +71,7 @@ class ManagementServer:
         self.started = time.time()
         self._runner: web.AppRunner | None = None
         self.history = RateHistory(self._door, config.sample_interval_ms / 1000)
+        self.peers = Peers(config.peers)  # the other workers of `serve --workers`
 
     @property
     def alarms(self) -> list[dict[str, Any]]:
@@ -117,6 +119,7 @@ class ManagementServer:
 
     async def stop(self) -> None:
         await self.history.stop()
+        await self.peers.close()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -280,7 +283,8 @@ class ManagementServer:
         vhost = self._scope(request)
         return _listed(request, [connection_json(c, self.node)
                                  for c in visible(self._door(), caller)
-                                 if vhost is None or c.link.vhost == vhost])
+                                 if vhost is None or c.link.vhost == vhost]
+                       + await self.peers.listings(request))
 
     def _find(self, request: web.Request, caller: Caller):
         vhost = self._scope(request)
@@ -289,15 +293,30 @@ class ManagementServer:
             raise not_found()
         return conn
 
+    async def _elsewhere(self, request: web.Request) -> web.Response:
+        """The answer of the peer worker that holds the connection ``request`` names (404
+        when none does: Peers.one)."""
+        found = await self.peers.one(request)
+        if found is None:
+            raise not_found()
+        return found
+
     async def connection(self, request: web.Request, caller: Caller) -> web.Response:
-        return web.json_response(connection_json(self._find(request, caller), self.node))
+        try:
+            conn = self._find(request, caller)
+        except web.HTTPNotFound:
+            return await self._elsewhere(request)
+        return web.json_response(connection_json(conn, self.node))
 
     async def close_connection(self, request: web.Request, caller: Caller) -> web.Response:
         """Close a connection as RabbitMQ's stream reader does when the management plugin
         asks (rabbit_stream_reader, `{shutdown, Explanation}`): the reason (the
         ``X-Reason`` header, else "Closed via management plugin") is logged and the socket
         closed, no Close frame; 204."""
-        conn = self._find(request, caller)
+        try:
+            conn = self._find(request, caller)
+        except web.HTTPNotFound:
+            return await self._elsewhere(request)
         reason = request.headers.get("X-Reason", CLOSE_REASON)
         log.info("forcing stream connection %s closing: %s (by %s)", connection_name(conn),
                  reason, caller.user)
@@ -305,12 +324,18 @@ class ManagementServer:
         return web.Response(status=204)
 
     async def connection_publishers(self, request: web.Request, caller: Caller) -> web.Response:
-        conn = self._find(request, caller)
+        try:
+            conn = self._find(request, caller)
+        except web.HTTPNotFound:
+            return await self._elsewhere(request)
         return _listed(request, publishers(self._door(), caller, self.node,
                                            connection=connection_name(conn)))
 
     async def connection_consumers(self, request: web.Request, caller: Caller) -> web.Response:
-        conn = self._find(request, caller)
+        try:
+            conn = self._find(request, caller)
+        except web.HTTPNotFound:
+            return await self._elsewhere(request)
         return _listed(request, consumers(self._door(), caller, self.node,
                                           connection=connection_name(conn)))
 
@@ -322,11 +347,13 @@ class ManagementServer:
 
     async def publishers(self, request: web.Request, caller: Caller) -> web.Response:
         return _listed(request, publishers(self._door(), caller, self.node,
-                                           **self._stream_scope(request)))
+                                           **self._stream_scope(request))
+                       + await self.peers.listings(request))
 
     async def consumers(self, request: web.Request, caller: Caller) -> web.Response:
         return _listed(request, consumers(self._door(), caller, self.node,
-                                          **self._stream_scope(request)))
+                                          **self._stream_scope(request))
+                       + await self.peers.listings(request))
 
     # -- single active consumer groups and whole super streams (stream_groups.py,
     # super_streams.py: riverlog's routes for rabbitmq-streams' commands) ----------------
