@@ -26,6 +26,7 @@ from ..config import LogConfig
 from ..errors import (InvalidArgumentError, LimitExceededError, ReservedStreamError,
                       ResourceExhaustedError, StreamExistsError, StreamNotFoundError)
 from ..log.files import OPEN_FILES, OUT_OF_FILES
+from ..log.segment import fsync_dir
 from ..record import decode_record
 from .partition import Partition
 from .placement import LeaderListener, LocalPlacement, PartitionFlags, Placement
@@ -34,6 +35,7 @@ from .stream import MAX_NAME_BYTES, METADATA_FILE, Stream, StreamConfig
 log = logging.getLogger("riverlog.broker")
 
 STREAMS_DIR = "streams"
+CLEAN_STOP_FILE = ".clean-stop"  # in DATA/streams (no stream folder has a dot): all closed
 HOUSEKEEPING_INTERVAL_S = 1.0
 CURSORS_STREAM = "__cursors"
 ACTIVITY_STREAM = "__activity"
@@ -149,10 +151,40 @@ class Broker:
 
     # -- lifecycle ----------------------------------------------------------------------
     def open(self) -> None:
-        """Open (and recover) every stream folder. A folder that cannot be read is logged
-        and left alone."""
+        """Register every stream folder; their partitions open lazily (partition.py). After
+        a clean stop (the ``clean-stop`` marker ``close`` leaves) nothing else is read;
+        after a crash each partition without a valid clean-close marker (one written since
+        its last clean close) is checked now. A folder that cannot be read is logged and
+        left alone."""
         os.makedirs(self.root, exist_ok=True)
         OPEN_FILES.keep_spares()  # for the cleanup of a creation that finds no descriptor
+        clean = self._take_clean_stop()
+        self._load_streams()
+        if not clean:
+            self._check_partitions()
+
+    def _take_clean_stop(self) -> bool:
+        """Whether the last stop was clean; removes its marker (durably: a crash from now on
+        must not pass for a clean stop)."""
+        path = os.path.join(self.root, CLEAN_STOP_FILE)
+        if not os.path.exists(path):
+            return False
+        os.unlink(path)
+        fsync_dir(self.root)
+        return True
+
+    def _check_partitions(self) -> None:
+        began, checked = time.monotonic(), 0
+        for stream in self.streams.values():
+            for partition in stream.partitions:
+                try:
+                    checked += partition.check()
+                except OSError as exc:  # it is checked again when it opens
+                    log.error("cannot check %r: %s", partition, exc)
+        log.info("start after a crash: %d partition(s) written since their clean close "
+                 "checked in %.2f s", checked, time.monotonic() - began)
+
+    def _load_streams(self) -> None:
         for folder in sorted(os.listdir(self.root)):
             path = os.path.join(self.root, folder)
             if not os.path.isfile(os.path.join(path, METADATA_FILE)):
@@ -163,7 +195,7 @@ class Broker:
                 log.error("cannot open stream folder %s (skipped): %s", path, exc)
                 continue
             self._add(stream)
-            log.info("stream %r: %d partition(s)", stream.name, len(stream.partitions))
+            log.debug("stream %r: %d partition(s)", stream.name, len(stream.partitions))
 
     def start(self) -> None:
         """Start the periodic housekeeping task (needs a running event loop)."""
@@ -179,6 +211,9 @@ class Broker:
         for stream in list(self.streams.values()):
             await stream.close()
         self.streams.clear()
+        if os.path.isdir(self.root):  # every partition's log closed and marked
+            with open(os.path.join(self.root, CLEAN_STOP_FILE), "wb") as f:
+                os.fsync(f.fileno())
 
     # -- streams ------------------------------------------------------------------------
     def get(self, name: str) -> Stream:
@@ -287,7 +322,7 @@ class Broker:
                     except OSError as exc:
                         log.error("housekeeping of %r: %s", partition, exc)
                 interval = (stream.config.cleaner_interval_ms or 300_000) / 1000
-                if (stream.partitions[0].log.config.compact and stream.name not in self._compacting
+                if (stream.partitions[0].config.compact and stream.name not in self._compacting
                         and loop.time() - last_compaction.get(stream.name, 0) >= interval):
                     last_compaction[stream.name] = loop.time()
                     loop.create_task(self._compact(stream))
@@ -298,6 +333,8 @@ class Broker:
             for partition in stream.partitions:
                 if self.streams.get(stream.name) is not stream:
                     return
+                if not partition.is_open:  # unchanged since it was open; compacted once open
+                    continue
                 # a follower's log applies its leader's compaction; one still compacting (a
                 # new leader's, applying its former leader's point) is done next time
                 if partition.log.follows_compaction or partition.log.compacting:

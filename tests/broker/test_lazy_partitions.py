@@ -1,0 +1,102 @@
+"""Lazy partitions (issue 31 item 1, broker/partition.py): after a clean stop the broker opens
+no partition and holds no file of one, answers offsets and sizes from the clean-close
+markers, opens a cold partition on its first write or read; after a crash it checks only
+the partitions written since their clean close."""
+import asyncio
+import os
+
+import pytest
+
+from riverlog.broker import Broker
+from riverlog.broker.broker import CLEAN_STOP_FILE
+from riverlog.errors import LogClosedError
+from riverlog.log.files import OPEN_FILES
+
+STREAMS = 300
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _filled(path) -> Broker:
+    broker = Broker(str(path))
+    broker.open()
+    for i in range(STREAMS):
+        broker.create(f"s{i}").partitions[0].write_records([b"hello %d" % i])
+    return broker
+
+
+def _reopened(path) -> Broker:
+    broker = Broker(str(path))
+    broker.open()
+    return broker
+
+
+def test_idle_streams_hold_no_file_and_answer_from_their_markers(tmp_path):
+    asyncio.run(_filled(tmp_path).close())
+    assert os.path.exists(tmp_path / "streams" / CLEAN_STOP_FILE)
+    OPEN_FILES.close_under(str(tmp_path))
+    before = _fds()
+    broker = _reopened(tmp_path)
+    assert not os.path.exists(tmp_path / "streams" / CLEAN_STOP_FILE)  # taken at the start
+    assert len(broker.streams) == STREAMS
+    partitions = [s.partitions[0] for s in broker.streams.values()]
+    assert not any(p.is_open for p in partitions)
+    # what listings, metrics and FetchMetadata ask, without opening
+    assert {(p.first_offset, p.next_offset, p.committed_offset, p.last_message_offset)
+            for p in partitions} == {(0, 1, 0, 0)}
+    assert all(p.size_bytes > 0 and p.segment_count == 1 for p in partitions)
+    assert not any(p.is_open for p in partitions)
+    assert _fds() - before < 5  # not one per stream
+    asyncio.run(broker.close())
+
+
+def test_a_cold_partition_opens_on_its_first_write_or_read(tmp_path):
+    asyncio.run(_filled(tmp_path).close())
+    broker = _reopened(tmp_path)
+    written, read = broker.get("s1").partitions[0], broker.get("s2").partitions[0]
+    assert written.write_records([b"again"]) == range(1, 2)
+    assert written.is_open and written.log.report.trusted  # no recovery scan
+    chunks = read.read_chunks(0)
+    assert read.is_open and [r for c in chunks for _, r in c.records()] == [b"hello 2"]
+    assert sum(p.is_open for s in broker.streams.values() for p in s.partitions) == 2
+    asyncio.run(broker.close())
+    broker = _reopened(tmp_path)
+    assert broker.get("s1").partitions[0].next_offset == 2  # from the new marker
+    asyncio.run(broker.close())
+
+
+def test_a_crash_checks_only_the_partitions_written_since_their_clean_close(tmp_path, caplog):
+    asyncio.run(_filled(tmp_path).close())
+    running = _reopened(tmp_path)
+    for name in ("s3", "s4"):
+        running.get(name).partitions[0].write_records([b"before the crash"])
+    newest = running.get("s3").partitions[0].log.segments[-1].path
+    # the process dies here: no close, no clean-stop marker; s3's tail is torn
+    with open(newest, "ab") as f:
+        f.write(b"\x00\x01torn")
+    with caplog.at_level("INFO", logger="riverlog.broker"):
+        broker = _reopened(tmp_path)
+    assert "2 partition(s) written since their clean close checked" in caplog.text
+    assert not any(p.is_open for s in broker.streams.values() for p in s.partitions)
+    for name in ("s3", "s4"):
+        partition = broker.get(name).partitions[0]
+        assert partition.next_offset == 2  # the checked partitions' markers were rewritten
+        assert [r for c in partition.read_chunks(0) for _, r in c.records()] == [
+            b"hello %d" % int(name[1:]), b"before the crash"]
+        assert partition.log.report.trusted  # the check left it clean: no second scan
+    asyncio.run(broker.close())
+
+
+def test_an_unopened_partition_deleted_or_closed_never_opens(tmp_path):
+    asyncio.run(_filled(tmp_path).close())
+    broker = _reopened(tmp_path)
+    stream = broker.get("s5")
+    folder = stream.partitions[0].directory
+    broker.delete("s5")
+    assert not os.path.exists(folder)
+    with pytest.raises(LogClosedError):
+        stream.partitions[0].read_chunks(0)
+    assert not os.path.exists(folder)  # not made again by the late reader
+    asyncio.run(broker.close())
