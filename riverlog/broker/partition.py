@@ -19,7 +19,7 @@ from typing import Callable, Collection, Mapping, Sequence
 from ..config import LogConfig
 from ..errors import LogClosedError
 from ..log import ChunkSlice, CommitLog
-from ..log.clean_close import LogSummary, read_summary
+from ..log.clean_close import LogSummary, is_clean, read_summary
 from ..log.bloom import build_bloom
 from ..log.chunk import CHUNK_TRACKING_DELTA, encode_entries
 from .tracking import (ConsumerOffsets, PublisherSequences, encode_offset_tracking,
@@ -108,7 +108,8 @@ class Partition:
         """At a start after a crash, before any door holds the log: open the log when its
         folder has no valid clean-close marker (the recovery scan), then close it again,
         which leaves the marker. Returns whether it was checked."""
-        if self._log is not None or not os.path.isdir(self.directory):
+        if (self._log is not None or not os.path.isdir(self.directory)
+                or is_clean(self.directory)):
             return False
         log_ = CommitLog(self.directory, self.config, auto_commit=self.auto_commit)
         checked = not log_.report.trusted

@@ -104,13 +104,16 @@ def read_summary(directory: str) -> LogSummary | None:
     return None if body is None else LogSummary(**body["summary"])
 
 
-def is_clean(directory: str, segment_names: Sequence[str]) -> bool:
-    """Whether ``directory``, whose segment files are ``segment_names``, was closed cleanly
-    and not changed since: its marker names the same segments and every segment and index
-    file still has the size and mtime it recorded. False for any doubt."""
+def is_clean(directory: str, segment_names: Sequence[str] | None = None) -> bool:
+    """Whether ``directory``, whose segment files are ``segment_names`` (None: listed here),
+    was closed cleanly and not changed since: its marker names the same segments and every
+    segment and index file still has the size and mtime it recorded. False for any doubt."""
     body = _read(directory)
     if body is None:
         return False
+    if segment_names is None:
+        segment_names = sorted(n for n in os.listdir(directory) if n.endswith(SEGMENT_SUFFIX)
+                               and n[:-len(SEGMENT_SUFFIX)].isdigit())
     try:
         return _stats(directory, segment_names) == body["files"]
     except OSError:

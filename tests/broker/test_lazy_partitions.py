@@ -10,6 +10,7 @@ import pytest
 from riverlog.broker import Broker
 from riverlog.broker.broker import CLEAN_STOP_FILE
 from riverlog.errors import LogClosedError
+from riverlog.log.clean_close import MARKER_NAME
 from riverlog.log.files import OPEN_FILES
 
 STREAMS = 300
@@ -76,9 +77,12 @@ def test_a_crash_checks_only_the_partitions_written_since_their_clean_close(tmp_
     # the process dies here: no close, no clean-stop marker; s3's tail is torn
     with open(newest, "ab") as f:
         f.write(b"\x00\x01torn")
+    idle_marker = os.path.join(running.get("s0").partitions[0].directory, MARKER_NAME)
+    idle_stat = os.stat(idle_marker)
     with caplog.at_level("INFO", logger="riverlog.broker"):
         broker = _reopened(tmp_path)
     assert "2 partition(s) written since their clean close checked" in caplog.text
+    assert os.stat(idle_marker) == idle_stat  # an idle partition is not even opened
     assert not any(p.is_open for s in broker.streams.values() for p in s.partitions)
     for name in ("s3", "s4"):
         partition = broker.get(name).partitions[0]
