@@ -26,8 +26,8 @@ from ..config import LogConfig
 from ..errors import (InvalidArgumentError, LimitExceededError, ReservedStreamError,
                       ResourceExhaustedError, StreamExistsError, StreamNotFoundError)
 from ..log.files import OPEN_FILES, OUT_OF_FILES
-from ..log.segment import fsync_dir
 from ..record import decode_record
+from . import clean_stop
 from .partition import Partition
 from .placement import LeaderListener, LocalPlacement, PartitionFlags, Placement
 from .stream import MAX_NAME_BYTES, METADATA_FILE, Stream, StreamConfig
@@ -35,7 +35,6 @@ from .stream import MAX_NAME_BYTES, METADATA_FILE, Stream, StreamConfig
 log = logging.getLogger("riverlog.broker")
 
 STREAMS_DIR = "streams"
-CLEAN_STOP_FILE = ".clean-stop"  # in DATA/streams (no stream folder has a dot): all closed
 HOUSEKEEPING_INTERVAL_S = 1.0
 CURSORS_STREAM = "__cursors"
 ACTIVITY_STREAM = "__activity"
@@ -152,26 +151,16 @@ class Broker:
     # -- lifecycle ----------------------------------------------------------------------
     def open(self) -> None:
         """Register every stream folder; their partitions open lazily (partition.py). After
-        a clean stop (the ``clean-stop`` marker ``close`` leaves) nothing else is read;
-        after a crash each partition without a valid clean-close marker (one written since
-        its last clean close) is checked now. A folder that cannot be read is logged and
-        left alone."""
+        a clean stop the streams' metadata comes from the clean-stop marker (clean_stop.py)
+        and nothing else is read; after a crash each partition without a valid clean-close
+        marker (one written since its last clean close) is checked now. A folder that
+        cannot be read is logged and left alone."""
         os.makedirs(self.root, exist_ok=True)
         OPEN_FILES.keep_spares()  # for the cleanup of a creation that finds no descriptor
-        clean = self._take_clean_stop()
-        self._load_streams()
-        if not clean:
+        stopped = clean_stop.take(self.root)
+        self._load_streams(stopped or {})
+        if stopped is None:
             self._check_partitions()
-
-    def _take_clean_stop(self) -> bool:
-        """Whether the last stop was clean; removes its marker (durably: a crash from now on
-        must not pass for a clean stop)."""
-        path = os.path.join(self.root, CLEAN_STOP_FILE)
-        if not os.path.exists(path):
-            return False
-        os.unlink(path)
-        fsync_dir(self.root)
-        return True
 
     def _check_partitions(self) -> None:
         began, checked = time.monotonic(), 0
@@ -184,13 +173,15 @@ class Broker:
         log.info("start after a crash: %d partition(s) written since their clean close "
                  "checked in %.2f s", checked, time.monotonic() - began)
 
-    def _load_streams(self) -> None:
+    def _load_streams(self, stopped: dict[str, dict]) -> None:
         for folder in sorted(os.listdir(self.root)):
             path = os.path.join(self.root, folder)
-            if not os.path.isfile(os.path.join(path, METADATA_FILE)):
+            data = clean_stop.metadata_of(stopped, path, METADATA_FILE) if stopped else None
+            if data is None and not os.path.isfile(os.path.join(path, METADATA_FILE)):
                 continue
             try:
-                stream = Stream.load(path, self.log_defaults)
+                stream = (Stream.load(path, self.log_defaults) if data is None
+                          else Stream.from_metadata(path, data, self.log_defaults))
             except (OSError, ValueError, TypeError, KeyError) as exc:
                 log.error("cannot open stream folder %s (skipped): %s", path, exc)
                 continue
@@ -208,12 +199,13 @@ class Broker:
                 await self._housekeeper
             except asyncio.CancelledError:
                 pass
-        for stream in list(self.streams.values()):
+        streams = list(self.streams.values())
+        for stream in streams:
             await stream.close()
         self.streams.clear()
         if os.path.isdir(self.root):  # every partition's log closed and marked
-            with open(os.path.join(self.root, CLEAN_STOP_FILE), "wb") as f:
-                os.fsync(f.fileno())
+            clean_stop.write(self.root, [(s.directory, s.metadata()) for s in streams],
+                             METADATA_FILE)
 
     # -- streams ------------------------------------------------------------------------
     def get(self, name: str) -> Stream:

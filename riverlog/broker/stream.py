@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -64,11 +65,18 @@ class StreamConfig:
             raise ValueError("partitions must be >= 1")
 
     def log_config(self, defaults: LogConfig) -> LogConfig:
-        """The defaults with this stream's overrides applied."""
-        overrides = {f: getattr(self, f) for f in (
-            "retention_max_bytes", "retention_max_messages", "retention_max_age_ms",
-            "segment_max_bytes", "segment_max_age_ms", "compact") if getattr(self, f) is not None}
-        return dataclasses.replace(defaults, **overrides)
+        """The defaults with this stream's overrides applied (one object for equal ones)."""
+        return _log_config(defaults, tuple((f, getattr(self, f)) for f in _LOG_FIELDS
+                                           if getattr(self, f) is not None))
+
+
+_LOG_FIELDS = ("retention_max_bytes", "retention_max_messages", "retention_max_age_ms",
+               "segment_max_bytes", "segment_max_age_ms", "compact")
+
+
+@functools.lru_cache(maxsize=1024)
+def _log_config(defaults: LogConfig, overrides: tuple) -> LogConfig:
+    return dataclasses.replace(defaults, **dict(overrides))
 
 
 class Stream:
@@ -87,10 +95,14 @@ class Stream:
                                      auto_commit=not config.replicated)
                            for i in range(config.partitions)]
 
+    def metadata(self) -> dict[str, Any]:
+        """What the metadata file holds: name, created_ns, config, partition_state."""
+        return {"name": self.name, "created_ns": self.created_ns,
+                "config": dataclasses.asdict(self.config),
+                "partition_state": [p.state() for p in self.partitions]}
+
     def save_metadata(self) -> None:
-        data: dict[str, Any] = {"name": self.name, "created_ns": self.created_ns,
-                                "config": dataclasses.asdict(self.config),
-                                "partition_state": [p.state() for p in self.partitions]}
+        data = self.metadata()
         path = os.path.join(self.directory, METADATA_FILE)
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
@@ -104,7 +116,12 @@ class Stream:
         """Open a stream folder. Raises ``OSError``/``ValueError`` for a missing or bad
         metadata file (the caller reports and skips the folder)."""
         with open(os.path.join(directory, METADATA_FILE)) as f:
-            data = json.load(f)
+            return cls.from_metadata(directory, json.load(f), log_defaults)
+
+    @classmethod
+    def from_metadata(cls, directory: str, data: dict, log_defaults: LogConfig) -> "Stream":
+        """The stream of folder ``directory`` whose metadata (``metadata()``) is ``data``.
+        Raises ``ValueError``, ``TypeError`` or ``KeyError`` for bad metadata."""
         config = StreamConfig(**data["config"])
         stream = cls(data["name"], directory, config, log_defaults, data.get("created_ns"))
         for partition, state in zip(stream.partitions, data.get("partition_state") or ()):

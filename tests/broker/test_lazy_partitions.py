@@ -1,14 +1,17 @@
 """Lazy partitions (issue 31 item 1, broker/partition.py): after a clean stop the broker opens
 no partition and holds no file of one, answers offsets and sizes from the clean-close
 markers, opens a cold partition on its first write or read; after a crash it checks only
-the partitions written since their clean close."""
+the partitions written since their clean close; a clean start reads the streams' metadata
+from the clean-stop marker."""
 import asyncio
+import json
 import os
 
 import pytest
 
 from riverlog.broker import Broker
-from riverlog.broker.broker import CLEAN_STOP_FILE
+from riverlog.broker.clean_stop import CLEAN_STOP_FILE
+from riverlog.broker.stream import METADATA_FILE
 from riverlog.errors import LogClosedError
 from riverlog.log.clean_close import MARKER_NAME
 from riverlog.log.files import OPEN_FILES
@@ -78,11 +81,11 @@ def test_a_crash_checks_only_the_partitions_written_since_their_clean_close(tmp_
     with open(newest, "ab") as f:
         f.write(b"\x00\x01torn")
     idle_marker = os.path.join(running.get("s0").partitions[0].directory, MARKER_NAME)
-    idle_stat = os.stat(idle_marker)
+    idle_stat = os.stat(idle_marker).st_ino, os.stat(idle_marker).st_mtime_ns
     with caplog.at_level("INFO", logger="riverlog.broker"):
         broker = _reopened(tmp_path)
     assert "2 partition(s) written since their clean close checked" in caplog.text
-    assert os.stat(idle_marker) == idle_stat  # an idle partition is not even opened
+    assert (os.stat(idle_marker).st_ino, os.stat(idle_marker).st_mtime_ns) == idle_stat
     assert not any(p.is_open for s in broker.streams.values() for p in s.partitions)
     for name in ("s3", "s4"):
         partition = broker.get(name).partitions[0]
@@ -103,4 +106,35 @@ def test_an_unopened_partition_deleted_or_closed_never_opens(tmp_path):
     with pytest.raises(LogClosedError):
         stream.partitions[0].read_chunks(0)
     assert not os.path.exists(folder)  # not made again by the late reader
+    asyncio.run(broker.close())
+
+
+def test_a_clean_start_reads_the_metadata_from_the_clean_stop_marker(tmp_path):
+    broker = _filled(tmp_path)
+    folders = {name: broker.get(name).directory for name in ("s6", "s7")}
+    asyncio.run(broker.close())
+    # s6's metadata file garbled with its size and mtime kept: the marker's copy is taken
+    path = os.path.join(folders["s6"], METADATA_FILE)
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.write(b"#" * st.st_size)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    # s7's changed while stopped: the file is read
+    path = os.path.join(folders["s7"], METADATA_FILE)
+    with open(path) as f:
+        data = json.load(f)
+    data["config"]["subject"] = "changed"
+    with open(path, "w") as f:
+        json.dump(data, f)
+    broker = _reopened(tmp_path)
+    assert len(broker.streams) == STREAMS
+    assert broker.get("s6").partitions[0].next_offset == 1
+    assert broker.get("s7").config.subject == "changed"
+    asyncio.run(broker.close())
+    # without the marker (a crash) the garbled file cannot be read: that stream is skipped
+    os.unlink(os.path.join(tmp_path, "streams", CLEAN_STOP_FILE))
+    with open(os.path.join(folders["s6"], METADATA_FILE), "w") as f:
+        f.write("#")
+    broker = _reopened(tmp_path)
+    assert "s6" not in broker.streams and len(broker.streams) == STREAMS - 1
     asyncio.run(broker.close())
