@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -19,11 +20,11 @@ from typing import Callable, Collection, Mapping, Sequence
 from ..config import LogConfig
 from ..errors import LogClosedError
 from ..log import ChunkSlice, CommitLog
-from ..log.clean_close import LogSummary, is_clean, read_summary
 from ..log.bloom import build_bloom
 from ..log.chunk import CHUNK_TRACKING_DELTA, encode_entries
-from .tracking import (ConsumerOffsets, PublisherSequences, encode_offset_tracking,
-                       encode_writer_trailer)
+from ..log.clean_close import LogSummary, is_clean, read_summary
+from .tracking import (CLOSE_SNAPSHOT, ConsumerOffsets, PublisherSequences,
+                       encode_offset_tracking, encode_writer_trailer)
 
 log = logging.getLogger("riverlog.broker")
 
@@ -111,6 +112,9 @@ class Partition:
         if (self._log is not None or not os.path.isdir(self.directory)
                 or is_clean(self.directory)):
             return False
+        # the tracking close snapshot predates what is checked: the next open scans
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.directory, CLOSE_SNAPSHOT))
         log_ = CommitLog(self.directory, self.config, auto_commit=self.auto_commit)
         checked = not log_.report.trusted
         log_.close()
@@ -360,6 +364,8 @@ class Partition:
         again."""
         self._ended = True
         if self._log is not None:
+            if self._publishers is not None and self._log.failure is None:
+                self._publishers.save_at_close()
             await self._log.aclose()
 
     def delete(self) -> None:

@@ -12,7 +12,9 @@ import pytest
 from riverlog.broker import Broker
 from riverlog.broker.clean_stop import CLEAN_STOP_FILE
 from riverlog.broker.stream import METADATA_FILE
+from riverlog.broker.tracking import CLOSE_SNAPSHOT
 from riverlog.errors import LogClosedError
+from riverlog.log.chunk import encode_entries
 from riverlog.log.clean_close import MARKER_NAME
 from riverlog.log.files import OPEN_FILES
 
@@ -137,4 +139,41 @@ def test_a_clean_start_reads_the_metadata_from_the_clean_stop_marker(tmp_path):
         f.write("#")
     broker = _reopened(tmp_path)
     assert "s6" not in broker.streams and len(broker.streams) == STREAMS - 1
+    asyncio.run(broker.close())
+
+
+def test_a_cold_open_after_a_clean_close_takes_the_tracking_snapshot(tmp_path):
+    broker = _reopened(tmp_path)
+    partition = broker.create("tracked").partitions[0]
+    for i in range(50):
+        partition.write_entries([encode_entries([b"m%d" % i])], writers={"pub": i})
+    partition.store_offset("reader", 20)
+    asyncio.run(broker.close())
+    snapshot = os.path.join(partition.directory, CLOSE_SNAPSHOT)
+    with open(snapshot) as f:
+        body = json.load(f)
+    assert body == {"next_offset": 51, "sequences": {"pub": 49}, "offsets": {"reader": 20}}
+    body["sequences"]["pub"] = 777  # what no scan of the log would find
+    with open(snapshot, "w") as f:
+        json.dump(body, f)
+    broker = _reopened(tmp_path)
+    partition = broker.get("tracked").partitions[0]
+    assert partition.publishers.get("pub") == 777 and partition.offsets.query("reader") == 20
+    assert not os.path.exists(snapshot)  # it serves one open only
+    asyncio.run(broker.close())
+
+
+def test_the_tracking_snapshot_is_not_taken_when_the_log_changed(tmp_path):
+    broker = _reopened(tmp_path)
+    partition = broker.create("tracked").partitions[0]
+    partition.write_entries([encode_entries([b"m0"])], writers={"pub": 0})
+    asyncio.run(broker.close())
+    broker = _reopened(tmp_path)
+    partition = broker.get("tracked").partitions[0]
+    partition.log  # open (the snapshot is taken and removed), write, then "crash"
+    partition.write_entries([encode_entries([b"m1"])], writers={"pub": 1})
+    with open(os.path.join(partition.directory, CLOSE_SNAPSHOT), "w") as f:
+        json.dump({"next_offset": 2, "sequences": {"pub": 0}, "offsets": {}}, f)  # stale
+    broker = _reopened(tmp_path)  # after a crash: the folder is checked, not trusted
+    assert broker.get("tracked").partitions[0].publishers.get("pub") == 1
     asyncio.run(broker.close())
