@@ -136,7 +136,11 @@ class Partition:
     def _answer(self, name: str) -> int:
         """Field ``name`` of the summary while the log is not open, else the log's."""
         summary = self._closed_summary()
-        return getattr(self.log if summary is None else summary, name)
+        if summary is None:
+            return getattr(self.log, name)
+        if not self.auto_commit and name in ("committed_offset", "last_message_offset"):
+            return -1  # as an open replicated log until replication (which opens it) commits
+        return getattr(summary, name)
 
     # -- writing ------------------------------------------------------------------------
     def new_entries(self, reference: str | None, entries: Sequence[tuple[int, bytes]],
