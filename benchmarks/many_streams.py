@@ -4,7 +4,8 @@
 # clean stop and after a SIGKILL, resident memory and open files once serving, and the first
 # publish to a cold stream (declare a publisher, publish one message, wait for its confirm;
 # p50/p99 over --cold streams, each publish to a stream not touched since the start). The
-# clean start is the median of --repeat starts.
+# clean start is the median of --repeat starts; the first FetchMetadata of every stream and
+# the first management page of 100 queues after the start are timed too.
 # Rules: the server runs in a process group of its own and is always stopped; the SIGKILL run
 # follows cold publishes, so those partitions are the ones written since a clean close.
 # Run: .venv/bin/python benchmarks/many_streams.py [--streams 100 1000 10000] [--cold 200]
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import os
 import shutil
 import signal
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 from riverlog.broker.broker import Broker
 from riverlog.client.blocking import Client
@@ -52,13 +55,14 @@ class Server:
 
     def __init__(self, data_dir: str) -> None:
         self.data_dir = data_dir
-        self.stream_port = free_port()
+        self.stream_port, self.grpc_port, self.http_port = free_port(), free_port(), free_port()
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> float:
         cmd = [sys.executable, "-m", "riverlog", "serve", "-d", self.data_dir,
-               "--stream-port", str(self.stream_port), "-p", "0", "--nats-port",
-               str(free_port()), "--metrics-port", "0", "--management-port", "0",
+               "--stream-port", str(self.stream_port), "-p", str(self.grpc_port),
+               "--nats-port", str(free_port()), "--metrics-port", "0",
+               "--management-port", str(self.http_port),
                "--level", "info"]
         began = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -98,6 +102,26 @@ def cold_publishes(port: int, names: list[str]) -> list[float]:
     return took
 
 
+def listings(server: Server) -> tuple[float, float]:
+    """Milliseconds of a FetchMetadata of every stream (what `riverlog stream list` asks)
+    and of the management API's first page of 100 queues, each the first after the start."""
+    import grpc
+
+    from riverlog.protocol.liftbridge import api_pb2 as pb
+    from riverlog.protocol.liftbridge.api_pb2_grpc import APIStub
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+        began = time.perf_counter()
+        APIStub(channel).FetchMetadata(pb.FetchMetadataRequest(), timeout=60)
+        fetch_ms = (time.perf_counter() - began) * 1000
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{server.http_port}/api/queues?page=1&page_size=100",
+        headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+    began = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        answer.read()
+    return fetch_ms, (time.perf_counter() - began) * 1000
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -118,6 +142,7 @@ def measure(count: int, cold: int, repeat: int, workdir: str) -> dict:
     server.start()
     time.sleep(1.0)  # let the start settle before measuring memory and files
     rss, files = rss_kib(server.proc.pid), server.open_files()
+    fetch_ms, page_ms = listings(server)
     step = max(1, count // cold)
     latencies = cold_publishes(server.stream_port, names[::step][:cold])
     server.stop(signal.SIGKILL)
@@ -125,7 +150,7 @@ def measure(count: int, cold: int, repeat: int, workdir: str) -> dict:
     server.stop()
     shutil.rmtree(data_dir, ignore_errors=True)
     return {"streams": count, "clean_s": clean_s, "killed_s": killed_s, "rss_mib": rss / 1024,
-            "open_files": files, "cold_p50_ms": percentile(latencies, 0.5),
+            "open_files": files, "fetch_ms": fetch_ms, "page_ms": page_ms, "cold_p50_ms": percentile(latencies, 0.5),
             "cold_p99_ms": percentile(latencies, 0.99), "cold_n": len(latencies)}
 
 
@@ -146,13 +171,15 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"load average at start {load:.2f}")
     print("| streams | start after clean stop (s) | start after SIGKILL (s) | RSS (MiB) | "
-          "open files | cold publish p50 / p99 (ms, n) |")
-    print("|---:|---:|---:|---:|---:|---|")
+          "open files | FetchMetadata, all (ms) | management page of 100 (ms) | "
+          "cold publish p50 / p99 (ms, n) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---|")
     try:
         for count in args.streams:
             row = measure(count, args.cold, args.repeat, workdir)
             print(f"| {row['streams']} | {row['clean_s']:.2f} | {row['killed_s']:.2f} | "
-                  f"{row['rss_mib']:.1f} | {row['open_files']} | {row['cold_p50_ms']:.1f} / "
+                  f"{row['rss_mib']:.1f} | {row['open_files']} | {row['fetch_ms']:.0f} | "
+                  f"{row['page_ms']:.0f} | {row['cold_p50_ms']:.1f} / "
                   f"{row['cold_p99_ms']:.1f} ({row['cold_n']}) |", flush=True)
     finally:
         if args.workdir is None:
