@@ -176,15 +176,17 @@ class Broker:
     def _load_streams(self, stopped: dict[str, dict]) -> None:
         for folder in sorted(os.listdir(self.root)):
             path = os.path.join(self.root, folder)
-            data = clean_stop.metadata_of(stopped, path, METADATA_FILE) if stopped else None
-            if data is None and not os.path.isfile(os.path.join(path, METADATA_FILE)):
+            kept = clean_stop.metadata_of(stopped, path, METADATA_FILE) if stopped else None
+            if kept is None and not os.path.isfile(os.path.join(path, METADATA_FILE)):
                 continue
             try:
-                stream = (Stream.load(path, self.log_defaults) if data is None
-                          else Stream.from_metadata(path, data, self.log_defaults))
+                stream = (Stream.load(path, self.log_defaults) if kept is None
+                          else Stream.from_metadata(path, kept[0], self.log_defaults))
             except (OSError, ValueError, TypeError, KeyError) as exc:
                 log.error("cannot open stream folder %s (skipped): %s", path, exc)
                 continue
+            for partition, summary in zip(stream.partitions, kept[1] if kept else ()):
+                partition.preset_summary(summary)
             self._add(stream)
             log.debug("stream %r: %d partition(s)", stream.name, len(stream.partitions))
 
@@ -204,7 +206,9 @@ class Broker:
             await stream.close()
         self.streams.clear()
         if os.path.isdir(self.root):  # every partition's log closed and marked
-            clean_stop.write(self.root, [(s.directory, s.metadata()) for s in streams],
+            clean_stop.write(self.root, [(s.directory, s.metadata(),
+                                          [p.summary_at_stop() for p in s.partitions])
+                                         for s in streams],
                              METADATA_FILE)
 
     # -- streams ------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -132,6 +133,24 @@ class Partition:
             else:  # never written: the empty log an open would make
                 self._summary = LogSummary(0, 0, -1, -1, 0, 1)
         return self._summary
+
+    def summary_at_stop(self) -> dict | None:
+        """Once closed: the summary its clean-close marker holds, as a dict (None when not
+        known without reading the folder, or when the close was not clean)."""
+        if self._log is not None:
+            summary = read_summary(self.directory) if self._log.failure is None else None
+        else:
+            summary = self._summary
+        return None if summary is None else dataclasses.asdict(summary)
+
+    def preset_summary(self, data: dict | None) -> None:
+        """Take ``summary_at_stop``'s answer of the last clean stop (the folder's marker
+        then holds the same; a malformed one is ignored)."""
+        if isinstance(data, dict) and self._log is None:
+            try:
+                self._summary = LogSummary(**data)
+            except TypeError:
+                pass
 
     def _answer(self, name: str) -> int:
         """Field ``name`` of the summary while the log is not open, else the log's."""

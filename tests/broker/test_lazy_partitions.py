@@ -177,3 +177,16 @@ def test_the_tracking_snapshot_is_not_taken_when_the_log_changed(tmp_path):
     broker = _reopened(tmp_path)  # after a crash: the folder is checked, not trusted
     assert broker.get("tracked").partitions[0].publishers.get("pub") == 1
     asyncio.run(broker.close())
+
+
+def test_listings_after_a_clean_start_read_no_partition_marker(tmp_path):
+    asyncio.run(_filled(tmp_path).close())  # the streams were open: their markers read
+    asyncio.run(_reopened(tmp_path).close())  # idle all along: the summaries carried over
+    broker = _reopened(tmp_path)
+    partitions = [s.partitions[0] for s in broker.streams.values()]
+    for p in partitions:  # what a listing would read is already known
+        os.unlink(os.path.join(p.directory, MARKER_NAME))
+    assert {(p.first_offset, p.next_offset, p.committed_offset) for p in partitions} == {
+        (0, 1, 0)}
+    assert not any(p.is_open for p in partitions)
+    asyncio.run(broker.close())
