@@ -206,7 +206,7 @@ class Broker:
             await stream.close()
         self.streams.clear()
         if os.path.isdir(self.root):  # every partition's log closed and marked
-            clean_stop.write(self.root, [(s.directory, s.metadata(),
+            clean_stop.write(self.root, [(s.directory, s.metadata(defaults_too=False),
                                           [p.summary_at_stop() for p in s.partitions])
                                          for s in streams],
                              METADATA_FILE)

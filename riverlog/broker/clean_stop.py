@@ -67,7 +67,7 @@ def take(root: str) -> dict[str, dict] | None:
 
 def metadata_of(entries: dict[str, dict], folder: str,
                 metadata_file: str) -> tuple[dict, list] | None:
-    """The metadata and the partitions' summaries (a list, maybe shorter, of dicts or None)
+    """The metadata and the partitions' summaries (a list, maybe shorter, of lists or None)
     the marker's ``entries`` hold for stream folder ``folder`` (a path) if its metadata file
     is unchanged since, else None (read the file)."""
     entry = entries.get(os.path.basename(folder))

@@ -134,21 +134,21 @@ class Partition:
                 self._summary = LogSummary(0, 0, -1, -1, 0, 1)
         return self._summary
 
-    def summary_at_stop(self) -> dict | None:
-        """Once closed: the summary its clean-close marker holds, as a dict (None when not
-        known without reading the folder, or when the close was not clean)."""
+    def summary_at_stop(self) -> list[int] | None:
+        """Once closed: the summary its clean-close marker holds, as a list of LogSummary's
+        fields in order (None when the close was not clean or the folder has no marker)."""
         if self._log is not None:
             summary = read_summary(self.directory) if self._log.failure is None else None
         else:
-            summary = self._summary
-        return None if summary is None else dataclasses.asdict(summary)
+            summary = self._closed_summary()  # known, or read once from the marker
+        return None if summary is None else list(dataclasses.astuple(summary))
 
-    def preset_summary(self, data: dict | None) -> None:
+    def preset_summary(self, data: list[int] | None) -> None:
         """Take ``summary_at_stop``'s answer of the last clean stop (the folder's marker
         then holds the same; a malformed one is ignored)."""
-        if isinstance(data, dict) and self._log is None:
+        if isinstance(data, list) and self._log is None:
             try:
-                self._summary = LogSummary(**data)
+                self._summary = LogSummary(*data)
             except TypeError:
                 pass
 

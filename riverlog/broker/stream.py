@@ -79,6 +79,16 @@ def _log_config(defaults: LogConfig, overrides: tuple) -> LogConfig:
     return dataclasses.replace(defaults, **dict(overrides))
 
 
+_CONFIG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(StreamConfig)}
+
+
+@functools.lru_cache(maxsize=4096)
+def _stream_config(items: tuple) -> StreamConfig:
+    """One StreamConfig for equal settings (``(name, value)`` pairs), as streams share them
+    when thousands load at start."""
+    return StreamConfig(**dict(items))
+
+
 class Stream:
     """A named stream and its partitions (``partitions[i]`` is partition i)."""
 
@@ -95,10 +105,14 @@ class Stream:
                                      auto_commit=not config.replicated)
                            for i in range(config.partitions)]
 
-    def metadata(self) -> dict[str, Any]:
-        """What the metadata file holds: name, created_ns, config, partition_state."""
-        return {"name": self.name, "created_ns": self.created_ns,
-                "config": dataclasses.asdict(self.config),
+    def metadata(self, defaults_too: bool = True) -> dict[str, Any]:
+        """What the metadata file holds: name, created_ns, config, partition_state; without
+        ``defaults_too`` the config leaves out the settings at their default (smaller, read
+        back the same)."""
+        config = dataclasses.asdict(self.config)
+        if not defaults_too:
+            config = {k: v for k, v in config.items() if v != _CONFIG_DEFAULTS[k]}
+        return {"name": self.name, "created_ns": self.created_ns, "config": config,
                 "partition_state": [p.state() for p in self.partitions]}
 
     def save_metadata(self) -> None:
@@ -122,7 +136,7 @@ class Stream:
     def from_metadata(cls, directory: str, data: dict, log_defaults: LogConfig) -> "Stream":
         """The stream of folder ``directory`` whose metadata (``metadata()``) is ``data``.
         Raises ``ValueError``, ``TypeError`` or ``KeyError`` for bad metadata."""
-        config = StreamConfig(**data["config"])
+        config = _stream_config(tuple(data["config"].items()))
         stream = cls(data["name"], directory, config, log_defaults, data.get("created_ns"))
         for partition, state in zip(stream.partitions, data.get("partition_state") or ()):
             partition.load_state(state)
