@@ -180,7 +180,9 @@ def test_the_tracking_snapshot_is_not_taken_when_the_log_changed(tmp_path):
 
 
 def test_listings_after_a_clean_start_read_no_partition_marker(tmp_path):
-    asyncio.run(_filled(tmp_path).close())  # the streams were open: their markers read
+    asyncio.run(_filled(tmp_path).close())
+    os.unlink(tmp_path / "streams" / CLEAN_STOP_FILE)  # as after a crash: no summary known
+    asyncio.run(_reopened(tmp_path).close())  # the stop reads each partition's marker once
     asyncio.run(_reopened(tmp_path).close())  # idle all along: the summaries carried over
     broker = _reopened(tmp_path)
     partitions = [s.partitions[0] for s in broker.streams.values()]
