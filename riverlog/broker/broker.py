@@ -205,11 +205,14 @@ class Broker:
         for stream in streams:
             await stream.close()
         self.streams.clear()
-        if os.path.isdir(self.root):  # every partition's log closed and marked
+        if not os.path.isdir(self.root):
+            return
+        try:  # every partition's log closed and marked
             clean_stop.write(self.root, [(s.directory, s.metadata(defaults_too=False),
                                           [p.summary_at_stop() for p in s.partitions])
-                                         for s in streams],
-                             METADATA_FILE)
+                                         for s in streams], METADATA_FILE)
+        except OSError as exc:  # the next start checks the partitions, as after a crash
+            log.warning("no clean-stop marker written: %s", exc)
 
     # -- streams ------------------------------------------------------------------------
     def get(self, name: str) -> Stream:

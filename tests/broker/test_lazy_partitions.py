@@ -192,3 +192,15 @@ def test_listings_after_a_clean_start_read_no_partition_marker(tmp_path):
         (0, 1, 0)}
     assert not any(p.is_open for p in partitions)
     asyncio.run(broker.close())
+
+
+def test_a_clean_stop_marker_that_cannot_be_written_costs_only_a_check(tmp_path, caplog):
+    broker = _filled(tmp_path)
+    os.mkdir(tmp_path / "streams" / (CLEAN_STOP_FILE + ".tmp"))  # in the way of the write
+    asyncio.run(broker.close())  # the stop still ends cleanly
+    assert "no clean-stop marker written" in caplog.text
+    with caplog.at_level("INFO", logger="riverlog.broker"):
+        broker = _reopened(tmp_path)
+    assert "0 partition(s) written since their clean close checked" in caplog.text
+    assert len(broker.streams) == STREAMS
+    asyncio.run(broker.close())
