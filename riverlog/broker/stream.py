@@ -109,7 +109,7 @@ class Stream:
         """What the metadata file holds: name, created_ns, config, partition_state; without
         ``defaults_too`` the config leaves out the settings at their default (smaller, read
         back the same)."""
-        config = dataclasses.asdict(self.config)
+        config = {k: getattr(self.config, k) for k in _CONFIG_DEFAULTS}  # flat: asdict's
         if not defaults_too:
             config = {k: v for k, v in config.items() if v != _CONFIG_DEFAULTS[k]}
         return {"name": self.name, "created_ns": self.created_ns, "config": config,
