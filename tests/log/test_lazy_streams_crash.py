@@ -1,22 +1,28 @@
 """Many idle streams and a SIGKILL (issue 31 item 1) against a real `riverlog serve`: rstream
 publishes with confirms to a few of a few hundred streams while the server is SIGKILLed; the
 restart checks only the partitions written since their clean close, every confirmed
-message is there, and an idle stream never holds a file descriptor."""
+message is there, and an idle stream never holds a file descriptor, not even once listed."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
+import grpc
 import pytest
 from rstream import Producer
 from test_storage_faults import read_all  # tests/log
 
 from riverlog.broker import Broker
+from riverlog.protocol.liftbridge import api_pb2 as pb
+from riverlog.protocol.liftbridge.api_pb2_grpc import APIStub
 
 pytestmark = pytest.mark.timeout(300)
 GUEST = {"username": "guest", "password": "guest"}
@@ -31,21 +37,34 @@ class Server:
 
     def __init__(self, data_dir: str, log_path: str) -> None:
         self.data_dir, self.log_path = data_dir, log_path
-        self.port = free_port()
+        self.port, self.grpc_port, self.http_port = free_port(), free_port(), free_port()
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "riverlog", "serve", "-d", self.data_dir,
-                 "--durability", "always", "--stream-port", str(self.port), "-p", "0",
-                 "--nats-port", str(free_port()), "--no-metrics", "--no-management",
-                 "--level", "info"], stdout=log, stderr=log, start_new_session=True)
+                 "--durability", "always", "--stream-port", str(self.port), "-p",
+                 str(self.grpc_port), "--nats-port", str(free_port()), "--metrics-port",
+                 str(free_port()), "--management-port", str(self.http_port), "--level",
+                 "info"], stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + 120
         while " serving " not in self.text():
             assert self.proc.poll() is None, f"riverlog exited:\n{self.text()[-4000:]}"
             assert time.monotonic() < deadline, "riverlog did not serve in 120 s"
             time.sleep(0.1)
+
+    def list_everything(self) -> None:
+        """What operators and clients list: FetchMetadata of every stream (`riverlog stream
+        list`), the management API's first page of queues."""
+        with grpc.insecure_channel(f"127.0.0.1:{self.grpc_port}") as channel:
+            answer = APIStub(channel).FetchMetadata(pb.FetchMetadataRequest(), timeout=60)
+        assert len(answer.streamMetadata) >= IDLE
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.http_port}/api/queues?page=1&page_size=100",
+            headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+        with urllib.request.urlopen(request, timeout=60) as page:
+            assert json.load(page)["total_count"] >= IDLE
 
     def log_files(self) -> int:
         """Open descriptors of the server on segment or index files."""
@@ -100,6 +119,7 @@ async def test_sigkill_with_many_idle_streams_checks_only_the_written_ones(tmp_p
     server = Server(data, str(tmp_path / "server.log"))
     server.start()
     assert "checked" not in server.text()  # a clean stop: nothing checked
+    server.list_everything()  # answered without opening a partition
     assert server.log_files() < 10  # not one per idle stream
 
     written = [f"idle-{i}" for i in range(0, IDLE, IDLE // WRITTEN)]
