@@ -150,8 +150,9 @@ def measure(count: int, cold: int, repeat: int, workdir: str) -> dict:
     server.stop()
     shutil.rmtree(data_dir, ignore_errors=True)
     return {"streams": count, "clean_s": clean_s, "killed_s": killed_s, "rss_mib": rss / 1024,
-            "open_files": files, "fetch_ms": fetch_ms, "page_ms": page_ms, "cold_p50_ms": percentile(latencies, 0.5),
-            "cold_p99_ms": percentile(latencies, 0.99), "cold_n": len(latencies)}
+            "open_files": files, "fetch_ms": fetch_ms, "page_ms": page_ms,
+            "cold_p50_ms": percentile(latencies, 0.5), "cold_p99_ms": percentile(latencies, 0.99),
+            "cold_n": len(latencies)}
 
 
 def main() -> None:
