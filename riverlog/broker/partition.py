@@ -4,19 +4,28 @@
 # Rules: writes happen synchronously on the event loop, in arrival order; "committed" is one
 # event, the high watermark passing an offset, and every door's confirm or ALL ack waits for
 # it through ``when_committed`` (the commit pipeline; LEADER acks wait only for the write);
-# nothing here knows any wire format.
+# nothing here knows any wire format; the log opens lazily, on the first use of ``log``,
+# ``offsets`` or ``publishers`` (a read, a write, a door's hook), and until then the offsets
+# and sizes are answered from the folder's clean-close marker (log/clean_close.py) without a
+# file kept open; a partition closed or deleted never opens again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
+import os
+import shutil
 from typing import Callable, Collection, Mapping, Sequence
 
 from ..config import LogConfig
+from ..errors import LogClosedError
 from ..log import ChunkSlice, CommitLog
 from ..log.bloom import build_bloom
 from ..log.chunk import CHUNK_TRACKING_DELTA, encode_entries
-from .tracking import (ConsumerOffsets, PublisherSequences, encode_offset_tracking,
-                       encode_writer_trailer)
+from ..log.clean_close import LogSummary, is_clean, read_summary
+from .tracking import (CLOSE_SNAPSHOT, ConsumerOffsets, PublisherSequences,
+                       encode_offset_tracking, encode_writer_trailer)
 
 log = logging.getLogger("riverlog.broker")
 
@@ -38,9 +47,14 @@ class Partition:
                  auto_commit: bool = True) -> None:
         self.stream = stream
         self.index = index
-        self.log = CommitLog(directory, config, auto_commit=auto_commit)
-        self.offsets = ConsumerOffsets(directory)
-        self.publishers = PublisherSequences(self.log, self.offsets)
+        self.directory = directory
+        self.config = config
+        self.auto_commit = auto_commit
+        self._log: CommitLog | None = None
+        self._offsets: ConsumerOffsets | None = None
+        self._publishers: PublisherSequences | None = None
+        self._summary: LogSummary | None = None  # read from the marker while not open
+        self._ended = False  # closed or deleted before it was ever opened
         # Liftbridge partition flags, saved in the stream's metadata (Stream.save_metadata):
         # a paused partition takes no NATS messages until resumed; a read-only one takes no
         # writes from the Liftbridge doors. ``events`` maps "pause"/"readonly"/"received" to
@@ -48,6 +62,104 @@ class Partition:
         self.paused = False
         self.readonly = False
         self.events: dict[str, list[int]] = {}
+
+    # -- opening ------------------------------------------------------------------------
+    @property
+    def is_open(self) -> bool:
+        """Whether the log was opened (it stays so until the partition closes)."""
+        return self._log is not None
+
+    @property
+    def log(self) -> CommitLog:
+        """The commit log, opened now if it was not (recovered unless its clean-close
+        marker is valid). Raises ``LogClosedError`` once the partition was closed or deleted
+        unopened, ``OSError`` (``ResourceExhaustedError``) when its files cannot be opened."""
+        return self._log if self._log is not None else self.open()
+
+    @property
+    def offsets(self) -> ConsumerOffsets:
+        """The stored consumer offsets (opens the log as ``log``)."""
+        if self._offsets is None:
+            self.open()
+        return self._offsets
+
+    @property
+    def publishers(self) -> PublisherSequences:
+        """The publisher sequences (opens the log as ``log``)."""
+        if self._publishers is None:
+            self.open()
+        return self._publishers
+
+    def open(self) -> CommitLog:
+        """Open the log and its tracking state (see ``log``); returns the log."""
+        if self._log is not None:
+            return self._log
+        if self._ended:
+            raise LogClosedError(f"{self!r} is closed")
+        log_ = CommitLog(self.directory, self.config, auto_commit=self.auto_commit)
+        try:
+            self._offsets = ConsumerOffsets(self.directory)
+            self._publishers = PublisherSequences(log_, self._offsets)
+        except BaseException:
+            log_.close(mark=False)
+            raise
+        self._log, self._summary = log_, None
+        return log_
+
+    def check(self) -> bool:
+        """At a start after a crash, before any door holds the log: open the log when its
+        folder has no valid clean-close marker (the recovery scan), then close it again,
+        which leaves the marker. Returns whether it was checked."""
+        if (self._log is not None or not os.path.isdir(self.directory)
+                or is_clean(self.directory)):
+            return False
+        # the tracking close snapshot predates what is checked: the next open scans
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.directory, CLOSE_SNAPSHOT))
+        log_ = CommitLog(self.directory, self.config, auto_commit=self.auto_commit)
+        checked = not log_.report.trusted
+        log_.close()
+        self._summary = None
+        return checked
+
+    def _closed_summary(self) -> LogSummary | None:
+        """The summary to answer from while the log is not open; None when it is open or
+        the folder has no marker (the caller then opens the log)."""
+        if self._log is not None:
+            return None
+        if self._summary is None:
+            if os.path.isdir(self.directory):
+                self._summary = read_summary(self.directory)
+            else:  # never written: the empty log an open would make
+                self._summary = LogSummary(0, 0, -1, -1, 0, 1)
+        return self._summary
+
+    def summary_at_stop(self) -> list[int] | None:
+        """Once closed: the summary its clean-close marker holds, as a list of LogSummary's
+        fields in order (None when the close was not clean or the folder has no marker)."""
+        if self._log is not None:
+            summary = read_summary(self.directory) if self._log.failure is None else None
+        else:
+            summary = self._closed_summary()  # known, or read once from the marker
+        return None if summary is None else list(dataclasses.astuple(summary))
+
+    def preset_summary(self, data: list[int] | None) -> None:
+        """Take ``summary_at_stop``'s answer of the last clean stop (the folder's marker
+        then holds the same; a malformed one is ignored)."""
+        if isinstance(data, list) and self._log is None:
+            try:
+                self._summary = LogSummary(*data)
+            except TypeError:
+                pass
+
+    def _answer(self, name: str) -> int:
+        """Field ``name`` of the summary while the log is not open, else the log's."""
+        summary = self._closed_summary()
+        if summary is None:
+            return getattr(self.log, name)
+        if not self.auto_commit and name in ("committed_offset", "last_message_offset"):
+            return -1  # as an open replicated log until replication (which opens it) commits
+        return getattr(summary, name)
 
     # -- writing ------------------------------------------------------------------------
     def new_entries(self, reference: str | None, entries: Sequence[tuple[int, bytes]],
@@ -194,11 +306,22 @@ class Partition:
 
     @property
     def first_offset(self) -> int:
-        return self.log.first_offset
+        return self._answer("first_offset")
 
     @property
     def next_offset(self) -> int:
-        return self.log.next_offset
+        return self._answer("next_offset")
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes in the segment files (``CommitLog.size_bytes``)."""
+        return self._answer("size_bytes")
+
+    @property
+    def segment_count(self) -> int:
+        """Segment files of the log."""
+        summary = self._closed_summary()
+        return len(self.log.segments) if summary is None else summary.segments
 
     @property
     def committed_offset(self) -> int:
@@ -206,7 +329,7 @@ class Partition:
         may see and what confirms and ALL acks wait for. On one server it follows the
         durability policy (docs/durability.md); a replicated partition will advance it as its
         ISR catches up."""
-        return self.log.committed_offset
+        return self._answer("committed_offset")
 
     @property
     def last_chunk_offset(self) -> int:
@@ -216,7 +339,7 @@ class Partition:
     def last_message_offset(self) -> int:
         """Offset of the newest committed message, stored-offset chunks passed over (-1:
         none; see ``CommitLog.last_message_offset``)."""
-        return self.log.last_message_offset
+        return self._answer("last_message_offset")
 
     @property
     def last_user_chunk_offset(self) -> int:
@@ -254,14 +377,27 @@ class Partition:
 
     # -- lifecycle ----------------------------------------------------------------------
     def housekeeping(self) -> None:
-        """Periodic work: apply age-based retention."""
-        self.log.enforce_retention()
+        """Periodic work: apply retention (an open log's only: one not open has not
+        changed since it was last open, and it is applied at its next open)."""
+        if self._log is not None:
+            self._log.enforce_retention()
 
     async def close(self) -> None:
-        await self.log.aclose()
+        """Close the log (writing its clean-close marker) if it was opened; it never opens
+        again."""
+        self._ended = True
+        if self._log is not None:
+            if self._publishers is not None and self._log.failure is None:
+                self._publishers.save_at_close()
+            await self._log.aclose()
 
     def delete(self) -> None:
-        self.log.delete()
+        """Close the log and remove its folder."""
+        self._ended = True
+        if self._log is not None:
+            self._log.delete()
+        else:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
     def __repr__(self) -> str:
-        return f"Partition({self.stream!r}, {self.index}, {self.log!r})"
+        return f"Partition({self.stream!r}, {self.index}, {self._log or 'not open'!r})"

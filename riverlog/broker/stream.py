@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -64,11 +65,28 @@ class StreamConfig:
             raise ValueError("partitions must be >= 1")
 
     def log_config(self, defaults: LogConfig) -> LogConfig:
-        """The defaults with this stream's overrides applied."""
-        overrides = {f: getattr(self, f) for f in (
-            "retention_max_bytes", "retention_max_messages", "retention_max_age_ms",
-            "segment_max_bytes", "segment_max_age_ms", "compact") if getattr(self, f) is not None}
-        return dataclasses.replace(defaults, **overrides)
+        """The defaults with this stream's overrides applied (one object for equal ones)."""
+        return _log_config(defaults, tuple((f, getattr(self, f)) for f in _LOG_FIELDS
+                                           if getattr(self, f) is not None))
+
+
+_LOG_FIELDS = ("retention_max_bytes", "retention_max_messages", "retention_max_age_ms",
+               "segment_max_bytes", "segment_max_age_ms", "compact")
+
+
+@functools.lru_cache(maxsize=1024)
+def _log_config(defaults: LogConfig, overrides: tuple) -> LogConfig:
+    return dataclasses.replace(defaults, **dict(overrides))
+
+
+_CONFIG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(StreamConfig)}
+
+
+@functools.lru_cache(maxsize=4096)
+def _stream_config(items: tuple) -> StreamConfig:
+    """One StreamConfig for equal settings (``(name, value)`` pairs), as streams share them
+    when thousands load at start."""
+    return StreamConfig(**dict(items))
 
 
 class Stream:
@@ -87,10 +105,18 @@ class Stream:
                                      auto_commit=not config.replicated)
                            for i in range(config.partitions)]
 
+    def metadata(self, defaults_too: bool = True) -> dict[str, Any]:
+        """What the metadata file holds: name, created_ns, config, partition_state; without
+        ``defaults_too`` the config leaves out the settings at their default (smaller, read
+        back the same)."""
+        config = {k: getattr(self.config, k) for k in _CONFIG_DEFAULTS}  # flat: asdict's
+        if not defaults_too:
+            config = {k: v for k, v in config.items() if v != _CONFIG_DEFAULTS[k]}
+        return {"name": self.name, "created_ns": self.created_ns, "config": config,
+                "partition_state": [p.state() for p in self.partitions]}
+
     def save_metadata(self) -> None:
-        data: dict[str, Any] = {"name": self.name, "created_ns": self.created_ns,
-                                "config": dataclasses.asdict(self.config),
-                                "partition_state": [p.state() for p in self.partitions]}
+        data = self.metadata()
         path = os.path.join(self.directory, METADATA_FILE)
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
@@ -104,8 +130,13 @@ class Stream:
         """Open a stream folder. Raises ``OSError``/``ValueError`` for a missing or bad
         metadata file (the caller reports and skips the folder)."""
         with open(os.path.join(directory, METADATA_FILE)) as f:
-            data = json.load(f)
-        config = StreamConfig(**data["config"])
+            return cls.from_metadata(directory, json.load(f), log_defaults)
+
+    @classmethod
+    def from_metadata(cls, directory: str, data: dict, log_defaults: LogConfig) -> "Stream":
+        """The stream of folder ``directory`` whose metadata (``metadata()``) is ``data``.
+        Raises ``ValueError``, ``TypeError`` or ``KeyError`` for bad metadata."""
+        config = _stream_config(tuple(data["config"].items()))
         stream = cls(data["name"], directory, config, log_defaults, data.get("created_ns"))
         for partition, state in zip(stream.partitions, data.get("partition_state") or ()):
             partition.load_state(state)

@@ -4,9 +4,12 @@
 # in that chunk's trailer as an osiris sequence record (trailers of the old layout, 'W'
 # records with a CRC each, are still read); a stored consumer offset is a tracking delta
 # chunk (chunk type 1, one simple entry of osiris tracking records, one offset of the log,
-# never delivered to a consumer); at every segment roll a snapshot of all sequences and offsets is written next to
-# the new segment, so opening only scans the newest segment. A reference never seen has no
-# sequence (not 0): its publishing id 0 is new, as in osiris. The ``offsets.json`` of
+# never delivered to a consumer); at every segment roll a snapshot of all sequences and
+# offsets is written next to the new segment, so opening only scans the newest segment; at a
+# clean close one as of the log's end is written, which the next open takes instead of that
+# scan when the log's clean-close marker holds (log/clean_close.py) and it ends where it
+# did. A reference never seen has no sequence (not 0): its publishing id 0 is new, as in
+# osiris. The ``offsets.json`` of
 # earlier versions is read once as the offsets before anything the log carries (upgrade).
 # Wire facts: osiris_log.erl (chunk types, "Tracking format") and osiris_tracking.erl
 # (records: type u8 | id size u8 | id | u64; 0 = sequence, 1 = offset), rabbitmq/osiris 1.10.3.
@@ -30,6 +33,8 @@ _CRC = struct.Struct(">I")
 SNAPSHOT_SUFFIX = ".writers"
 OFFSETS_SNAPSHOT_SUFFIX = ".offsets"
 OFFSETS_FILE = "offsets.json"
+CLOSE_SNAPSHOT = "tracking-at-close"
+"""The sequences and stored offsets as of a clean close (``save_at_close``)."""
 TRACKING_SEQUENCE, TRACKING_OFFSET, TRACKING_TIMESTAMP = 0, 1, 2
 """osiris_tracking's record types: a publisher's sequence, a stored consumer offset, a
 timestamp."""
@@ -171,7 +176,46 @@ class PublisherSequences:
         _write_json(self._snapshot_path(base_offset, OFFSETS_SNAPSHOT_SUFFIX),
                     dict(self._offsets.items()))
 
+    def save_at_close(self) -> None:
+        """Just before the log's clean close: keep the sequences and stored offsets as of
+        its end (``CLOSE_SNAPSHOT``, no fsync), so the next open, when the log's clean-close
+        marker holds and it ends at the same offset, takes them instead of scanning the
+        newest segment. An ``OSError`` is logged (the next open scans)."""
+        body = {"next_offset": self._log.next_offset, "sequences": self._seqs,
+                "offsets": dict(self._offsets.items())}
+        path = os.path.join(self._log.directory, CLOSE_SNAPSHOT)
+        try:
+            with open(path + ".tmp", "w") as f:
+                json.dump(body, f)
+            os.replace(path + ".tmp", path)
+        except OSError as exc:
+            log.warning("%s: %s not written: %s", self._log.directory, CLOSE_SNAPSHOT, exc)
+
+    def _load_at_close(self) -> bool:
+        """Take (and remove: it serves one open) the close snapshot when it describes this
+        log as opened: trusted (log/clean_close.py) and ending where it ended."""
+        path = os.path.join(self._log.directory, CLOSE_SNAPSHOT)
+        try:
+            with open(path) as f:
+                body = json.load(f)
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError):
+            body = None
+        if (not isinstance(body, dict) or not self._log.report.trusted
+                or body.get("next_offset") != self._log.next_offset):
+            return False
+        seqs, offsets = body.get("sequences"), body.get("offsets")
+        if not isinstance(seqs, dict) or not isinstance(offsets, dict):
+            return False
+        self._seqs = {str(k): v for k, v in seqs.items() if isinstance(v, int)}
+        self._offsets.restart({str(k): v for k, v in offsets.items() if isinstance(v, int)})
+        return True
+
     def _load(self) -> None:
+        if self._load_at_close():
+            return
         segments = self._log.segments
         start = 0
         for i in range(len(segments) - 1, -1, -1):

@@ -20,7 +20,7 @@ from ..config import Durability, LogConfig
 from ..errors import (ChunkRefusedError, LogClosedError, LogError, LogFailedError,
                       OffsetOutOfRangeError, UncommittedTruncatedError)
 from . import chunk as chunkfmt
-from . import reader
+from . import clean_close, reader
 from .bloom import BloomCache
 from .compaction import (CompactionPoint, CompactionResult, compact_segments,
                          install_compacted, load_point, save_point, unpin_all)
@@ -68,13 +68,10 @@ class CommitLog:
         self._compacting: asyncio.Event | None = None  # set once the running compaction ends
         self._blooms = BloomCache()
         self.failure: LogFailedError | None = None  # once writes stopped (Syncer.fail)
-        self.on_roll: Callable[[int], None] | None = None
-        """Called with the new base offset just before a new segment is created."""
+        self.on_roll: Callable[[int], None] | None = None  # with a new segment's base offset
         self.on_written: Callable[[], None] | None = None
-        """Called after each chunk this log writes itself (not ``append_chunks``): a
-        replicated partition's leader wakes its idle followers."""
-        self.on_synced: Callable[[], None] | None = None
-        """Called after each fsync of new data (``durable_next_offset`` moved on)."""
+        """Called after each chunk this log writes itself (not ``append_chunks``)."""
+        self.on_synced: Callable[[], None] | None = None  # after each fsync of new data
         self.compaction_point: CompactionPoint | None = None
         """The point of the latest compaction of this log, or of its leader's it applied
         (None before any); saved in the folder with it (``compaction-point``) and read back
@@ -564,18 +561,22 @@ class CommitLog:
         self._fail_removed_writes(0)  # every record is gone
 
     # -- lifecycle ----------------------------------------------------------------------
-    def close(self) -> None:
-        """Fsync (unless the policy is NEVER) and close the files. Readers waiting in
-        ``wait_for`` get ``LogClosedError``. From async code prefer ``aclose``."""
+    def close(self, *, mark: bool = True) -> None:
+        """Fsync (unless the policy is NEVER), close the files and, with ``mark``, write the
+        clean-close marker (clean_close.py). Waiting readers get ``LogClosedError``."""
         if self._closed:
             return
         self._syncer.stop_timer()
         if self.config.durability is not Durability.NEVER and self.failure is None:
             self._syncer.sync(at_close=True)  # a failure is logged; the files close anyway
+        summary = (clean_close.summary_of(self) if mark and self.failure is None
+                   and self._compacting is None else None)
         self._closed = True
         for seg in self._segments:
             seg.close()
         self._waiters.wake_all()
+        # after the index files' last flush; with no summary a stale marker is removed
+        clean_close.write_marker(self.directory, self._segments, summary)
 
     async def aclose(self) -> None:
         """Wait for an in-flight fsync, then ``close``."""
@@ -583,9 +584,8 @@ class CommitLog:
             await asyncio.wait([self._syncer.task])  # its failure is ``failure``
         self.close()
 
-    def delete(self) -> None:
-        """Close the log and remove its folder with every file in it."""
-        self.close()
+    def delete(self) -> None:  # close and remove the folder with every file in it
+        self.close(mark=False)
         shutil.rmtree(self.directory, ignore_errors=True)
 
     def __enter__(self) -> "CommitLog":

@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 
 from ..errors import EpochCheckpointError
 from . import chunk as chunkfmt
+from . import clean_close
 from .epochs import CHECKPOINT_NAME, EpochEntry, LeaderEpochCache, entries_of_chunks
 from .segment import COMPACTED_SUFFIX, SEGMENT_SUFFIX, Segment, read_compacted_marker
 
@@ -31,6 +32,7 @@ class RecoveryReport:
     truncated_bytes: int = 0
     dropped_segments: list[str] = field(default_factory=list)
     rebuilt_indexes: int = 0
+    trusted: bool = False  # the clean-close marker was valid: no chunk was checked
 
     @property
     def clean(self) -> bool:
@@ -216,7 +218,9 @@ def open_segments(directory: str, verify: bool, report: RecoveryReport,
     compaction (``*.cleaned``, ``*.tmp``) are removed; a segment that does not start where
     the one before it ends, or follows a truncated one, is dropped and reported. An empty
     folder gets one empty segment at offset 0. ``created_ms`` of each: its first
-    timestamp, else ``now_ms``. Raises OSError only for I/O errors."""
+    timestamp, else ``now_ms``. When the folder's clean-close marker is valid
+    (clean_close.py; ``report.trusted``) each index is loaded as it is, no chunk checked,
+    unless it does not load. Raises OSError only for I/O errors."""
     names = sorted(n for n in os.listdir(directory) if n.endswith(SEGMENT_SUFFIX)
                    and n[:-len(SEGMENT_SUFFIX)].isdigit())
     for leftover in os.listdir(directory):
@@ -225,6 +229,8 @@ def open_segments(directory: str, verify: bool, report: RecoveryReport,
     segments: list[Segment] = []
     expected = None
     cut = False
+    trusted = report.trusted = bool(names) and not verify and clean_close.is_clean(
+        directory, names)
     for name in names:
         seg = Segment(directory, int(name[:-len(SEGMENT_SUFFIX)]))
         if cut or (expected is not None and seg.base_offset != expected):
@@ -236,6 +242,12 @@ def open_segments(directory: str, verify: bool, report: RecoveryReport,
             report.truncated_bytes += seg.file_size()
             seg.delete()
             cut = True
+            continue
+        if trusted and seg.index.load():
+            seg.size = seg.file_size()
+            seg.next_offset = seg.indexed_next_offset()
+            segments.append(seg)
+            expected = seg.next_offset
             continue
         cut = recover_segment(seg, verify, report)
         segments.append(seg)

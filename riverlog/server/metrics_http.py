@@ -258,14 +258,14 @@ class StateCollector(Collector):
             "Liftbridge cursor (source=cursor).",
             labels=["stream", "partition", "consumer", "source"])
         for stream in list(app.broker.streams.values()):
-            disk.add_metric([stream.name], sum(p.log.size_bytes for p in stream.partitions))
-            segments.add_metric([stream.name], sum(len(p.log.segments)
+            disk.add_metric([stream.name], sum(p.size_bytes for p in stream.partitions))
+            segments.add_metric([stream.name], sum(p.segment_count
                                                    for p in stream.partitions))
             for p in stream.partitions:
                 labels = [stream.name, str(p.index)]
                 first.add_metric(labels, p.first_offset)
                 committed.add_metric(labels, p.committed_offset)
-                stored = p.offsets.items()
+                stored = p.offsets.items() if p.is_open else ()  # closed: none asked since
                 newest = p.last_message_offset if stored else -1  # stored offsets pass over
                 for consumer, offset in stored:
                     lag.add_metric(labels + [consumer, "offset"], max(newest - offset, 0))

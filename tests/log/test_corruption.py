@@ -35,6 +35,7 @@ from riverlog.config import LogConfig
 from riverlog.errors import CorruptChunkError
 from riverlog.log import CommitLog
 from riverlog.log.chunk import HEADER_SIZE, parse_header
+from riverlog.log.clean_close import MARKER_NAME
 from riverlog.log.epochs import CHECKPOINT_NAME
 
 SEGMENT_MAX_BYTES = 4096
@@ -81,7 +82,8 @@ def original(tmp_path_factory) -> Original:
     assert len(log.segments) >= 6
     log.close()
     files = sorted(os.listdir(directory))
-    assert {f.rsplit(".", 1)[-1] for f in files} == {"segment", "index", CHECKPOINT_NAME}, files
+    assert {f.rsplit(".", 1)[-1] for f in files} == {"segment", "index", CHECKPOINT_NAME,
+                                                     MARKER_NAME}, files
     chunk_starts = {}
     for name in files:
         if name.endswith(".segment"):

@@ -12,6 +12,7 @@ from riverlog.errors import ChunkRefusedError, LogError
 from riverlog.log import CommitLog
 from riverlog.log.bloom import build_bloom
 from riverlog.log.chunk import CHUNK_TRACKING_DELTA, encode_chunk, encode_entries
+from riverlog.log.clean_close import MARKER_NAME
 
 CONFIG = LogConfig(segment_max_bytes=4096)
 
@@ -51,6 +52,8 @@ def _replicate(leader, follower):
 def _files(path):
     out = {}
     for name in sorted(os.listdir(path)):
+        if name == MARKER_NAME:  # file sizes and mtimes: not the data compared
+            continue
         with open(os.path.join(path, name), "rb") as f:
             out[name] = f.read()
     return out

@@ -104,9 +104,9 @@ def queue_json(app, name: str, index: int, count: int, subject: str | None,
         committed = p.committed_offset
         messages = committed + 1 - p.first_offset if committed >= 0 else 0
         queue.update(messages=messages, messages_ready=messages,
-                     messages_unacknowledged=0, segments=len(p.log.segments),
+                     messages_unacknowledged=0, segments=p.segment_count,
                      first_offset=p.first_offset, committed_offset=committed,
-                     memory=0, disk_bytes=p.log.size_bytes)
+                     memory=0, disk_bytes=p.size_bytes)
         if name in tabled:
             queue["table_lag"] = app.tables.lag(stream, index)[0]
     return queue
