@@ -40,8 +40,13 @@ from riverlog.protocol.liftbridge import api_pb2 as pb  # noqa: E402
 from riverlog.protocol.liftbridge import api_pb2_grpc  # noqa: E402
 
 
+ONE = "one"
+"""The table's only row for `--workers 1` (one process: no table printed)."""
+
+
 def start(workers: int, data: str) -> tuple[subprocess.Popen, dict[str, dict[str, str]]]:
-    """`riverlog serve --workers N` on free ports; the process and its workers' table."""
+    """`riverlog serve --workers N` on free ports; the process and its workers' table (for
+    one worker, a row ONE of its own doors and pid)."""
     ports = [free_port() for _ in range(5)]
     proc = subprocess.Popen(
         [sys.executable, "-m", "riverlog", "serve", "--workers", str(workers), "-d", data,
@@ -56,6 +61,9 @@ def start(workers: int, data: str) -> tuple[subprocess.Popen, dict[str, dict[str
         if line.startswith("riverlog serving"):
             break
         lines.append(line.rstrip())
+    if workers == 1:
+        return proc, {ONE: {"RabbitMQ Stream": f"127.0.0.1:{ports[0]}",
+                            "Liftbridge gRPC": f"127.0.0.1:{ports[1]}", "pid": str(proc.pid)}}
     head = [h.strip() for h in lines[0].split("  ") if h]
     return proc, {c[0]: dict(zip(head, c)) for c in (li.split() for li in lines[1:])}
 
@@ -87,14 +95,17 @@ def publisher(port: int, stream: str, args, ready, go, results) -> None:
 def run_once(workers: int, args) -> dict:
     with tempfile.TemporaryDirectory(prefix="workers-bench-") as data:
         proc, table = start(workers, data)
-        try:
-            s0_port = int(table["s0"]["RabbitMQ Stream"].rsplit(":", 1)[1])
+        try:  # (a start that fails leaves nothing: serve stops its workers itself)
+            s0_port = int(next(iter(table.values()))["RabbitMQ Stream"].rsplit(":", 1)[1])
             streams = [f"scale-{i}" for i in range(args.publishers)]
             for name in streams:
                 r = asyncio.run(with_admin(s0_port, lambda c, n=name: c.request(
                     f.Create(c.next_corr(), n, {}))))
                 assert r.response_code == 1, r
-            led = leaders(table["s0"]["Liftbridge gRPC"], streams)
+            first = next(iter(table.values()))
+            led = leaders(first["Liftbridge gRPC"], streams)
+            if ONE in table:  # one process: its own server id leads every stream
+                led = {n: ONE for n in led}
             ctx = multiprocessing.get_context("spawn")
             ready, go, results = ctx.Semaphore(0), ctx.Event(), ctx.Queue()
             procs = [ctx.Process(target=publisher, args=(
