@@ -17,9 +17,12 @@
 # ReportConsumerGroupCoordinator) need `consume` on the member's streams, and a member that
 # joined through this door may be acted for only by the user who joined it (no one leaves on
 # another's behalf). A request that does not parse is left to the handler, which answers
-# INVALID_ARGUMENT.
+# INVALID_ARGUMENT. A streaming call (Subscribe, PublishAsync) of a user deleted at runtime
+# ends with UNAUTHENTICATED (``end_calls_of``), as the other doors close such a user's
+# connections.
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import logging
@@ -111,6 +114,35 @@ class GrpcAuth(grpc.aio.ServerInterceptor):
         tls = guard.config.tls
         self.certificates = tls is not None and tls.client_auth  # CN only when verified
         self.anonymous = not guard.require_auth  # loopback clients need no credentials
+        self._streaming: dict[asyncio.Task, str] = {}  # open streaming calls -> their user
+        self._revoked: set[asyncio.Task] = set()  # ended by end_calls_of
+
+    def end_calls_of(self, users: set[str]) -> int:
+        """End the open streaming calls of ``users`` (deleted at runtime) with
+        UNAUTHENTICATED; returns how many."""
+        ended = [task for task, user in self._streaming.items() if user in users]
+        for task in ended:
+            self._revoked.add(task)
+            task.cancel()
+        return len(ended)
+
+    async def _streamed(self, user: str | None, responses, context):
+        """``responses`` of a streaming call of ``user``, ended with UNAUTHENTICATED when
+        ``end_calls_of`` names the user meanwhile."""
+        task = asyncio.current_task()
+        if user is not None:
+            self._streaming[task] = user
+        try:
+            async for response in responses:
+                yield response
+        except asyncio.CancelledError:
+            if task not in self._revoked:
+                raise
+            log.info("gRPC streaming call of deleted user %r ended", user)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"user {user!r} was deleted")
+        finally:
+            self._streaming.pop(task, None)
+            self._revoked.discard(task)
 
     async def user(self, context) -> str | None:
         """The caller's user name (None: an anonymous loopback client of a door that needs no
@@ -256,8 +288,9 @@ class GrpcAuth(grpc.aio.ServerInterceptor):
 
     def _unary_stream(self, method: str, inner):
         async def behavior(raw, context):
-            await self.check(method, await self.user(context), raw, context)
-            async for response in inner(raw, context):
+            user = await self.user(context)
+            await self.check(method, user, raw, context)
+            async for response in self._streamed(user, inner(raw, context), context):
                 yield response
         return behavior
 
@@ -282,7 +315,7 @@ class GrpcAuth(grpc.aio.ServerInterceptor):
                         return
                     yield raw
 
-            async for response in inner(checked(), context):
+            async for response in self._streamed(user, inner(checked(), context), context):
                 yield response
             if denied:
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, denied[0])

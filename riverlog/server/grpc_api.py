@@ -109,6 +109,7 @@ class GrpcApi:
         self.guard = guard
         self.port = config.port
         self._server = None  # grpc.aio.Server, or GrpcH2Server (config.transport "h2")
+        self.auth: GrpcAuth | None = None  # the checks in front of the handlers, once started
         self.calls = CallTracker(GRPC)  # calls in progress per peer, failed calls counted
         self.group_quota = GroupQuota(lambda: service.groups, guard.config.max_groups_per_user
                                       if guard is not None else 0)
@@ -121,7 +122,7 @@ class GrpcApi:
         options = [("grpc.max_receive_message_length", self.config.max_message_bytes),
                    ("grpc.max_send_message_length", MAX_SEND_BYTES),
                    ("grpc.so_reuseport", 0)]
-        auth = self._auth()
+        auth = self.auth = self._auth()
         server = grpc.aio.server(options=options, interceptors=[auth] if auth else [])
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
             SERVICE, self._handlers()),))
@@ -149,7 +150,7 @@ class GrpcApi:
         from .grpc_h2_server import GrpcH2Server
         handlers = self._handlers()
         authenticate = None
-        auth = self._auth()
+        auth = self.auth = self._auth()
         if auth is not None:
             handlers = {name: auth.wrap(name, h) for name, h in handlers.items()}
             authenticate = auth.user
@@ -175,6 +176,13 @@ class GrpcApi:
         self.port = self.service.port = port
         log.info("Liftbridge gRPC API (h2 transport) listening on %s:%d%s", self.config.host,
                  port, " (TLS)" if context is not None else "")
+
+    def end_calls_of(self, users: set[str]) -> None:
+        """End the streaming calls (Subscribe, PublishAsync) of ``users``, deleted at
+        runtime, with UNAUTHENTICATED (GrpcAuth.end_calls_of; without checks in front, no
+        call has a user)."""
+        if self.auth is not None and self.auth.end_calls_of(users):
+            log.info("ended the gRPC streaming calls of deleted user(s) %s", sorted(users))
 
     def _auth(self) -> GrpcAuth | None:
         """The checks in front of the handlers: when the door requires credentials, or

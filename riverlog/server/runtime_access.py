@@ -134,6 +134,8 @@ class RuntimeAccess:
             nats.permissions_changed(users=True)
         gone = {name for name in old.users if name not in guard.users}
         vhosts_gone = {name for name in old.vhosts if not table.has_vhost(name)}
+        if gone and self.app.grpc is not None:
+            self.app.grpc.end_calls_of(gone)
         door = self.app.rabbitmq_stream
         if (gone or vhosts_gone) and door is not None:
             for conn in list(door.connections):

@@ -2,8 +2,9 @@
 # made through the management API logs in on the RabbitMQ Stream door (raw frames), the gRPC
 # Liftbridge door and the NATS door (nats-py against the embedded nats-server); its
 # configure/write/read expressions decide there as RabbitMQ applies them; a changed password
-# or permission holds from the next connection; a deleted user's stream connections are closed
-# and its NATS connection dropped when nats-server reloads without it.
+# or permission holds from the next connection; a deleted user's stream connections are closed,
+# its gRPC subscription ended and its NATS connection dropped when nats-server reloads
+# without it.
 from __future__ import annotations
 
 import asyncio
@@ -29,10 +30,12 @@ pytestmark = pytest.mark.timeout(120)
 OPS = http_basic("ops", "ops-pw")  # role admin: `*` on every stream, an administrator
 
 
-@pytest.fixture
-async def app(tmp_path, users):
+@pytest.fixture(params=["h2", "grpcio"])  # both gRPC transports end a deleted user's calls
+async def app(tmp_path, users, request):
     config = dataclasses.replace(server_config(tmp_path, security(users)),
                                  management=ManagementConfig(port=0))
+    config = dataclasses.replace(config, grpc=dataclasses.replace(config.grpc,
+                                                                  transport=request.param))
     app = App(config)
     await app.start()
     yield app
@@ -135,8 +138,17 @@ async def test_runtime_user_on_the_grpc_and_nats_doors(app):
         assert "permissions violation for publish" in (await later.errors_reach(1))[0].lower()
         assert stored(app, "nina") == 1
 
-        # deleted: her NATS connections are dropped, she logs in nowhere
+        # deleted: her NATS connections are dropped, her gRPC subscription ends, she logs in
+        # nowhere
+        subscription = stub.Subscribe(pb.SubscribeRequest(
+            stream="nina", startPosition=pb.StartPosition.EARLIEST), metadata=nina)
+        got = [await subscription.read() for _ in range(2)]  # the start, then "one"
+        assert got[1].value == b"one"
         assert (await call(app, "DELETE", "/api/users/nina", auth=OPS))[0] == 204
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await asyncio.wait_for(subscription.read(), 30)
+        assert ended.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "was deleted" in ended.value.details()
         for conn in (client, later):
             for _ in range(500):
                 if conn.nc.is_closed:
