@@ -30,6 +30,17 @@ log = logging.getLogger("riverlog.security")
 PUBLISH, CONSUME, CREATE, DELETE, ADMIN = "publish", "consume", "create", "delete", "admin"
 ACTIONS = (PUBLISH, CONSUME, CREATE, DELETE, ADMIN)
 
+
+def super_stream_rights(name: str, partitions: Sequence[str],
+                        configure: str) -> list[tuple[str, str]]:
+    """The (stream, action) pairs that creating (``configure`` CREATE) or deleting (DELETE)
+    super stream ``name`` of ``partitions`` needs, as RabbitMQ asks them for both
+    (rabbit_stream_utils:check_super_stream_management_permitted): configure on the super
+    stream and every partition, read (CONSUME) on the super stream, write (PUBLISH) on every
+    partition."""
+    return [*((n, configure) for n in (name, *partitions)), (name, CONSUME),
+            *((n, PUBLISH) for n in partitions)]
+
 # sub = user, obj = stream name, act = one of ACTIONS. Policy lines: p, SUBJECT, PATTERN, ACTION.
 MODEL = """
 [request_definition]

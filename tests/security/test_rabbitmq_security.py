@@ -225,3 +225,43 @@ async def test_creating_a_super_stream_needs_rabbitmqs_four_rights(tmp_path, use
         assert "c.ok-1" in app.broker.streams and not any(
             s.startswith("c.half") for s in app.broker.streams)
         raw.writer.close()
+
+
+async def test_deleting_a_super_stream_needs_rabbitmqs_four_rights(tmp_path, users):
+    """DeleteSuperStream asks what CreateSuperStream asks (RabbitMQ checks both with
+    rabbit_stream_utils:check_super_stream_management_permitted): delete (configure) on the
+    super stream and every partition, consume (read) on the super stream, publish (write)
+    on every partition; one missing: ACCESS_REFUSED (0x10) and nothing deleted. Before,
+    delete alone was asked."""
+    import dataclasses
+    from _raw_stream import Raw
+    from _sec import RULES
+    from riverlog.broker import StreamConfig
+    from riverlog.protocol.rabbitmq_stream import ResponseCode
+    from riverlog.security.users import hash_password
+    dave = [("p", "dave", "d.*", "delete"), ("p", "dave", "d.*", "consume"),
+            ("p", "dave", "d.ok-*", "publish"), ("p", "dave", "d.half-0", "publish")]
+    sec = dataclasses.replace(security(users), users=security(users).users + (
+        ("dave", hash_password("dave-pw", rounds=4)),), authz_rules=RULES + tuple(dave))
+    async with running(tmp_path, sec) as app:
+        for name in ("d.half", "d.ok"):
+            app.rabbitmq_stream.super_streams.create(
+                name, (f"{name}-0", f"{name}-1"), ("0", "1"), StreamConfig())
+        raw = await Raw.connect(app.rabbitmq_stream.port)
+        await raw.request(f.PeerProperties(1, {}))
+        await raw.request(f.SaslHandshake(2))
+        assert (await raw.request(f.SaslAuthenticate(3, "PLAIN", b"\0dave\0dave-pw"))
+                ).response_code == ResponseCode.OK
+        assert type(await raw.next_frame()) is f.Tune
+        raw.writer.write(encode(f.TuneResponse(1048576, 0)))
+        assert (await raw.request(f.Open(4, "/"))).response_code == ResponseCode.OK
+        for corr, (name, code) in enumerate((("d.half", ResponseCode.ACCESS_REFUSED),
+                                             ("d.ok", ResponseCode.OK)), start=5):
+            answer = await raw.request(f.DeleteSuperStream(corr, name))
+            assert answer.response_code == code, name
+        super_streams = app.rabbitmq_stream.super_streams
+        assert super_streams.find("d.half") is not None and super_streams.find("d.ok") is None
+        assert {"d.half-0", "d.half-1"} <= set(app.broker.streams)
+        assert not any(s.startswith("d.ok") for s in app.broker.streams)
+        raw.writer.close()
+

@@ -23,7 +23,7 @@ from aiohttp import web
 
 from ...errors import (InvalidArgumentError, LimitExceededError, StreamExistsError,
                        StreamNotFoundError)
-from ...security.authz import CONSUME, CREATE, DELETE, PUBLISH
+from ...security.authz import CREATE, DELETE, super_stream_rights
 from ...vhost_names import external
 from ..rabbitmq_stream.arguments import stream_config_for
 from .access import Caller
@@ -85,9 +85,8 @@ async def put_super_stream(app, request: web.Request, caller: Caller, vhost: str
         raise bad_request(str(exc)) from None
     if door is None:
         raise not_found()
-    wanted = [(n, CREATE) for n in (name, *partitions)]  # RabbitMQ's configure, read, write
-    wanted += [(name, CONSUME), *((n, PUBLISH) for n in partitions)]
-    if not all(caller.may(n, action) for n, action in wanted):
+    if not all(caller.may(n, action)
+               for n, action in super_stream_rights(name, partitions, CREATE)):
         raise _refused(caller, vhost, name)
     broker = app.broker
     placement = broker.placement
@@ -114,7 +113,8 @@ async def delete_super_stream(app, caller: Caller, vhost: str, name: str) -> web
     found = door.super_streams.find(name) if door is not None else None
     if found is None or not caller.sees_stream(name):
         raise not_found()
-    if not all(caller.may(n, DELETE) for n in (name, *found.partitions)):
+    if not all(caller.may(n, action)
+               for n, action in super_stream_rights(name, found.partitions, DELETE)):
         raise _refused(caller, vhost, name)
     try:
         if app.broker.placement.clustered:

@@ -19,7 +19,7 @@ from ...errors import (InvalidArgumentError, LimitExceededError, ResourceExhaust
                        StreamExistsError, StreamNotFoundError)
 from ...protocol.rabbitmq_stream import ResponseCode
 from ...protocol.rabbitmq_stream import frames as f
-from ...security.authz import CONSUME, CREATE, DELETE, PUBLISH
+from ...security.authz import CONSUME, CREATE, DELETE, PUBLISH, super_stream_rights
 from ...broker.placement import Placement
 from .arguments import equivalence_arguments, stream_config_for, stream_config_from_arguments
 from .link import Link
@@ -109,6 +109,7 @@ def _no_resources(name: str, exc: ResourceExhaustedError) -> int:
     (0x0e is frame too large). Only this request fails; nothing of the stream is kept."""
     log.warning("creating %r refused: %s", name, exc)
     return ResponseCode.INTERNAL_ERROR
+
 
 
 class Streams:
@@ -274,8 +275,7 @@ class Streams:
         link = self.link
         respond = partial(f.CreateSuperStreamResponse, frame.correlation_id)
         super_streams = link.server.super_streams
-        wanted = [(name, CREATE) for name in (frame.name, *frame.partitions)]
-        wanted += [(frame.name, CONSUME), *((name, PUBLISH) for name in frame.partitions)]
+        wanted = super_stream_rights(frame.name, frame.partitions, CREATE)
         if not all(link.may(name, action, link.resolve(name)) for name, action in wanted):
             self.send(respond(ResponseCode.ACCESS_REFUSED))
         elif any(_reserved(name) for name in (frame.name, *frame.partitions)):
@@ -297,8 +297,9 @@ class Streams:
         found = super_streams.find(frame.name)
         if found is None:
             code = ResponseCode.STREAM_DOES_NOT_EXIST
-        elif not all(link.may(name, DELETE, link.resolve(name))
-                     for name in (frame.name, *found.partitions)):
+        elif not all(link.may(name, action, link.resolve(name))
+                     for name, action in super_stream_rights(frame.name, found.partitions,
+                                                           DELETE)):
             code = ResponseCode.ACCESS_REFUSED
         elif self.broker.placement.clustered:
             link.hold_for(_deleted(super_streams.delete_in_cluster(frame.name)),
