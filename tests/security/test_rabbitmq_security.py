@@ -193,6 +193,21 @@ async def test_a_secret_update_keeps_its_user_and_mechanism(tmp_path, users):
         alice.writer.close()
 
 
+async def opened_as(port: int, user: str, password: str):
+    """A raw stream connection opened on "/" as ``user`` (one not in _sec.PASSWORDS)."""
+    from _raw_stream import Raw
+    from riverlog.protocol.rabbitmq_stream import ResponseCode
+    raw = await Raw.connect(port)
+    await raw.request(f.PeerProperties(1, {}))
+    await raw.request(f.SaslHandshake(2))
+    assert (await raw.request(f.SaslAuthenticate(3, "PLAIN", f"\0{user}\0{password}".encode()))
+            ).response_code == ResponseCode.OK
+    assert type(await raw.next_frame()) is f.Tune
+    raw.writer.write(encode(f.TuneResponse(1048576, 0)))
+    assert (await raw.request(f.Open(4, "/"))).response_code == ResponseCode.OK
+    return raw
+
+
 async def test_creating_a_super_stream_needs_rabbitmqs_four_rights(tmp_path, users):
     """CreateSuperStream asks what RabbitMQ asks (check_super_stream_management_permitted):
     create (configure) on the super stream and on every partition, consume (read) on the
@@ -200,7 +215,6 @@ async def test_creating_a_super_stream_needs_rabbitmqs_four_rights(tmp_path, use
     nothing made. Before, create alone was asked (the Java client's
     SuperStreamManagementTest found it)."""
     import dataclasses
-    from _raw_stream import Raw
     from _sec import RULES
     from riverlog.protocol.rabbitmq_stream import ResponseCode
     from riverlog.security.users import hash_password
@@ -209,14 +223,7 @@ async def test_creating_a_super_stream_needs_rabbitmqs_four_rights(tmp_path, use
     sec = dataclasses.replace(security(users), users=security(users).users + (
         ("carol", hash_password("carol-pw", rounds=4)),), authz_rules=RULES + tuple(carol))
     async with running(tmp_path, sec) as app:
-        raw = await Raw.connect(app.rabbitmq_stream.port)
-        await raw.request(f.PeerProperties(1, {}))
-        await raw.request(f.SaslHandshake(2))
-        assert (await raw.request(f.SaslAuthenticate(3, "PLAIN", b"\0carol\0carol-pw"))
-                ).response_code == ResponseCode.OK
-        assert type(await raw.next_frame()) is f.Tune
-        raw.writer.write(encode(f.TuneResponse(1048576, 0)))
-        assert (await raw.request(f.Open(4, "/"))).response_code == ResponseCode.OK
+        raw = await opened_as(app.rabbitmq_stream.port, "carol", "carol-pw")
         for corr, (name, code) in enumerate((("c.half", ResponseCode.ACCESS_REFUSED),
                                              ("c.ok", ResponseCode.OK)), start=5):
             answer = await raw.request(f.CreateSuperStream(
@@ -234,7 +241,6 @@ async def test_deleting_a_super_stream_needs_rabbitmqs_four_rights(tmp_path, use
     on every partition; one missing: ACCESS_REFUSED (0x10) and nothing deleted. Before,
     delete alone was asked."""
     import dataclasses
-    from _raw_stream import Raw
     from _sec import RULES
     from riverlog.broker import StreamConfig
     from riverlog.protocol.rabbitmq_stream import ResponseCode
@@ -247,14 +253,7 @@ async def test_deleting_a_super_stream_needs_rabbitmqs_four_rights(tmp_path, use
         for name in ("d.half", "d.ok"):
             app.rabbitmq_stream.super_streams.create(
                 name, (f"{name}-0", f"{name}-1"), ("0", "1"), StreamConfig())
-        raw = await Raw.connect(app.rabbitmq_stream.port)
-        await raw.request(f.PeerProperties(1, {}))
-        await raw.request(f.SaslHandshake(2))
-        assert (await raw.request(f.SaslAuthenticate(3, "PLAIN", b"\0dave\0dave-pw"))
-                ).response_code == ResponseCode.OK
-        assert type(await raw.next_frame()) is f.Tune
-        raw.writer.write(encode(f.TuneResponse(1048576, 0)))
-        assert (await raw.request(f.Open(4, "/"))).response_code == ResponseCode.OK
+        raw = await opened_as(app.rabbitmq_stream.port, "dave", "dave-pw")
         for corr, (name, code) in enumerate((("d.half", ResponseCode.ACCESS_REFUSED),
                                              ("d.ok", ResponseCode.OK)), start=5):
             answer = await raw.request(f.DeleteSuperStream(corr, name))
