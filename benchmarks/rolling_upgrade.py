@@ -14,7 +14,7 @@
 # client whose connection fails connects again (counted as a reconnect) and never resends, so
 # a message stored without its ack is allowed, never twice. The older riverlog's venv takes
 # its dependencies from this environment (a .pth line) and is built from PyPI's build tools;
-# it is cached (RIVERLOG_UPGRADE_CACHE, else the temp folder) by commit.
+# it is cached (RIVERLOG_UPGRADE_CACHE, else the temp folder) by commit and environment.
 # Run: .venv/bin/python benchmarks/rolling_upgrade.py --help; tests/cluster/test_rolling_upgrade.py
 # runs run_upgrade() with short rounds.
 from __future__ import annotations
@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -69,19 +70,27 @@ ANSWER_TIMEOUT_S = 10.0
 
 def older_python(commit: str = OLDER_COMMIT, cache: str | None = None, log=print) -> str:
     """The python of a venv holding riverlog at ``commit`` (built once, then cached under
-    ``cache``, RIVERLOG_UPGRADE_CACHE or the temp folder; a lock file keeps two runs from
-    building it at once). Raises RuntimeError (the commit is not in this clone and cannot be
-    fetched, or pip failed: its output in the message)."""
+    ``cache``, RIVERLOG_UPGRADE_CACHE or the temp folder, by commit and by this environment,
+    whose packages it uses; a lock file keeps two runs from building it at once; a cached
+    one that no longer imports, e.g. its environment was deleted, is built again). Raises
+    RuntimeError (the commit is not in this clone and cannot be fetched, or pip failed: its
+    output in the message)."""
     cache = cache or os.environ.get("RIVERLOG_UPGRADE_CACHE") or os.path.join(
         tempfile.gettempdir(), "riverlog-upgrade")
-    root = os.path.join(cache, commit[:12])
+    environment = hashlib.sha256(sys.prefix.encode()).hexdigest()[:8]
+    root = os.path.join(cache, f"{commit[:12]}-{environment}")
     python = os.path.join(root, "venv", "bin", "python")
     os.makedirs(root, exist_ok=True)
     with open(os.path.join(root, "lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if os.path.exists(os.path.join(root, "ready")):
+        if os.path.exists(os.path.join(root, "ready")) and subprocess.run(
+                [python, "-c", "import riverlog.cli"], capture_output=True).returncode == 0:
             _link_nats_server(python)
             return python
+        if os.path.exists(os.path.join(root, "ready")):
+            log(f"the cached riverlog {commit[:12]} in {root} does not import: building it "
+                f"again")
+            os.remove(os.path.join(root, "ready"))
         for part in ("src", "venv"):
             shutil.rmtree(os.path.join(root, part), ignore_errors=True)
         if _git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
