@@ -48,6 +48,9 @@ ADMIN_TIMEOUT_S = 30.0
 """How long an admin request (remove_member_at) waits for its answer."""
 LEADER_POLL_S = 0.1
 """How often hand_over_leadership asks whether another member leads."""
+TRANSFER_RETRY_S = 3.0
+"""How long hand_over_leadership waits for another leader after an accepted transfer
+before it asks again: an election lost (election timeouts 1-2 s by default) and the next."""
 
 ADMIN_REQUEST = "riverlog"
 """The pysyncobj utility message riverlog's admin requests travel as: [ADMIN_REQUEST,
@@ -367,10 +370,15 @@ def remove_member_at(member: str, address: str, password: str,
 def hand_over_leadership(address: str, password: str, timeout: float = ADMIN_TIMEOUT_S) -> bool:
     """If the member at ``address`` ("host:port") leads the Raft, ask it to hand the
     leadership to its most caught-up follower (pysyncobj's admin request "transfer", Raft's
-    TimeoutNow; refused while no follower holds its whole log, so asked again until
-    ``timeout``) and return True once another member leads; False when it does not lead or
+    TimeoutNow) and return True once another member leads; False when it does not lead or
     does not answer (not running: it leads nothing). Blocking. Raises RaftUnavailable (no
-    other leader within ``timeout`` seconds)."""
+    other leader within ``timeout`` seconds).
+
+    The request is asked again while it is refused (no follower holds the leader's whole
+    log yet), and also TRANSFER_RETRY_S after an accepted one that changed nothing: the
+    leader may append entries before the chosen follower's vote request arrives, the others
+    then refuse that follower, and the former leader, holding the newest log, is elected
+    again (CI saw it under a replica move's ISR changes)."""
     deadline = time.monotonic() + timeout
     try:
         status = _utility(address, ["status"], password, timeout)
@@ -378,13 +386,15 @@ def hand_over_leadership(address: str, password: str, timeout: float = ADMIN_TIM
         return False
     if str(status.get("leader")) != str(status.get("self")):
         return False
+    accepted_at = None
     answer = None
     while time.monotonic() < deadline:
         status = _utility(address, ["status"], password, timeout)
         if status.get("leader") is not None and str(status["leader"]) != address:
             return True
-        if answer != "SUCCESS TRANSFER":
+        if accepted_at is None or time.monotonic() - accepted_at >= TRANSFER_RETRY_S:
             answer = _utility(address, ["transfer"], password, timeout)
+            accepted_at = time.monotonic() if answer == "SUCCESS TRANSFER" else None
         time.sleep(LEADER_POLL_S)
     raise RaftUnavailable(f"the Raft leader {address} did not hand its leadership over within "
                           f"{timeout:g} s (last answer {answer}): try again")

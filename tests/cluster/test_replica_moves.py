@@ -265,3 +265,39 @@ async def test_the_raft_leader_hands_its_leadership_over(cluster):
     term = leader.cluster.metadata.status()["term"]
     assert await asyncio.to_thread(hand_over_leadership, address, "pw")  # once another leads
     assert leader.cluster.metadata.status()["term"] > term  # an election took place
+
+
+async def test_a_transfer_that_came_to_nothing_is_asked_again(cluster):
+    """A transfer the Raft leader accepted can come to nothing. CI saw it under a replica
+    move: the follower chosen held the leader's whole log when asked, but the leader appended
+    entries before that follower's vote request arrived, the others refused it, and the former
+    leader was elected again; remove-server waited out its 30 s on the accepted transfer.
+    Here the chosen follower's vote requests are dropped on their way out of it (a one-way
+    partition, made in its Raft transport), so its election cannot succeed; an entry is
+    committed meanwhile. hand_over_leadership asks again after TRANSFER_RETRY_S, the other
+    follower is chosen (it holds the whole log) and leads."""
+    leader = next(a for a in cluster if a.cluster.metadata.is_leader)
+    followers = [a for a in cluster if a is not leader]
+    status = leader.cluster.metadata._raft.getStatus()
+    # pysyncobj picks the connected follower with the highest (match index, address)
+    chosen = max(followers, key=lambda a: (
+        status.get(f"match_idx_server_{a.config.cluster.raft_address}", 0),
+        a.config.cluster.raft_address))
+    transport = chosen.cluster.metadata._raft._SyncObj__transport
+    send = transport.send
+
+    def send_no_votes(node, message):
+        if message.get("type") != "request_vote":
+            send(node, message)
+    transport.send = send_no_votes
+    try:
+        handing = asyncio.create_task(asyncio.to_thread(
+            hand_over_leadership, leader.config.cluster.raft_address, "pw", 15))
+        await asyncio.sleep(1)
+        await leader.broker.placement.create_stream("later", StreamConfig(subject="later"))
+        assert await handing
+        new = await until("a new Raft leader", lambda: next(
+            (a for a in cluster if a.cluster.metadata.is_leader), None))
+        assert new is not leader and new is not chosen
+    finally:
+        transport.send = send
