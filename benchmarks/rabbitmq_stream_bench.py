@@ -36,11 +36,14 @@ Options: --messages 1000000 --batch 100 --batch 1000 --repeat 3 --window 20000 -
   --filter-chunks 2000 --filter-per-chunk 500 --filter-every 10
   --rabbitmq-port 5552 (STREAM_PORT for the loopback tool; used as is if something listens)
   --riverlog-arg=--durability=always (extra `riverlog serve` flags, repeatable)
+  --vhost perf (connections open that virtual host, created on both servers first: what a
+  virtual host costs on the publish and consume paths, against a run on `/`)
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -51,6 +54,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
+import urllib.request
 import uuid
 from dataclasses import dataclass
 
@@ -61,6 +66,8 @@ from riverlog.protocol.rabbitmq_stream import frames as f
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOOPBACK = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "tools", "rabbitmq-loopback"))
 HOST = "127.0.0.1"
+VHOST = "/"
+"""The virtual host every connection opens (--vhost); a server is given it before the run."""
 _HEAD = struct.Struct(">IHH")
 _U32 = struct.Struct(">I")
 KEY_CONFIRM, KEY_ERROR, KEY_DELIVER, KEY_HEARTBEAT, KEY_CLOSE = 0x0003, 0x0004, 0x0008, 0x0017, 0x0016
@@ -156,7 +163,7 @@ class Conn(asyncio.Protocol):
             if isinstance(tune, f.Tune):
                 break
         self.transport.write(encode(f.Tune(tune.frame_max, 0)))  # no heartbeats while measuring
-        r = await self.request(f.Open(self.next_corr(), "/"))
+        r = await self.request(f.Open(self.next_corr(), VHOST))
         assert r.response_code == 1, r
 
 
@@ -373,13 +380,26 @@ class Riverlog:
         self.log = open(os.path.join(self.dir, "server.log"), "wb")
         cmd = [sys.executable, "-m", "riverlog", "serve", "-d", os.path.join(self.dir, "data"),
                "--stream-port", str(self.port), "--level", "warning", *self.extra]
+        with socket.socket() as s:
+            s.bind((HOST, 0))
+            http_port = s.getsockname()[1]
+        cmd += ["--management-port", str(http_port)]
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
-        while not listening(self.port):
+        while not (listening(self.port) and listening(http_port)):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.log.flush()
                 raise SystemExit("riverlog did not start:\n" + open(self.log.name).read()[-4000:])
             time.sleep(0.05)
+        if VHOST != "/":  # as RabbitMQ's management API is asked: the vhost, guest's rights
+            quoted = urllib.parse.quote(VHOST, safe="")
+            for path, body in ((f"/api/vhosts/{quoted}", {}), (f"/api/permissions/{quoted}/guest",
+                               {"configure": ".*", "write": ".*", "read": ".*"})):
+                request = urllib.request.Request(
+                    f"http://{HOST}:{http_port}{path}", data=json.dumps(body).encode(),
+                    method="PUT", headers={"Content-Type": "application/json",
+                                           "Authorization": "Basic Z3Vlc3Q6Z3Vlc3Q="})
+                urllib.request.urlopen(request, timeout=10).close()
         self.describe = f"riverlog on {HOST}:{self.port} ({' '.join(self.extra) or 'default flags'})"
         return self
 
@@ -412,6 +432,11 @@ class RabbitMQ:
                                  capture_output=True, text=True).stdout or "?"
         self.describe = f"RabbitMQ {version} on {HOST}:{self.port}" + (" (started here)" if self.started else "")
         self.pid = listener_pid(self.port)  # beam.smp
+        if VHOST != "/":
+            for ctl in (["add_vhost", VHOST], ["set_permissions", "-p", VHOST, "guest", ".*", ".*",
+                                                ".*"]):
+                subprocess.run(["rabbitmqctl", "-n", "rabbit@localhost", *ctl], timeout=60,
+                               capture_output=True)
         return self
 
     def cpu_seconds(self) -> float:
@@ -480,16 +505,21 @@ def main() -> None:
     ap.add_argument("--min-seconds", type=float, default=2.0, help="consume passes last at least this")
     ap.add_argument("--rabbitmq-port", type=int, default=int(os.environ.get("STREAM_PORT", 5552)))
     ap.add_argument("--riverlog-arg", action="append", default=[], help="extra `riverlog serve` flag")
+    ap.add_argument("--vhost", default="/", help="the virtual host the connections open "
+                    "(created on both servers first, guest given every right)")
     ap.add_argument("--case", action="append", choices=["throughput", "filtered"],
                     help="what to measure (default: both; filtered runs on riverlog only)")
     ap.add_argument("--filter-chunks", type=int, default=2000)
     ap.add_argument("--filter-per-chunk", type=int, default=500)
     ap.add_argument("--filter-every", type=int, default=10, help="1 chunk in N holds the value")
     args = ap.parse_args()
+    global VHOST
+    VHOST = args.vhost
     args.batch = args.batch or [100, 1000]
     args.case = args.case or ["throughput", "filtered"]
     print(f"{args.messages:,} messages of {args.size} bytes, batches {args.batch}, best/median of "
-          f"{args.repeat}, window {args.window:,}, credit {args.credit}; {os.cpu_count()} CPUs", flush=True)
+          f"{args.repeat}, window {args.window:,}, credit {args.credit}, virtual host {VHOST!r}; "
+          f"{os.cpu_count()} CPUs", flush=True)
     servers = []
     if args.target in ("riverlog", "both"):
         servers.append(Riverlog(args.riverlog_arg))
