@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import logging
 import os
@@ -158,7 +159,13 @@ class Broker:
         os.makedirs(self.root, exist_ok=True)
         OPEN_FILES.keep_spares()  # for the cleanup of a creation that finds no descriptor
         stopped = clean_stop.take(self.root)
-        self._load_streams(stopped or {})
+        collecting = gc.isenabled()
+        gc.disable()  # the load makes only live objects (a fifth of 10,000 streams' load)
+        try:
+            self._load_streams(stopped or {})
+        finally:
+            if collecting:
+                gc.enable()
         if stopped is None:
             self._check_partitions()
 
@@ -174,10 +181,12 @@ class Broker:
                  "checked in %.2f s", checked, time.monotonic() - began)
 
     def _load_streams(self, stopped: dict[str, dict]) -> None:
-        for folder in sorted(os.listdir(self.root)):
-            path = os.path.join(self.root, folder)
-            kept = clean_stop.metadata_of(stopped, path, METADATA_FILE) if stopped else None
-            if kept is None and not os.path.isfile(os.path.join(path, METADATA_FILE)):
+        root = self.root
+        for folder in sorted(os.listdir(root)):
+            path = f"{root}/{folder}"
+            kept = clean_stop.metadata_of(stopped, folder, path, METADATA_FILE) if stopped \
+                else None
+            if kept is None and not os.path.isfile(f"{path}/{METADATA_FILE}"):
                 continue
             try:
                 stream = (Stream.load(path, self.log_defaults) if kept is None
@@ -188,7 +197,7 @@ class Broker:
             for partition, summary in zip(stream.partitions, kept[1] if kept else ()):
                 partition.preset_summary(summary)
             self._add(stream)
-            log.debug("stream %r: %d partition(s)", stream.name, len(stream.partitions))
+        log.debug("%d stream(s) registered", len(self.streams))
 
     def start(self) -> None:
         """Start the periodic housekeeping task (needs a running event loop)."""

@@ -40,7 +40,7 @@ def write(root: str, streams: Iterable[tuple[str, dict, list]], metadata_file: s
                for folder, data, summaries in streams}
     path = os.path.join(root, CLEAN_STOP_FILE)
     with open(path + ".tmp", "w") as f:
-        json.dump(entries, f)
+        json.dump(entries, f, separators=(",", ":"))
         f.flush()
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)
@@ -65,15 +65,15 @@ def take(root: str) -> dict[str, dict] | None:
     return entries if isinstance(entries, dict) else {}
 
 
-def metadata_of(entries: dict[str, dict], folder: str,
+def metadata_of(entries: dict[str, dict], name: str, folder: str,
                 metadata_file: str) -> tuple[dict, list] | None:
     """The metadata and the partitions' summaries (a list, maybe shorter, of lists or None)
-    the marker's ``entries`` hold for stream folder ``folder`` (a path) if its metadata file
-    is unchanged since, else None (read the file)."""
-    entry = entries.get(os.path.basename(folder))
+    the marker's ``entries`` hold for the stream folder called ``name`` at path ``folder``
+    if its metadata file is unchanged since, else None (read the file)."""
+    entry = entries.get(name)
     if not isinstance(entry, dict) or entry.get("stat") is None:
         return None
-    if _stat(os.path.join(folder, metadata_file)) != entry["stat"]:
+    if _stat(f"{folder}/{metadata_file}") != entry["stat"]:
         return None
     summaries = entry.get("summaries")
     return entry.get("metadata"), summaries if isinstance(summaries, list) else []

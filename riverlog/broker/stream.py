@@ -80,40 +80,50 @@ def _log_config(defaults: LogConfig, overrides: tuple) -> LogConfig:
 
 
 _CONFIG_DEFAULTS = {f.name: f.default for f in dataclasses.fields(StreamConfig)}
+_UNSET_STATE = {"paused": False, "readonly": False, "events": {}}
+"""A partition's ``state()`` with no flag ever set."""
 
 
 @functools.lru_cache(maxsize=4096)
-def _stream_config(items: tuple) -> StreamConfig:
-    """One StreamConfig for equal settings (``(name, value)`` pairs), as streams share them
-    when thousands load at start."""
-    return StreamConfig(**dict(items))
+def _settings(items: tuple, log_defaults: LogConfig) -> tuple[StreamConfig, LogConfig]:
+    """One StreamConfig and its partitions' LogConfig for equal settings (``(name, value)``
+    pairs) and defaults, as streams share them when thousands load at start."""
+    config = StreamConfig(**dict(items))
+    return config, config.log_config(log_defaults)
 
 
 class Stream:
     """A named stream and its partitions (``partitions[i]`` is partition i)."""
 
     def __init__(self, name: str, directory: str, config: StreamConfig,
-                 log_defaults: LogConfig, created_ns: int | None = None) -> None:
+                 log_defaults: LogConfig, created_ns: int | None = None,
+                 log_config: LogConfig | None = None) -> None:
+        """``log_config``: ``config.log_config(log_defaults)`` when the caller has it."""
         self.name = name
         self.directory = directory
         self.config = config
         self.created_ns = created_ns if created_ns is not None else time.time_ns()
         self.resume_all = False
         """Paused with Liftbridge's resumeAll (single server; in memory only, as Liftbridge)."""
-        log_config = config.log_config(log_defaults)
-        self.partitions = [Partition(name, i, os.path.join(directory, str(i)), log_config,
+        if log_config is None:
+            log_config = config.log_config(log_defaults)
+        self.partitions = [Partition(name, i, f"{directory}/{i}", log_config,
                                      auto_commit=not config.replicated)
                            for i in range(config.partitions)]
 
     def metadata(self, defaults_too: bool = True) -> dict[str, Any]:
         """What the metadata file holds: name, created_ns, config, partition_state; without
-        ``defaults_too`` the config leaves out the settings at their default (smaller, read
-        back the same)."""
+        ``defaults_too`` the config leaves out the settings at their default and
+        partition_state the partitions' flags when none is set (smaller, read back the
+        same)."""
         config = {k: getattr(self.config, k) for k in _CONFIG_DEFAULTS}  # flat: asdict's
+        states = [p.state() for p in self.partitions]
         if not defaults_too:
             config = {k: v for k, v in config.items() if v != _CONFIG_DEFAULTS[k]}
+            if states == [_UNSET_STATE] * len(states):
+                states = []
         return {"name": self.name, "created_ns": self.created_ns, "config": config,
-                "partition_state": [p.state() for p in self.partitions]}
+                "partition_state": states}
 
     def save_metadata(self) -> None:
         data = self.metadata()
@@ -136,8 +146,9 @@ class Stream:
     def from_metadata(cls, directory: str, data: dict, log_defaults: LogConfig) -> "Stream":
         """The stream of folder ``directory`` whose metadata (``metadata()``) is ``data``.
         Raises ``ValueError``, ``TypeError`` or ``KeyError`` for bad metadata."""
-        config = _stream_config(tuple(data["config"].items()))
-        stream = cls(data["name"], directory, config, log_defaults, data.get("created_ns"))
+        config, log_config = _settings(tuple(data["config"].items()), log_defaults)
+        stream = cls(data["name"], directory, config, log_defaults, data.get("created_ns"),
+                     log_config)
         for partition, state in zip(stream.partitions, data.get("partition_state") or ()):
             partition.load_state(state)
         return stream

@@ -11,7 +11,7 @@ import pytest
 
 from riverlog.broker import Broker
 from riverlog.broker.clean_stop import CLEAN_STOP_FILE
-from riverlog.broker.stream import METADATA_FILE
+from riverlog.broker.stream import METADATA_FILE, StreamConfig
 from riverlog.broker.tracking import CLOSE_SNAPSHOT
 from riverlog.errors import LogClosedError
 from riverlog.log.chunk import encode_entries
@@ -139,6 +139,30 @@ def test_a_clean_start_reads_the_metadata_from_the_clean_stop_marker(tmp_path):
         f.write("#")
     broker = _reopened(tmp_path)
     assert "s6" not in broker.streams and len(broker.streams) == STREAMS - 1
+    asyncio.run(broker.close())
+
+
+def test_the_clean_stop_marker_keeps_set_partition_flags_and_leaves_out_unset_ones(tmp_path):
+    """The marker is read at every clean start, so it holds no default: a stream whose
+    partitions have no flag set has an empty partition_state there (and no config), while a
+    paused or read-only partition's flags and their change times come back after the start."""
+    broker = _filled(tmp_path)
+    broker.create("flagged", StreamConfig(partitions=2))
+    flagged = broker.get("flagged")
+    flagged.partitions[1].paused = True
+    flagged.partitions[1].events = {"pause": [1, 2]}
+    flagged.partitions[0].readonly = True
+    asyncio.run(broker.close())
+    with open(os.path.join(tmp_path, "streams", CLEAN_STOP_FILE)) as f:
+        entries = {e["metadata"]["name"]: e["metadata"] for e in json.load(f).values()}
+    assert entries["s0"]["partition_state"] == [] and entries["s0"]["config"] == {}
+    assert [p["paused"] for p in entries["flagged"]["partition_state"]] == [False, True]
+    broker = _reopened(tmp_path)
+    flagged = broker.get("flagged")
+    assert [(p.paused, p.readonly) for p in flagged.partitions] == [(False, True),
+                                                                   (True, False)]
+    assert flagged.partitions[1].events == {"pause": [1, 2]}
+    assert not broker.get("s0").partitions[0].paused
     asyncio.run(broker.close())
 
 
