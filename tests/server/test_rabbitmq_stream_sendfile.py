@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import glob
 import os
+import socket
 import zlib
 
 from rstream import AMQPMessage, Consumer, ConsumerOffsetSpecification, OffsetType, Producer
@@ -19,7 +20,7 @@ from riverlog.protocol.rabbitmq_stream import OffsetType as WireOffset, Response
 from riverlog.protocol.rabbitmq_stream import frames as f
 from riverlog.server.app import App
 
-from test_rabbitmq_stream_door import client_for
+from test_rabbitmq_stream_door import RawClient, client_for
 
 GUEST = {"username": "guest", "password": "guest"}
 BATCHES, PER_BATCH = 12, 600  # one chunk per batch: ~600 x 200 B, above SENDFILE_MIN_BYTES
@@ -167,3 +168,39 @@ def test_sendfile_is_a_configuration_key_and_a_flag_off_by_default(tmp_path):
     cfg.write_text("riverlog:\n  stream.sendfile: false\n  stream.validate.sub.batches: true\n")
     stream = build(load(str(cfg), {}), {})[0].rabbitmq_stream
     assert (stream.sendfile, stream.validate_sub_batches) == (False, True)
+
+
+async def test_a_slow_reader_gets_whole_frames_in_order_when_the_socket_fills(tmp_path):
+    """A consumer that reads slowly through a small receive buffer: os.sendfile stops short
+    and the rest of each frame goes through the transport; every frame still arrives whole,
+    in order, and the Deliver after a short one too."""
+    app = await start(str(tmp_path / "data"), sendfile=True)
+    try:
+        await publish(app, "big")
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", app.rabbitmq_stream.port))
+        client = RawClient(*await asyncio.open_connection(sock=sock))
+        assert await client.handshake() == ResponseCode.OK
+        (conn,) = app.rabbitmq_stream.connections  # its send buffer small, not autotuned
+        conn.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET,
+                                                           socket.SO_SNDBUF, 16384)
+        await client.call(f.Subscribe(client.next_corr(), 1, "big", WireOffset.FIRST, None,
+                                      100), f.SubscribeResponse)
+        chunks: list[bytes] = []
+        while sum(parse_header(c).num_records for c in chunks) < BATCHES * PER_BATCH:
+            await asyncio.sleep(0.002)
+            data = await asyncio.wait_for(client.reader.read(4096), 10)
+            assert data, "closed by the server"
+            chunks += [fr.chunk for fr in client.decoder.feed(data) if isinstance(fr, f.Deliver)]
+        client.close()
+        offset = 0
+        for chunk in chunks:
+            h = parse_header(chunk)
+            assert (h.first_offset, len(chunk)) == (offset, HEADER_SIZE + h.data_length)
+            assert zlib.crc32(chunk[HEADER_SIZE:]) == h.crc
+            offset += h.num_records
+        large = sum(len(c) - HEADER_SIZE for c in chunks if len(c) > 64 * 1024)
+        assert 0 < app.rabbitmq_stream.sendfile_bytes < large  # some by sendfile, not all
+    finally:
+        await app.stop()
