@@ -78,6 +78,9 @@ def main() -> None:
 @click.option("--validate-sub-batches", is_flag=True, default=None,
               help="Read compressed sub-entry batches through on publish and refuse unreadable "
                    "ones (0x11) instead of storing them as sent (docs/security.md).")
+@click.option("--sendfile", is_flag=True, default=None,
+              help="Send large chunks to RabbitMQ Stream consumers on plain TCP from the "
+                   "segment file with os.sendfile (docs/rabbitmq-stream.md).")
 @click.option("-p", "--port", type=int, default=None,
               help="Liftbridge gRPC port (0 picks a free port).  [default: 9292]")
 @click.option("-n", "--nats-servers", multiple=True,

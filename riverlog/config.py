@@ -71,6 +71,10 @@ class RabbitStreamConfig:
     ``validate_sub_batches``: read every compressed sub-entry batch through when it is
     published and refuse one that cannot be read (PublishError 0x11), instead of storing it
     as sent (RabbitMQ's way, and the default).
+    ``sendfile``: on plain TCP connections, send the data of large chunks to unfiltered
+    consumers from the segment file with os.sendfile (rabbitmq_stream/sendfile.py) instead of
+    reading it into Python; off by default (docs/rabbitmq-stream.md, "Serving chunks with
+    sendfile": on loopback the consumer then pays more than the server saves).
     """
 
     host: str = "127.0.0.1"
@@ -83,6 +87,7 @@ class RabbitStreamConfig:
     max_unconfirmed: int = 50_000
     resume_unconfirmed: int = 12_500
     validate_sub_batches: bool = False
+    sendfile: bool = False
     handshake_timeout_ms: int = 10_000
     """A connection that has not opened a virtual host (Open answered OK) this long after it
     was accepted is closed, without a Close frame (0: never). RabbitMQ's stream plugin closes

@@ -53,7 +53,7 @@ USED_KEYS = {
     "riverlog.management.peers",
     "riverlog.log.format", "riverlog.grpc.transport", "riverlog.stream.validate.sub.batches",
     "riverlog.stream.handshake.timeout", "riverlog.log.open.files",
-    "riverlog.cursors.max.per.stream",
+    "riverlog.cursors.max.per.stream", "riverlog.stream.sendfile",
     "streams.table.enabled", "streams.table.lag", "streams.table.archive", "streams.table.dir",
     "streams.table.compression", "riverlog.disk.free.limit", "riverlog.memory.high.watermark",
     "streams.table.format", "streams.table.catalog",
@@ -381,12 +381,12 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
         v["nats.servers"] = flags["nats_servers"]
     if flags.get("nats_routes"):
         v["riverlog.nats.routes"] = flags["nats_routes"]
-    if flags.get("embedded_nats"):
-        v["nats.embedded"] = True
-    if flags.get("tls_client_auth"):
-        v["tls.client.auth.enabled"] = True
-    if flags.get("validate_sub_batches"):
-        v["riverlog.stream.validate.sub.batches"] = True
+    for flag, key in (("embedded_nats", "nats.embedded"),
+                      ("tls_client_auth", "tls.client.auth.enabled"),
+                      ("validate_sub_batches", "riverlog.stream.validate.sub.batches"),
+                      ("sendfile", "riverlog.stream.sendfile")):  # on/off flags: on
+        if flags.get(flag):
+            v[key] = True
     if flags.get("no_metrics"):
         v["riverlog.metrics.enabled"] = False
     if flags.get("no_management"):
@@ -522,9 +522,10 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
         stream_kwargs["advertised_port"] = flags["advertised_port"]
     if v.get("riverlog.stream.tls.port") is not None:
         stream_kwargs["tls_port"] = _int("riverlog.stream.tls.port", v["riverlog.stream.tls.port"])
-    if v.get("riverlog.stream.validate.sub.batches") is not None:
-        stream_kwargs["validate_sub_batches"] = _bool("riverlog.stream.validate.sub.batches",
-                                                      v["riverlog.stream.validate.sub.batches"])
+    for key in ("validate.sub.batches", "sendfile"):  # booleans of RabbitStreamConfig
+        if v.get(f"riverlog.stream.{key}") is not None:
+            stream_kwargs[key.replace(".", "_")] = _bool(f"riverlog.stream.{key}",
+                                                         v[f"riverlog.stream.{key}"])
     if v.get("riverlog.stream.handshake.timeout") is not None:
         stream_kwargs["handshake_timeout_ms"] = _ms("riverlog.stream.handshake.timeout",
                                                     v["riverlog.stream.handshake.timeout"])

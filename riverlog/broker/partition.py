@@ -20,7 +20,7 @@ from typing import Callable, Collection, Mapping, Sequence
 
 from ..config import LogConfig
 from ..errors import LogClosedError
-from ..log import ChunkSlice, CommitLog
+from ..log import ChunkSlice, ChunkSpan, CommitLog
 from ..log.bloom import build_bloom
 from ..log.chunk import CHUNK_TRACKING_DELTA, encode_entries
 from ..log.clean_close import LogSummary, is_clean, read_summary
@@ -291,6 +291,14 @@ class Partition:
                     buffer: bytearray | None = None) -> list[ChunkSlice]:
         """Committed chunks from the one holding ``offset`` (see ``CommitLog.read_chunks``)."""
         return self.log.read_chunks(offset, max_bytes, max_chunks=max_chunks, buffer=buffer)
+
+    def read_spans(self, offset: int, max_bytes: int = 1024 * 1024, max_chunks: int = 0,
+                   min_bytes: int = 0, buffer: bytearray | None = None
+                   ) -> list[ChunkSpan] | list[ChunkSlice]:
+        """Committed chunks from the one holding ``offset``, as spans (their data left in the
+        segment file for os.sendfile) where they may be (see ``CommitLog.read_spans``)."""
+        return self.log.read_spans(offset, max_bytes, max_chunks=max_chunks,
+                                   min_bytes=min_bytes, buffer=buffer)
 
     def read_matching_chunks(self, offset: int, matches: Callable[[bytes], bool],
                              max_bytes: int = 1024 * 1024, max_chunks: int = 0,

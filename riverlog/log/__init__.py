@@ -5,6 +5,7 @@ from .commitlog import CommitLog
 from .compaction import CompactionPoint, CompactionResult
 from .recovery import RecoveryReport
 from .segment import ChunkSlice
+from .spans import ChunkSpan
 
-__all__ = ["ChunkHeader", "ChunkSlice", "CommitLog", "CompactionPoint", "CompactionResult",
-           "RecoveryReport", "encode_entries", "iter_records"]
+__all__ = ["ChunkHeader", "ChunkSlice", "ChunkSpan", "CommitLog", "CompactionPoint",
+           "CompactionResult", "RecoveryReport", "encode_entries", "iter_records"]

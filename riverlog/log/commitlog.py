@@ -3,7 +3,7 @@
 # and timestamp, waking readers on new data, segment roll, retention, compaction swaps,
 # truncation, the leader-epoch checkpoint (epochs.py) and a follower's append of its leader's
 # chunks as they are. Opening is recovery.py's, fsyncs syncer.py's, reads across segments
-# reader.py's, waiting for a commit waiters.py's, cutting a segment's tail Segment's.
+# reader.py's (spans.py's as spans), waiting for a commit waiters.py's, cutting tails Segment's.
 # Rules: one event loop (or one thread) owns a CommitLog; blocking fsync and
 # compaction run in worker threads and hand their results back to the owner; nothing here
 # knows about protocols (records are opaque bytes; compaction gets a key function).
@@ -27,6 +27,7 @@ from .compaction import (CompactionPoint, CompactionResult, compact_segments,
 from .recovery import RecoveryReport, open_epochs, open_segments
 from .retention import segments_to_delete
 from .segment import ChunkSlice, Segment, fsync_dir
+from .spans import ChunkSpan, read_spans
 from .syncer import Syncer, loop_running, transient
 from .waiters import CommitWaiters
 
@@ -383,24 +384,26 @@ class CommitLog:
     def read_chunks(self, offset: int, max_bytes: int = DEFAULT_READ_BYTES, *,
                     max_chunks: int = 0, committed_only: bool = True,
                     buffer: bytearray | None = None) -> list[ChunkSlice]:
-        """Chunks from the one holding ``offset`` on, at most ``max_bytes`` in total (but at
-        least one chunk) and at most ``max_chunks`` of them (0: no limit), within one segment,
-        oldest first. A ``buffer`` large enough is read into instead of new bytes (see
-        ``Segment.read_chunks``). Empty when ``offset`` is past the
-        end (or the committed offset). An offset in a gap left by compaction starts at the
-        next chunk. Raises ``OffsetOutOfRangeError`` when ``offset < start_offset``
-        (retention removed it) and ``CorruptChunkError`` when a chunk fails its checks."""
-        limit = self._readable(offset, committed_only)
-        found = reader.locate(self._segments, self._bases, offset, limit)
-        if found is None:
-            return []
-        seg, i = found
-        stop = reader.run_end(seg, i, limit, max_bytes, max_chunks)
-        return seg.read_chunks(i, stop, self.config.verify_reads, buffer)
+        """Chunks from the one holding ``offset`` on (reader.run: at most ``max_bytes``, but one
+        chunk always, and ``max_chunks``, 0: no limit), read into ``buffer`` when it is large
+        enough (``Segment.read_chunks``); empty when ``offset`` is past the end (or the
+        committed offset). Raises ``OffsetOutOfRangeError`` when ``offset < start_offset``
+        (retention removed it), ``CorruptChunkError`` when a chunk fails its checks."""
+        run = reader.run(self._segments, self._bases, offset,
+                         self._readable(offset, committed_only), max_bytes, max_chunks)
+        return [] if run is None else run[0].read_chunks(*run[1:], self.config.verify_reads,
+                                                          buffer)
+
+    def read_spans(self, offset: int, max_bytes: int = DEFAULT_READ_BYTES, *, max_chunks: int = 0,
+                   min_bytes: int = 0, buffer: bytearray | None = None
+                   ) -> list[ChunkSpan] | list[ChunkSlice]:
+        """``read_chunks`` (committed), as spans where chunks may be (spans.read_spans)."""
+        run = reader.run(self._segments, self._bases, offset, self._readable(offset, True),
+                         max_bytes, max_chunks)
+        return [] if run is None else read_spans(*run, self.config.verify_reads, min_bytes, buffer)
 
     def _readable(self, offset: int, committed_only: bool) -> int:
-        """The last offset a read from ``offset`` may return (see read_chunks for what is
-        raised)."""
+        """The last offset a read from ``offset`` may return (raises as read_chunks)."""
         if self._closed:
             raise LogClosedError(f"commit log {self.directory} is closed")
         if offset < self.start_offset:
@@ -418,11 +421,8 @@ class CommitLog:
         (at most ``max_skip`` of them per call). The chunks returned are consecutive ones
         (``max_chunks`` counts only them). Returns ``(chunks, resume)``: the offset to read
         from next, past every chunk looked at. Raises as ``read_chunks`` does."""
-        limit = self._readable(offset, True)
-        found = reader.locate(self._segments, self._bases, offset, limit)
-        if found is None:
-            return [], offset
-        return reader.read_matching(found[0], found[1], limit, self._blooms, matches,
+        return reader.read_matching(self._segments, self._bases, offset,
+                                    self._readable(offset, True), self._blooms, matches,
                                     max_bytes, max_chunks, self.config.verify_reads, buffer,
                                     max_skip)
 

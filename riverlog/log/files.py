@@ -146,6 +146,10 @@ class OpenFiles:
             os.close(fd)
 
 
+def _sendfile_to(in_fd: int, out_fd: int, pos: int, count: int) -> int:
+    return os.sendfile(out_fd, in_fd, pos, count)
+
+
 OPEN_FILES = OpenFiles()
 """The process's budget: every segment and index file of every log (the server sizes it at
 start from RLIMIT_NOFILE, riverlog/server/fd_limit.py)."""
@@ -179,6 +183,10 @@ class LazyFile:
 
     def preadv(self, buffers: list, pos: int) -> int:
         return self._call(os.preadv, buffers, pos)
+
+    def sendfile(self, out_fd: int, pos: int, count: int) -> int:
+        """os.sendfile of ``count`` bytes from ``pos`` of this file to ``out_fd``: bytes sent."""
+        return self._call(_sendfile_to, out_fd, pos, count)
 
     def pwrite(self, data: bytes, pos: int) -> int:
         return self._call(os.pwrite, data, pos)

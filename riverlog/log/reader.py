@@ -15,7 +15,7 @@ from .bloom import BloomCache
 from .chunk import CHUNK_USER
 from .segment import ChunkSlice, Segment
 
-__all__ = ["bytes_from", "last_chunk", "locate", "offset_for_timestamp", "read_matching",
+__all__ = ["bytes_from", "last_chunk", "locate", "offset_for_timestamp", "read_matching", "run",
            "run_end"]
 
 
@@ -51,13 +51,28 @@ def run_end(seg: Segment, i: int, limit: int, max_bytes: int, max_chunks: int,
     return stop
 
 
-def read_matching(seg: Segment, i: int, limit: int, blooms: BloomCache,
-                  matches: Callable[[bytes], bool], max_bytes: int, max_chunks: int,
-                  verify: bool, buffer: bytearray | None,
+def run(segments: Sequence[Segment], bases: Sequence[int], offset: int, limit: int,
+        max_bytes: int, max_chunks: int) -> tuple[Segment, int, int] | None:
+    """``(segment, first, stop)`` index positions of the run of chunks one read from
+    ``offset`` returns (``locate``, then ``run_end``); None when there is none."""
+    found = locate(segments, bases, offset, limit)
+    if found is None:
+        return None
+    return found[0], found[1], run_end(found[0], found[1], limit, max_bytes, max_chunks)
+
+
+def read_matching(segments: Sequence[Segment], bases: Sequence[int], offset: int, limit: int,
+                  blooms: BloomCache, matches: Callable[[bytes], bool], max_bytes: int,
+                  max_chunks: int, verify: bool, buffer: bytearray | None,
                   max_skip: int) -> tuple[list[ChunkSlice], int]:
-    """From chunk ``i`` of ``seg`` on: skip (at most ``max_skip``) chunks whose bloom filter
-    ``matches`` refuses without reading their data, then read the run of consecutive
-    accepted ones (see CommitLog.read_matching_chunks). Returns ``(chunks, resume)``."""
+    """From the chunk holding ``offset`` (``locate``) on: skip (at most ``max_skip``) chunks
+    whose bloom filter ``matches`` refuses without reading their data, then read the run of
+    consecutive accepted ones (see CommitLog.read_matching_chunks). Returns
+    ``(chunks, resume)``."""
+    found = locate(segments, bases, offset, limit)
+    if found is None:
+        return [], offset
+    seg, i = found
     idx, filters, load = seg.index, blooms.of(seg), blooms.load
     n = len(idx)
     stop_skip = i + max_skip

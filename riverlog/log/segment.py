@@ -100,11 +100,13 @@ class Segment:
     from before compaction as a u64): its chunks may leave gaps between offsets, and its
     next offset stays what it was even when compaction removed its last records.
     ``deleted`` is set once the log deleted the segment or compaction replaced its file: an
-    fsync running meanwhile skips it.
+    fsync running meanwhile skips it. ``checked`` is a byte position: every chunk that starts
+    below it passed its checks in this process (its CRC computed or checked before this
+    process appended it, or checked by a ``read_chunks`` with ``verify``); 0 after opening.
     """
 
     __slots__ = ("directory", "base_offset", "path", "index", "file", "size", "next_offset",
-                 "compacted_end", "created_ms", "unsynced", "deleted")
+                 "compacted_end", "created_ms", "unsynced", "deleted", "checked")
 
     def __init__(self, directory: str, base_offset: int) -> None:
         self.directory = directory
@@ -120,6 +122,7 @@ class Segment:
         self.created_ms = 0
         self.unsynced = False
         self.deleted = False
+        self.checked = 0
 
     # -- facts --------------------------------------------------------------------------
     @property
@@ -178,12 +181,15 @@ class Segment:
 
     def append(self, raw: bytes, first_offset: int, num_records: int, timestamp_ms: int,
                epoch: int) -> None:
-        """Write a whole encoded chunk at the end (one pwrite) and index it."""
+        """Write a whole encoded chunk at the end (one pwrite) and index it. The caller
+        computed or checked its CRC (CommitLog._write, append_chunks): it counts as checked."""
         written = self.file.pwrite(raw, self.size)
         if written != len(raw):  # the disk is full; the torn tail is overwritten next, or
             raise OSError(errno.ENOSPC, f"short write to {self.path}: {written} of "  # trimmed
                           f"{len(raw)} bytes (no space left on device)")  # by recovery
         self.index.append(first_offset, timestamp_ms, epoch, self.size, num_records)
+        if self.checked == self.size:
+            self.checked += len(raw)
         self.size += len(raw)
         self.next_offset = first_offset + num_records
         self.unsynced = True
@@ -196,6 +202,7 @@ class Segment:
     def truncate_chunks(self, n: int) -> None:
         """Keep the first ``n`` chunks: shrink the file and the index."""
         self.size = self.index.positions[n] if n < len(self.index) else self.size
+        self.checked = min(self.checked, self.size)
         self.index.truncate(n)
         self.file.ftruncate(self.size)
         if self.compacted_end is not None:
@@ -260,7 +267,8 @@ class Segment:
         """Chunks ``start`` .. ``stop - 1`` (index positions), read with one pread.
 
         With ``verify``, each chunk's header must agree with the index and its CRC-32 must
-        match; raises ``CorruptChunkError`` otherwise. With a ``buffer`` at least as large as
+        match; raises ``CorruptChunkError`` otherwise (and the chunks read move ``checked``
+        when they start at or below it). With a ``buffer`` at least as large as
         the bytes to read, they are read into it and the chunks are views of it (the caller
         must not reuse the buffer while it still needs them); otherwise into new bytes.
         """
@@ -289,6 +297,8 @@ class Segment:
                 raise CorruptChunkError(self.path, idx.positions[i], idx.offsets[i],
                                         str(exc)) from None
             out.append(ChunkSlice(header, view[at:at + size] if stop - start > 1 else buf))
+        if verify and pos <= self.checked < end:
+            self.checked = end
         return out
 
 

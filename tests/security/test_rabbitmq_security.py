@@ -264,3 +264,25 @@ async def test_deleting_a_super_stream_needs_rabbitmqs_four_rights(tmp_path, use
         assert not any(s.startswith("d.ok") for s in app.broker.streams)
         raw.writer.close()
 
+
+
+async def test_tls_connections_keep_the_copying_path_with_sendfile_on(tmp_path, users, pki):
+    """With RabbitStreamConfig.sendfile a plain TCP consumer gets large chunks' data by
+    os.sendfile; a TLS one cannot (the bytes must go through the TLS layer) and is served
+    by the copying path, the same messages."""
+    async with running(tmp_path, security(users, pki), liftbridge=False,
+                       stream={"sendfile": True}) as app:
+        tls = client_context(pki.ca)
+        bodies = [f"{i:05d}".encode() * 40 for i in range(2000)]  # 200 B each: 400 kB
+        async with producer(app, "ops") as ops:
+            await ops.create_stream("orders.big")
+        async with producer(app, "alice") as alice:
+            for i in range(0, len(bodies), 500):  # chunks of 100 kB or more
+                await alice.send_batch("orders.big", bodies[i:i + 500])
+        counted = {}
+        for name, context in (("tls", tls), ("plain", None)):
+            before = app.rabbitmq_stream.sendfile_bytes
+            got = await consume(app, "bob", "orders.big", len(bodies), tls=context)
+            assert [g[-200:] for g in got] == bodies, name
+            counted[name] = app.rabbitmq_stream.sendfile_bytes - before
+        assert counted["tls"] == 0 and counted["plain"] > 300_000

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import Awaitable, Callable, Collection, Iterator
 
 from ...broker import Partition
+from ...log import ChunkSpan
 from ...metrics import RABBITMQ_STREAM, error as count_error
 from ...protocol.rabbitmq_stream import (FrameDecoder, FrameError, ResponseCode, deliver_prefix,
                                          encode)
@@ -31,6 +32,7 @@ from .draft import DraftAdapter
 from .flow import ALARM, CLUSTER, OUTPUT, UNCONFIRMED, FlowControl
 from .link import DoorServer, Link
 from .publishing import Publisher, Publishing
+from .sendfile import deliver, sendfile_fd
 from .session import Session
 from .single_active import SingleActive
 from .state import CLOSE, ConnectionState
@@ -97,9 +99,10 @@ class RabbitStreamConnection(asyncio.Protocol):
         self.state = ConnectionState()
         self.flow = FlowControl(self.state)
         self.link = Link(server, tls, self.flow, send=self.send, send_chunk=self.send_chunk,
-                         fail=self.fail, hold_for=self._hold_for, hang_up=self._hang_up,
-                         abort=self._abort, peer_certificate=self._peer_certificate,
-                         notify=self.notify, notes_after=self._notes_after)
+                         send_span=self.send_span, fail=self.fail, hold_for=self._hold_for,
+                         hang_up=self._hang_up, abort=self._abort,
+                         peer_certificate=self._peer_certificate, notify=self.notify,
+                         notes_after=self._notes_after)
         self.session = Session(self.link, self.state, self.decoder)
         self.publishing = Publishing(self.link)
         self.consuming = Consuming(self.link)
@@ -145,6 +148,8 @@ class RabbitStreamConnection(asyncio.Protocol):
     # -- transport callbacks ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = self.flow.transport = transport  # type: ignore[assignment]
+        if self.server.config.sendfile:
+            self.link.sendfile_fd = sendfile_fd(transport, self.link.tls)
         self.link.last_received = self.link.last_sent = time.monotonic()
         peer = transport.get_extra_info("peername")
         if peer:
@@ -195,6 +200,7 @@ class RabbitStreamConnection(asyncio.Protocol):
             data, self._head = bytes(self._head), None
             if draft:
                 self.draft = DraftAdapter(self.decoder, self.publishing, self.state)
+                self.link.sendfile_fd = -1  # its Deliver is not the stored chunk's bytes
         try:
             frames = self.decoder.feed(data)
         except FrameError as exc:
@@ -271,6 +277,17 @@ class RabbitStreamConnection(asyncio.Protocol):
         else:
             committed = max(partition.last_chunk_offset, 0) if self.session.deliver_v2 else None
             self.transport.writelines((deliver_prefix(sub_id, len(chunk), committed), chunk))
+        self.link.last_sent = time.monotonic()
+
+    def send_span(self, sub_id: int, partition: Partition, span: ChunkSpan) -> None:
+        """``send_chunk`` for a chunk given as a span (log/spans.py) on a connection whose
+        ``link.sendfile_fd`` is a socket: its data goes from the segment file by os.sendfile
+        (sendfile.deliver). Raises CorruptChunkError or OSError when the file cannot be read."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        committed = max(partition.last_chunk_offset, 0) if self.session.deliver_v2 else None
+        head = deliver_prefix(sub_id, span.size, committed) + span.head
+        self.server.sendfile_bytes += deliver(self.transport, self.link.sendfile_fd, head, span)
         self.link.last_sent = time.monotonic()
 
     # -- closing ------------------------------------------------------------------------

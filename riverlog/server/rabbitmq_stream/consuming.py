@@ -3,7 +3,9 @@
 # Owns a connection's subscriptions.
 # Rules: only committed chunks are sent; credit counts chunks and is never exceeded; a chunk
 # a subscription's filter cannot match is skipped without using credit; delivery waits while
-# the socket's send buffer is full; consumers read any local replica; consumer offsets are
+# the socket's send buffer is full; an unfiltered subscription on a connection that can
+# sendfile sends large chunks' data from the segment file (sendfile.py) when nothing waits in
+# the socket's buffer; consumers read any local replica; consumer offsets are
 # stored and queried at the partition's leader (forwarded when another server leads it); a
 # single active consumer's membership is the ``groups`` object's (single_active.py).
 from __future__ import annotations
@@ -17,12 +19,14 @@ from ...broker import Partition, Stream
 from ...broker.placement import OffsetsUnavailable
 from ...errors import CorruptChunkError, LogClosedError, LogError, OffsetOutOfRangeError
 from ...log.bloom import ChunkFilter, filter_from_properties
+from ...log import ChunkSpan
 from ...log.chunk import CHUNK_USER
 from ...metrics import RABBITMQ_STREAM, counters
 from ...protocol.rabbitmq_stream import OffsetType, ResponseCode
 from ...protocol.rabbitmq_stream import frames as f
 from ...security.authz import CONSUME
 from .link import Link
+from .sendfile import SENDFILE_MIN_BYTES
 
 log = logging.getLogger("riverlog.rabbitmq_stream")
 
@@ -115,7 +119,7 @@ class Subscription:
         partition = self.partition
         link = self.link
         flow = link.flow
-        send_chunk = link.send_chunk
+        send_chunk, send_span = link.send_chunk, link.send_span
         counted = counters(self.stream.name, RABBITMQ_STREAM)
         try:
             while True:
@@ -127,7 +131,11 @@ class Subscription:
                 # reuse the read buffer only once the socket took every byte sent from it
                 buffer = self._buffer if flow.idle() else None
                 try:
-                    if self.chunk_filter is None:
+                    if self.chunk_filter is None and buffer is not None and \
+                            link.sendfile_fd >= 0:
+                        chunks = partition.read_spans(self.offset, READ_BYTES, self.credit,
+                                                      SENDFILE_MIN_BYTES, buffer)
+                    elif self.chunk_filter is None:
                         chunks = partition.read_chunks(self.offset, READ_BYTES, self.credit,
                                                        buffer)
                     else:  # skips what cannot match; the offset moves past what it skipped
@@ -141,7 +149,8 @@ class Subscription:
                     await partition.wait_for(self.offset)
                     await asyncio.sleep(0)  # after a run of skipped chunks, let others run
                     continue
-                read = sum(len(c.raw) for c in chunks)
+                spans = type(chunks[0]) is ChunkSpan
+                read = 0 if spans else sum(len(c.raw) for c in chunks)
                 if read > len(self._buffer):  # it came as new bytes: grow for next time
                     self._buffer = bytearray(read)
                 messages = sent = 0
@@ -151,11 +160,15 @@ class Subscription:
                     self.offset = chunk.header.next_offset
                     if chunk.header.chunk_type != CHUNK_USER:
                         continue
-                    data = chunk.header_and_data
-                    send_chunk(self.id, partition, data)
+                    if spans:  # its data by os.sendfile from the segment file (sendfile.py)
+                        send_span(self.id, partition, chunk)
+                        sent += chunk.size
+                    else:
+                        data = chunk.header_and_data
+                        send_chunk(self.id, partition, data)
+                        sent += len(data)
                     self.credit -= 1
                     messages += chunk.header.num_records
-                    sent += len(data)
                 if messages:
                     self.consumed += messages
                     counted.delivered(messages, sent)

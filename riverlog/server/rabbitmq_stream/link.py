@@ -16,6 +16,7 @@ from ...broker import Broker, Partition, SingleActiveConsumers, Stream, SuperStr
 from ...broker.placement import PartitionPlacement
 from ...broker.superstreams import split_member_name
 from ...config import RabbitStreamConfig
+from ...log import ChunkSpan
 from ...protocol.rabbitmq_stream import ResponseCode
 from ...protocol.rabbitmq_stream import frames as f
 from ...security.guard import Guard
@@ -31,13 +32,16 @@ class DoorServer(Protocol):
     super_streams: SuperStreams
     sac: SingleActiveConsumers
     connections: set
+    sendfile_bytes: int
 
     def advertised_for(self, tls: bool) -> tuple[str, int]: ...
 
 
 class Link:
     """One connection as its handlers see it. ``send(frame)`` writes a frame;
-    ``send_chunk(subscription_id, partition, chunk)`` a Deliver of a stored chunk;
+    ``send_chunk(subscription_id, partition, chunk)`` a Deliver of a stored chunk, and
+    ``send_span(subscription_id, partition, span)`` one whose data goes from its segment file
+    by os.sendfile (sendfile.py) when ``sendfile_fd`` (the socket, -1: never) is not -1;
     ``fail(code, reason, linger=0.0, send_close=True)`` closes the connection because of the
     peer; ``hold_for(change, respond)`` runs a cluster change, the connection reading and
     handling nothing else meanwhile, and sends ``respond(code)`` when it ends;
@@ -52,12 +56,14 @@ class Link:
 
     __slots__ = ("server", "broker", "config", "guard", "tls", "flow", "peer", "vhost", "peer_host",
                  "user", "client_properties", "connected_at", "pending", "last_received",
-                 "last_sent", "send", "send_chunk", "fail", "hold_for", "hang_up", "abort",
-                 "peer_certificate", "notify", "notes_after")
+                 "last_sent", "send", "send_chunk", "send_span", "sendfile_fd",
+                 "fail", "hold_for", "hang_up", "abort", "peer_certificate", "notify",
+                 "notes_after")
 
     def __init__(self, server: DoorServer, tls: bool, flow: FlowControl, *,
                  send: Callable[[f.Frame], None],
                  send_chunk: Callable[[int, Partition, memoryview], None],
+                 send_span: Callable[[int, Partition, ChunkSpan], None],
                  fail: Callable[..., None],
                  hold_for: Callable[[Awaitable[int], Callable[[int], f.Frame]], None],
                  hang_up: Callable[[float], None], abort: Callable[[], None],
@@ -82,6 +88,8 @@ class Link:
         self.last_received = self.last_sent = 0.0  # time.monotonic() of the last frame
         self.send = send
         self.send_chunk = send_chunk
+        self.send_span = send_span
+        self.sendfile_fd = -1
         self.fail = fail
         self.hold_for = hold_for
         self.hang_up = hang_up

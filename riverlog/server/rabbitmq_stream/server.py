@@ -23,7 +23,8 @@ log = logging.getLogger("riverlog.rabbitmq_stream")
 class RabbitStreamServer:
     """The listening socket and its connections. ``await start()``, ``await stop()``.
     ``table_catalog``: the Iceberg catalog of the server's stream tables (its password left
-    out; riverlog.tables.service.TableService.catalog_uri) that Open names to clients."""
+    out; riverlog.tables.service.TableService.catalog_uri) that Open names to clients.
+    ``sendfile_bytes`` counts the chunk data bytes its connections sent by os.sendfile."""
 
     def __init__(self, broker: Broker, config: RabbitStreamConfig,
                  guard: Guard | None = None, table_catalog: str | None = None) -> None:
@@ -32,6 +33,7 @@ class RabbitStreamServer:
         self.config = config
         self.guard = guard or Guard(SecurityConfig())
         self.connections: set[RabbitStreamConnection] = set()
+        self.sendfile_bytes = 0
         self._server: asyncio.AbstractServer | None = None
         self._tls_server: asyncio.AbstractServer | None = None
         self.port = config.port
