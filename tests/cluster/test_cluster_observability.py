@@ -67,7 +67,7 @@ async def test_metrics_and_describe_follow_the_isr_and_the_leader(cluster):
                                                  ackPolicy=pb.AckPolicy.ALL), timeout=10)
     finally:
         await channel.close()
-    part = {"stream": "watched", "partition": "0"}
+    part = {"vhost": "/", "stream": "watched", "partition": "0"}
     follower_ids = sorted(f.config.cluster.server_id for f in followers)
     samples = await scraped_until("both followers caught up", leader, lambda s: all(
         of(s, "riverlog_follower_lag_messages", **part, replica=r) == 0 for r in follower_ids))
