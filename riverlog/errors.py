@@ -87,6 +87,12 @@ class InvalidArgumentError(RiverlogError, ValueError):
     """A request carried a value the server cannot accept; the message names it."""
 
 
+class NoSuchVhostError(InvalidArgumentError):
+    """The stream's virtual host does not exist (it was deleted while the request was on its
+    way): nothing was created. The management API answers 404, the RabbitMQ Stream door
+    0x11 precondition failed."""
+
+
 class ReservedStreamError(InvalidArgumentError):
     """The stream is one of the server's internal streams (``__cursors``, ``__activity``):
     only the server creates, writes and keeps it; no client may create, delete or publish to

@@ -9,35 +9,41 @@
 # hot path pays one dict lookup and two lock-protected adds; names follow Prometheus'
 # conventions (base units, `_total` on counters). Doors that see one message at a time (the
 # Liftbridge ones) count with ``published_soon`` and ``TurnLatency``: once per event-loop turn,
-# the turn being the batch their messages are appended in. Imports nothing of riverlog.
+# the turn being the batch their messages are appended in. Per-stream series name their
+# virtual host: labels `vhost` and `stream`, the name its clients use (never the hidden broker
+# name, riverlog.vhost_names), as RabbitMQ's Prometheus plugin labels its per-queue ones
+# `vhost` and `queue`. Imports nothing of riverlog but vhost_names.
 from __future__ import annotations
 
 import asyncio
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from .vhost_names import external
+
 RABBITMQ_STREAM = "rabbitmq_stream"
 NATS = "nats"
 GRPC = "grpc"
 DOORS = (RABBITMQ_STREAM, NATS, GRPC)
 
+STREAM_DOOR = ["vhost", "stream", "door"]  # the labels of the per-stream counters
 REGISTRY = CollectorRegistry(auto_describe=True)
 """The counters of every door, for the whole process (one server per process; tests that run
 several read differences)."""
 
 PUBLISHED_MESSAGES = Counter(
     "riverlog_published_messages", "Messages written to a stream (duplicates dropped by "
-    "deduplication are not counted).", ["stream", "door"], registry=REGISTRY)
+    "deduplication are not counted).", STREAM_DOOR, registry=REGISTRY)
 PUBLISHED_BYTES = Counter(
     "riverlog_published_bytes", "Bytes of the messages written to a stream, as received "
-    "(entries of RabbitMQ Publish frames, NATS payloads, gRPC values).", ["stream", "door"],
+    "(entries of RabbitMQ Publish frames, NATS payloads, gRPC values).", STREAM_DOOR,
     registry=REGISTRY)
 DELIVERED_MESSAGES = Counter(
     "riverlog_delivered_messages", "Messages sent to subscribers of a stream.",
-    ["stream", "door"], registry=REGISTRY)
+    STREAM_DOOR, registry=REGISTRY)
 DELIVERED_BYTES = Counter(
     "riverlog_delivered_bytes", "Bytes sent to subscribers of a stream (RabbitMQ: chunk "
-    "header and data; Liftbridge: values).", ["stream", "door"], registry=REGISTRY)
+    "header and data; Liftbridge: values).", STREAM_DOOR, registry=REGISTRY)
 CONFIRM_LATENCY = Histogram(
     "riverlog_confirm_latency_seconds", "From a publish received to its confirm sent "
     "(RabbitMQ: one observation per PublishConfirm frame, from the first Publish frame it "
@@ -82,17 +88,19 @@ CONFIRM_RABBITMQ = CONFIRM_LATENCY.labels(RABBITMQ_STREAM)
 
 
 class StreamCounters:
-    """The four counters of one (stream, door): ``published(messages, nbytes)`` and
+    """The four counters of one (stream, door), ``stream`` a broker name (labelled with its
+    virtual host and client name): ``published(messages, nbytes)`` and
     ``delivered(messages, nbytes)``. Get one with ``counters(stream, door)``."""
 
     __slots__ = ("_in_msgs", "_in_bytes", "_out_msgs", "_out_bytes", "_soon_msgs",
                  "_soon_bytes")
 
     def __init__(self, stream: str, door: str) -> None:
-        self._in_msgs = PUBLISHED_MESSAGES.labels(stream, door)
-        self._in_bytes = PUBLISHED_BYTES.labels(stream, door)
-        self._out_msgs = DELIVERED_MESSAGES.labels(stream, door)
-        self._out_bytes = DELIVERED_BYTES.labels(stream, door)
+        labels = (*external(stream), door)
+        self._in_msgs = PUBLISHED_MESSAGES.labels(*labels)
+        self._in_bytes = PUBLISHED_BYTES.labels(*labels)
+        self._out_msgs = DELIVERED_MESSAGES.labels(*labels)
+        self._out_bytes = DELIVERED_BYTES.labels(*labels)
         self._soon_msgs = self._soon_bytes = 0
 
     def published(self, messages: int, nbytes: int) -> None:
@@ -143,7 +151,8 @@ _counters: dict[tuple[str, str], StreamCounters] = {}
 
 
 def counters(stream: str, door: str) -> StreamCounters:
-    """The counters of ``stream`` for ``door`` (one of ``DOORS``), created on first use."""
+    """The counters of ``stream`` (a broker name) for ``door`` (one of ``DOORS``), created on
+    first use."""
     found = _counters.get((stream, door))
     if found is None:
         found = _counters[(stream, door)] = StreamCounters(stream, door)
@@ -151,13 +160,14 @@ def counters(stream: str, door: str) -> StreamCounters:
 
 
 def forget_stream(stream: str) -> None:
-    """Drop a deleted stream's series, so a scrape no longer lists it."""
+    """Drop a deleted stream's series (``stream``: its broker name), so a scrape no longer
+    lists it."""
     for door in DOORS:
         if _counters.pop((stream, door), None) is not None:
             for family in (PUBLISHED_MESSAGES, PUBLISHED_BYTES, DELIVERED_MESSAGES,
                            DELIVERED_BYTES):
                 try:
-                    family.remove(stream, door)
+                    family.remove(*external(stream), door)
                 except KeyError:
                     pass
 

@@ -23,10 +23,12 @@ from .errors import RiverlogError
 from .log.chunk import log_unreadable
 from .record import Record, decode_record, encode_record
 from .security.tls import ClientTLS
+from .vhost_names import DEFAULT
 
 log = logging.getLogger("riverlog.ops")
 
 PUBLISH_BATCH = 1000
+STREAM = ("vhost", "stream")  # the labels that name a stream in the server's metrics
 TAIL_POLL_S = 0.5
 
 
@@ -157,8 +159,8 @@ def cluster_rows(samples, name: str) -> list[tuple[str, str]]:
     leader server, replicas, ISR (under-replicated, under min ISR), leader epoch, high
     watermark, and where that server leads, each follower's lag. None on a single server."""
     def of(metric: str, *keys: str) -> dict[tuple[str, ...], float]:
-        return {k[1:]: v for k, v in _by(samples, metric, "stream", "partition",
-                                         *keys).items() if k[0] == name}
+        return {k[2:]: v for k, v in _by(samples, metric, "vhost", "stream", "partition",
+                                         *keys).items() if k[:2] == (DEFAULT, name)}
     parts = sorted(of("riverlog_partition_replicas"), key=lambda k: int(k[0]))
     leaders = of("riverlog_partition_leader_info", "leader")
     in_sync = of("riverlog_partition_replica_in_sync", "replica")
@@ -196,8 +198,9 @@ def table_rows(samples, name: str) -> list[tuple[str, str]]:
     """``[("table", what)]`` about stream ``name``'s Parquet table, from the server's
     scraped metrics (riverlog_table_*): "off", or the offsets it holds, its files and bytes,
     and its lag; one row per partition."""
-    metrics = {metric: {p: v for (s, p), v in _by(samples, f"riverlog_table_{metric}",
-                                                  "stream", "partition").items() if s == name}
+    metrics = {metric: {p: v for (h, s, p), v in _by(samples, f"riverlog_table_{metric}",
+                                                     "vhost", "stream", "partition").items()
+                        if (h, s) == (DEFAULT, name)}
                for metric in ("first_offset", "end_offset", "bytes", "files", "lag_messages",
                               "lag_seconds", "failing")}
     ends = metrics["end_offset"]
@@ -216,7 +219,8 @@ def table_rows(samples, name: str) -> list[tuple[str, str]]:
             text += ", the last pass failed (see the server log)"
         rows.append(("table" if len(ends) == 1 else f"table partition {p}", text))
     for labels, _ in samples.get("riverlog_table_info", ()):
-        if labels.get("stream") == name:  # read_table(..., catalog=...) finds it there
+        if labels.get("stream") == name and labels.get("vhost", DEFAULT) == DEFAULT:
+            # read_table(..., catalog=...) finds it there
             rows.append(("table catalog", f"{labels.get('format')} table "
                                           f"{labels.get('table')} in {labels.get('catalog')}"))
     return rows
@@ -338,8 +342,8 @@ def scrape(url: str, timeout: float = 10.0) -> dict[str, list[tuple[dict[str, st
 
 def _by(samples, name: str, *keys: str) -> dict[tuple[str, ...], float]:
     out: dict[tuple[str, ...], float] = {}
-    for labels, value in samples.get(name, ()):
-        k = tuple(labels.get(key, "") for key in keys)
+    for labels, value in samples.get(name, ()):  # no vhost label (riverlog before it): "/"
+        k = tuple(labels.get(key, DEFAULT if key == "vhost" else "") for key in keys)
         out[k] = out.get(k, 0.0) + value
     return out
 
@@ -351,21 +355,22 @@ def stats_tables(samples) -> list[tuple[str, list[str], list[list[str]]]]:
     subscriptions, confirms, mean confirm latency, errors), consumers (lag), errors, the
     NATS door's link to its NATS server (connected, reconnects; no row without NATS), the
     resource alarms (``alarm_rows``), and on a cluster member ``cluster_tables``."""
-    disk = _by(samples, "riverlog_stream_disk_bytes", "stream")
-    first = _by(samples, "riverlog_partition_first_offset", "stream", "partition")
+    disk = _by(samples, "riverlog_stream_disk_bytes", *STREAM)
+    first = _by(samples, "riverlog_partition_first_offset", *STREAM, "partition")
     kept: dict[tuple[str, ...], float] = {}
     parts: dict[tuple[str, ...], int] = {}
-    for (stream, partition), end in _by(samples, "riverlog_partition_committed_offset",
-                                        "stream", "partition").items():
-        start = first.get((stream, partition), 0)
-        kept[(stream,)] = kept.get((stream,), 0) + max(end + 1 - start, 0)
-        parts[(stream,)] = parts.get((stream,), 0) + 1
-    pub_m = _by(samples, "riverlog_published_messages_total", "stream")
-    pub_b = _by(samples, "riverlog_published_bytes_total", "stream")
-    del_m = _by(samples, "riverlog_delivered_messages_total", "stream")
-    del_b = _by(samples, "riverlog_delivered_bytes_total", "stream")
+    for (*stream, partition), end in _by(samples, "riverlog_partition_committed_offset",
+                                         *STREAM, "partition").items():
+        start = first.get((*stream, partition), 0)
+        key = tuple(stream)
+        kept[key] = kept.get(key, 0) + max(end + 1 - start, 0)
+        parts[key] = parts.get(key, 0) + 1
+    pub_m = _by(samples, "riverlog_published_messages_total", *STREAM)
+    pub_b = _by(samples, "riverlog_published_bytes_total", *STREAM)
+    del_m = _by(samples, "riverlog_delivered_messages_total", *STREAM)
+    del_b = _by(samples, "riverlog_delivered_bytes_total", *STREAM)
     names = sorted(set(disk) | set(pub_m) | set(del_m))
-    streams = [[n[0], _int(parts.get(n, 0)), _size(disk.get(n, 0)), _int(kept.get(n, 0)),
+    streams = [[*n, _int(parts.get(n, 0)), _size(disk.get(n, 0)), _int(kept.get(n, 0)),
                 _int(pub_m.get(n, 0)), _size(pub_b.get(n, 0)), _int(del_m.get(n, 0)),
                 _size(del_b.get(n, 0))] for n in names]
     conns = _by(samples, "riverlog_connections", "door")
@@ -377,7 +382,7 @@ def stats_tables(samples) -> list[tuple[str, list[str], list[list[str]]]]:
     door_rows = [[d[0], _int(conns.get(d, 0)), _int(subs.get(d, 0)), _int(count.get(d, 0)),
                   f"{1000 * total.get(d, 0) / count[d]:.3f}" if count.get(d) else "-",
                   _int(errors.get(d, 0))] for d in doors]
-    lag = _by(samples, "riverlog_consumer_lag_messages", "stream", "partition", "consumer",
+    lag = _by(samples, "riverlog_consumer_lag_messages", *STREAM, "partition", "consumer",
               "source")
     lag_rows = [[*k, _int(v)] for k, v in sorted(lag.items())]
     err = _by(samples, "riverlog_errors_total", "door", "code")
@@ -387,11 +392,12 @@ def stats_tables(samples) -> list[tuple[str, list[str], list[list[str]]]]:
                   _int(_by(samples, "riverlog_nats_reconnects_total").get((), 0))]
                  ] if connected else []
     return [
-        ("streams", ["stream", "partitions", "disk", "messages", "published", "bytes in",
+        ("streams", ["vhost", "stream", "partitions", "disk", "messages", "published", "bytes in",
                      "delivered", "bytes out"], streams),
         ("doors", ["door", "connections", "subscriptions", "confirms", "confirm ms (mean)",
                    "errors"], door_rows),
-        ("consumers", ["stream", "partition", "consumer", "source", "lag"], lag_rows),
+        ("consumers", ["vhost", "stream", "partition", "consumer", "source", "lag"],
+         lag_rows),
         ("errors", ["door", "code", "count"], err_rows),
         ("nats", ["connected", "reconnects"], nats_rows),
         ("alarms", ["resource", "alarm", "measure", "limit"], alarm_rows(samples)),
@@ -431,14 +437,14 @@ def cluster_tables(samples) -> list[tuple[str, list[str], list[list[str]]]]:
     raft = [["yes" if one["raft_leader"] else "no"] + [
         _int(one[n]) for n in ("raft_term", "raft_commit_index", "leader_elections_total",
                                "isr_shrinks_total", "isr_expands_total")]]
-    keys = ("stream", "partition")
+    keys = (*STREAM, "partition")
     leaders = _by(samples, "riverlog_partition_leader_info", *keys, "leader")
     members = _by(samples, "riverlog_partition_replica_in_sync", *keys, "replica")
     epoch = _by(samples, "riverlog_partition_leader_epoch", *keys)
     hwm = _by(samples, "riverlog_partition_high_watermark", *keys)
     under = _by(samples, "riverlog_partition_under_replicated", *keys)
     partitions = []
-    for key in sorted(epoch, key=lambda k: (k[0], int(k[1]))):
+    for key in sorted(epoch, key=lambda k: (k[0], k[1], int(k[2]))):
         replicas = sorted(r for (*k, r) in members if tuple(k) == key)
         isr = [r for r in replicas if members[(*key, r)]]
         leader = next((ld for (*k, ld) in leaders if tuple(k) == key), "") or "none"
@@ -453,9 +459,9 @@ def cluster_tables(samples) -> list[tuple[str, list[str], list[list[str]]]]:
     return [
         ("raft", ["leader", "term", "commit index", "elections", "isr shrinks", "isr expands"],
          raft),
-        ("partitions", ["stream", "partition", "leader", "epoch", "replicas", "isr",
+        ("partitions", ["vhost", "stream", "partition", "leader", "epoch", "replicas", "isr",
                         "high watermark", "under-replicated"], partitions),
-        ("followers", ["stream", "partition", "replica", "in sync", "lag", "lag bytes",
+        ("followers", ["vhost", "stream", "partition", "replica", "in sync", "lag", "lag bytes",
                        "last fetch s"], followers),
     ]
 

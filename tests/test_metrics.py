@@ -59,6 +59,10 @@ async def scrape(app: App) -> dict[tuple[str, tuple], float]:
 
 
 def value(samples, name: str, **labels) -> float:
+    """The sample ``name`` with exactly ``labels`` (a stream's on ``/`` unless ``vhost``);
+    0 when absent."""
+    if "stream" in labels:
+        labels.setdefault("vhost", "/")
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
@@ -246,5 +250,5 @@ async def test_deleted_stream_leaves_the_scrape(app):
     gone = await scrape(app)
     assert value(present, "riverlog_published_messages_total", stream=stream,
                  door="rabbitmq_stream") == 1
-    assert (("riverlog_stream_disk_bytes", (("stream", stream),))) in present
+    assert (("riverlog_stream_disk_bytes", (("stream", stream), ("vhost", "/")))) in present
     assert not [k for k in gone if ("stream", stream) in k[1]]

@@ -183,10 +183,11 @@ def test_stats_prints_tables_from_metrics(server):
                               "alarms:"]
     alarms = {row.split()[0]: row.split() for row in sections["alarms:"][1:]}
     assert alarms["disk"][1] == alarms["memory"][1] == "no"  # resource, alarm, measure...
-    streams = {row.split()[0]: row.split() for row in sections["streams:"][1:]}
-    # stream, partitions, disk (2 words), messages, published, bytes in (2 words), ...
-    assert streams["counted"][:2] == ["counted", "1"]
-    assert streams["counted"][4:6] == ["2", "2"]
+    assert sections["streams:"][0].split()[:2] == ["vhost", "stream"]
+    streams = {row.split()[1]: row.split() for row in sections["streams:"][1:]}
+    # vhost, stream, partitions, disk (2 words), messages, published, bytes in (2 words), ...
+    assert streams["counted"][:3] == ["/", "counted", "1"]
+    assert streams["counted"][5:7] == ["2", "2"]
     doors = {row.split()[0]: row.split() for row in sections["doors:"][1:]}
     assert int(doors["rabbitmq_stream"][3]) >= 1  # confirms
     assert sections["nats:"][1].split() == ["yes", "0"]  # connected, no reconnects

@@ -24,10 +24,12 @@ from urllib.parse import quote
 
 from ..alarms import ResourceAlarms
 from ..config import LogConfig
-from ..errors import (InvalidArgumentError, LimitExceededError, ReservedStreamError,
-                      ResourceExhaustedError, StreamExistsError, StreamNotFoundError)
+from ..errors import (InvalidArgumentError, LimitExceededError, NoSuchVhostError,
+                      ReservedStreamError, ResourceExhaustedError, StreamExistsError,
+                      StreamNotFoundError)
 from ..log.files import OPEN_FILES, OUT_OF_FILES
 from ..record import decode_record
+from ..vhost_names import hidden, vhost_of
 from . import clean_stop
 from .partition import Partition
 from .placement import LeaderListener, LocalPlacement, PartitionFlags, Placement
@@ -103,6 +105,11 @@ class Broker:
         self._owned: Counter[str] = Counter()  # owner -> partitions of the streams held here
         self.alarms = ResourceAlarms(data_dir)
         """The resource alarms doors block publishers by (the server installs its own)."""
+        self.vhost_exists: Callable[[str], bool] = lambda vhost: True
+        """Whether a virtual host exists: ``create`` asks it for a stream of one other than
+        ``/`` in the same step that creates it, so no stream outlives the deletion of its
+        virtual host (a single server installs its access table's; a cluster checks in the
+        Raft transition, cluster.state.create_stream)."""
 
     @property
     def placement(self) -> Placement:
@@ -237,14 +244,18 @@ class Broker:
         stream folder ``open`` could not read: its data is never replaced),
         ``ReservedStreamError`` for a reserved name unless ``internal`` (the server's own
         streams), ``InvalidArgumentError`` for an empty or too long name or bad settings,
-        ``ResourceExhaustedError`` when no file descriptor can be had and ``OSError`` for
-        other I/O failures; on any failure nothing of the stream is left on disk."""
+        ``NoSuchVhostError`` for a stream of a virtual host that does not exist
+        (``vhost_exists``), ``ResourceExhaustedError`` when no file descriptor can be had
+        and ``OSError`` for other I/O failures; on any failure nothing of the stream is left
+        on disk."""
         if not name or len(name.encode()) > MAX_NAME_BYTES:
             raise InvalidArgumentError(f"a stream name is 1 to {MAX_NAME_BYTES} bytes")
         if not internal:
             check_writable(name)
         if name in self.streams:
             raise StreamExistsError(f"stream {name!r} already exists")
+        if hidden(name) and not self.vhost_exists(vhost_of(name)):
+            raise NoSuchVhostError(f"no virtual host {vhost_of(name)!r} (deleted?)")
         path = os.path.join(self.root, folder_name(name))
         if os.path.isfile(os.path.join(path, METADATA_FILE)):  # ``open`` could not read it
             raise StreamExistsError(f"stream {name!r} exists on disk but could not be opened "

@@ -40,13 +40,14 @@ from ..broker import RESERVED_STREAMS, Broker, StreamConfig, check_writable
 from ..broker.placement import OffsetsUnavailable, PartitionPlacement, Placement
 from ..broker.stream import SuperStream
 from ..config import ClusterConfig
-from ..errors import InvalidArgumentError, StreamExistsError, StreamNotFoundError
+from ..errors import (InvalidArgumentError, NoSuchVhostError, StreamExistsError,
+                      StreamNotFoundError)
 from . import features, join, raft_files, super_older
 from .agreed import Agreed
 from .metadata import RaftMetadata, RaftSettings, RaftUnavailable
 from .offsets import OffsetForwarding
-from .state import (CREATED_KEY, ClusterState, Door, MetadataError, NoSuchStream, Server,
-                    StreamExists, config_dict, stream_config)
+from .state import (CREATED_KEY, ClusterState, Door, MetadataError, NoSuchStream,
+                    NoSuchVhost, Server, StreamExists, config_dict, stream_config)
 from .state_super import SuperStreamExists
 from .status import PartitionStatus
 
@@ -153,13 +154,16 @@ class ClusterPlacement(Agreed, Placement):
         replica says it has the partition and its leader that it leads it (``created``).
         Raises StreamExistsError, InvalidArgumentError (e.g. more replicas than servers;
         ReservedStreamError for ``__cursors``/``__activity`` unless ``internal``: the
-        cluster's own), RaftUnavailable (no Raft leader: the outcome is unknown)."""
+        cluster's own; NoSuchVhostError, its virtual host is gone), RaftUnavailable (no
+        Raft leader: the outcome is unknown)."""
         if not internal:
             check_writable(name)
         try:
             await self.submit("create_stream", name=name, **self._stream_arguments(config))
         except StreamExists as exc:
             raise StreamExistsError(str(exc)) from None
+        except NoSuchVhost as exc:
+            raise NoSuchVhostError(str(exc)) from None
         except MetadataError as exc:
             raise InvalidArgumentError(str(exc)) from None
         if self.created is not None:

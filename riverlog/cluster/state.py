@@ -16,6 +16,7 @@ from ..broker.groups import (ALREADY_MEMBER, GROUP_NOT_FOUND, NOT_MEMBER, STREAM
                              balance, generation_mismatch)
 from ..broker.stream import StreamConfig, SuperStream
 from ..security.access_table import AccessTable
+from ..vhost_names import hidden, vhost_of
 
 FIRST_LEADER_EPOCH = 1
 ALL_SERVERS = -1
@@ -36,6 +37,10 @@ class StreamExists(MetadataError):
 
 class NoSuchStream(MetadataError):
     """A stream name that is not in the metadata."""
+
+
+class NoSuchVhost(MetadataError):
+    """A stream of a virtual host the access table does not hold (deleted meanwhile)."""
 
 
 class NoSuchPartition(MetadataError):
@@ -236,11 +241,12 @@ def create_stream(state: ClusterState, name: str, subject: str, partitions: int 
     dict, kept as given). Replicas are spread round robin over the servers in id order,
     starting after the partitions that exist, so leaders spread too; each partition's first
     replica leads, every replica is in sync, epoch 1.
-    Raises StreamExists, NotEnoughServers, MetadataError (bad counts)."""
+    Raises StreamExists, NoSuchVhost, NotEnoughServers, MetadataError (bad counts)."""
     if not name:
         raise MetadataError("a stream needs a name")
     if name in state.streams:
         raise StreamExists(f"stream {name!r} exists")
+    _check_vhost(state, name)
     if partitions < 1:
         raise MetadataError(f"stream {name!r}: partitions must be >= 1, got {partitions}")
     servers = sorted(state.servers)
@@ -258,6 +264,14 @@ def create_stream(state: ClusterState, name: str, subject: str, partitions: int 
         placed.append(Partition(name, index, replicas, replicas[0], replicas))
     stream = Stream(name, subject, tuple(placed), dict(config or {}))
     return dataclasses.replace(state, streams={**state.streams, name: stream}), stream
+
+
+def _check_vhost(state: ClusterState, name: str) -> None:
+    """Raise NoSuchVhost for a stream of a virtual host ``state.access`` lacks (an older
+    member, which does not check, never sees one: no vhost but `/` exists while it is one)."""
+    vhost = vhost_of(name)
+    if hidden(name) and not state.access.has_vhost(vhost):
+        raise NoSuchVhost(f"stream {name!r}: no virtual host {vhost!r}")
 
 
 def delete_stream(state: ClusterState, name: str) -> tuple[ClusterState, Stream]:

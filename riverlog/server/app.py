@@ -61,6 +61,8 @@ class App:
                 self._create_local, self._delete_local, doors_synced=self._doors_synced)
         # runtime users and permissions (the management API's; alone: read from DATA now)
         self.access = RuntimeAccess(self)
+        if self.cluster is None:  # a cluster checks in its Raft transition (state.py)
+            self.broker.vhost_exists = lambda vhost: self.guard.runtime.has_vhost(vhost)
 
     def _create_local(self, name: str, stream_config) -> None:
         """The cluster's way to make a stream's local replica: as the doors make one (an

@@ -6,6 +6,10 @@
 # Rules: server state is read on the event loop (the scrape thread hands the work over and
 # waits at most SCRAPE_TIMEOUT_S), never from the scrape thread; nothing here runs on a hot
 # path; off unless configured (ServerConfig.metrics, the command line turns it on).
+# Labels: every per-stream and per-partition series names its virtual host, `vhost`, and the
+# stream by the name its clients use, `stream` (never the hidden broker name of a stream of
+# another virtual host than `/`: riverlog.vhost_names), as RabbitMQ's per-queue series carry
+# `vhost` and `queue`; per-door totals (connections, subscriptions) have no vhost.
 # Format: Prometheus text exposition format 0.0.4 (prometheus_client writes it).
 from __future__ import annotations
 
@@ -24,11 +28,20 @@ from ..cluster import features
 from ..config import MetricsConfig
 from ..log.files import OPEN_FILES
 from ..metrics import CLUSTER_REGISTRY, GRPC, RABBITMQ_STREAM, REGISTRY, forget_stream
+from ..vhost_names import external
 from .fd_limit import nofile_soft_limit, process_open_files
 
 log = logging.getLogger("riverlog.metrics")
 
 SCRAPE_TIMEOUT_S = 5.0
+STREAM = ["vhost", "stream"]  # the labels that name a stream
+PARTITION = STREAM + ["partition"]  # and one of its partitions
+
+
+def named(broker_name: str, *more: str) -> list[str]:
+    """The label values of the stream called ``broker_name`` in the broker: [vhost, client
+    name], then ``more`` (STREAM, PARTITION)."""
+    return [*external(broker_name), *more]
 
 
 _RAFT_HELP = {
@@ -125,7 +138,7 @@ class StateCollector(Collector):
         sub_lag = GaugeMetricFamily(
             "riverlog_subscription_lag_messages", "Largest lag of a RabbitMQ Stream "
             "subscription per stream: committed offset + 1 minus the next offset it is sent.",
-            labels=["stream"])
+            labels=STREAM)
         rabbit = app.rabbitmq_stream
         if rabbit is not None:
             conns = list(rabbit.connections)
@@ -137,7 +150,7 @@ class StateCollector(Collector):
                 lag = max(sub.partition.committed_offset + 1 - sub.offset, 0)
                 worst[sub.stream.name] = max(worst.get(sub.stream.name, 0), lag)
             for name, lag in sorted(worst.items()):
-                sub_lag.add_metric([name], lag)
+                sub_lag.add_metric(named(name), lag)
         if app.grpc is not None:
             connections.add_metric([GRPC], app.grpc.calls.connections)
         if app.liftbridge is not None:
@@ -201,7 +214,7 @@ class StateCollector(Collector):
         replication = cluster.replication
         if replication is None:
             return families
-        labels = ["stream", "partition"]
+        labels = PARTITION
         gauges = {name: GaugeMetricFamily(f"riverlog_partition_{name}", text, labels=labels)
                   for name, text in _PARTITION_HELP.items()}
         leader = GaugeMetricFamily(
@@ -220,7 +233,7 @@ class StateCollector(Collector):
                     stats = replication.stats(stream.name, p.index)
                 except KeyError:  # not replicated (an internal stream), or not assigned yet
                     continue
-                key = [stream.name, str(p.index)]
+                key = named(stream.name, str(p.index))
                 isr, replicas = stats["isr"], stats["replicas"]
                 for name, value in (("replicas", len(replicas)), ("isr", len(isr)),
                                     ("under_replicated", int(len(isr) < len(replicas))),
@@ -243,26 +256,26 @@ class StateCollector(Collector):
         app = self.app
         disk = GaugeMetricFamily("riverlog_stream_disk_bytes",
                                  "Bytes of a stream's segment files (indexes excluded).",
-                                 labels=["stream"])
+                                 labels=STREAM)
         segments = GaugeMetricFamily("riverlog_stream_segments",
-                                     "Segment files of a stream.", labels=["stream"])
+                                     "Segment files of a stream.", labels=STREAM)
         first = GaugeMetricFamily("riverlog_partition_first_offset",
                                   "Offset of the oldest record kept.",
-                                  labels=["stream", "partition"])
+                                  labels=PARTITION)
         committed = GaugeMetricFamily("riverlog_partition_committed_offset",
                                       "Offset of the newest committed record (-1: none).",
-                                      labels=["stream", "partition"])
+                                      labels=PARTITION)
         lag = GaugeMetricFamily(
             "riverlog_consumer_lag_messages", "Offset of the newest committed message minus "
             "a named consumer's stored position: RabbitMQ StoreOffset (source=offset) or "
             "Liftbridge cursor (source=cursor).",
-            labels=["stream", "partition", "consumer", "source"])
+            labels=PARTITION + ["consumer", "source"])
         for stream in list(app.broker.streams.values()):
-            disk.add_metric([stream.name], sum(p.size_bytes for p in stream.partitions))
-            segments.add_metric([stream.name], sum(p.segment_count
-                                                   for p in stream.partitions))
+            disk.add_metric(named(stream.name), sum(p.size_bytes for p in stream.partitions))
+            segments.add_metric(named(stream.name), sum(p.segment_count
+                                                        for p in stream.partitions))
             for p in stream.partitions:
-                labels = [stream.name, str(p.index)]
+                labels = named(stream.name, str(p.index))
                 first.add_metric(labels, p.first_offset)
                 committed.add_metric(labels, p.committed_offset)
                 stored = p.offsets.items() if p.is_open else ()  # closed: none asked since
@@ -274,13 +287,14 @@ class StateCollector(Collector):
                 stream = app.broker.streams.get(name)
                 if stream is not None and 0 <= index < len(stream.partitions):
                     end = stream.partitions[index].last_message_offset
-                    lag.add_metric([name, str(index), cursor_id, "cursor"], max(end - offset, 0))
+                    lag.add_metric(named(name, str(index), cursor_id, "cursor"),
+                                   max(end - offset, 0))
         return [disk, segments, first, committed, lag] + self._table_families()
 
     def _table_families(self) -> list[Metric]:
         """Streams as tables: one sample per partition of each table-enabled stream."""
         app = self.app
-        labels = ["stream", "partition"]
+        labels = PARTITION
         first = GaugeMetricFamily("riverlog_table_first_offset", "Oldest offset a stream's "
                                   "Parquet table holds (-1: none yet).", labels=labels)
         end = GaugeMetricFamily("riverlog_table_end_offset", "Offset after the newest one a "
@@ -299,14 +313,14 @@ class StateCollector(Collector):
         info = GaugeMetricFamily("riverlog_table_info", "1 for each stream with an Iceberg "
                                  "table: where readers find it (the catalog, passwords "
                                  "left out, and the table's name in it).",
-                                 labels=["stream", "format", "catalog", "table"])
+                                 labels=STREAM + ["format", "catalog", "table"])
         tables = app.tables
         for stream in tables.streams():
             where = tables.catalog(stream.name)
             if where is not None:
-                info.add_metric([stream.name, "iceberg", *where], 1)
+                info.add_metric(named(stream.name, "iceberg", *where), 1)
             for p in stream.partitions:
-                key = [stream.name, str(p.index)]
+                key = named(stream.name, str(p.index))
                 status = tables.status.get((stream.name, p.index))
                 messages, seconds = tables.lag(stream, p.index)
                 first.add_metric(key, -1 if status is None or status.first is None

@@ -67,7 +67,7 @@ async def test_metrics_and_describe_follow_the_isr_and_the_leader(cluster):
                                                  ackPolicy=pb.AckPolicy.ALL), timeout=10)
     finally:
         await channel.close()
-    part = {"stream": "watched", "partition": "0"}
+    part = {"vhost": "/", "stream": "watched", "partition": "0"}
     follower_ids = sorted(f.config.cluster.server_id for f in followers)
     samples = await scraped_until("both followers caught up", leader, lambda s: all(
         of(s, "riverlog_follower_lag_messages", **part, replica=r) == 0 for r in follower_ids))
@@ -124,7 +124,7 @@ async def test_metrics_and_describe_follow_the_isr_and_the_leader(cluster):
     tables = {title: (header, rows) for title, header, rows in stats_tables(
         await asyncio.to_thread(scrape, kept.metrics.url))}
     header, partitions = tables["partitions"]
-    assert header[:4] == ["stream", "partition", "leader", "epoch"]
-    assert [row[:4] for row in partitions if row[0] == "watched"] == [
-        ["watched", "0", kept_id, "2"]]
+    assert header[:5] == ["vhost", "stream", "partition", "leader", "epoch"]
+    assert [row[:5] for row in partitions if row[1] == "watched"] == [
+        ["/", "watched", "0", kept_id, "2"]]
     assert tables["raft"][1][0][3] == str(int(elections + 2))

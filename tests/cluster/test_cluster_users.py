@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from rstream import Producer
 
 from _apps import started, stopped, until
+from riverlog.broker.stream import StreamConfig
+from riverlog.errors import NoSuchVhostError
 from riverlog.server.app import App
 from riverlog.vhost_names import internal
 from server.test_management import basic, call
@@ -88,5 +91,11 @@ async def test_a_vhost_made_on_one_server_is_agreed_and_its_deletion_reaches_all
         await until("its stream deleted everywhere", lambda: all(
             x.broker.placement.of(name, 0) is None for x in cluster))
         assert (await call(c, "GET", "/api/vhosts/shared"))[0] == 404
+        # a create that passed its vhost check before the deletion and reaches Raft after
+        # it: the transition refuses it on every server (no orphan stream)
+        with pytest.raises(NoSuchVhostError):
+            await a.broker.placement.create_stream(internal("shared", "late"), StreamConfig())
+        assert all(x.broker.placement.of(internal("shared", "late"), 0) is None
+                   for x in cluster)
     finally:
         await stopped(cluster)

@@ -45,8 +45,8 @@ def _epoch(row: dict[str, str], stream: str) -> int:
     ``row``."""
     with urllib.request.urlopen(f"http://{row['metrics']}/metrics", timeout=10) as r:
         text = r.read().decode()
-    found = re.search(r'riverlog_partition_leader_epoch\{partition="0",stream="%s"\} (\S+)'
-                      % stream, text)
+    found = re.search(r'riverlog_partition_leader_epoch\{partition="0",stream="%s",'
+                      r'vhost="/"\} (\S+)' % stream, text)
     return int(float(found.group(1)))
 
 

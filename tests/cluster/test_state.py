@@ -3,6 +3,7 @@
 # consumer groups, and properties over random command sequences (hypothesis).
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import pytest
@@ -338,3 +339,20 @@ def test_a_removed_server_replica_can_still_be_deleted():
     state, _ = s.remove_server(state, "c")
     state, part = s.delete_replica(state, "x", 0, "c")
     assert part.replicas == ("a", "b")
+
+
+def test_create_stream_of_a_deleted_vhost_is_refused():
+    """The race of issue 30 item 1: a create of a stream of virtual host v ordered (in the
+    Raft log) after v's deletion is refused in the transition, on every member."""
+    from riverlog.security.access_table import delete_vhost, put_vhost
+    from riverlog.vhost_names import internal
+    st0 = cluster("a")
+    table, _ = put_vhost(st0.access, "v")
+    with_v = dataclasses.replace(st0, access=table)
+    assert internal("v", "s") in s.create_stream(with_v, internal("v", "s"), "s")[0].streams
+    without_v = dataclasses.replace(with_v, access=delete_vhost(table, "v")[0])
+    with pytest.raises(s.NoSuchVhost):
+        s.create_stream(without_v, internal("v", "s"), "s")
+    with pytest.raises(s.NoSuchVhost):  # a super stream's partitions too
+        s.create_stream(without_v, internal("nowhere", "p-0"), "p")
+    assert s.create_stream(without_v, "s", "s")[1].name == "s"  # "/" always exists

@@ -144,7 +144,7 @@ async def test_two_workers_serve_as_one_server(tmp_path):
         assert 'riverlog_worker_up{worker="s1"} 1.0' in text
         for name, (leader, _) in placed.items():  # counted by the worker leading it
             assert (f'riverlog_published_messages_total{{door="rabbitmq_stream",'
-                    f'stream="{name}",worker="{leader}"}} 5.0') in text, name
+                    f'stream="{name}",vhost="/",worker="{leader}"}} 5.0') in text, name
 
         # one management API: s0 lists and closes a connection (and its publisher) of s1
         s1_stream = next(n for n, (leader, _) in placed.items() if leader == "s1")

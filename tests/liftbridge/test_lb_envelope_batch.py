@@ -65,7 +65,7 @@ def test_varint_is_protobufs():
 
 def _published(stream: str) -> float:
     return REGISTRY.get_sample_value("riverlog_published_messages_total",
-                                     {"stream": stream, "door": "nats"}) or 0.0
+                                     {"vhost": "/", "stream": stream, "door": "nats"}) or 0.0
 
 
 def _raw_records(server, stream: str) -> list[bytes]:

@@ -38,7 +38,7 @@ def test_ack_template_gives_the_generated_classes_bytes(offset, correlation_id, 
 
 def _published(stream: str) -> float:
     return REGISTRY.get_sample_value("riverlog_published_messages_total",
-                                     {"stream": stream, "door": "grpc"}) or 0.0
+                                     {"vhost": "/", "stream": stream, "door": "grpc"}) or 0.0
 
 
 @pytest.mark.parametrize("transport", ["grpcio", "h2"])
@@ -115,9 +115,10 @@ async def test_per_turn_counting_helpers_count_once_per_turn():
     def sample(name, **labels):
         return REGISTRY.get_sample_value(name, labels) or 0.0
 
-    published = ("riverlog_published_messages_total", {"stream": "turns", "door": "nats"})
+    turns = {"vhost": "/", "stream": "turns", "door": "nats"}
+    published = ("riverlog_published_messages_total", turns)
     confirms = ("riverlog_confirm_latency_seconds_count", {"door": "nats"})
-    nbytes = ("riverlog_published_bytes_total", {"stream": "turns", "door": "nats"})
+    nbytes = ("riverlog_published_bytes_total", turns)
     before = [sample(name, **labels) for name, labels in (published, confirms, nbytes)]
     counted, latency = counters("turns", "nats"), TurnLatency("nats")
     for _ in range(3):

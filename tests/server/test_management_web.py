@@ -121,18 +121,19 @@ async def test_page_shows_new_stream_and_its_messages(tmp_path):
                 await asyncio.wait_for(seen.wait(), 30)
                 try:
                     row = page.locator("#streams tbody tr", has_text="web-stream")
-                    # queue, stream, partition, subject, leader, replicas, ISR, first offset,
-                    # committed offset, messages, rate, table lag, consumers
-                    await expect(row.locator("td").nth(8)).to_have_text("11", timeout=30_000)
-                    await expect(row.locator("td").nth(9)).to_have_text("12")
-                    await expect(row.locator("td").nth(12)).to_have_text("1")
+                    # vhost, queue, stream, partition, subject, leader, replicas, ISR, first
+                    # offset, committed offset, messages, rate, table lag, consumers
+                    await expect(row.locator("td").nth(0)).to_have_text("/")
+                    await expect(row.locator("td").nth(9)).to_have_text("11", timeout=30_000)
+                    await expect(row.locator("td").nth(10)).to_have_text("12")
+                    await expect(row.locator("td").nth(13)).to_have_text("1")
                     await expect(page.locator("#connections tbody")).to_contain_text(
                         "web-producer")
                     publisher = page.locator("#publishers tbody tr", has_text="web-stream")
-                    await expect(publisher.locator("td").nth(4)).to_have_text("12")
+                    await expect(publisher.locator("td").nth(5)).to_have_text("12")
                     consumer_row = page.locator("#consumers tbody tr", has_text="web-stream")
-                    await expect(consumer_row.locator("td").nth(4)).to_have_text("0")
-                    await expect(consumer_row.locator("td").nth(5)).to_have_text("12")
+                    await expect(consumer_row.locator("td").nth(5)).to_have_text("0")
+                    await expect(consumer_row.locator("td").nth(6)).to_have_text("12")
                 finally:
                     await consumer.close()
     finally:
@@ -238,7 +239,7 @@ async def test_administrator_buttons_and_a_consumer_only_user_without_them(tmp_p
             await expect(form.locator(".message")).to_contain_text("HTTP 201")
             row = page.locator("#streams tbody tr", has_text="made-in-browser")
             await expect(row).to_have_count(1)
-            await expect(row.locator("td")).to_have_count(14)  # and the Delete button's
+            await expect(row.locator("td")).to_have_count(15)  # and the Delete button's
             assert "made-in-browser" in app.broker.streams
             await row.locator("button", has_text="Delete").click()
             await expect(row).to_have_count(0)
@@ -271,8 +272,8 @@ async def test_administrator_buttons_and_a_consumer_only_user_without_them(tmp_p
             await expect(page.locator("#user")).to_have_text("watcher")
             await expect(page.locator("#status")).to_contain_text("updated", timeout=30_000)
             await expect(page.locator("#streams tbody")).to_contain_text("keep")
-            # no administrator's column either: 13 cells as 13 headers
-            await expect(page.locator("#streams tbody tr").first.locator("td")).to_have_count(13)
+            # no administrator's column either: 14 cells as 14 headers
+            await expect(page.locator("#streams tbody tr").first.locator("td")).to_have_count(14)
             assert await page.locator("button:visible").count() == 0
             assert await page.locator("form:visible").count() == 0
             await _screenshot(page, tmp_path, "consumer-only")

@@ -44,7 +44,7 @@ def compare(expected, parquet_dir):
 def delivered(stream: str) -> float:
     """Records the server has sent to readers of ``stream`` (its metrics, in this process)."""
     return REGISTRY.get_sample_value("riverlog_delivered_messages_total", {
-        "stream": stream, "door": "rabbitmq_stream"}) or 0
+        "vhost": "/", "stream": stream, "door": "rabbitmq_stream"}) or 0
 
 
 @pytest.mark.timeout(600)  # 336,777 events published, tabled and read: 4-5 min on a loaded 2-CPU machine

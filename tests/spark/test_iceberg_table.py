@@ -345,7 +345,7 @@ def delivered(stream: str) -> float:
     """Records the server has sent to readers of ``stream`` (its metrics, in this process)."""
     from riverlog.metrics import REGISTRY
     return REGISTRY.get_sample_value("riverlog_delivered_messages_total", {
-        "stream": stream, "door": "rabbitmq_stream"}) or 0
+        "vhost": "/", "stream": stream, "door": "rabbitmq_stream"}) or 0
 
 
 def test_the_server_names_the_catalog_and_the_source_reads_the_table(iceberg_server, spark):

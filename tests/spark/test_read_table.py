@@ -124,7 +124,7 @@ def test_streaming_query_catches_up_from_the_table(spark, table_server, tmp_path
 
     def delivered():
         return REGISTRY.get_sample_value("riverlog_delivered_messages_total", {
-            "stream": "catch-up", "door": "rabbitmq_stream"}) or 0
+            "vhost": "/", "stream": "catch-up", "door": "rabbitmq_stream"}) or 0
 
     with table_server.client() as c:
         c.create_stream("catch-up", {"x-riverlog-table": "true"})
@@ -230,7 +230,7 @@ def test_spark_tasks_read_a_table_in_an_s3_bucket(spark, tmp_path, s3_tables):
 
     def delivered():
         return REGISTRY.get_sample_value("riverlog_delivered_messages_total", {
-            "stream": "in-s3", "door": "rabbitmq_stream"}) or 0
+            "vhost": "/", "stream": "in-s3", "door": "rabbitmq_stream"}) or 0
 
     location = s3_tables(f"{tmp_path.name}/tables")
     with tables_at(tmp_path, location, "in-s3", 16384) as s:

@@ -97,7 +97,7 @@ def test_a_table_folder_on_any_pyarrow_filesystem(tmp_path, request, where):
 
         def delivered():
             return REGISTRY.get_sample_value("riverlog_delivered_messages_total", {
-                "stream": "far", "door": "rabbitmq_stream"}) or 0
+                "vhost": "/", "stream": "far", "door": "rabbitmq_stream"}) or 0
         before = delivered()
         part = RangePartition("far", 0, 0, 600, Connection((("127.0.0.1", s.port),)),
                               table_dir=location)

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable
 from prometheus_client import Counter
 
 from ...metrics import DELIVERED_MESSAGES, PUBLISHED_MESSAGES
+from ...vhost_names import internal
 
 log = logging.getLogger("riverlog.management")
 
@@ -36,12 +37,14 @@ MAX_SAMPLES_ASKED = 1000  # a msg_rates_age/msg_rates_incr asking for more is cu
 
 
 def _counter_totals(counter: Counter) -> dict[str, float]:
-    """A counter labelled by ``stream`` (and door), summed per stream."""
+    """A counter labelled by ``vhost``, ``stream`` (and door), summed per stream (keyed by
+    broker name, riverlog.vhost_names)."""
     totals: dict[str, float] = collections.defaultdict(float)
     for metric in counter.collect():
         for sample in metric.samples:
             if sample.name.endswith("_total"):
-                totals[sample.labels["stream"]] += sample.value
+                labels = sample.labels
+                totals[internal(labels["vhost"], labels["stream"])] += sample.value
     return totals
 
 

@@ -32,8 +32,8 @@ from aiohttp import web
 
 from ... import __version__
 from ...alarms import DISK, MEMORY
-from ...errors import (InvalidArgumentError, LimitExceededError, ReservedStreamError,
-                      StreamExistsError, StreamNotFoundError)
+from ...errors import (InvalidArgumentError, LimitExceededError, NoSuchVhostError,
+                      ReservedStreamError, StreamExistsError, StreamNotFoundError)
 from ...security.authz import CREATE, DELETE, PUBLISH
 from ...vhost_names import external, lookup
 from . import users, vhosts, view
@@ -405,7 +405,8 @@ class ManagementServer:
         (its arguments are not compared), 400 for bad arguments, another queue type, a
         reserved name (``__cursors``, ``__activity``) or a caller at its stream limit
         (SecurityConfig.max_streams_per_user, as the doors count it), 401 without the
-        ``create`` permission, 503 when the cluster or the server cannot create it now."""
+        ``create`` permission, 404 when its virtual host is gone, 503 when the cluster or the
+        server cannot create it now."""
         vhost, name = self._queue_name(request)
         try:
             body = await request.json() if request.can_read_body else {}
@@ -422,6 +423,8 @@ class ManagementServer:
             await create(self.app, name, arguments, caller.user)
         except StreamExistsError:
             return web.Response(status=204)
+        except NoSuchVhostError:  # deleted since the request's check (vhosts.py)
+            raise not_found() from None
         except (InvalidArgumentError, LimitExceededError) as exc:
             raise _error(web.HTTPBadRequest, "bad_request", str(exc)) from None
         except UNAVAILABLE as exc:

@@ -12,6 +12,10 @@
 # - deleting a virtual host first removes it (new Opens are refused 0x0c, the connections on
 #   it are closed where they are: runtime_access), then deletes its super streams and
 #   streams (through the placement in a cluster, from the server that took the request);
+#   a create of one of its streams racing that is refused once the vhost is removed, in the
+#   step that would create it (Broker.create alone, the Raft transition in a cluster:
+#   cluster.state.create_stream), and a create that came before is a stream the sweep finds,
+#   so no stream outlives its virtual host;
 # - each change is logged with the administrator who made it.
 from __future__ import annotations
 

@@ -177,18 +177,19 @@ async function overviewPage() {
   fill("nodes", nodes, n => [n.name, n.running ? "yes" : "no", nodeAlarms(n),
     bytes(n.disk_free), bytes(n.disk_free_limit), bytes(n.mem_used), bytes(n.mem_limit),
     duration(n.uptime)]);
-  fill("streams", queues, q => [link(q.name, `#/streams/${enc(q.vhost || "/")}/${enc(q.name)}`),
+  fill("streams", queues, q => [q.vhost || "/",
+    link(q.name, `#/streams/${enc(q.vhost || "/")}/${enc(q.name)}`),
     q.stream, q.partition, q.subject, q.leader, (q.members || []).join(", "),
     (q.online || []).join(", "), q.first_offset, q.committed_offset, q.messages,
     rateNow(q.message_stats), q.table_lag, q.consumers,
     button("Delete", () => deleteStream(q.vhost || "/", q.name))]);
-  fill("connections", connections, c => [c.name, c.user_provided_name, c.user,
+  fill("connections", connections, c => [c.vhost, c.name, c.user_provided_name, c.user,
     [c.client_properties.product, c.client_properties.version].filter(Boolean).join(" "),
     c.state, button("Close", () => closeConnection(c.name))]);
-  fill("publishers", publishers, p => [p.queue.name, p.publisher_id, p.reference,
+  fill("publishers", publishers, p => [p.queue.vhost, p.queue.name, p.publisher_id, p.reference,
     p.connection_details.name, p.messages_published, p.messages_confirmed,
     p.messages_errored]);
-  fill("consumers", consumers, c => [c.queue.name, c.subscription_id,
+  fill("consumers", consumers, c => [c.queue.vhost, c.queue.name, c.subscription_id,
     c.connection_details.name, c.offset, c.offset_lag, c.messages_consumed, c.credits,
     c.activity_status]);
   fill("vhosts", vhosts, v => [v.name, v.description,
