@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
+import uuid
 
 import aiohttp
 import grpc
@@ -26,6 +27,10 @@ from riverlog.server.management.history import counted
 from riverlog.server.management.queues import create
 from riverlog.vhost_names import MARK, internal
 from server.test_management import GUEST, _app, call, eventually
+
+# The counters are the process's (prometheus_client's registry): names no other test uses
+ORDERS = f"orders-{uuid.uuid4().hex[:8]}"
+GONE = f"gone-{uuid.uuid4().hex[:8]}"
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,37 +71,37 @@ async def test_orders_in_two_vhosts_is_two_of_everything(app):
     consumer = _client(Consumer, app, "v2")
     got: list[bytes] = []
     async with _client(Producer, app, "/") as root, _client(Producer, app, "v2") as v2:
-        await root.create_stream("orders")
-        await v2.create_stream("orders")
-        await root.send_wait("orders", AMQPMessage(body=b"root"))
+        await root.create_stream(ORDERS)
+        await v2.create_stream(ORDERS)
+        await root.send_wait(ORDERS, AMQPMessage(body=b"root"))
         for body in (b"v2-a", b"v2-b"):
-            await v2.send_wait("orders", AMQPMessage(body=body))
+            await v2.send_wait(ORDERS, AMQPMessage(body=body))
         await consumer.start()
         try:
-            await consumer.subscribe("orders", lambda msg, ctx: got.append(msg),
+            await consumer.subscribe(ORDERS, lambda msg, ctx: got.append(msg),
                                      subscriber_name="reader",
                                      offset_specification=ConsumerOffsetSpecification(
                                          OffsetType.FIRST))
             await eventually(lambda: asyncio.sleep(0, len(got) >= 2))
-            await consumer.store_offset("orders", "reader", 0)
+            await consumer.store_offset(ORDERS, "reader", 0)
             await eventually(lambda: asyncio.sleep(0, app.broker.streams[
-                internal("v2", "orders")].partitions[0].offsets.query("reader") == 0))
+                internal("v2", ORDERS)].partitions[0].offsets.query("reader") == 0))
             await _listings(app)
             await _metrics(app)
         finally:
             await consumer.close()
     published, _ = counted()  # the rate history's counts, keyed by broker name
-    assert (published["orders"], published[internal("v2", "orders")]) == (1, 2)
+    assert (published[ORDERS], published[internal("v2", ORDERS)]) == (1, 2)
     # the Liftbridge door is on "/": it lists "/"'s orders, never v2's hidden name
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc.port}") as channel:
         meta = await APIStub(channel).FetchMetadata(pb.FetchMetadataRequest(), timeout=10)
     names = [s.name for s in meta.streamMetadata]
-    assert "orders" in names and not [n for n in names if MARK in n]
+    assert ORDERS in names and not [n for n in names if MARK in n]
 
 
 def _v2_orders(app):
     """Partition 0 of v2's orders."""
-    return app.broker.streams[internal("v2", "orders")].partitions[0]
+    return app.broker.streams[internal("v2", ORDERS)].partitions[0]
 
 
 async def _listings(app) -> None:
@@ -112,18 +117,18 @@ async def _listings(app) -> None:
     kept = _v2_orders(app).committed_offset + 1  # 2 messages, and the offset stored
     queues = (await call(app, "GET", "/api/queues"))[1]
     assert sorted((q["vhost"], q["name"], q["messages"]) for q in queues) == [
-        ("/", "orders", 1), ("v2", "orders", kept)]
+        ("/", ORDERS, 1), ("v2", ORDERS, kept)]
     publishers = (await call(app, "GET", "/api/stream/publishers"))[1]
     assert sorted((p["queue"]["vhost"], p["queue"]["name"]) for p in publishers) == [
-        ("/", "orders"), ("v2", "orders")]
+        ("/", ORDERS), ("v2", ORDERS)]
     consumers = (await call(app, "GET", "/api/stream/consumers"))[1]
-    assert [(c["queue"]["vhost"], c["queue"]["name"]) for c in consumers] == [("v2", "orders")]
+    assert [(c["queue"]["vhost"], c["queue"]["name"]) for c in consumers] == [("v2", ORDERS)]
     connections = (await call(app, "GET", "/api/stream/connections"))[1]
     assert {c["vhost"] for c in connections} == {"/", "v2"}  # rstream: one or more each
-    assert [q["name"] for q in (await call(app, "GET", "/api/queues/v2"))[1]] == ["orders"]
-    status, one = await call(app, "GET", "/api/queues/v2/orders")
+    assert [q["name"] for q in (await call(app, "GET", "/api/queues/v2"))[1]] == [ORDERS]
+    status, one = await call(app, "GET", f"/api/queues/v2/{ORDERS}")
     assert status == 200 and (one["vhost"], one["name"], one["messages"]) == (
-        "v2", "orders", kept)
+        "v2", ORDERS, kept)
 
 
 async def _metrics(app) -> None:
@@ -134,41 +139,41 @@ async def _metrics(app) -> None:
         for labels, _ in rows:
             if "stream" in labels:
                 assert "vhost" in labels, (name, labels)
-    door = {"stream": "orders", "door": "rabbitmq_stream"}
+    door = {"stream": ORDERS, "door": "rabbitmq_stream"}
     assert _of(samples, "riverlog_published_messages_total", **door) == {"/": 1, "v2": 2}
     assert set(_of(samples, "riverlog_published_bytes_total", **door)) == {"/", "v2"}
     assert _of(samples, "riverlog_delivered_messages_total", **door) == {"/": 0, "v2": 2}
-    assert set(_of(samples, "riverlog_stream_disk_bytes", stream="orders")) == {"/", "v2"}
-    assert set(_of(samples, "riverlog_stream_segments", stream="orders")) == {"/", "v2"}
-    part = {"stream": "orders", "partition": "0"}
+    assert set(_of(samples, "riverlog_stream_disk_bytes", stream=ORDERS)) == {"/", "v2"}
+    assert set(_of(samples, "riverlog_stream_segments", stream=ORDERS)) == {"/", "v2"}
+    part = {"stream": ORDERS, "partition": "0"}
     v2 = _v2_orders(app)
     assert _of(samples, "riverlog_partition_committed_offset", **part) == {
         "/": 0, "v2": v2.committed_offset}
     assert _of(samples, "riverlog_partition_first_offset", **part) == {"/": 0, "v2": 0}
     assert _of(samples, "riverlog_consumer_lag_messages", **part, consumer="reader",
                source="offset") == {"v2": v2.last_message_offset}
-    assert _of(samples, "riverlog_subscription_lag_messages", stream="orders") == {"v2": 0}
+    assert _of(samples, "riverlog_subscription_lag_messages", stream=ORDERS) == {"v2": 0}
     # `riverlog stats` shows both, each with its virtual host
     tables = {title: (header, rows) for title, header, rows in stats_tables(samples)}
     header, rows = tables["streams"]
     assert header[:2] == ["vhost", "stream"]
-    assert sorted((r[0], r[1], r[5]) for r in rows if r[1] == "orders") == [
-        ("/", "orders", "1"), ("v2", "orders", "2")]
+    assert sorted((r[0], r[1], r[5]) for r in rows if r[1] == ORDERS) == [
+        ("/", ORDERS, "1"), ("v2", ORDERS, "2")]
     header, rows = tables["consumers"]
-    assert header[:2] == ["vhost", "stream"] and [r[:2] for r in rows] == [["v2", "orders"]]
+    assert header[:2] == ["vhost", "stream"] and [r[:2] for r in rows] == [["v2", ORDERS]]
 
 
 async def test_deleted_stream_of_a_vhost_leaves_the_scrape(app):
     assert (await call(app, "PUT", "/api/vhosts/v2"))[0] == 201
     async with _client(Producer, app, "v2") as v2:
-        await v2.create_stream("gone")
-        await v2.send_wait("gone", AMQPMessage(body=b"x"))
+        await v2.create_stream(GONE)
+        await v2.send_wait(GONE, AMQPMessage(body=b"x"))
         _, samples = await _scrape(app)
-        assert _of(samples, "riverlog_published_messages_total", stream="gone") == {"v2": 1}
-        await v2.delete_stream("gone")
+        assert _of(samples, "riverlog_published_messages_total", stream=GONE) == {"v2": 1}
+        await v2.delete_stream(GONE)
     _, samples = await _scrape(app)
     assert not [lab for rows in samples.values() for lab, _ in rows
-                if lab.get("stream") == "gone"]
+                if lab.get("stream") == GONE]
 
 
 async def test_create_after_the_vhost_is_deleted_is_refused(app):
@@ -177,8 +182,8 @@ async def test_create_after_the_vhost_is_deleted_is_refused(app):
     assert (await call(app, "PUT", "/api/vhosts/v2"))[0] == 201
     await app.access.change("delete_vhost", name="v2")
     with pytest.raises(NoSuchVhostError):
-        await create(app, internal("v2", "orders"), {}, None)
-    assert internal("v2", "orders") not in app.broker.streams
+        await create(app, internal("v2", ORDERS), {}, None)
+    assert internal("v2", ORDERS) not in app.broker.streams
 
 
 async def test_put_queue_racing_the_vhost_deletion_leaves_no_stream(app):
@@ -194,7 +199,7 @@ async def test_put_queue_racing_the_vhost_deletion_leaves_no_stream(app):
         await go_on.wait()
         yield json.dumps({"arguments": {}}).encode()
 
-    put = asyncio.ensure_future(call(app, "PUT", "/api/queues/v2/orders", data=body(),
+    put = asyncio.ensure_future(call(app, "PUT", f"/api/queues/v2/{ORDERS}", data=body(),
                                      headers={"Content-Type": "application/json"}))
     await asyncio.wait_for(headers_sent.wait(), 30)
     await asyncio.sleep(0.2)  # the request's vhost check is done; its body is awaited
@@ -202,5 +207,5 @@ async def test_put_queue_racing_the_vhost_deletion_leaves_no_stream(app):
     go_on.set()
     status, _ = await asyncio.wait_for(put, 30)
     assert status == 404, status
-    assert internal("v2", "orders") not in app.broker.streams
+    assert internal("v2", ORDERS) not in app.broker.streams
     assert [q["name"] for q in (await call(app, "GET", "/api/queues"))[1]] == []
