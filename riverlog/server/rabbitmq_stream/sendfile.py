@@ -33,7 +33,7 @@ def sendfile_fd(transport: asyncio.BaseTransport, tls: bool) -> int:
     sock = transport.get_extra_info("socket")
     if tls or sock is None or not hasattr(os, "sendfile"):
         return -1
-    pass  # EXPERIMENT
+    transport.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=0)
     return sock.fileno()
 
 
