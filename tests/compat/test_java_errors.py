@@ -61,9 +61,12 @@ async def test_tls_with_the_test_ca(secured, java_client):
     assert r["bodies"] == [f"m-{i}" for i in range(20)]
     # Open and Metadata name the TLS port to a TLS client: every connection went there
     assert r["addresses"] and set(r["addresses"]) == {f"127.0.0.1:{port}"}
-    # a client that does not trust the CA gets no connection
+    # a client that does not trust the CA gets no connection: its TLS handshakes fail on
+    # the certificate (the error build() reports may instead be the closed channel its
+    # first write met, a race inside the client, so the handshakes are recorded apart)
     assert r["untrusted"].get("ok") is not True, r["untrusted"]
-    assert "SSLHandshakeException" in r["untrusted"]["causes"], r["untrusted"]
+    handshakes = r["untrusted_handshakes"]
+    assert handshakes and all("SSLHandshakeException" in h for h in handshakes), handshakes
 
 
 async def test_bad_input_gets_rabbitmqs_errors(secured, java_client):

@@ -12,7 +12,10 @@ import com.rabbitmq.stream.Message;
 import com.rabbitmq.stream.OffsetSpecification;
 import com.rabbitmq.stream.Producer;
 import io.netty.handler.ssl.SslContextBuilder;
+import io.netty.handler.ssl.SslHandler;
+import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.Collections;
 import java.util.List;
 import java.util.Map;
 
@@ -28,7 +31,11 @@ final class ErrorScenarios {
   /**
    * Over TLS (the argument's port is the TLS port, tls_ca the CA): create, 20 messages,
    * read back, delete. Then an environment trusting only the JDK's CAs. Result: {"confirmed",
-   * "bodies", "addresses", "untrusted": error}.
+   * "bodies", "addresses", "untrusted": error, "untrusted_handshakes": [the class names of
+   * each TLS handshake's failure and its causes]}. The handshakes are recorded from Netty's
+   * SslHandler because the error build() reports races with the channel's close: the
+   * client's first write may fail with a ClosedChannelException before the handshake's own
+   * SSLHandshakeException reaches it.
    */
   static JsonObject tls(Harness h) throws Exception {
     String stream = h.str("stream");
@@ -47,7 +54,16 @@ final class ErrorScenarios {
     out.add("addresses", Harness.json(h.resolvedSince(0)));
     var untrusted = h.builder();
     untrusted.tls().sslContext(SslContextBuilder.forClient().build());
+    List<List<String>> handshakes = Collections.synchronizedList(new ArrayList<>());
+    untrusted.netty().channelCustomizer(channel -> {
+      SslHandler ssl = channel.pipeline().get(SslHandler.class);
+      if (ssl != null) {
+        ssl.handshakeFuture().addListener(done -> handshakes.add(
+            done.isSuccess() ? List.of("ok") : Harness.classNames(done.cause())));
+      }
+    });
     out.add("untrusted", Harness.attempt(() -> untrusted.build()));
+    out.add("untrusted_handshakes", Harness.json(handshakes));
     return out;
   }
 

@@ -196,6 +196,15 @@ final class Harness {
     return GSON.toJsonTree(value);
   }
 
+  /** The simple class names of ``e`` and its causes, outermost first (at most 10). */
+  static List<String> classNames(Throwable e) {
+    List<String> names = new ArrayList<>();
+    for (Throwable cause = e; cause != null && names.size() < 10; cause = cause.getCause()) {
+      names.add(cause.getClass().getSimpleName());
+    }
+    return names;
+  }
+
   /**
    * {"error": simple class name, "message", "causes": [class names of the causes], "code":
    * for a StreamException}.
@@ -204,11 +213,7 @@ final class Harness {
     JsonObject out = new JsonObject();
     out.addProperty("error", e.getClass().getSimpleName());
     out.addProperty("message", String.valueOf(e.getMessage()));
-    List<String> causes = new ArrayList<>();
-    for (Throwable cause = e.getCause(); cause != null && causes.size() < 10; ) {
-      causes.add(cause.getClass().getSimpleName());
-      cause = cause.getCause();
-    }
+    List<String> causes = classNames(e.getCause());
     out.add("causes", json(causes));
     if (e instanceof com.rabbitmq.stream.StreamException) {
       out.addProperty("code", ((com.rabbitmq.stream.StreamException) e).getCode());
