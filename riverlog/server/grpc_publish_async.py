@@ -14,9 +14,11 @@
 # which stores them with this same batch code (riverlog.server.forward_leader) and answers
 # every request's PublishResponse in one message, passed on as it is: a client answered
 # through a forwarding server gets what it would get from the leader itself, in the same
-# order (tests/cluster/test_forward_batch.py). While a server of riverlog before batches is in
-# the cluster (cluster.features.FORWARD_BATCH inactive), each goes enveloped to its partition's
-# subject instead, as before (forward_older.py).
+# order (tests/cluster/test_forward_batch.py). The first forward of a call waits until
+# nats-server has the call's answer inbox (subscribed on the control connection, confirmed
+# by a PING, as the forwards leave on the data connection). While a server of riverlog
+# before batches is in the cluster (cluster.features.FORWARD_BATCH inactive), each goes
+# enveloped to its partition's subject instead, as before (forward_older.py).
 from __future__ import annotations
 
 import asyncio
@@ -43,6 +45,7 @@ from .server_id import new_id
 log = logging.getLogger("riverlog.grpc")
 
 ASYNC_ACK_TIMEOUT_S = 5.0
+LISTEN_TIMEOUT_S = 10  # nats-py's own flush default
 _ENVELOPED = "." + ENVELOPED_TOKEN
 _ASYNC = pb.PublishAsyncError.Code
 
@@ -179,7 +182,7 @@ class _AsyncSession:
         if self.acks is None:
             self.inbox = f"{service.namespace}.ack.{new_id()}"
             self.acks = asyncio.get_running_loop().create_task(
-                bridge.nc.subscribe(self.inbox + ".*", cb=self._on_answer))
+                _listen_first(bridge.nc, self.inbox + ".*", self._on_answer))
         if self.enveloped or not service.broker.placement.has_feature(FORWARD_BATCH):
             # an older server is in (or was when this call began: a batch sent after the
             # enveloped requests still travelling could be stored before them)
@@ -311,6 +314,25 @@ class _AsyncSession:
         else:
             self.send(pb.PublishResponse(correlationId=ack.correlationId,
                                          ack=ack).SerializeToString())
+
+
+async def _listen_first(nc, subject: str, cb):
+    """Subscribe ``subject`` on the control connection ``nc`` (nats-py) and return the
+    subscription once nats-server has it: a PING answered after the SUB, so it has passed the
+    interest on to its routes as well. Forwards leave on the data connection, another TCP
+    connection, and an answer that arrived before the interest would be dropped (the client's
+    ack would time out with the record stored). Raises what subscribe or flush raise
+    (having unsubscribed)."""
+    sub = await nc.subscribe(subject, cb=cb)
+    try:
+        await nc.flush(timeout=LISTEN_TIMEOUT_S)
+    except BaseException:
+        try:
+            await sub.unsubscribe()
+        except Exception:  # the connection went, and the subscription with it
+            pass
+        raise
+    return sub
 
 
 async def _after(first: asyncio.Future, then: asyncio.Future):

@@ -211,3 +211,37 @@ async def test_the_forward_subject_is_the_servers_own(cluster):
     finally:
         for channel, _ in channels:
             await channel.close()
+
+
+async def test_the_first_forward_of_a_call_is_answered_while_the_control_connection_is_busy(
+        cluster):
+    """The answers of a call's forwards come to an inbox subscribed on the bridge's control
+    connection (nats-py), while the forwards leave on the data connection: the first may go
+    only once nats-server has the subscription (and has passed it on to its routes). Here the
+    control connection still has megabytes to write when the first request is forwarded, so
+    its SUB reaches nats-server long after a forward sent at once would have been answered
+    (CI: go-liftbridge's first publish after CreateStream timed out; the record was stored
+    on the leader and the answer dropped for want of interest)."""
+    channels = [stub_of(app) for app in cluster]
+    stubs = [s for _, s in channels]
+    try:
+        lead, follow = await _roles(cluster, stubs, "busy")
+        via = cluster[follow]
+        nc = via.nats_link.nc
+        for attempt in range(3):
+            backlog = b"x" * (nc.max_payload - 1024)
+            for _ in range(48):  # the control connection busy: ~48 MB ahead of the SUB
+                await nc.publish(f"{via.liftbridge.namespace}.busy.nobody", backlog)
+            session = _AsyncSession()
+            session.batch = [pb.PublishRequest(stream="busy", value=b"first",
+                                               correlationId=f"f{attempt}",
+                                               ackPolicy=LEADER).SerializeToString()]
+            _publish_batch(via.liftbridge, session)
+            await until("the first forward answered", lambda: session.out)
+            answer = pb.PublishResponse.FromString(session.out[0])
+            assert (answer.correlationId, answer.ack.offset) == (f"f{attempt}", attempt)
+            assert not answer.HasField("asyncError"), answer
+            session.close()
+    finally:
+        for channel, _ in channels:
+            await channel.close()
