@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import time
 from typing import Callable, Collection, Mapping, Sequence
 
 from ..config import LogConfig
@@ -281,10 +282,32 @@ class Partition:
         try:
             await self.wait_committed(offset)
         except Exception as exc:
-            log.error("%r: offset %d not committed: %s", self, offset, exc)
+            self._log_uncommitted(offset, exc)
             failed(exc)
             return
         committed()
+
+    # class defaults: an idle partition pays nothing for them
+    _uncommitted_unlogged = 0  # failures counted since the last line, logged in a summary
+    _uncommitted_logged_at = -2.0  # monotonic s of the last line
+
+    def _log_uncommitted(self, offset: int, exc: BaseException) -> None:
+        """Log a write that cannot be committed; more of them within a second (a closing or
+        deposed leader fails every pending write at once) are counted and logged as one
+        line a second later."""
+        now = time.monotonic()
+        if now - self._uncommitted_logged_at >= 1.0:
+            self._uncommitted_logged_at = now
+            log.error("%r: offset %d not committed: %s", self, offset, exc)
+            return
+        if not self._uncommitted_unlogged:
+            asyncio.get_running_loop().call_later(1.0, self._log_uncommitted_count, exc)
+        self._uncommitted_unlogged += 1
+
+    def _log_uncommitted_count(self, exc: BaseException) -> None:
+        count, self._uncommitted_unlogged = self._uncommitted_unlogged, 0
+        self._uncommitted_logged_at = time.monotonic()
+        log.error("%r: %d more writes not committed (the first: %s)", self, count, exc)
 
     # -- reading ------------------------------------------------------------------------
     def read_chunks(self, offset: int, max_bytes: int = 1024 * 1024, max_chunks: int = 0,

@@ -51,6 +51,10 @@ LEADER_POLL_S = 0.1
 TRANSFER_RETRY_S = 3.0
 """How long hand_over_leadership waits for another leader after an accepted transfer
 before it asks again: an election lost (election timeouts 1-2 s by default) and the next."""
+CONNECTION_RETRY_S = 0.5
+"""How often a member dials one it lost (pysyncobj's connectionRetryTime, 5 s by default;
+only the member with the greater address dials, transport.py _shouldConnect, so a restarted
+member could wait that long to be heard). A refused connect to a stopped member is cheap."""
 
 ADMIN_REQUEST = "riverlog"
 """The pysyncobj utility message riverlog's admin requests travel as: [ADMIN_REQUEST,
@@ -161,6 +165,7 @@ class RaftMetadata:
                                    Callable[[ClusterState], None]]] = []
         self._lock = threading.Lock()
         self._replicated = _Replicated(self._changed)
+        self._password = settings.password  # step_down's admin requests to itself
         lo, hi = settings.election_timeout_min, settings.election_timeout_max
         conf = SyncObjConf(
             password=settings.password,
@@ -168,7 +173,8 @@ class RaftMetadata:
             fullDumpFile=os.path.join(settings.raft_dir, raft_files.SNAPSHOT),
             useFork=False,  # no fork() of a process running an event loop and threads
             raftMinTimeout=lo, raftMaxTimeout=hi, appendEntriesPeriod=lo / 10,
-            connectionTimeout=max(3.5, hi), maxBindRetries=settings.bind_retries,
+            connectionTimeout=max(3.5, hi), connectionRetryTime=CONNECTION_RETRY_S,
+            maxBindRetries=settings.bind_retries,
             dynamicMembershipChange=True)
         self._raft = SyncObj(settings.address, list(settings.peers), conf,
                              consumers=[self._replicated])
@@ -309,6 +315,21 @@ class RaftMetadata:
         except TimeoutError:
             raise RaftUnavailable(f"{what}: no outcome from Raft within {timeout} s "
                                   f"(leader {self.leader})") from None
+
+    async def step_down(self, timeout: float) -> bool:
+        """If this member leads the Raft, hand the leadership to its most caught-up follower
+        (``hand_over_leadership``, through pysyncobj's own thread) before a stop: the entries
+        this leader committed last reach the others with the next leader's first heartbeat
+        instead of after an election timeout. Returns True once another member leads; False
+        when this one did not lead or none took over within ``timeout`` seconds."""
+        if not self.is_leader:
+            return False
+        try:
+            return await asyncio.to_thread(hand_over_leadership, self.address,
+                                           self._password, timeout)
+        except RaftUnavailable as exc:
+            log.warning("the Raft leadership was not handed over: %s", exc)
+            return False
 
     def watch(self, loop: asyncio.AbstractEventLoop,
               callback: Callable[[ClusterState], None]) -> Callable[[], None]:

@@ -1,5 +1,7 @@
 # The running server: opens the broker, starts every front door, and stops them in order on
-# shutdown (stop accepting, finish in-flight confirms, close connections, close the logs).
+# shutdown (stop accepting, finish in-flight confirms, close connections; in a cluster then
+# hand the partitions it leads to in-sync replicas and stop replication and Raft; close the
+# logs).
 # With a cluster configured (ServerConfig.cluster) it is also a cluster member: the cluster
 # Placement is installed before any door starts, the shared NATS link joins the other
 # servers' nats-servers, and the Raft member starts once every door listens (it registers
@@ -187,10 +189,15 @@ class App:
         if self.metrics is not None:
             await self.metrics.stop()
         self.access.stop()
-        if self.cluster is not None:
-            await self.cluster.stop()
+        # the doors first, while replication still runs, so what they took commits and is
+        # confirmed; then the controlled shutdown (cluster.leaving) and the cluster
         if self.rabbitmq_stream is not None:
             await self.rabbitmq_stream.stop()
+        await self._stop_liftbridge_doors()
+        if self.cluster is not None:
+            from ..cluster.leaving import leave
+            await leave(self.cluster)
+            await self.cluster.stop()
         await self._stop_liftbridge()
         await self.tables.stop()
         await self.broker.close()
@@ -254,9 +261,9 @@ class App:
         name = None if cluster is None else f"riverlog-{cluster.server_id}"
         return NatsLink(nats, self.guard, routes, name, clustered=cluster is not None)
 
-    async def _stop_liftbridge(self) -> None:
-        """gRPC (stop taking calls), NATS bridge (acks out, unsubscribe, nats-server down),
-        then the Liftbridge layer (pending appends written)."""
+    async def _stop_liftbridge_doors(self) -> None:
+        """gRPC (stop taking calls), forwarded batches, pending appends written, then the
+        NATS bridge (acks out, unsubscribe)."""
         grpc, self.grpc = self.grpc, None
         if grpc is not None:
             await grpc.stop()
@@ -268,6 +275,10 @@ class App:
             await self.liftbridge.appenders.drain()
         if nats is not None:
             await nats.stop()
+
+    async def _stop_liftbridge(self) -> None:
+        """After the doors and the cluster: the NATS link (nats-server down), then the
+        Liftbridge layer."""
         link, self.nats_link = self.nats_link, None
         if link is not None:
             await link.stop()

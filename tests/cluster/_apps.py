@@ -24,9 +24,11 @@ WAIT_S = 60
 
 
 def configs(tmp_path, password: str = "pw", security: SecurityConfig | None = None,
-            tables: TableConfig | None = None, **grpc) -> list[ServerConfig]:
+            tables: TableConfig | None = None, replica_timings_ms: tuple = (),
+            **grpc) -> list[ServerConfig]:
     """Every member's ServerConfig; ``tables``: every member's TableConfig (streams as
-    tables); ``grpc``: GrpcConfig settings of every member."""
+    tables); ``replica_timings_ms``: ClusterConfig's; ``grpc``: GrpcConfig settings of every
+    member."""
     raft = {i: f"{HOST}:{free_port()}" for i in IDS}
     routes = {i: f"{HOST}:{free_port()}" for i in IDS}
     return [ServerConfig(
@@ -37,7 +39,8 @@ def configs(tmp_path, password: str = "pw", security: SecurityConfig | None = No
         management=ManagementConfig(port=0),
         cluster=ClusterConfig(server_id=i, raft_address=raft[i], bootstrap_peers=IDS,
                               raft_peers=tuple((j, a) for j, a in raft.items() if j != i),
-                              raft_password=password),
+                              raft_password=password,
+                              replica_timings_ms=replica_timings_ms),
         security=security or SecurityConfig(), tables=tables or TableConfig()) for i in IDS]
 
 
@@ -69,16 +72,18 @@ async def until(what: str, check):
 
 
 async def started(tmp_path, security: SecurityConfig | None = None,
-                  tables: TableConfig | None = None, **grpc) -> list[App]:
-    """Three started Apps of one cluster (``security``, ``tables``, ``grpc``: as
-    ``configs``), once every server is registered everywhere, each caught up with Raft and
+                  tables: TableConfig | None = None, replica_timings_ms: tuple = (),
+                  **grpc) -> list[App]:
+    """Three started Apps of one cluster (``security``, ``tables``, ``replica_timings_ms``,
+    ``grpc``: as ``configs``), once every server is registered everywhere, each caught up with Raft and
     its Raft member connected to every other (stop them with ``stopped``). A Raft port
     picked free can be taken before pysyncobj binds it (an outgoing connection's ephemeral
     port: CI saw it once), so a RaftBindError starts the cluster again on new ports, in a
     new folder, twice at most."""
     for attempt in range(3):
         apps = [App(c) for c in configs(tmp_path / f"attempt{attempt}", security=security,
-                                        tables=tables, **grpc)]
+                                        tables=tables, replica_timings_ms=replica_timings_ms,
+                                        **grpc)]
         try:
             await asyncio.gather(*(a.start() for a in apps))
             await until("every server registered everywhere, caught up, in touch with all",

@@ -1,0 +1,102 @@
+# A cluster member's graceful stop (riverlog.cluster.leaving, App.stop's order) on three real
+# Apps of one cluster: the doors stop first while replication still runs, so what the
+# stopping leader took is committed and acked; then it hands every partition it leads to an
+# in-sync follower and a stopping follower leaves the ISR, through Raft, before its Raft
+# member stops. The followers' own detection is switched off here (leader timeout and lag
+# time 120 s), so only the stopping server can have made those changes. No mocks.
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from _apps import created, started, stopped, stub_of
+from riverlog.protocol.liftbridge import api_pb2 as pb
+
+pytestmark = pytest.mark.timeout(180)
+
+SLOW = (("replica_max_lag_time_ms", 120_000), ("replica_max_leader_timeout_ms", 120_000))
+SOON_S = 10  # far less than the 120 s the followers would take on their own
+
+
+async def _soon(what: str, check) -> None:
+    for _ in range(SOON_S * 20):
+        if check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"still not, {SOON_S} s after the stop: {what}")
+
+
+async def _read(app, stream: str, last: int) -> dict[int, bytes]:
+    """{offset: value} of ``stream``'s partition 0 up to ``last``, read from ``app``."""
+    channel, stub = stub_of(app)
+    got: dict[int, bytes] = {}
+    call = stub.Subscribe(pb.SubscribeRequest(stream=stream,
+                                              startPosition=pb.StartPosition.EARLIEST),
+                          timeout=60)
+    async for msg in call:
+        if msg == pb.Message():  # Liftbridge's empty handshake message
+            continue
+        got[msg.offset] = msg.value
+        if msg.offset >= last:
+            break
+    call.cancel()
+    await channel.close()
+    return got
+
+
+async def test_a_stopping_leader_keeps_what_it_acked_and_hands_its_partitions_over(tmp_path):
+    apps = await started(tmp_path, replica_timings_ms=SLOW)
+    try:
+        part = await created(apps, "leave", replication_factor=3, min_isr=2)
+        by_id = {a.config.cluster.server_id: a for a in apps}
+        leader = by_id[part.leader]
+        others = [a for a in apps if a is not leader]
+        channel, stub = stub_of(leader)
+
+        async def publish(i: int):
+            try:
+                ack = (await stub.Publish(pb.PublishRequest(
+                    stream="leave", value=b"m%d" % i, ackPolicy=pb.AckPolicy.ALL),
+                    timeout=30)).ack
+                return i, ack.offset
+            except grpc.aio.AioRpcError as exc:
+                return i, exc.code()
+        first = await asyncio.gather(*(publish(i) for i in range(50)))
+        assert all(isinstance(offset, int) for _, offset in first)
+        # publishes in flight while the leader stops
+        later = [asyncio.ensure_future(publish(i)) for i in range(50, 300)]
+        await asyncio.sleep(0.05)
+        await leader.stop()
+        results = first + list(await asyncio.gather(*later))
+        await channel.close()
+
+        await _soon("another leader named everywhere", lambda: all(
+            (p := a.broker.placement.of("leave", 0)).leader not in (None, part.leader)
+            and p.leader_epoch == part.leader_epoch + 1 for a in others))
+        now = others[0].broker.placement.of("leave", 0)
+        assert part.leader not in now.isr and len(now.isr) == 2
+        # every acked publish is on the new leader, at its offset; none taken was lost
+        acked = {offset: b"m%d" % i for i, offset in results if isinstance(offset, int)}
+        assert len(acked) >= 50
+        stored = await _read(by_id[now.leader], "leave", max(acked))
+        assert all(stored.get(offset) == value for offset, value in acked.items())
+    finally:
+        await stopped(apps)
+
+
+async def test_a_stopping_follower_leaves_the_isr(tmp_path):
+    apps = await started(tmp_path, replica_timings_ms=SLOW)
+    try:
+        part = await created(apps, "follow", replication_factor=3, min_isr=2)
+        follower = next(a for a in apps if a.config.cluster.server_id != part.leader)
+        gone = follower.config.cluster.server_id
+        await follower.stop()
+        rest = [a for a in apps if a is not follower]
+        await _soon(f"{gone} out of the ISR everywhere", lambda: all(
+            gone not in a.broker.placement.of("follow", 0).isr for a in rest))
+        # the leader kept its place; the ISR still meets min ISR, so writes go on
+        assert all(a.broker.placement.of("follow", 0).leader == part.leader for a in rest)
+    finally:
+        await stopped(apps)
