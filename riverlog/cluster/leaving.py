@@ -5,8 +5,8 @@
 # epoch), and every partition it follows in sync lets it leave the ISR (state.shrink_isr),
 # so clients find a leader at once, and ALL acks stop waiting for this server, instead of
 # after the followers' replica.max.leader.timeout and the leader's replica.max.lag.time;
-# then a Raft leader hands its leadership over (RaftMetadata.step_down), so the others learn
-# those commands committed without waiting for an election.
+# then, when it leads the Raft, it hands that leadership over (RaftMetadata.step_down), so
+# the others learn those commands committed without waiting for an election.
 # Rules: best effort within deadlines, every command submitted at once; nothing is tried
 # when no other Raft member is connected (the whole cluster stopping); a refusal (the
 # leader or epoch changed meanwhile) or RaftUnavailable is logged and the stop goes on; a
@@ -51,7 +51,6 @@ async def leave(node, timeout: float = LEAVE_TIMEOUT_S) -> int:
         return 0  # alone (the others stopped too): nothing could be committed
     commands = leaving_commands(node.placement.state, node.server_id)
     if not commands:
-        await metadata.step_down(timeout)
         return 0
 
     async def one(name: str, arguments: dict) -> bool:
@@ -75,5 +74,6 @@ async def leave(node, timeout: float = LEAVE_TIMEOUT_S) -> int:
     left = sum(ok for (name, _), ok in zip(commands, done) if name == "shrink_isr")
     log.info("leaving: %d partition(s) handed to another in-sync replica, left the ISR of %d",
              handed, left)
-    await metadata.step_down(timeout)
+    if any(done):
+        await metadata.step_down(timeout)
     return sum(done)
