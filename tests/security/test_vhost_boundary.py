@@ -82,6 +82,11 @@ async def test_no_stream_door_client_reaches_another_vhosts_stream(app):
         other, code = await opened(app, "ops", vhost)
         assert code == ResponseCode.OK
         assert await spelled(other, SECRET) == refused, vhost
+        # Metadata answers each name as asked (RabbitMQ answers from a map of the names):
+        # two spellings of hidden names, two answers, neither found
+        answer = await other.request(f.Metadata(12, (SECRET, internal("v2", "x"))))
+        assert [(s.name, s.response_code) for s in answer.streams] == [
+            (SECRET, DOES_NOT_EXIST), (internal("v2", "x"), DOES_NOT_EXIST)], vhost
     assert sorted(app.broker.streams) == sorted(["__cursors", SECRET])  # none made or gone
     # the owner's own connection reaches it by its name in v1
     assert (await owner.request(f.StreamStats(11, "secret"))).response_code == ResponseCode.OK

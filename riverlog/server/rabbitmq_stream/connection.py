@@ -261,7 +261,9 @@ class RabbitStreamConnection(asyncio.Protocol):
     # -- output -------------------------------------------------------------------------
     def send(self, frame: f.Frame) -> None:
         if self.transport is not None and not self.transport.is_closing():
-            if type(frame) in NAMED_OUT and self.link.vhost != DEFAULT:
+            kind = type(frame)
+            # on `/` only a Metadata answer may hold a hidden name (one asked: vhost_frames)
+            if kind in NAMED_OUT and (self.link.vhost != DEFAULT or kind is f.MetadataResponse):
                 frame = outbound(frame)
             self.transport.write(encode(frame, self.decoder.dialect))
             self.link.last_sent = time.monotonic()

@@ -5,14 +5,16 @@
 # virtual host's streams.
 # Rules: a client name that starts with vhost_names.MARK is no name (it would spell another
 # virtual host's stream): vhost_names.lookup makes it the empty name's, which Create refuses
-# (0x11) and nothing else finds; Subscribe's `super-stream` property is a name too; a frame
-# without names passes as it is (the same object).
+# (0x11) and nothing else finds; in Metadata it is kept apart instead (``_unknown``: a name of
+# the virtual host "", which cannot exist), so the answer names it as it was asked, not as the
+# empty name (RabbitMQ answers each asked name); Subscribe's `super-stream` property is a
+# name too; a frame without names passes as it is (the same object).
 from __future__ import annotations
 
 import dataclasses
 
 from ...protocol.rabbitmq_stream import frames as f
-from ...vhost_names import external, lookup
+from ...vhost_names import MARK, external, lookup
 
 # inbound frame type -> its fields that hold one name; Metadata's ``streams`` and
 # CreateSuperStream's ``partitions`` hold several
@@ -36,7 +38,8 @@ def inbound(frame: f.Frame, vhost: str) -> f.Frame:
     if fields is None:
         if type(frame) is f.Metadata:
             return dataclasses.replace(frame, streams=tuple(
-                lookup(vhost, n) for n in frame.streams))
+                _unknown(n) if n.startswith(MARK) else lookup(vhost, n)
+                for n in frame.streams))
         return frame
     changes = {field: lookup(vhost, getattr(frame, field)) for field in fields}
     if type(frame) is f.CreateSuperStream:
@@ -47,6 +50,13 @@ def inbound(frame: f.Frame, vhost: str) -> f.Frame:
         properties[SUPER_STREAM_PROPERTY] = lookup(vhost, properties[SUPER_STREAM_PROPERTY])
         changes["properties"] = properties
     return dataclasses.replace(frame, **changes)
+
+
+def _unknown(name: str) -> str:
+    """Client name ``name`` (it starts with MARK) as a broker name of the virtual host "":
+    no stream has it (a virtual host's name is never empty), and ``client_name`` gives
+    ``name`` back."""
+    return f"{MARK}{MARK}{name}"
 
 
 def client_name(broker: str) -> str:
