@@ -5,10 +5,12 @@
 # streams, queues and nodes need no peers: any cluster member answers those for all.
 # Rules: a peer is asked the same path with the caller's own Authorization (each worker
 # checks it) and the LOCAL header, which a worker answers from itself alone (so no request
-# goes round); a peer that does not answer within PEER_TIMEOUT_S is left out, never fails
-# the request; with no peers (one process) nothing here runs.
+# goes round); listings ask every peer at once; a peer that does not answer within
+# PEER_TIMEOUT_S is left out, never fails the request; with no peers (one process) nothing
+# here runs.
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -60,8 +62,8 @@ class Peers:
         if not self.asked(request):
             return []
         items: list = []
-        for url in self.urls:
-            got = await self._ask(url, request)
+        answers = await asyncio.gather(*(self._ask(url, request) for url in self.urls))
+        for got in answers:  # all peers at once, joined in the peers' order
             if got is not None and got[0] == 200 and got[2] == "application/json":
                 body = json.loads(got[1])
                 if isinstance(body, list):
