@@ -7,10 +7,13 @@
 # the PublishResponses in the order they were made, as they would have gone to a client of
 # its own. Rules: the reply must be one of riverlog's own inboxes (`<namespace>.ack.`); a
 # malformed batch is answered as failed (or dropped without a usable reply) with a log line,
-# never raises; a request for a partition this server no longer leads gets NOT_FOUND; an
-# answer over NATS's max_payload is replaced by a failure.
+# never raises; a request for a partition this server does not lead waits (apart, up to
+# LEAD_WAIT_S) for its placement to name it (the sender may have applied a leader change
+# first) and then gets NOT_FOUND; an answer over NATS's max_payload is replaced by a failure;
+# at stop the batches already delivered are still taken and answered (STOP_TIMEOUT_S).
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from ..protocol.forward_batch import (ANSWER_MAGIC, MAGIC, MAX_ITEMS_DIVISOR, ForwardError,
@@ -21,6 +24,10 @@ from .grpc_publish_async import _AsyncSession, _publish_batch
 from .liftbridge import Liftbridge
 
 log = logging.getLogger("riverlog.grpc")
+
+STOP_TIMEOUT_S = 5.0
+STOP_POLL_S = 0.02
+LEAD_WAIT_S = 2.0  # how long a request for a partition led elsewhere waits to be led here
 
 
 class ForwardedPublishes:
@@ -34,18 +41,29 @@ class ForwardedPublishes:
         self._inboxes = f"{service.namespace}.ack."
         self._sub = None
         self.batches = 0  # batches taken (each request of one is counted by its stream)
+        self.answering: set[_Answer] = set()  # batches taken whose answer is not sent yet
+        self._waiting: set[asyncio.Task] = set()  # ``_later`` of batches with deferred ones
         link.add_reconnect_listener(self._resubscribe)
 
     async def start(self) -> None:
         self._sub = await self.link.nc.subscribe(self.subject, cb=self._on_batch)
 
-    async def stop(self) -> None:
+    async def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Take no more batches: the ones nats-server delivered already are still taken
+        (nats-py's drain; a batch sent later finds no server and its sender sends it on to
+        the partition's next leader), then wait up to ``timeout`` s until every batch taken
+        is answered (its writes committed, while replication still runs: App.stop's order)."""
         sub, self._sub = self._sub, None
         if sub is not None:
             try:
-                await sub.unsubscribe()
+                await sub.drain()
             except Exception:  # the connection went, and the subscription with it
                 pass
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.answering and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(STOP_POLL_S)
+        if self.answering:
+            log.warning("%d forwarded batches not answered at stop", len(self.answering))
 
     async def _resubscribe(self, nc) -> None:
         if self._sub is not None:
@@ -66,34 +84,69 @@ class ForwardedPublishes:
             log.error("malformed forwarded batch on %s: %s", msg.subject, exc)
             bridge.queue_publish(reply.encode(), encode_failed(f"malformed batch: {exc}"))
             return
-        answer = _Answer(bridge, reply.encode(), max_payload)
+        answer = _Answer(bridge, reply.encode(), max_payload, self.answering)
         answer.batch = raws
+        self.answering.add(answer)
+        self._store(answer)
+        if not answer.deferred:
+            answer.stored = True
+            answer.finish()
+            return
+        # the sender may have applied a leader change this server has not yet: wait for it
+        # apart, so the batches after this one are not held
+        task = asyncio.get_running_loop().create_task(self._later(answer))
+        self._waiting.add(task)
+        task.add_done_callback(self._waiting.discard)
+
+    async def _later(self, answer: "_Answer") -> None:
+        """Store ``answer``'s deferred requests once this server leads their partitions, or
+        refuse them after LEAD_WAIT_S; then answer the batch."""
+        answer.deferring = False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LEAD_WAIT_S
+        placement = self.service.broker.placement
+        while loop.time() < deadline and not all(
+                placement.leads(req.stream, req.partition) for req, _ in answer.deferred):
+            await asyncio.sleep(STOP_POLL_S)
+        answer.batch, answer.deferred = [raw for _, raw in answer.deferred], []
+        self._store(answer)  # what this server still does not lead is refused now
+        answer.stored = True
+        answer.finish()
+
+    def _store(self, answer: "_Answer") -> None:
         try:
             _publish_batch(self.service, answer)
         except Exception as exc:  # a bug: the forwarding server still gets its answer
-            log.exception("forwarded batch on %s failed", msg.subject)
+            log.exception("forwarded batch to %s failed", self.subject)
             answer.error = (None, f"forwarded batch failed: {exc}")
-        answer.stored = True
-        answer.finish()
 
 
 class _Answer(_AsyncSession):
     """The session a forwarded batch is stored with: it collects the PublishResponses and
     sends them back in one message when the last awaited ack came."""
 
-    __slots__ = ("bridge", "reply", "max_payload", "stored", "answered")
+    __slots__ = ("bridge", "reply", "max_payload", "stored", "answered", "answering",
+                 "deferring", "deferred")
 
-    def __init__(self, bridge, reply: bytes, max_payload: int) -> None:
+    def __init__(self, bridge, reply: bytes, max_payload: int, answering: set) -> None:
         super().__init__()
         self.bridge = bridge
         self.reply = reply
         self.max_payload = max_payload
         self.stored = False  # _publish_batch returned: every request is stored or answered
         self.answered = False
+        self.answering = answering  # ForwardedPublishes': left once answered
+        self.deferring = True  # requests led elsewhere here wait (once) for the placement
+        self.deferred: list = []  # (request, its bytes) waiting
 
     def forward(self, service: Liftbridge, req: pb.PublishRequest, raw: bytes,
                 resuming=None) -> None:
-        """Led elsewhere now (the leader changed while the batch travelled): refused."""
+        """Led elsewhere as this server sees it: first kept for a second look (the sender
+        may have applied a leader change that names this server before it did); then, still
+        led elsewhere (the leader changed while the batch travelled), refused."""
+        if self.deferring:
+            self.deferred.append((req, raw))
+            return
         self.send_error(req.correlationId, pb.PublishAsyncError.Code.NOT_FOUND,
                         f"server {service.broker.placement.server_id} no longer leads "
                         f"partition {req.partition} of stream {req.stream}")
@@ -106,6 +159,7 @@ class _Answer(_AsyncSession):
         if not self.stored or self.inflight > 0 or self.answered:
             return
         self.answered = True
+        self.answering.discard(self)
         if self.error is not None:
             data = encode_failed(self.error[1])
         else:

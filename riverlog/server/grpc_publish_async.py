@@ -14,11 +14,13 @@
 # which stores them with this same batch code (riverlog.server.forward_leader) and answers
 # every request's PublishResponse in one message, passed on as it is: a client answered
 # through a forwarding server gets what it would get from the leader itself, in the same
-# order (tests/cluster/test_forward_batch.py). The first forward of a call waits until
-# nats-server has the call's answer inbox (subscribed on the control connection, confirmed
-# by a PING, as the forwards leave on the data connection). While a server of riverlog
-# before batches is in the cluster (cluster.features.FORWARD_BATCH inactive), each goes
-# enveloped to its partition's subject instead, as before (forward_older.py).
+# order (tests/cluster/test_forward_batch.py). A call's answer inbox is subscribed on the
+# data connection, the one its forwards leave on, so nats-server has it before the first
+# forward; a batch nats-server finds no server for ("no responders": its leader stopped
+# taking batches, nothing was stored) goes to the partitions' next leader once the placement
+# names one. While a server of riverlog before batches is in the cluster
+# (cluster.features.FORWARD_BATCH inactive), each goes enveloped to its partition's subject
+# instead, as before (forward_older.py).
 from __future__ import annotations
 
 import asyncio
@@ -45,8 +47,10 @@ from .server_id import new_id
 log = logging.getLogger("riverlog.grpc")
 
 ASYNC_ACK_TIMEOUT_S = 5.0
-LISTEN_TIMEOUT_S = 10  # nats-py's own flush default
+RESEND_WAIT_S = 5.0  # how long a batch no server took waits for its partitions' next leader
+RESEND_POLL_S = 0.05
 _ENVELOPED = "." + ENVELOPED_TOKEN
+_NO_RESPONDERS = b"NATS/1.0 503"  # nats-server's status when no subscription takes a request
 _ASYNC = pb.PublishAsyncError.Code
 
 
@@ -127,7 +131,8 @@ class _AsyncSession:
     written, acks outstanding."""
 
     __slots__ = ("batch", "out", "wake", "inflight", "reading", "error", "inbox", "acks",
-                 "gate", "forwards", "batches", "next_batch", "enveloped")
+                 "gate", "forwards", "batches", "next_batch", "enveloped", "service",
+                 "resends", "closed")
 
     def __init__(self) -> None:
         self.batch: list[bytes] = []
@@ -137,12 +142,15 @@ class _AsyncSession:
         self.reading = True
         self.error: tuple[grpc.StatusCode, str] | None = None
         self.inbox = ""  # the answer inboxes' prefix of publishes sent on to other leaders
-        self.acks: asyncio.Task | None = None  # subscribes it; its result: the subscription
+        self.acks: asyncio.Future | None = None  # done: (data link, sid) of the inbox
         self.gate: asyncio.Future | None = None  # forwards wait for it: ``acks`` and resumes
         self.forwards: dict[str, list] = {}  # leader -> (request, its bytes, resuming) this turn
         self.batches: dict[int, list] = {}  # batch number -> its requests, answer awaited
         self.next_batch = 0
         self.enveloped = False  # forwarded the older way once: stays so (forward_older.py)
+        self.service: Liftbridge | None = None  # set by send_forwards (resends need it)
+        self.resends: set[asyncio.Task] = set()  # batches no server took, waiting to go again
+        self.closed = False
 
     def forward(self, service: Liftbridge, req: pb.PublishRequest, raw: bytes,
                 resuming: asyncio.Future | None = None) -> list | None:
@@ -172,17 +180,23 @@ class _AsyncSession:
         forwards, self.forwards = self.forwards, {}
         if not forwards:
             return
+        self.service = service
         bridge = service.bridge
-        if bridge is None or bridge.nc is None:
+        data_link = None if bridge is None else bridge.data
+        if data_link is None or bridge.nc is None:
             for items in forwards.values():
                 for req, _, _ in items:
                     self.send_error(req.correlationId, _ASYNC.UNKNOWN, "NATS is not connected: "
                                     "cannot reach the partition leader")
             return
         if self.acks is None:
+            # on the data connection, the one the forwards leave on: nats-server has the
+            # subscription before any forward (and passed it to its routes first), and its
+            # "no responders" answer to a forward comes back here
             self.inbox = f"{service.namespace}.ack.{new_id()}"
-            self.acks = asyncio.get_running_loop().create_task(
-                _listen_first(bridge.nc, self.inbox + ".*", self._on_answer))
+            self.acks = asyncio.get_running_loop().create_future()
+            self.acks.set_result((data_link, data_link.subscribe(
+                self.inbox + ".*", "", self._on_answers)))
         if self.enveloped or not service.broker.placement.has_feature(FORWARD_BATCH):
             # an older server is in (or was when this call began: a batch sent after the
             # enveloped requests still travelling could be stored before them)
@@ -199,13 +213,14 @@ class _AsyncSession:
             for item in items:
                 framed = framed_size(item[1])
                 if batch and (len(batch) >= max_items or size + framed > max_bytes):
-                    self._send_batch(bridge, subject, batch, max_payload)
+                    self._send_batch(bridge, leader, subject, batch, max_payload)
                     batch, size = [], len(MAGIC)
                 batch.append(item)
                 size += framed
-            self._send_batch(bridge, subject, batch, max_payload)
+            self._send_batch(bridge, leader, subject, batch, max_payload)
 
-    def _send_batch(self, bridge, subject: bytes, batch: list, max_payload: int) -> None:
+    def _send_batch(self, bridge, leader: str, subject: bytes, batch: list,
+                    max_payload: int) -> None:
         gate = self.gate or self.acks
         for resuming in {id(r): r for _, _, r in batch if r is not None}.values():
             gate = self.gate = asyncio.ensure_future(_after(resuming, gate))
@@ -234,7 +249,7 @@ class _AsyncSession:
                 self._answer_failed(reqs, _ASYNC.BAD_REQUEST,
                                     "message exceeds max replication size")
                 return
-            self.batches[number] = reqs
+            self.batches[number] = (leader, reqs)
             bridge.queue_publish(b"%b %b.%d" % (subject, self.inbox.encode(), number), data)
         gate.add_done_callback(send)
 
@@ -245,35 +260,43 @@ class _AsyncSession:
                 self.inflight -= 1
             self.send_error(req.correlationId, code, message)
 
-    async def _on_answer(self, msg) -> None:
+    def _on_answers(self, messages: list) -> None:
+        """The data connection's messages on this call's inboxes (NatsDataLink handler)."""
+        for _, subject, _, headers, data in messages:
+            self._on_answer(subject, headers, data)
+
+    def _on_answer(self, subject: str, headers: bytes | None, data: bytes) -> None:
         """A leader's answer to batch ``<inbox>.<n>``: its PublishResponses go to the client
         as they are; a failed batch or a malformed answer: every acked request gets an error;
-        nats-server's "no responders" status (no server listens: the leader is gone): none.
-        On ``<inbox>.e``: an enveloped ack of forward_older's fallback."""
-        if msg.subject.endswith(_ENVELOPED):
-            on_enveloped_ack(self, msg.data)
+        nats-server's "no responders" status (no server listens: the leader stopped taking
+        batches): sent on (``_resend``). On ``<inbox>.e``: an enveloped ack of
+        forward_older's fallback."""
+        if subject.endswith(_ENVELOPED):
+            on_enveloped_ack(self, data)
             return
         try:
-            reqs = self.batches.pop(int(msg.subject.rsplit(".", 1)[1]), None)
+            sent = self.batches.pop(int(subject.rsplit(".", 1)[1]), None)
         except ValueError:
-            reqs = None
-        if reqs is None:
-            log.error("answer on %s: no forwarded batch of this call waits for it", msg.subject)
+            sent = None
+        if sent is None:
+            log.error("answer on %s: no forwarded batch of this call waits for it", subject)
+            return
+        leader, reqs = sent
+        if not data and headers and headers.startswith(_NO_RESPONDERS):
+            # no server took it (its leader stopped taking batches): nothing of it is stored,
+            # so it goes to the partitions' next leader; their acks stay awaited meanwhile
+            task = asyncio.get_running_loop().create_task(self._resend(leader, reqs))
+            self.resends.add(task)
+            task.add_done_callback(self.resends.discard)
             return
         self.inflight -= sum(req.ackPolicy != NONE for req in reqs)  # answered or given up
         self.wake.set()
-        data = msg.data
-        if not data and msg.headers and msg.headers.get("Status") == "503":
-            # no server listens (the leader is gone): unanswered, as Liftbridge's publish to a
-            # partition subject nobody takes (the client's ack times out)
-            log.warning("%d forwarded publishes unanswered: no server takes them", len(reqs))
-            return
         reason = decode_failed(data)
         if reason is None:
             try:
                 answers = decode_items(data, ANSWER_MAGIC, len(reqs))
             except ForwardError as exc:
-                log.error("malformed answer of a partition leader on %s: %s", msg.subject, exc)
+                log.error("malformed answer of a partition leader on %s: %s", subject, exc)
                 reason = f"malformed answer of the partition leader: {exc}"
         if reason is not None:
             for req in reqs:
@@ -282,20 +305,47 @@ class _AsyncSession:
             return
         self.out += answers
 
+    async def _resend(self, leader: str, reqs: list) -> None:
+        """Send ``reqs`` (a batch no server took from ``leader``'s subject) on to their
+        partitions' next leader once the placement names one other than ``leader`` (polled
+        every RESEND_POLL_S, for RESEND_WAIT_S at most, while the call lasts); what is still
+        waiting then stays unanswered, as Liftbridge leaves a publish to a partition subject
+        nobody takes (the client's ack times out). A request resent may be stored after
+        later ones of the call that went to the new leader at once."""
+        service = self.service
+        placement = service.broker.placement
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RESEND_WAIT_S
+        waiting = list(reqs)
+        while waiting and not self.closed and loop.time() < deadline:
+            await asyncio.sleep(RESEND_POLL_S)
+            ready = []
+            for req in waiting:
+                placed = placement.of(req.stream, req.partition)
+                if placed is not None and placed.leader and placed.leader != leader:
+                    ready.append(req)
+            if not ready:
+                continue
+            taken = {id(req) for req in ready}
+            waiting = [req for req in waiting if id(req) not in taken]
+            self.inflight -= sum(req.ackPolicy != NONE for req in ready)
+            # as if the client had sent them now: stored here if this server leads now
+            self.batch += [req.SerializeToString() for req in ready]
+            _publish_batch(service, self)
+        if waiting:
+            self.inflight -= sum(req.ackPolicy != NONE for req in waiting)
+            self.wake.set()
+            log.warning("%d forwarded publishes unanswered: no server takes them and no other "
+                        "leader was named within %.0f s", len(waiting), RESEND_WAIT_S)
+
     def close(self) -> None:
         """Stop listening for forwarded acks."""
-        acks = self.acks
-        if acks is None:
-            return
-        if not acks.done():
-            acks.cancel()
-        elif not acks.cancelled() and acks.exception() is None:
-            async def unsubscribe(sub) -> None:
-                try:
-                    await sub.unsubscribe()
-                except Exception:  # the connection went, and the subscription with it
-                    pass
-            asyncio.get_running_loop().create_task(unsubscribe(acks.result()))
+        self.closed = True
+        for task in list(self.resends):
+            task.cancel()
+        if self.acks is not None:
+            data_link, sid = self.acks.result()
+            data_link.unsubscribe(sid)
 
     def send(self, data: bytes) -> None:
         self.out.append(data)
@@ -314,25 +364,6 @@ class _AsyncSession:
         else:
             self.send(pb.PublishResponse(correlationId=ack.correlationId,
                                          ack=ack).SerializeToString())
-
-
-async def _listen_first(nc, subject: str, cb):
-    """Subscribe ``subject`` on the control connection ``nc`` (nats-py) and return the
-    subscription once nats-server has it: a PING answered after the SUB, so it has passed the
-    interest on to its routes as well. Forwards leave on the data connection, another TCP
-    connection, and an answer that arrived before the interest would be dropped (the client's
-    ack would time out with the record stored). Raises what subscribe or flush raise
-    (having unsubscribed)."""
-    sub = await nc.subscribe(subject, cb=cb)
-    try:
-        await nc.flush(timeout=LISTEN_TIMEOUT_S)
-    except BaseException:
-        try:
-            await sub.unsubscribe()
-        except Exception:  # the connection went, and the subscription with it
-            pass
-        raise
-    return sub
 
 
 async def _after(first: asyncio.Future, then: asyncio.Future):
