@@ -215,13 +215,13 @@ async def test_the_forward_subject_is_the_servers_own(cluster):
 
 async def test_the_first_forward_of_a_call_is_answered_while_the_control_connection_is_busy(
         cluster):
-    """The answers of a call's forwards come to an inbox subscribed on the bridge's control
-    connection (nats-py), while the forwards leave on the data connection: the first may go
-    only once nats-server has the subscription (and has passed it on to its routes). Here the
-    control connection still has megabytes to write when the first request is forwarded, so
-    its SUB reaches nats-server long after a forward sent at once would have been answered
-    (CI: go-liftbridge's first publish after CreateStream timed out; the record was stored
-    on the leader and the answer dropped for want of interest)."""
+    """A call's first forward must not reach the leader before nats-server has the call's
+    answer inbox (and has passed it on to its routes). Here the bridge's control connection
+    (nats-py) still has megabytes to write when the first request is forwarded: an inbox
+    subscribed there, as it was, reaches nats-server long after the leader answered (CI:
+    go-liftbridge's first publish after CreateStream timed out; the record was stored on the
+    leader and the answer dropped for want of interest). The inbox is now on the data
+    connection the forwards leave on."""
     channels = [stub_of(app) for app in cluster]
     stubs = [s for _, s in channels]
     try:
