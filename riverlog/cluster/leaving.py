@@ -59,7 +59,7 @@ async def leave(node, timeout: float = LEAVE_TIMEOUT_S) -> int:
             return True
         except Exception as exc:  # MetadataError (changed meanwhile), RaftUnavailable, ...
             log.info("leaving: %s of %s/%d not applied: %s", name, arguments["stream"],
-                        arguments["index"], exc)
+                     arguments["index"], exc)
             return False
 
     try:
