@@ -226,7 +226,8 @@ async def test_frame_too_large(stream_server, go_client):
     reader's frame_too_large), and the Environment connects again."""
     since = stream_server.log_size()
     r = await go_client.run("frame_too_large", stream_server.host, stream_server.port,
-                            stream=stream_name("go-frame"), max_frame_size=8192, debug=True)
+                            stream=stream_name("go-frame"), max_frame_size=8192, debug=True,
+                            timeout=120)
     assert r["send_code"] == FRAME_TOO_LARGE and r["small_send_code"] == OK
     assert (r["confirmed"], r["failed"], r["failed_codes"]) == (1, 1, {"14": 1})
     assert r["at_frame_max"] == {"store_code": OK, "closes": []}
