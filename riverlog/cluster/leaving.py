@@ -7,7 +7,8 @@
 # after the followers' replica.max.leader.timeout and the leader's replica.max.lag.time;
 # then, when it leads the Raft, it hands that leadership over (RaftMetadata.step_down), so
 # the others learn those commands committed without waiting for an election.
-# Rules: best effort within deadlines, every command submitted at once; nothing is tried
+# Rules: best effort within deadlines, every command submitted at once (again while Raft
+# cannot take it, e.g. no leader known for an instant); nothing is tried
 # when no other Raft member is connected (the whole cluster stopping); a refusal (the
 # leader or epoch changed meanwhile) or RaftUnavailable is logged and the stop goes on; a
 # partition with no other in-sync replica keeps this server as its leader (no unclean
@@ -17,9 +18,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from .metadata import RaftUnavailable
+
 log = logging.getLogger("riverlog.cluster")
 
 LEAVE_TIMEOUT_S = 3.0  # for the commands, then again for the Raft leadership
+RETRY_S = 0.1  # a command Raft could not take (no leader known) is asked again this soon
 
 
 def leaving_commands(state, server_id: str) -> list[tuple[str, dict]]:
@@ -53,13 +57,24 @@ async def leave(node, timeout: float = LEAVE_TIMEOUT_S) -> int:
     if not commands:
         return 0
 
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+
     async def one(name: str, arguments: dict) -> bool:
-        try:
-            await metadata.submit(name, timeout=timeout, **arguments)
-            return True
-        except Exception as exc:  # MetadataError (changed meanwhile), RaftUnavailable, ...
+        while True:
+            try:
+                await metadata.submit(name, timeout=max(deadline - loop.time(), 0.1),
+                                      **arguments)
+                return True
+            except RaftUnavailable as exc:  # e.g. no leader known this instant: again
+                if loop.time() + RETRY_S < deadline:
+                    await asyncio.sleep(RETRY_S)
+                    continue
+                error: Exception = exc
+            except Exception as exc:  # MetadataError (changed meanwhile), ...
+                error = exc
             log.info("leaving: %s of %s/%d not applied: %s", name, arguments["stream"],
-                     arguments["index"], exc)
+                     arguments["index"], error)
             return False
 
     try:
