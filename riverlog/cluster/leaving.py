@@ -47,8 +47,12 @@ def leaving_commands(state, server_id: str) -> list[tuple[str, dict]]:
 
 
 async def leave(node, timeout: float = LEAVE_TIMEOUT_S) -> int:
-    """Submit ``leaving_commands`` of ``node`` (a ClusterNode) through Raft, all at once, and
-    wait for them up to ``timeout`` seconds. Returns how many were applied; never raises."""
+    """Submit ``leaving_commands`` of ``node`` (a ClusterNode) through Raft, all at once,
+    and wait for them up to ``timeout`` seconds, once this server stopped following the
+    metadata and replicating (``stop_following``: a replica still fetching, a deposed
+    leader as a new follower too, would be taken back into the ISR by its leader; the doors
+    stopped and what they took is committed, so the followers hold it). Returns how many
+    were applied; never raises."""
     metadata = node.metadata
     if metadata is None or not any(metadata.connected(member) for member in metadata.members()
                                    if member != metadata.address):
@@ -56,7 +60,6 @@ async def leave(node, timeout: float = LEAVE_TIMEOUT_S) -> int:
     commands = leaving_commands(node.placement.state, node.server_id)
     if not commands:
         return 0
-
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
 
@@ -77,10 +80,10 @@ async def leave(node, timeout: float = LEAVE_TIMEOUT_S) -> int:
                      arguments["index"], error)
             return False
 
+    await node.stop_following()
     try:
-        done = await asyncio.wait_for(
-            asyncio.gather(*(one(name, arguments) for name, arguments in commands)),
-            timeout + 1)
+        done = await asyncio.wait_for(asyncio.gather(
+            *(one(name, arguments) for name, arguments in commands)), timeout + 1)
     except asyncio.TimeoutError:
         log.warning("leaving: %d leadership and ISR changes not all applied within %.0f s",
                     len(commands), timeout)
@@ -89,6 +92,6 @@ async def leave(node, timeout: float = LEAVE_TIMEOUT_S) -> int:
     left = sum(ok for (name, _), ok in zip(commands, done) if name == "shrink_isr")
     log.info("leaving: %d partition(s) handed to another in-sync replica, left the ISR of %d",
              handed, left)
-    if any(done):
+    if handed or left:
         await metadata.step_down(timeout)
-    return sum(done)
+    return handed + left

@@ -444,16 +444,21 @@ class ClusterNode:
             await self._joins.listen(nc)
         await self.status.answer(nc)
 
-    async def stop(self) -> None:
-        """Stop following the metadata, replication, and the Raft member."""
+    async def stop_following(self) -> None:
+        """Stop following the metadata, and replication; the Raft member runs on."""
         for task in (self._register_task, self._forget_task, self._internal_task):
             if task is not None:
                 task.cancel()
         self.status.stop()
         if self._unwatch is not None:
             self._unwatch()
+            self._unwatch = None
         if self.replication is not None:
             await self.replication.stop()
+
+    async def stop(self) -> None:
+        """``stop_following``, then the Raft member."""
+        await self.stop_following()
         if self.metadata is not None:
             await asyncio.to_thread(self.metadata.close)
 
