@@ -1,7 +1,8 @@
 # A cluster member's controlled shutdown (as Kafka's, broker setting
 # controlled.shutdown.enable: a stopping broker's partitions get new leaders first): once the
-# doors took their last write and it is committed, every partition this server leads that
-# has another in-sync replica is handed to it (state.change_leader under the current leader
+# doors took their last write and it is committed, the server stops following the metadata
+# and replicating (so no leader takes it back into an ISR), then every partition it leads
+# that has another in-sync replica is handed to it (state.change_leader under the current leader
 # epoch), and every partition it follows in sync lets it leave the ISR (state.shrink_isr),
 # so clients find a leader at once, and ALL acks stop waiting for this server, instead of
 # after the followers' replica.max.leader.timeout and the leader's replica.max.lag.time;
