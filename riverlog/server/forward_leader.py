@@ -26,7 +26,7 @@ from .liftbridge import Liftbridge
 log = logging.getLogger("riverlog.grpc")
 
 STOP_TIMEOUT_S = 5.0
-STOP_POLL_S = 0.02
+POLL_S = 0.02  # how often a stop or a deferred batch looks again
 LEAD_WAIT_S = 2.0  # how long a request for a partition led elsewhere waits to be led here
 
 
@@ -61,7 +61,7 @@ class ForwardedPublishes:
                 pass
         deadline = asyncio.get_running_loop().time() + timeout
         while self.answering and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(STOP_POLL_S)
+            await asyncio.sleep(POLL_S)
         if self.answering:
             log.warning("%d forwarded batches not answered at stop", len(self.answering))
 
@@ -107,7 +107,7 @@ class ForwardedPublishes:
         placement = self.service.broker.placement
         while loop.time() < deadline and not all(
                 placement.leads(req.stream, req.partition) for req, _ in answer.deferred):
-            await asyncio.sleep(STOP_POLL_S)
+            await asyncio.sleep(POLL_S)
         answer.batch, answer.deferred = [raw for _, raw in answer.deferred], []
         self._store(answer)  # what this server still does not lead is refused now
         answer.stored = True

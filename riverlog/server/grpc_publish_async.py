@@ -335,8 +335,9 @@ class _AsyncSession:
         if waiting:
             self.inflight -= sum(req.ackPolicy != NONE for req in waiting)
             self.wake.set()
-            log.warning("%d forwarded publishes unanswered: no server takes them and no other "
-                        "leader was named within %.0f s", len(waiting), RESEND_WAIT_S)
+            if not self.closed:  # a call that ended waits for nothing
+                log.warning("%d forwarded publishes unanswered: no server takes them and no "
+                            "other leader was named within %.0f s", len(waiting), RESEND_WAIT_S)
 
     def close(self) -> None:
         """Stop listening for forwarded acks."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from ...protocol.rabbitmq_stream import frames as f
-from ...vhost_names import MARK, external, lookup
+from ...vhost_names import MARK, external, internal, lookup
 
 # inbound frame type -> its fields that hold one name; Metadata's ``streams`` and
 # CreateSuperStream's ``partitions`` hold several
@@ -56,7 +56,7 @@ def _unknown(name: str) -> str:
     """Client name ``name`` (it starts with MARK) as a broker name of the virtual host "":
     no stream has it (a virtual host's name is never empty), and ``client_name`` gives
     ``name`` back."""
-    return f"{MARK}{MARK}{name}"
+    return internal("", name)
 
 
 def client_name(broker: str) -> str:
