@@ -209,8 +209,9 @@ async def _serve(config: ServerConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     app = App(config)
-    await app.start()
     gc_tuning.tune()
+    await app.start()
+    gc_tuning.freeze()
     _announce(app)
     log.info("press Ctrl-C to stop")
     try:

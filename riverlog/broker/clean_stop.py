@@ -40,7 +40,7 @@ def write(root: str, streams: Iterable[tuple[str, dict, list]], metadata_file: s
                for folder, data, summaries in streams}
     path = os.path.join(root, CLEAN_STOP_FILE)
     with open(path + ".tmp", "w") as f:
-        json.dump(entries, f, separators=(",", ":"))
+        f.write(json.dumps(entries, separators=(",", ":")))  # json.dump: 10x slower
         f.flush()
         os.fsync(f.fileno())
     os.replace(path + ".tmp", path)

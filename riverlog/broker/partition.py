@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import shutil
@@ -142,7 +141,7 @@ class Partition:
             summary = read_summary(self.directory) if self._log.failure is None else None
         else:
             summary = self._closed_summary()  # known, or read once from the marker
-        return None if summary is None else list(dataclasses.astuple(summary))
+        return None if summary is None else list(summary)
 
     def preset_summary(self, data: list[int] | None) -> None:
         """Take ``summary_at_stop``'s answer of the last clean stop (the folder's marker

@@ -10,11 +10,10 @@
 # describes was fsynced before it).
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from .segment import INDEX_SUFFIX, SEGMENT_SUFFIX, Segment
 
@@ -23,10 +22,10 @@ log = logging.getLogger("riverlog.log")
 MARKER_NAME = "clean-close"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class LogSummary:
+class LogSummary(NamedTuple):
     """What a closed log answers without opening: offsets as ``CommitLog``'s (-1: none),
-    ``size_bytes`` the bytes of its segment files, ``segments`` their count."""
+    ``size_bytes`` the bytes of its segment files, ``segments`` their count. A tuple, as
+    10,000 streams' summaries are made at each start and written at each stop."""
 
     first_offset: int
     next_offset: int
@@ -60,9 +59,9 @@ def write_marker(directory: str, segments: Sequence[Segment],
             remove_marker(directory)
             return
         body = {"files": _stats(directory, [os.path.basename(s.path) for s in segments]),
-                "summary": dataclasses.asdict(summary)}
+                "summary": summary._asdict()}
         with open(path + ".tmp", "w") as f:
-            json.dump(body, f)
+            f.write(json.dumps(body))
         os.replace(path + ".tmp", path)
     except OSError as exc:
         log.warning("%s: no clean-close marker: %s", directory, exc)
