@@ -389,6 +389,8 @@ class Report:
     steady: list[float] = dataclasses.field(default_factory=list)
     restarting: list[float] = dataclasses.field(default_factory=list)
     restart_s: list[float] = dataclasses.field(default_factory=list)
+    by_door: list[dict[str, list[float]]] = dataclasses.field(default_factory=list)
+    """Per restart, each door's [steady, while restarting] acked/s."""
     acked: dict[str, int] = dataclasses.field(default_factory=dict)
     reconnects: dict[str, int] = dataclasses.field(default_factory=dict)
     unconfirmed: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -452,6 +454,9 @@ async def run_upgrade(workdir: str, steady_s: float = 3.0, after_s: float = 2.0,
             back = loop.time()
             report.restart_s.append(back - restart)
             report.restarting.append(_rate(counts, restart, back))
+            report.by_door.append({n: [_rate({n: c}, began + 1.0, restart),
+                                       _rate({n: c}, restart, back)]
+                                   for n, c in counts.items()})
             if step == 0:
                 await _super_stream_while_mixed(cluster, report)
             await asyncio.sleep(after_s)
@@ -570,6 +575,8 @@ def main() -> None:
                                                       report.restart_s)):
         print(f"restart {step}: steady {steady:,.0f} acked/s, while restarting {during:,.0f} "
               f"acked/s for {took:.1f} s")
+        print("  " + ", ".join(f"{door} {a:,.0f} -> {b:,.0f}"
+                               for door, (a, b) in report.by_door[step].items()))
     sys.exit(1 if report.problems else 0)
 
 

@@ -11,10 +11,12 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
+
+from ..prometheus_http import serve_registry
 
 SCRAPE_TIMEOUT_S = 5.0
 WORKER_LABEL = "worker"
@@ -65,5 +67,5 @@ def serve_metrics(host: str, port: int, targets: Mapping[str, str]) -> tuple[obj
     Raises OSError when the port cannot be listened on."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(WorkersCollector(targets))
-    server, _ = start_http_server(port, addr=host, registry=registry)
+    server = serve_registry(host, port, registry)
     return server, server.server_port

@@ -262,8 +262,9 @@ class App:
         return NatsLink(nats, self.guard, routes, name, clustered=cluster is not None)
 
     async def _stop_liftbridge_doors(self) -> None:
-        """gRPC (stop taking calls), forwarded batches, pending appends written, then the
-        NATS bridge (acks out, unsubscribe)."""
+        """gRPC (stop taking calls), forwarded batches and NATS (unsubscribed, what arrived
+        stored) take no more; what they wrote is committed (the appenders drained); then the
+        NATS bridge sends those acks and closes its connection."""
         grpc, self.grpc = self.grpc, None
         if grpc is not None:
             await grpc.stop()
@@ -271,6 +272,8 @@ class App:
         forwarded, self.forwarded = self.forwarded, None
         if forwarded is not None:
             await forwarded.stop()
+        if nats is not None:
+            await nats.quiesce()
         if self.liftbridge is not None:
             await self.liftbridge.appenders.drain()
         if nats is not None:

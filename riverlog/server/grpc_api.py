@@ -47,6 +47,7 @@ from .grpc_publish_async import ack_error_to_async, exact_nats_size, nats_size, 
 from .grpc_subscribe import subscribe
 from .group_quota import GroupQuota
 from .liftbridge import NONE, Liftbridge, LiftbridgeError, partition_subject
+from .nats_link import publish_wait_ack
 from .server_id import new_id
 
 log = logging.getLogger("riverlog.grpc")
@@ -471,8 +472,8 @@ class GrpcApi:
         if message.ackPolicy == NONE:
             timeout = None
         try:
-            return await bridge.publish_wait_ack(subject, encode_publish(message),
-                                                 message.ackInbox, timeout)
+            return await publish_wait_ack(bridge.nc, subject, encode_publish(message),
+                                          message.ackInbox, timeout)
         except asyncio.TimeoutError:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "timed out waiting for the ack")
         except OSError as exc:

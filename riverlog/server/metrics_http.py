@@ -3,6 +3,7 @@
 # gauges read from server state at scrape time: connections and subscriptions per door,
 # disk usage and offsets per stream, consumer lag, and on a cluster member its Raft state and
 # each held partition's replication (ISR, high watermark, leader epoch, follower lag).
+# The HTTP server is riverlog.prometheus_http's (a stop takes milliseconds).
 # Rules: server state is read on the event loop (the scrape thread hands the work over and
 # waits at most SCRAPE_TIMEOUT_S), never from the scrape thread; nothing here runs on a hot
 # path; off unless configured (ServerConfig.metrics, the command line turns it on).
@@ -18,7 +19,7 @@ import concurrent.futures
 import logging
 from typing import Any, Iterable, Protocol
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -28,6 +29,7 @@ from ..cluster import features
 from ..config import MetricsConfig
 from ..log.files import OPEN_FILES
 from ..metrics import CLUSTER_REGISTRY, GRPC, RABBITMQ_STREAM, REGISTRY, forget_stream
+from ..prometheus_http import serve_registry
 from ..vhost_names import external
 from .fd_limit import nofile_soft_limit, process_open_files
 
@@ -358,7 +360,7 @@ class MetricsServer:
         registry.register(StateCollector(self.app, asyncio.get_running_loop()))
         host, port = self.config.host, self.config.port
         try:
-            self._httpd, _ = start_http_server(port, host, registry=registry)
+            self._httpd = serve_registry(host, port, registry)
         except OSError as exc:
             if not (self.config.port_fallback and port):
                 raise OSError(exc.errno, f"cannot serve metrics on {host}:{port}: "
@@ -366,7 +368,7 @@ class MetricsServer:
                               ) from None
             log.warning("metrics port %s:%d is taken; serving metrics on a free port instead "
                         "(pass --metrics-port to require one)", host, port)
-            self._httpd, _ = start_http_server(0, host, registry=registry)
+            self._httpd = serve_registry(host, 0, registry)
         self.port = self._httpd.server_address[1]
         self.app.broker.deletion_listeners.append(lambda stream: forget_stream(stream.name))
         log.info("Prometheus metrics on %s", self.url)

@@ -31,13 +31,12 @@ import asyncio
 import logging
 import time
 
-import nats
 from nats.aio.client import Client as NatsClient
 
 from ..broker import RESERVED_STREAMS, Partition, Stream
 from ..metrics import DROPPED, NATS, counters, error as count_error
 from ..protocol.liftbridge import api_pb2 as pb
-from ..protocol.liftbridge.envelope import (ACK_HEADER, MAGIC, AckTemplate, decode_ack,
+from ..protocol.liftbridge.envelope import (ACK_HEADER, MAGIC, AckTemplate,
                                             decode_publish, encode_ack)
 from ..protocol.nats_subject import has_wildcard, matches, subject_problem
 from ..record import Record, encode_records
@@ -57,6 +56,7 @@ REFUSAL_LOG_INTERVAL_S = 1.0  # refused NATS messages: one log line at most this
 TURN_MESSAGES = 4096  # a partition's NATS messages stored per loop turn, at most...
 TURN_MESSAGES_REPLICATED = 512  # ...and with followers, whose fetches wait for the turn's end
 PENDING_BYTES_LIMIT = 512 * 1024 * 1024  # per partition, waiting to be stored; more: dropped
+STOP_TIMEOUT_S = 5.0
 
 
 def _shown(text: str) -> str:  # for a log line or an error message: the first 64 characters
@@ -74,6 +74,8 @@ class NatsBridge:
         self._reload_task: asyncio.Task | None = None
         self._permissions_dirty = False
         self._subs: dict[int, int] = {}  # id(partition) -> sid on the data connection
+        self._arrived: dict[int, _Arrived] = {}  # id(partition) -> its subscription's
+        self._closing = False  # quiesce(): nothing is subscribed again
         self.data: NatsDataLink | None = None
         # the streams NATS serves, by name, and their partition subjects (literal, wildcard)
         self._attached: dict[str, Stream] = {}
@@ -126,18 +128,28 @@ class NatsBridge:
         await self.sync()
         log.info("NATS bridge connected to %s", ", ".join(self.link.servers))
 
+    async def quiesce(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Take no more messages (every partition unsubscribed, none again) and store what
+        arrived already (up to ``timeout`` s). App.stop then waits for those writes to commit
+        (Appenders.drain) before ``stop`` sends their acks."""
+        self._closing = True
+        if self._pending:
+            await asyncio.wait(list(self._pending), timeout=timeout)
+        for sid in self._subs.values():
+            self.data.unsubscribe(sid)
+        self._subs.clear()
+        deadline = asyncio.get_running_loop().time() + timeout
+        while any(a.messages for a in self._arrived.values()) and \
+                asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.001)  # the partitions' ingest turns run meanwhile
+
     async def stop(self) -> None:
-        """Unsubscribe, send the acks still queued and close the data connection (the App
+        """``quiesce``, send the acks still queued and close the data connection (the App
         closes the link after)."""
-        data = self.data
-        if data is not None:
-            if self._pending:
-                await asyncio.wait(list(self._pending), timeout=5)
-            for sid in list(self._subs.values()):
-                data.unsubscribe(sid)
-            self._subs.clear()
+        if self.data is not None:
+            await self.quiesce()
             self._send_out()
-            await data.stop()
+            await self.data.stop()
 
     # -- subscriptions ------------------------------------------------------------------
     def _task(self, coro) -> asyncio.Task:
@@ -327,7 +339,7 @@ class NatsBridge:
         server itself, never from NATS) and this server leads it (only a partition's leader
         ingests its subject)."""
         placement = self.service.broker.placement
-        if self.data is None or id(partition) in self._subs or partition.paused \
+        if self.data is None or self._closing or id(partition) in self._subs or partition.paused \
                 or stream.name in RESERVED_STREAMS \
                 or self._attached.get(stream.name) is not stream \
                 or self.service.broker.streams.get(stream.name) is not stream \
@@ -340,7 +352,7 @@ class NatsBridge:
                   partition.index, subject, stream.config.group or "")
 
     def _handler(self, stream: Stream, partition: Partition):
-        arrived = _Arrived()
+        arrived = self._arrived[id(partition)] = _Arrived()
         ingest_turn = self._ingest_turn
         alarms = self.service.broker.alarms
         dropped = DROPPED.labels(NATS, "alarm")
@@ -540,33 +552,6 @@ class NatsBridge:
             parts += (line, data, b"\r\n")
         if parts and not data_link.publish(b"".join(parts)):
             log.error("%d NATS publishes not sent: the data connection is down", len(parts) // 3)
-
-    async def publish_wait_ack(self, subject: str, data: bytes, inbox: str,
-                               timeout: float | None) -> pb.Ack | None:
-        """Publish ``data`` on ``subject`` and, with a ``timeout`` (s), wait for the first
-        Ack on ``inbox``; None without timeout. Raises ``asyncio.TimeoutError`` when no ack
-        comes in time and ``OSError`` when NATS is not connected."""
-        nc = self.nc
-        if nc is None or not nc.is_connected:
-            raise OSError("not connected to NATS")
-        if timeout is None:
-            await nc.publish(subject, data)
-            return None
-        sub = await nc.subscribe(inbox, max_msgs=1)
-        try:
-            await nc.publish(subject, data)
-            while True:
-                msg = await sub.next_msg(timeout=timeout)
-                ack = decode_ack(msg.data)
-                if ack is not None:
-                    return ack
-        except nats.errors.TimeoutError:
-            raise asyncio.TimeoutError from None
-        finally:
-            try:
-                await sub.unsubscribe()
-            except Exception:
-                pass
 
 
 class _Arrived:

@@ -28,6 +28,8 @@ from nats.aio.client import Client as NatsClient
 
 from ..config import NatsConfig, SecurityConfig
 from ..metrics import NATS_RECONNECTS
+from ..protocol.liftbridge import api_pb2 as pb
+from ..protocol.liftbridge.envelope import decode_ack
 from ..security.guard import Guard
 from ..security.nats_auth import NatsAuth, connect_options
 from .embedded_nats import EmbeddedNats
@@ -250,3 +252,31 @@ class NatsLink:
                 return
         finally:
             self._reconnect_task = None
+
+
+async def publish_wait_ack(nc: NatsClient | None, subject: str, data: bytes, inbox: str,
+                           timeout: float | None) -> pb.Ack | None:
+    """Publish ``data`` on ``subject`` through ``nc`` (NatsLink.nc) and, with a ``timeout``
+    (s), wait for the first Ack on ``inbox``; None without timeout. Raises
+    ``asyncio.TimeoutError`` when no ack comes in time and ``OSError`` when NATS is not
+    connected."""
+    if nc is None or not nc.is_connected:
+        raise OSError("not connected to NATS")
+    if timeout is None:
+        await nc.publish(subject, data)
+        return None
+    sub = await nc.subscribe(inbox, max_msgs=1)
+    try:
+        await nc.publish(subject, data)
+        while True:
+            msg = await sub.next_msg(timeout=timeout)
+            ack = decode_ack(msg.data)
+            if ack is not None:
+                return ack
+    except nats.errors.TimeoutError:
+        raise asyncio.TimeoutError from None
+    finally:
+        try:
+            await sub.unsubscribe()
+        except Exception:
+            pass

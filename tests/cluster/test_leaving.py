@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+import nats
 import pytest
 
 from _apps import created, started, stopped, stub_of
 from riverlog.protocol.liftbridge import api_pb2 as pb
+from riverlog.protocol.liftbridge.envelope import decode_ack, encode_publish
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -82,6 +84,61 @@ async def test_a_stopping_leader_keeps_what_it_acked_and_hands_its_partitions_ov
         assert len(acked) >= 50
         stored = await _read(by_id[now.leader], "leave", max(acked))
         assert all(stored.get(offset) == value for offset, value in acked.items())
+    finally:
+        await stopped(apps)
+
+
+async def test_a_stopping_leader_acks_every_nats_publish_it_stored(tmp_path):
+    """Enveloped NATS publishes with ALL acks keep arriving, through another server's
+    nats-server, while the leader stops: every message the new leader holds was acked.
+    Before, what reached the leader in its last loop turns was stored after the appenders
+    drained, so it never committed there (and the stop waited 5 s for it at the close), and
+    acks committed after the data connection closed were not sent."""
+    apps = await started(tmp_path, replica_timings_ms=SLOW)
+    try:
+        part = await created(apps, "nleave", replication_factor=3, min_isr=2, subject="nleave")
+        by_id = {a.config.cluster.server_id: a for a in apps}
+        leader = by_id[part.leader]
+        via = next(a for a in apps if a is not leader)
+        nc = await nats.connect(via.nats.embedded.url)
+        acked: set[bytes] = set()
+
+        async def on_ack(msg) -> None:
+            ack = decode_ack(msg.data)
+            if ack is not None and ack.ackError == pb.Ack.Error.OK:
+                acked.add(ack.correlationId.encode())
+        inbox = nc.new_inbox()
+        await nc.subscribe(inbox, cb=on_ack)
+        await nc.flush()
+        done = asyncio.Event()
+
+        async def publish() -> int:
+            n = 0
+            while not done.is_set():
+                for _ in range(20):  # bursts: some always wait in the leader's queues
+                    n += 1
+                    await nc.publish("nleave", encode_publish(pb.Message(
+                        value=b"n%d" % n, ackInbox=inbox, ackPolicy=pb.AckPolicy.ALL,
+                        correlationId="n%d" % n)))
+                await asyncio.sleep(0.002)
+            return n
+        publishing = asyncio.ensure_future(publish())
+        await asyncio.sleep(0.5)
+        await leader.stop()
+        done.set()
+        sent = await publishing
+        others = [a for a in apps if a is not leader]
+        await _soon("another leader named everywhere", lambda: all(
+            a.broker.placement.of("nleave", 0).leader not in (None, part.leader)
+            for a in others))
+        new = by_id[others[0].broker.placement.of("nleave", 0).leader]
+        await asyncio.sleep(1.0)  # the acks of the new leader's own last writes
+        await nc.close()
+        last = new.broker.streams["nleave"].partitions[0].log.committed_offset
+        stored = set((await _read(new, "nleave", last)).values())
+        assert sent > 200 and len(stored) > 100
+        unacked = sorted(stored - acked, key=lambda v: int(v[1:]))
+        assert not unacked, f"stored without an ack: {unacked[:10]}"
     finally:
         await stopped(apps)
 
