@@ -175,7 +175,11 @@ class RaftMetadata:
             raftMinTimeout=lo, raftMaxTimeout=hi, appendEntriesPeriod=lo / 10,
             connectionTimeout=max(3.5, hi), connectionRetryTime=CONNECTION_RETRY_S,
             maxBindRetries=settings.bind_retries,
-            dynamicMembershipChange=True)
+            dynamicMembershipChange=True,
+            # each command sent to the others as it is taken, and its commit told at once
+            # (batched, both waited for the next append period: ~0.1-0.2 s per change, a
+            # leaving leader's NATS subject unheard that long; docs/clustering.md)
+            appendEntriesUseBatch=False)
         self._raft = SyncObj(settings.address, list(settings.peers), conf,
                              consumers=[self._replicated])
         try:
