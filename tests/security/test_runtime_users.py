@@ -173,7 +173,7 @@ async def stream_app(tmp_path, users):
     await app.stop()
 
 
-async def test_a_secret_update_ends_what_the_permissions_no_longer_allow(stream_app):
+async def test_a_secret_update_ends_what_is_no_longer_allowed(stream_app):
     """A secret update (SaslAuthenticate after Open) rechecks the connection's publishers
     (write) and subscriptions (read) against the user's permissions of that moment: those on
     `lost` end, with one MetadataUpdate (0x06) for the stream, and answer
