@@ -1,11 +1,13 @@
 # The commands of `riverlog ctl` that change the server: users and permissions, virtual
-# hosts, close_connection, add_super_stream and delete_super_stream, with rabbitmqctl's and
-# rabbitmq-streams' arguments, banners, messages, validations and exit codes (rabbitmq_cli
-# lib/rabbitmq/cli/ctl/commands/*.ex; rabbitmq_stream's AddSuperStreamCommand and
-# DeleteSuperStreamCommand), through the management API in RabbitMQ's shapes:
+# hosts, close_connection, add_super_stream, delete_super_stream and restart_stream, with
+# rabbitmqctl's and rabbitmq-streams' arguments, banners, messages, validations and exit
+# codes (rabbitmq_cli lib/rabbitmq/cli/ctl/commands/*.ex; rabbitmq_stream's
+# AddSuperStreamCommand, DeleteSuperStreamCommand and RestartStreamCommand), through the
+# management API in RabbitMQ's shapes:
 #   /api/users/{name}, /api/permissions/{vhost}/{user}, /api/vhosts/{name},
 #   DELETE /api/connections/{name}, PUT /api/stream/super-streams/{vhost}/{name},
-#   DELETE /api/riverlog/stream/super-streams/{vhost}/{name} (riverlog's).
+#   DELETE /api/riverlog/stream/super-streams/{vhost}/{name} and
+#   POST /api/riverlog/stream/queues/{vhost}/{name}/restart (riverlog's).
 # Rules: a refusal prints the server's reason ("Error:" and the reason) and exits 70, but
 # for rabbitmqctl's own cases: no such user 67, no such virtual host or connection 65, a bad
 # argument 64/65 before anything is sent.
@@ -287,3 +289,23 @@ def delete_super_stream(ctl: Ctl, name: str) -> None:
     ctl.api.request("DELETE",
                     f"/api/riverlog/stream/super-streams/{segment(ctl.vhost)}/{segment(name)}")
     ctl.message(f"Super stream {name} has been deleted")
+
+
+@command("restart_stream")
+@click.argument("name")
+@click.option("--preferred-leader-node", default=None,
+              help="Accepted for rabbitmq-streams' scripts; riverlog's server answers for "
+                   "its own connections.")
+def restart_stream(ctl: Ctl, name: str, preferred_leader_node: str | None) -> None:
+    """Restarts a stream: the publishers and consumers on it end with a metadata update
+    and come back (the data stays). Prints the leader node."""
+    ctl.banner(f"Restarting stream {name}...")
+    try:
+        answer = ctl.api.request(
+            "POST", f"/api/riverlog/stream/queues/{segment(ctl.vhost)}/{segment(name)}/restart")
+    except HTTPFailure as exc:
+        if exc.status == 404:
+            raise CtlError(EX_SOFTWARE, "Error:\n:not_found") from None
+        raise
+    leader = answer["leader"]
+    click.echo(f'"{leader}"' if ctl.machine_readable else leader)

@@ -341,6 +341,39 @@ async def test_exit_codes_and_errors(app):
     assert rc == 0 and out.splitlines() == ["name", "/"], err
 
 
+async def test_restart_stream_ends_its_publishers_and_subscriptions(app):
+    """rabbitmq-streams restart_stream, as the Java suite's SacStreamConsumerTest runs it
+    (the script beside -Drabbitmqctl.bin): the publishers and subscriptions on the stream end
+    with one MetadataUpdate (0x06) and those on other streams go on, as when RabbitMQ
+    restarts a stream's members; prints the banner and the leader node; a stream it does
+    not have is `:not_found`, exit 70 (before: "No such command", exit 64)."""
+    from riverlog.protocol.rabbitmq_stream import ResponseCode
+    from riverlog.protocol.rabbitmq_stream import frames as f
+    from riverlog.protocol.rabbitmq_stream.constants import OffsetType as Offset
+    peer = await RawPeer.open("127.0.0.1", app.rabbitmq_stream.port)
+    for i, stream in enumerate(("orders", "other"), start=1):
+        for frame in (f.Create(peer.next_corr(), stream, {}),
+                      f.DeclarePublisher(peer.next_corr(), i, None, stream),
+                      f.Subscribe(peer.next_corr(), i, stream, Offset.FIRST, None, 1)):
+            assert (await peer.request(frame)).response_code == ResponseCode.OK
+    where = {"RIVERLOG_MANAGEMENT_URL": url(app), "RIVERLOG_PYTHON": sys.executable}
+    streams = os.path.join(REPO, "scripts", "rabbitmq-streams")
+    rc, out, err = await run(streams, "restart_stream", "orders", env=where)
+    assert rc == 0, err
+    banner, node = out.splitlines()
+    assert banner == "Restarting stream orders..." and node.startswith("rabbit@")
+    assert await peer.recv_until(f.MetadataUpdate) == f.MetadataUpdate(
+        ResponseCode.STREAM_NOT_AVAILABLE, "orders")
+    rc, out, _ = await ctl(app, "-q", "list_stream_consumers", "subscription_id", "stream")
+    assert out.splitlines() == ["subscription_id\tstream", "2\tother"]
+    rc, out, _ = await ctl(app, "-q", "list_stream_publishers", "publisher_id", "stream")
+    assert out.splitlines() == ["publisher_id\tstream", "2\tother"]
+    rc, out, err = await run(streams, "restart_stream", "nothing", env=where)
+    assert (rc, out.splitlines(), err.strip()) == (70, ["Restarting stream nothing..."],
+                                                    "Error:\n:not_found")
+    peer.writer.close()
+
+
 async def test_riverlog_ctl_and_the_rabbitmqctl_script(app):
     riverlog = os.path.join(os.path.dirname(sys.executable), "riverlog")
     rc, out, err = await run(riverlog, "ctl", "--url", url(app), "list_vhosts", "-q")

@@ -161,3 +161,57 @@ async def test_runtime_user_on_the_grpc_and_nats_doors(app):
             await stub.FetchMetadata(pb.FetchMetadataRequest(), metadata=nina, timeout=10)
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
+
+
+@pytest.fixture
+async def stream_app(tmp_path, users):
+    config = dataclasses.replace(server_config(tmp_path, security(users)),
+                                 management=ManagementConfig(port=0))
+    app = App(config)
+    await app.start()
+    yield app
+    await app.stop()
+
+
+async def test_a_secret_update_ends_what_is_no_longer_allowed(stream_app):
+    """A secret update (SaslAuthenticate after Open) rechecks the connection's publishers
+    (write) and subscriptions (read) against the user's permissions of that moment: those on
+    `lost` end, with one MetadataUpdate (0x06) for the stream, and answer
+    PUBLISHER_DOES_NOT_EXIST and SUBSCRIPTION_ID_DOES_NOT_EXIST after; those on `kept` go on,
+    as rabbit_stream_reader's evaluate_state_after_secret_update (the Java suite's
+    AuthorisationTest.shouldReceiveMetadataUpdateAfterUpdateSecret; before, both went on and
+    no MetadataUpdate came)."""
+    from riverlog.protocol.rabbitmq_stream.codec import simple_entry
+    app = stream_app
+    assert (await call(app, "PUT", "/api/users/dora", auth=OPS,
+                       json={"password": "d-pw", "tags": ""}))[0] == 201
+    everything = {"configure": ".*", "write": ".*", "read": ".*"}
+    assert (await call(app, "PUT", "/api/permissions/%2F/dora", auth=OPS,
+                       json=everything))[0] == 201
+    dora, code = await stream_login(app.rabbitmq_stream.port, "dora", "d-pw")
+    assert code == ResponseCode.OK
+    for corr, name in ((10, "lost"), (11, "kept")):
+        assert (await dora.request(f.Create(corr, name, {}))).response_code == ResponseCode.OK
+    for pid, name in ((1, "lost"), (2, "kept")):
+        assert (await dora.request(f.DeclarePublisher(20 + pid, pid, None, name))
+                ).response_code == ResponseCode.OK
+        assert (await dora.request(f.Subscribe(30 + pid, pid, name, OffsetType.FIRST, None, 1))
+                ).response_code == ResponseCode.OK
+    kept_only = {"configure": "^kept$", "write": "^kept$", "read": "^kept$"}
+    assert (await call(app, "PUT", "/api/permissions/%2F/dora", auth=OPS,
+                       json=kept_only))[0] == 204
+    answer = await dora.request(f.SaslAuthenticate(40, "PLAIN", b"\0dora\0d-pw"))
+    assert (type(answer), answer.response_code) == (f.SaslAuthenticateResponse,
+                                                    ResponseCode.OK)
+    assert await dora.next_frame() == f.MetadataUpdate(ResponseCode.STREAM_NOT_AVAILABLE,
+                                                       "lost")
+    message = ((7, simple_entry(b"m")),)
+    assert await dora.request(f.Publish(1, message)) == f.PublishError(
+        1, ((7, ResponseCode.PUBLISHER_DOES_NOT_EXIST),))
+    assert await dora.request(f.Credit(1, 1)) == f.CreditResponse(
+        ResponseCode.SUBSCRIPTION_ID_DOES_NOT_EXIST, 1)
+    assert await dora.request(f.Publish(2, message)) == f.PublishConfirm(2, (7,))
+    deliver = await dora.next_frame()  # subscription 2 on `kept` still delivers
+    assert deliver.subscription_id == 2
+    # nothing else came between (a second MetadataUpdate, a Deliver on `lost`)
+    assert type(await dora.request(f.Metadata(50, ("none",)))) is f.MetadataResponse

@@ -169,3 +169,35 @@ async def test_consumer_groups_show_what_the_caller_may_see(tmp_path):
                 await consumer.close()
     finally:
         await app.stop()
+
+
+async def test_restart_is_for_administrators(tmp_path):
+    """POST /api/riverlog/stream/queues/{vhost}/{name}/restart (riverlog ctl restart_stream):
+    an administrator gets 200 and the node, the stream's subscriber a MetadataUpdate (0x06);
+    another user, even one allowed everything on the stream, 403 and nothing happens; a
+    stream or virtual host that does not exist 404."""
+    from compat._raw import RawPeer
+    from riverlog.protocol.rabbitmq_stream import ResponseCode
+    from riverlog.protocol.rabbitmq_stream import frames as f
+    from riverlog.protocol.rabbitmq_stream.constants import OffsetType as Offset
+    app = await _secured(tmp_path, ("a.*", "*"))
+    restart = "/api/riverlog/stream/queues/%2F/a.s/restart"
+    peer = await RawPeer.open("127.0.0.1", app.rabbitmq_stream.port, "alice", "alice")
+    try:
+        for frame in (f.Create(peer.next_corr(), "a.s", {}),
+                      f.Subscribe(peer.next_corr(), 1, "a.s", Offset.FIRST, None, 1)):
+            assert (await peer.request(frame)).response_code == ResponseCode.OK
+        status, answer = await call(app, "POST", restart, auth=basic("alice", "alice"))
+        assert status == 403 and answer["error"] == "not_authorized"
+        assert [len(c.subscriptions) for c in app.rabbitmq_stream.connections] == [1]
+        status, answer = await call(app, "POST", restart, auth=basic("ops", "ops"))
+        assert status == 200 and answer["leader"].startswith("rabbit@")
+        assert await peer.recv_until(f.MetadataUpdate) == f.MetadataUpdate(
+            ResponseCode.STREAM_NOT_AVAILABLE, "a.s")
+        assert [len(c.subscriptions) for c in app.rabbitmq_stream.connections] == [0]
+        for path in ("/api/riverlog/stream/queues/%2F/none/restart",
+                     "/api/riverlog/stream/queues/other/a.s/restart"):
+            assert (await call(app, "POST", path, auth=basic("ops", "ops")))[0] == 404
+    finally:
+        peer.writer.close()
+        await app.stop()

@@ -26,6 +26,7 @@ from ...protocol.rabbitmq_stream import (FrameDecoder, FrameError, ResponseCode,
 from ...protocol.rabbitmq_stream import frames as f
 from ...protocol.rabbitmq_stream.constants import INITIAL_FRAME_MAX
 from ...protocol.rabbitmq_stream.draft import opens_draft
+from ...security.authz import CONSUME, PUBLISH
 from ...vhost_names import DEFAULT
 from .consuming import Consuming, Subscription
 from .draft import DraftAdapter
@@ -104,6 +105,7 @@ class RabbitStreamConnection(asyncio.Protocol):
                          peer_certificate=self._peer_certificate, notify=self.notify,
                          notes_after=self._notes_after)
         self.session = Session(self.link, self.state, self.decoder)
+        self.session.secret_updated = self._secret_updated
         self.publishing = Publishing(self.link)
         self.consuming = Consuming(self.link)
         self.single_active = SingleActive(self.link, self.consuming)
@@ -392,6 +394,21 @@ class RabbitStreamConnection(asyncio.Protocol):
                                 self.publishing.drop(partitions))
         for name in touched:
             self.notify(f.MetadataUpdate(ResponseCode.STREAM_NOT_AVAILABLE, name))
+
+    def _secret_updated(self) -> None:
+        """After a secret update: drop the publishers on streams the user may no longer
+        publish to and the subscriptions on streams it may no longer consume, with one
+        MetadataUpdate (0x06) per stream, as rabbit_stream_reader's
+        evaluate_state_after_secret_update does with check_write_permitted and
+        check_read_permitted (the Java suite's
+        AuthorisationTest.shouldReceiveMetadataUpdateAfterUpdateSecret)."""
+        may = self.link.may
+        refused = {pub.partition for pub in self.publishers.values()
+                   if not may(pub.name, PUBLISH, (pub.stream, pub.partition))}
+        refused.update(sub.partition for sub in self.subscriptions.values()
+                       if not may(sub.name, CONSUME, (sub.stream, sub.partition)))
+        if refused:
+            self.drop(refused)
 
     # -- cluster changes ----------------------------------------------------------------
     def _hold_for(self, change: Awaitable[int], respond: Callable[[int], f.Frame]) -> None:

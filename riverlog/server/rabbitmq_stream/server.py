@@ -1,9 +1,9 @@
 # The listening side of the RabbitMQ Stream door: the TCP (and TLS) listeners and the set of
 # connections (connection.py), the door-wide registries they share (super streams, single
 # active consumer groups), and what the broker tells every connection: a stream deleted, a
-# partition's leader changed.
-# Rules: a taken port is a clear OSError; a deleted stream or a moved leader ends the
-# publishers and subscriptions on it with MetadataUpdate, as RabbitMQ does when a stream member
+# partition's leader changed, a stream restarted (rabbitmq-streams restart_stream).
+# Rules: a taken port is a clear OSError; a deleted, restarted stream or a moved leader ends
+# the publishers and subscriptions on it with MetadataUpdate, as RabbitMQ does when a stream member
 # goes down (docs/rabbitmq-stream.md, "Cluster"); shutdown writes what was received and sends
 # its confirms before it asks clients to close.
 from __future__ import annotations
@@ -93,6 +93,28 @@ class RabbitStreamServer:
             self.sac.drop_stream(name)  # its subscriptions end with MetadataUpdate
         for conn in list(self.connections):
             conn.drop(stream.partitions)
+
+    def restart(self, name: str) -> bool:
+        """rabbitmq-streams restart_stream on this server: the publishers and subscriptions
+        on the name's partitions (every partition for a stream's own name, one for
+        ``<stream>-<i>``) end with MetadataUpdate (0x06) and its single active consumer
+        groups are forgotten, as when RabbitMQ's coordinator restarts the stream's members
+        (rabbit_stream_queue:restart_stream); clients ask Metadata and come back. The data
+        stays. False when no stream here has that name."""
+        stream = self.broker.streams.get(name)
+        if stream is not None:
+            names, partitions = self.super_streams.door_names(stream), stream.partitions
+        else:
+            found = self.super_streams.resolve(name)
+            if found is None:
+                return False
+            names, partitions = [name], [found[1]]
+        for door_name in names:
+            self.sac.drop_stream(door_name)
+        for conn in list(self.connections):
+            conn.drop(partitions)
+        log.info("stream %r restarted: its publishers and subscriptions were ended", name)
+        return True
 
     def _alarm_changed(self, blocked: bool) -> None:
         """Resource alarm listener: block (or release) every publishing connection."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Callable
 
 from ... import __version__
 from ...protocol.rabbitmq_stream import FrameDecoder, ResponseCode
@@ -60,6 +61,9 @@ class Session:
         self.heartbeat_s = self.config.heartbeat_s
         self.deliver_v2 = False
         self.mechanism: str | None = None  # the SASL mechanism of the first login
+        # called after a secret update is answered OK (the connection rechecks its publishers
+        # and subscriptions against the user's permissions now)
+        self.secret_updated: Callable[[], None] = lambda: None
         self._heartbeat_task: asyncio.Task | None = None
         self._close_timer: asyncio.TimerHandle | None = None  # set by the client's Close
 
@@ -128,7 +132,9 @@ class Session:
     def _logged_in(self, corr: int, user: str, refused: str | None, mechanism: str) -> None:
         """Finish SaslAuthenticate: ``refused`` is None (then Tune follows), "password" or
         "loopback" (riverlog.security.guard.Guard.login). After Open it is a secret update:
-        the same user's, answered OK with no Tune; another user's is refused with
+        the same user's, answered OK with no Tune, then ``secret_updated()`` (publishers and
+        subscriptions the user's permissions no longer allow end, as
+        evaluate_state_after_secret_update ends them); another user's is refused with
         SASL_CANNOT_CHANGE_USERNAME and the connection closed (rabbit_stream_reader,
         handle_frame_post_auth, sasl_authenticate: "Not allowed to change username")."""
         link = self.link
@@ -149,6 +155,7 @@ class Session:
                     f"user {link.user!r} may not become {user!r} (only its secret may change)")
             else:
                 self.send(f.SaslAuthenticateResponse(corr, OK))
+                self.secret_updated()
         else:
             link.user, self.mechanism = user, mechanism
             self.state.on(LOGGED_IN)
