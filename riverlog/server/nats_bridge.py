@@ -136,7 +136,8 @@ class NatsBridge:
         if self._pending:
             await asyncio.wait(list(self._pending), timeout=timeout)
         for sid in self._subs.values():
-            self.data.unsubscribe(sid)
+            if self.data is not None:
+                self.data.unsubscribe(sid)
         self._subs.clear()
         deadline = asyncio.get_running_loop().time() + timeout
         while any(a.messages for a in self._arrived.values()) and \
@@ -312,6 +313,7 @@ class NatsBridge:
             self._reload_task = None
 
     def pause(self, stream: Stream, partition: Partition) -> None:
+        self._arrived.pop(id(partition), None)  # what waits there, its ingest turn drops
         sid = self._subs.pop(id(partition), None)
         if sid is not None:
             self.data.unsubscribe(sid)
