@@ -76,10 +76,11 @@ async def started(tmp_path, security: SecurityConfig | None = None,
                   **grpc) -> list[App]:
     """Three started Apps of one cluster (``security``, ``tables``, ``replica_timings_ms``,
     ``grpc``: as ``configs``), once every server is registered everywhere, each caught up with Raft and
-    its Raft member connected to every other (stop them with ``stopped``). A Raft port
-    picked free can be taken before pysyncobj binds it (an outgoing connection's ephemeral
-    port: CI saw it once), so a RaftBindError starts the cluster again on new ports, in a
-    new folder, twice at most."""
+    its Raft member connected to every other (stop them with ``stopped``). A Raft or NATS
+    route port picked free can be taken before its server binds it (an outgoing
+    connection's ephemeral port, or another member's door on port 0: CI saw both; the
+    nats-server then exits and the NATS link gives up with an OSError), so a RaftBindError
+    or an OSError starts the cluster again on new ports, in a new folder, twice at most."""
     for attempt in range(3):
         apps = [App(c) for c in configs(tmp_path / f"attempt{attempt}", security=security,
                                         tables=tables, replica_timings_ms=replica_timings_ms,
@@ -91,7 +92,7 @@ async def started(tmp_path, security: SecurityConfig | None = None,
                                     and a.broker.placement.caught_up
                                     and all(map(a.broker.placement.reachable, IDS))
                                     for a in apps))
-        except RaftBindError:
+        except (RaftBindError, OSError):
             await stopped(apps)
             if attempt == 2:
                 raise
