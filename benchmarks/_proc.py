@@ -1,6 +1,10 @@
 # Process helpers shared by the benchmarks that run `riverlog serve` (or nats-server) as a
 # subprocess: a free loopback port, waiting until a port accepts connections, and a process's
 # resident memory and CPU time from /proc, and a private network namespace for a run. Linux only.
+# Importing it sets RIVERLOG_WORKERS=1 unless it is set: a benchmark measures one `riverlog
+# serve` process (the default `--workers auto` would start one per core) unless it asks for
+# workers itself (workers_scaling.py). An environment variable, not the flag, so that a
+# benchmark's baseline tree older than `--workers` runs too.
 from __future__ import annotations
 
 import os
@@ -11,6 +15,7 @@ import sys
 import time
 
 HOST = "127.0.0.1"
+os.environ.setdefault("RIVERLOG_WORKERS", "1")
 
 
 def free_port() -> int:

@@ -379,7 +379,8 @@ class Riverlog:
             self.port = s.getsockname()[1]
         self.log = open(os.path.join(self.dir, "server.log"), "wb")
         cmd = [sys.executable, "-m", "riverlog", "serve", "-d", os.path.join(self.dir, "data"),
-               "--stream-port", str(self.port), "--level", "warning", *self.extra]
+               "--stream-port", str(self.port), "--level", "warning", "--workers", "1",
+               *self.extra]
         with socket.socket() as s:
             s.bind((HOST, 0))
             http_port = s.getsockname()[1]

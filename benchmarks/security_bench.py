@@ -88,7 +88,7 @@ class Server:
         """``nofile``: RLIMIT_NOFILE (soft and hard) of the server process (0: inherited)."""
         cmd = [sys.executable, "-m", "riverlog", "serve", "-d", os.path.join(work, name),
                "--stream-port", "0", "--port", "0", "--nats-port", "0", "--metrics-port", "0",
-               "--level", "warning"]
+               "--level", "warning", "--workers", "1"]
         if config:
             cmd += ["-c", config, "--stream-tls-port", "0"]
         limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))) \

@@ -17,6 +17,7 @@ from .cli_ctl import ctl_command
 from .cli_ops import COMMANDS as OPS_COMMANDS
 from .cli_ops import stream_group
 from .cli_replicas import REPLICA_COMMANDS, WAIT_S, raft_options
+from .cluster.workers import AUTO, WORKERS_ENV, worker_count
 from .config import Durability, ServerConfig
 from .errors import RiverlogError
 from .log.recovery import verify_partition
@@ -158,11 +159,14 @@ def main() -> None:
               help="The Iceberg catalog: a REST catalog's http(s):// URI or an SQLAlchemy URL "
                    "(streams.table.catalog).  [default: SQLite in the table folder, "
                    "sqlite:///TABLE_DIR/catalog.db]")
-@click.option("--workers", default="1", show_default=True, metavar="N|auto",
-              help="Run N server processes on this machine as one cluster, one core each "
-                   "('auto': one per core; docs/operations.md \"Workers\"). Clients are "
-                   "sent to each stream's worker by the protocols' metadata; worker 0 takes "
-                   "the ports given here.")
+@click.option("--workers", default=AUTO, show_default=True, metavar="N|auto",
+              envvar=WORKERS_ENV, show_envvar=True,
+              help="Run N server processes on this machine as one cluster, one core each; "
+                   "clients are sent to each stream's worker by the protocols' metadata, "
+                   "and worker 0 takes the ports given here. 'auto': one per core, unless "
+                   "the data folder holds one process's data or the settings are a "
+                   "cluster member's, an external NATS or an advertised port (then 1, as "
+                   "the log says). 1: one process (docs/operations.md \"Workers\").")
 def serve(config_file: str | None, workers: str, **flags) -> None:
     """Run the server until SIGINT or SIGTERM.
 
@@ -173,7 +177,6 @@ def serve(config_file: str | None, workers: str, **flags) -> None:
     so `liftbridge -c cfg -d dir --embedded-nats --raft-bootstrap-seed` works as
     `riverlog serve -c cfg -d dir --embedded-nats --raft-bootstrap-seed`.
     """
-    from .cluster.workers import worker_count
     from .config_file import INITIAL_SIZE_KEY, build, load, log_format, log_ignored
     try:
         for name in ("nats_servers", "nats_routes"):
@@ -183,7 +186,7 @@ def serve(config_file: str | None, workers: str, **flags) -> None:
         config, level = build(settings, flags)
         _setup_logging(level, log_format(settings, flags.get("log_format")))
         log_ignored(settings)
-        count = worker_count(workers)
+        count = worker_count(workers, config)
         if count > 1:
             _serve_workers(config, count, settings.get(INITIAL_SIZE_KEY) or 1)
         else:

@@ -23,6 +23,9 @@
 #   riverlog_only  needs something RabbitMQ 3.10 lacks: skipped against the peer
 #   restart        restarts the server: skipped against the peer unless
 #                  RIVERLOG_TEST_PEER_RESTART names ../shared/tools/rabbitmq-loopback
+# Every `riverlog serve` the tests start is one process (RIVERLOG_WORKERS=1, set here for the
+# session, whatever the shell had) unless the test asks for workers (`--workers N`, or its own
+# environment).
 from __future__ import annotations
 
 import os
@@ -34,6 +37,9 @@ from compat._go_liftbridge import GoLiftbridge, build as build_go_liftbridge
 from compat._java import JavaClient, JavaUnavailable, build as build_java
 from compat._node import NodeClient, NodeUnavailable, install
 from compat._servers import PeerServer, RiverlogServer
+from riverlog.cluster.local import WORKERS_ENV
+
+os.environ[WORKERS_ENV] = "1"
 
 
 def pytest_configure(config):

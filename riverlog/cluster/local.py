@@ -28,6 +28,8 @@ from typing import Callable
 
 PASSWORD_FILE = "raft-password"
 LAYOUT_FILE = "cluster.json"
+WORKERS_ENV = "RIVERLOG_WORKERS"
+"""`riverlog serve --workers` from the environment; a member runs with it set to 1."""
 TABLES = "tables"
 """DIR/tables: the table folder every server shares, with the Iceberg catalog's SQLite file
 (riverlog.tables.iceberg.CATALOG_FILE): one catalog every member reaches."""
@@ -176,7 +178,8 @@ def serve_command(member: Member, members: list[Member],
            "LIFTBRIDGE_RIVERLOG_RAFT_PEERS": ",".join(
                f"{m.id}={_address(m.advertised, m.ports['raft'])}" for m in others),
            "LIFTBRIDGE_CLUSTERING_RAFT_BOOTSTRAP_PEERS": ",".join(m.id for m in members),
-           "LIFTBRIDGE_RIVERLOG_RAFT_PASSWORD": raft_password(directory)}
+           "LIFTBRIDGE_RIVERLOG_RAFT_PASSWORD": raft_password(directory),
+           WORKERS_ENV: "1"}  # one process (an env var: older versions have no --workers)
     return command, env
 
 

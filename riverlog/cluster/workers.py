@@ -21,6 +21,7 @@
 #   local.STOP_GRACE_S) and the server exits 0.
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -28,12 +29,16 @@ import time
 from typing import Callable, Sequence
 
 from ..config import ServerConfig
-from .local import LocalCluster, Member, layout, serve_command
+from ..data_layout import LAYOUT_FILE
+from .local import LAYOUT_FILE as CLUSTER_FILE
+from .local import WORKERS_ENV, LocalCluster, Member, layout, serve_command
 from .workers_metrics import serve_metrics
 
 log = logging.getLogger("riverlog.workers")
 
 WORKERS_DIR = "workers"
+AUTO = "auto"
+"""``--workers auto``: one per core (``auto_count``); the default."""
 INITIAL_SIZE_ENV = "LIFTBRIDGE_RIVERLOG_STREAM_INITIAL_CLUSTER_SIZE"
 PEERS_ENV = "LIFTBRIDGE_RIVERLOG_MANAGEMENT_PEERS"
 RESTART_PAUSE_S = 5.0
@@ -41,11 +46,16 @@ DROPPED_FLAGS = {"--workers": 1, "--raft-bootstrap-seed": 0}
 """Flags of the user's command line a worker does not get, and how many values follow."""
 
 
-def worker_count(value: str) -> int:
-    """``--workers``: a count of at least 1, or ``auto`` (the machine's cores,
-    os.cpu_count()). Raises ValueError."""
-    if value == "auto":
-        return os.cpu_count() or 1
+def worker_count(value: str, config: ServerConfig) -> int:
+    """``--workers`` for ``config``: a count of at least 1, or ``auto`` (AUTO, the default).
+    ``auto`` is the cores this process may run on when ``config`` can run as workers and its
+    data folder is new or holds workers already (then their saved count), else 1, logging
+    why (``auto_count``). Raises ValueError for anything else."""
+    if value == AUTO:
+        count, why = auto_count(config)
+        if why:
+            log.info("--workers auto: one process: %s", why)
+        return count
     try:
         count = int(value)
     except ValueError:
@@ -55,20 +65,69 @@ def worker_count(value: str) -> int:
     return count
 
 
+def auto_count(config: ServerConfig) -> tuple[int, str | None]:
+    """What ``--workers auto`` means for ``config``: ``(count, None)``, or ``(1, why)`` when it
+    keeps one process: settings workers cannot run with (``check``), or a data folder that
+    holds one process's data (DATA/layout or DATA/streams: it is not moved into workers).
+    A data folder of workers (DATA/workers/cluster.json) keeps its saved count; a new one
+    gets one worker per core this process may run on (os.sched_getaffinity)."""
+    unfit = _unfit(config)
+    if unfit is not None:
+        return 1, _UNFIT[unfit][0]
+    data = config.data_dir
+    single = [n for n in (LAYOUT_FILE, "streams") if os.path.exists(os.path.join(data, n))]
+    if single:
+        return 1, (f"{data} holds the data of one process ({', '.join(single)}), which is "
+                   f"not moved into workers; give --workers N to start workers beside it")
+    saved = os.path.join(data, WORKERS_DIR, CLUSTER_FILE)
+    if os.path.exists(saved):
+        with open(saved) as f:
+            return max(1, len(json.load(f)["servers"])), None
+    return cores(), None
+
+
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity; os.cpu_count where that is not
+    known), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no sched_getaffinity (macOS)
+        return os.cpu_count() or 1
+
+
+_UNFIT = {
+    "cluster": ("it is a cluster member (riverlog.raft.*)",
+                "--workers runs its own cluster: drop the clustering settings "
+                "(riverlog.raft.*) or run one worker"),
+    "nats": ("it uses an external NATS (--nats-servers)",
+             "--workers runs an embedded nats-server per worker: drop --nats-servers or "
+             "run one worker"),
+    "advertised": ("it advertises a port",
+                   "--workers: each worker tells clients its own port; drop the advertised "
+                   "port or run one worker"),
+}
+"""Why a configuration cannot run as workers: key -> (what ``auto`` logs, check's error)."""
+
+
+def _unfit(config: ServerConfig) -> str | None:
+    """The _UNFIT key of the first setting ``config`` has that workers cannot run with."""
+    if config.cluster is not None:
+        return "cluster"
+    if config.nats is not None and config.nats.servers:
+        return "nats"
+    if config.rabbitmq_stream.advertised_port is not None or (
+            config.grpc is not None and config.grpc.advertised_port is not None):
+        return "advertised"
+    return None
+
+
 def check(config: ServerConfig) -> None:
     """Raise ValueError when ``config`` cannot run as workers: they are a cluster of their
     own (no clustering settings), on an embedded nats-server each (no --nats-servers), and
     each tells clients its own port (no advertised port)."""
-    if config.cluster is not None:
-        raise ValueError("--workers runs its own cluster: drop the clustering settings "
-                         "(riverlog.raft.*) or run one worker")
-    if config.nats is not None and config.nats.servers:
-        raise ValueError("--workers runs an embedded nats-server per worker: drop "
-                         "--nats-servers or run one worker")
-    if config.rabbitmq_stream.advertised_port is not None or (
-            config.grpc is not None and config.grpc.advertised_port is not None):
-        raise ValueError("--workers: each worker tells clients its own port; drop the "
-                         "advertised port or run one worker")
+    unfit = _unfit(config)
+    if unfit is not None:
+        raise ValueError(_UNFIT[unfit][1])
 
 
 def members(config: ServerConfig, count: int) -> list[Member]:
