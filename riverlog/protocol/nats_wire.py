@@ -1,8 +1,8 @@
 # The NATS client protocol, sans-IO: what riverlog's own data connection to nats-server reads
 # and writes (riverlog/server/nats_data.py). Bytes in, parsed server operations out; commands
 # out as bytes. Owns the framing of the server's MSG, HMSG, INFO, PING, PONG, +OK and -ERR and
-# of the client's CONNECT, SUB, UNSUB, PING and PONG (PUB lines are built where they are
-# cached: nats_bridge), and the parsing of a header block.
+# of the client's CONNECT, SUB, UNSUB, PING, PONG and status-only HPUB (PUB lines are built
+# where they are cached: nats_bridge), and the parsing of a header block.
 # Rules: ``feed`` parses every complete operation of what it is given in one pass and keeps
 # the incomplete tail; a control line longer than MAX_CONTROL_LINE or a message over the
 # size the parser was given (the server's max_payload plus the header room) raises
@@ -21,7 +21,8 @@ import json
 from .._compiled import twin
 
 __all__ = ["MAX_CONTROL_LINE", "NatsParser", "NatsProtocolError", "PING", "PONG",
-           "connect_command", "parse_headers", "sub_command", "unsub_command"]
+           "connect_command", "parse_headers", "status_command", "sub_command",
+           "unsub_command"]
 
 MAX_CONTROL_LINE = 4096
 """Longest control line (operation and arguments, without CRLF) accepted from the server, in
@@ -171,6 +172,15 @@ def sub_command(subject: str, sid: int, queue: str = "") -> bytes:
 
 def unsub_command(sid: int) -> bytes:
     return b"UNSUB %d\r\n" % sid
+
+
+def status_command(subject: bytes, status: bytes) -> bytes:
+    """``HPUB`` of a message to ``subject`` (valid, checked where it entered) with no payload
+    and a header block of only the status line ``NATS/1.0 <status>``, e.g. ``b"503 Leader
+    Stopping"`` (a code, then a description: docs.nats.io "Client Protocol", HPUB; NATS
+    ADR-4 and ADR-9, status codes; nats-server's own "no responders" answer is ``NATS/1.0 503``)."""
+    block = b"NATS/1.0 %b\r\n\r\n" % status
+    return b"HPUB %b %d %d\r\n%b\r\n" % (subject, len(block), len(block), block)
 
 
 # The compiled twin (_nats_wire_c.pyx, riverlog/_compiled.py): its NatsParser bound over the

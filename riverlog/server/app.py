@@ -197,6 +197,8 @@ class App:
         if self.cluster is not None:
             from ..cluster.leaving import leave
             await leave(self.cluster)
+        await self._close_liftbridge_doors()
+        if self.cluster is not None:
             await self.cluster.stop()
         await self._stop_liftbridge()
         await self.tables.stop()
@@ -262,20 +264,28 @@ class App:
         return NatsLink(nats, self.guard, routes, name, clustered=cluster is not None)
 
     async def _stop_liftbridge_doors(self) -> None:
-        """gRPC (stop taking calls), forwarded batches and NATS (unsubscribed, what arrived
-        stored) take no more; what they wrote is committed (the appenders drained); then the
-        NATS bridge sends those acks and closes its connection."""
+        """gRPC (stop taking calls), forwarded batches (refused from now on, answered so their
+        senders send them on) and NATS (unsubscribed, what arrived stored) take no more; what
+        they wrote is committed (the appenders drained) and its acks go out on the bridge's
+        data connection, which stays open for ``_close_liftbridge_doors``."""
         grpc, self.grpc = self.grpc, None
         if grpc is not None:
             await grpc.stop()
-        nats, self.nats = self.nats, None
-        forwarded, self.forwarded = self.forwarded, None
-        if forwarded is not None:
-            await forwarded.stop()
-        if nats is not None:
-            await nats.quiesce()
+        if self.forwarded is not None:
+            await self.forwarded.refuse()
+        if self.nats is not None:
+            await self.nats.quiesce()
         if self.liftbridge is not None:
             await self.liftbridge.appenders.drain()
+
+    async def _close_liftbridge_doors(self) -> None:
+        """After the controlled shutdown (its partitions have new leaders): the forwarded
+        batches' subscription ends (ForwardedPublishes.close), then the NATS bridge sends
+        what is queued and closes its data connection."""
+        forwarded, self.forwarded = self.forwarded, None
+        if forwarded is not None:
+            await forwarded.close()
+        nats, self.nats = self.nats, None
         if nats is not None:
             await nats.stop()
 

@@ -9,8 +9,14 @@
 # malformed batch is answered as failed (or dropped without a usable reply) with a log line,
 # never raises; a request for a partition this server does not lead waits (apart, up to
 # LEAD_WAIT_S) for its placement to name it (the sender may have applied a leader change
-# first) and then gets NOT_FOUND; an answer over NATS's max_payload is replaced by a failure;
-# at stop the batches already delivered are still taken and answered (STOP_TIMEOUT_S).
+# first) and then gets NOT_FOUND; an answer over NATS's max_payload is replaced by a failure.
+# At stop (App.stop's order) it first refuses (``refuse``): the batches taken are answered
+# (STOP_TIMEOUT_S), and every batch delivered after is answered with the status
+# STOPPING_STATUS and not stored, which the sender takes as nats-server's "no responders" and
+# sends on to the partitions' next leader. It keeps its subscription until its partitions
+# are handed over (``close``, after cluster.leaving) and no batch came for CLOSE_IDLE_S: had it
+# unsubscribed first, a batch crossing a NATS route while nats-server drops the interest
+# would be dropped with no answer (only the publishing server answers "no responders").
 from __future__ import annotations
 
 import asyncio
@@ -20,19 +26,25 @@ from ..protocol.forward_batch import (ANSWER_MAGIC, MAGIC, MAX_ITEMS_DIVISOR, Fo
                                       decode_items, encode_failed, encode_items,
                                       forward_subject)
 from ..protocol.liftbridge import api_pb2 as pb
+from ..protocol.nats_wire import status_command
 from .grpc_publish_async import _AsyncSession, _publish_batch
 from .liftbridge import Liftbridge
 
 log = logging.getLogger("riverlog.grpc")
 
 STOP_TIMEOUT_S = 5.0
+CLOSE_IDLE_S = 0.2  # ``close`` unsubscribes once no batch came for this long ...
+CLOSE_WAIT_S = 2.0  # ... or after this long
+STOPPING_STATUS = b"503 Leader Stopping"
+"""The status line's code and description a refused batch is answered with (nothing stored):
+503 as nats-server's "no responders", which every riverlog that forwards sends on."""
 POLL_S = 0.02  # how often a stop or a deferred batch looks again
 LEAD_WAIT_S = 2.0  # how long a request for a partition led elsewhere waits to be led here
 
 
 class ForwardedPublishes:
     """Takes the batches forwarded to this server. ``await start()`` subscribes (again after
-    the NATS link reconnects), ``await stop()``."""
+    the NATS link reconnects); at stop ``await refuse()``, later ``await close()``."""
 
     def __init__(self, service: Liftbridge, link) -> None:
         self.service = service
@@ -41,6 +53,9 @@ class ForwardedPublishes:
         self._inboxes = f"{service.namespace}.ack."
         self._sub = None
         self.batches = 0  # batches taken (each request of one is counted by its stream)
+        self.refusing = False  # ``refuse`` began: batches are answered STOPPING_STATUS
+        self.refused = 0  # batches so answered (``batches`` counts them too)
+        self._last_batch = 0.0  # the loop's time of the last batch delivered
         self.answering: set[_Answer] = set()  # batches taken whose answer is not sent yet
         self._waiting: set[asyncio.Task] = set()  # ``_later`` of batches with deferred ones
         link.add_reconnect_listener(self._resubscribe)
@@ -48,28 +63,43 @@ class ForwardedPublishes:
     async def start(self) -> None:
         self._sub = await self.link.nc.subscribe(self.subject, cb=self._on_batch)
 
-    async def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
-        """Take no more batches: the ones nats-server delivered already are still taken
-        (nats-py's drain; a batch sent later finds no server and its sender sends it on to
-        the partition's next leader), then wait up to ``timeout`` s until every batch taken
-        is answered (its writes committed, while replication still runs: App.stop's order)."""
-        sub, self._sub = self._sub, None
-        if sub is not None:
-            try:
-                await sub.drain()
-            except Exception:  # the connection went, and the subscription with it
-                pass
-        deadline = asyncio.get_running_loop().time() + timeout
-        while self.answering and asyncio.get_running_loop().time() < deadline:
+    async def refuse(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Store no more batches: each one delivered from now on is answered STOPPING_STATUS
+        (its sender sends it on to the partitions' next leader); then wait up to ``timeout``
+        s until every batch taken is answered (its writes committed, while replication still
+        runs: App.stop's order). The subscription stays until ``close``."""
+        self.refusing = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.answering and loop.time() < deadline:
             await asyncio.sleep(POLL_S)
         if self.answering:
             log.warning("%d forwarded batches not answered at stop", len(self.answering))
+
+    async def close(self, idle: float = CLOSE_IDLE_S, timeout: float = CLOSE_WAIT_S) -> None:
+        """After ``refuse`` and the hand-over of this server's partitions: unsubscribe once no
+        batch came for ``idle`` s (the senders applied the new leaders), ``timeout`` s at most
+        (a partition no other replica could take keeps this server its leader)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() - self._last_batch < idle and loop.time() < deadline:
+            await asyncio.sleep(POLL_S)
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:
+                await sub.drain()  # the batches delivered already are answered
+            except Exception:  # the connection went, and the subscription with it
+                pass
+        if self.refused:
+            log.info("%d forwarded batches refused while stopping (sent on by their senders)",
+                     self.refused)
 
     async def _resubscribe(self, nc) -> None:
         if self._sub is not None:
             self._sub = await nc.subscribe(self.subject, cb=self._on_batch)
 
     async def _on_batch(self, msg) -> None:
+        self._last_batch = asyncio.get_running_loop().time()
         self.batches += 1
         reply = msg.reply
         if not reply.startswith(self._inboxes):
@@ -77,6 +107,13 @@ class ForwardedPublishes:
                       msg.subject, reply[:64])
             return
         bridge = self.service.bridge
+        if self.refusing:
+            self.refused += 1
+            if bridge.data is None or not bridge.data.publish(
+                    status_command(reply.encode(), STOPPING_STATUS)):
+                log.error("forwarded batch on %s not answered: the data connection is down",
+                          msg.subject)
+            return
         max_payload = self.link.nc.max_payload
         try:
             raws = decode_items(msg.data, MAGIC, 2 * max(1, max_payload // MAX_ITEMS_DIVISOR))

@@ -234,32 +234,23 @@ async def test_the_first_forward_of_a_call_is_answered_while_the_control_connect
 
 
 async def test_a_batch_no_server_took_goes_to_the_next_leader(cluster, stubs):
-    """The leader stopped taking forwarded batches (as a leaving server does before it hands
-    its partitions over): nats-server answers the forward "no responders", nothing of it was
-    stored, and the forwarding server sends it on once the placement names the next leader;
-    the client's request is acked there (before: left unanswered, the client's ack timed
-    out)."""
+    """The leader refuses forwarded batches (as a stopping server does until it has handed
+    its partitions over): it answers a batch "503 Leader Stopping", as nats-server answers
+    "no responders" where nobody takes it; nothing of it was stored, and the forwarding
+    server sends it on once the placement names the next leader; the client's request is
+    acked there (before: left unanswered, the client's ack timed out)."""
     lead, follow = await _roles(cluster, stubs, "moving", minIsr=pb.NullableInt32(value=1))
     third = 3 - lead - follow
     via, old = cluster[follow], cluster[lead]
-    await old.forwarded.stop()  # no server takes `forward.<old leader>` now
+    await old.forwarded.refuse()  # `forward.<old leader>` is answered 503 now
 
-    async def nobody_takes() -> bool:  # once the routes know: nats-server says so
-        subject = forward_subject(via.liftbridge.namespace, old.config.cluster.server_id)
-        try:
-            await via.nats_link.nc.request(subject, b"", timeout=0.5)
-        except nats.errors.NoRespondersError:
-            return True
-        except nats.errors.TimeoutError:
-            pass
-        return False
-    await until("no responders on the old leader's forward subject", nobody_takes)
     session = _AsyncSession()
     session.batch = [pb.PublishRequest(stream="moving", value=b"v", correlationId="c",
                                        ackPolicy=LEADER).SerializeToString()]
     _publish_batch(via.liftbridge, session)
     await asyncio.sleep(0.5)
     assert session.out == [] and session.resends  # waiting for another leader
+    assert old.forwarded.refused == 1  # the old leader answered it
     part = via.broker.placement.of("moving", 0)
     new_id = cluster[third].config.cluster.server_id
     await via.broker.placement.submit("change_leader", stream="moving", index=0, leader=new_id,

@@ -7,14 +7,17 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 
 import grpc
 import nats
 import pytest
 
 from _apps import created, started, stopped, stub_of
+from riverlog.protocol.forward_batch import FAILED_MAGIC, forward_subject
 from riverlog.protocol.liftbridge import api_pb2 as pb
 from riverlog.protocol.liftbridge.envelope import decode_ack, encode_publish
+from riverlog.server.nats_link import settle
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -139,6 +142,51 @@ async def test_a_stopping_leader_acks_every_nats_publish_it_stored(tmp_path):
         assert sent > 200 and len(stored) > 100
         unacked = sorted(stored - acked, key=lambda v: int(v[1:]))
         assert not unacked, f"stored without an ack: {unacked[:10]}"
+    finally:
+        await stopped(apps)
+
+
+async def test_a_stopping_leader_answers_its_forward_subject_until_its_partitions_moved(
+        tmp_path):
+    """While a leader stops, batches keep coming on its forward subject from a server that
+    still names it the leader: it answers every one itself (a batch taken before its doors
+    stopped is stored and answered; one after is answered "503 Leader Stopping", stored
+    nowhere, and its sender sends it on), until that server names the new leader. Before, it
+    unsubscribed when its doors stopped, before the hand-over, so nats-server answered "no
+    responders" there instead; and a batch crossing a NATS route while the interest went was
+    dropped with no answer at all (only the publishing server answers "no responders"), its
+    requests' acks left to time out."""
+    apps = await started(tmp_path, replica_timings_ms=SLOW)
+    try:
+        part = await created(apps, "fleave", replication_factor=3, min_isr=2)
+        by_id = {a.config.cluster.server_id: a for a in apps}
+        leader = by_id[part.leader]
+        via = next(a for a in apps if a is not leader)
+        namespace = via.liftbridge.namespace
+        nc = via.nats_link.nc  # the server's own connection: it may use `<namespace>.>`
+        answers: dict[int, tuple[str | None, str | None, bytes]] = {}
+
+        async def on_answer(msg) -> None:
+            headers = msg.headers or {}
+            answers[int(msg.subject.rsplit(".", 1)[1])] = (
+                headers.get("Status"), headers.get("Description"), msg.data)
+        await nc.subscribe(f"{namespace}.ack.leaving.*", cb=on_answer)
+        await settle(nc)
+        subject = forward_subject(namespace, part.leader)
+        stopping = asyncio.ensure_future(leader.stop())
+        sent = 0
+        while via.broker.placement.of("fleave", 0).leader == part.leader:
+            await nc.publish(subject, b"", reply=f"{namespace}.ack.leaving.{sent}")
+            sent += 1
+            await asyncio.sleep(0.005)
+        await stopping
+        await _soon("every batch answered", lambda: len(answers) >= sent)
+        kinds = collections.Counter(
+            "failed" if data.startswith(FAILED_MAGIC) else f"{status} {description}"
+            for status, description, data in answers.values())
+        # an empty batch is malformed: the leader's own answer is "failed" until it stops
+        assert set(kinds) <= {"failed", "503 Leader Stopping"}, kinds
+        assert kinds["503 Leader Stopping"] > 0, kinds
     finally:
         await stopped(apps)
 
