@@ -84,6 +84,7 @@ TWINS = (
     "riverlog/_record_c.pyx",
     "riverlog/protocol/liftbridge/_messages_c.pyx",
     "riverlog/protocol/_nats_wire_c.pyx",
+    "riverlog/log/_chunk_c.pyx",
 )
 
 

@@ -5,7 +5,9 @@
 # With --callgrind, CPU instructions per message instead (valgrind's callgrind, counting only
 # inside the measuring loop: collections' consume_iterator), which load does not disturb.
 # The NATS door's framing (NatsParser.feed) is measured on reads of 100 MSG or HMSG of 10 and
-# 256 bytes. --match TEXT keeps only the rows whose name holds TEXT.
+# 256 bytes. A follower's check of a replication fetch answer (chunk.count_entries, and
+# check_chunks run with either count_entries) on chunks of 100 of the NATS door's records.
+# --match TEXT keeps only the rows whose name holds TEXT.
 #   .venv/bin/python benchmarks/codec_bench.py [--n 200000] [--match NatsParser]
 #   .venv/bin/python benchmarks/codec_bench.py --callgrind [--n 5000]
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections import deque
 from itertools import repeat, starmap
 
 from riverlog import record
+from riverlog.log import chunk as chunkfmt
 from riverlog.protocol import nats_wire
 from riverlog.protocol.liftbridge import api_pb2, envelope, messages
 
@@ -119,6 +122,36 @@ def nats_cases():
                          for impl, p in parsers.items()}, BATCH
 
 
+FETCH_CHUNKS = 16
+
+
+def chunk_cases():
+    """A follower's check of a fetch answer, reported per record: count_entries of one
+    chunk's data section of BATCH enveloped NATS publishes (a memoryview, as counts_match
+    passes it), and check_chunks of FETCH_CHUNKS such chunks back to back (CRC-32, headers,
+    counts) run with either count_entries (bound over chunk.py's, as the twin is)."""
+    c_chunk = importlib.import_module("riverlog.log._chunk_c")
+    chunkfmt._bind_twin(c_chunk)
+    data = chunkfmt.encode_entries(record._py_encode_records([NATS_RECORD] * BATCH))
+    view = memoryview(data)
+    yield f"count_entries, {BATCH} per chunk (enveloped NATS publish)", {
+        "python": lambda: chunkfmt._py_count_entries(view),
+        "compiled": lambda: c_chunk.count_entries(view)}, BATCH
+    answer = b"".join(chunkfmt.encode_chunk(data, BATCH, BATCH, first_offset=i * BATCH,
+                                            timestamp_ms=1) for i in range(FETCH_CHUNKS))
+
+    def check(count_entries):
+        def run():
+            chunkfmt.count_entries = count_entries  # what counts_match calls
+            return chunkfmt.check_chunks(answer, 0, 0)
+        return run
+
+    yield (f"check_chunks, {FETCH_CHUNKS} chunks of {BATCH} per fetch answer "
+           "(enveloped NATS publish)"), {
+        "python": check(chunkfmt._py_count_entries),
+        "compiled": check(c_chunk.count_entries)}, FETCH_CHUNKS * BATCH
+
+
 def ns_per_call(fn, n: int) -> float:
     runs = []
     for _ in range(3):
@@ -131,7 +164,7 @@ def ns_per_call(fn, n: int) -> float:
 
 def rows() -> list[tuple[str, dict, int]]:
     return ([(name, impls, 1) for name, impls in cases()] + list(batch_cases())
-            + list(nats_cases()))
+            + list(nats_cases()) + list(chunk_cases()))
 
 
 def instructions_per_call(index: int, impl: str, n: int) -> float:

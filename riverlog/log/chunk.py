@@ -13,6 +13,9 @@
 # most MAX_SUB_BATCH_BYTES) and is refused as soon as it would overflow it, so reading costs
 # what the publisher declared, never what a bomb would inflate to; a sub-batch that cannot
 # be read spoils only its own records (readers may skip it and go on).
+# count_entries runs once per record of every chunk a follower appends (check_chunks) and
+# recovery checks: a compiled twin (_chunk_c.pyx, riverlog/_compiled.py) is bound over it when
+# built, unless RIVERLOG_NO_EXTENSIONS is set; the Python one stays the reference.
 # Wire facts: ../shared/reference/rabbitmq-stream-protocol.md, "Osiris chunk" (osiris_log.erl).
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import cramjam
 from isal.isal_zlib import crc32  # CRC-32 (IEEE, as zlib's) with ISA-L's SIMD code: ~10x zlib
+
+from .._compiled import twin
 
 MAGIC_VERSION = 0x50
 """Byte 0 of every chunk: magic 5 in the high nibble, version 0 in the low nibble."""
@@ -348,6 +353,23 @@ def count_entries(data: bytes | memoryview) -> tuple[int, int]:
             records += count
         entries += 1
     return entries, records
+
+
+# The compiled twin (_chunk_c.pyx, riverlog/_compiled.py): count_entries bound over the Python
+# one above, which stays as the reference (_py_count_entries) and the fallback.
+_py_count_entries = count_entries
+
+
+def _bind_twin(compiled) -> None:
+    """Hand the twin the error class and its fallback (also for tests that import it
+    directly)."""
+    compiled._bind(ChunkFormatError, _py_count_entries)
+
+
+_c = twin(__name__, "_chunk_c")
+if _c is not None:
+    _bind_twin(_c)
+    count_entries = _c.count_entries  # noqa: F811
 
 
 def bloom_of(header: ChunkHeader, raw: bytes | memoryview) -> memoryview:
