@@ -130,8 +130,10 @@ class Session:
                                                                    link.peer_host))
             checked.add_done_callback(
                 lambda done: self._logged_in(corr, user, done.result(), "PLAIN"))
-        else:
-            self.send(f.SaslAuthenticateResponse(corr, ResponseCode.SASL_MECHANISM_NOT_SUPPORTED))
+        else:  # closed too, as rabbit_stream_reader (connection_step failure)
+            self._refuse(f.SaslAuthenticateResponse(
+                corr, ResponseCode.SASL_MECHANISM_NOT_SUPPORTED),
+                f"unknown SASL mechanism {str(frame.mechanism)[:20]!r}", silent_close=False)
 
     def _logged_in(self, corr: int, user: str, refused: str | None, mechanism: str) -> None:
         """Finish SaslAuthenticate: ``refused`` is None (then Tune follows), "password" or
