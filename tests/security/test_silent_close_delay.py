@@ -14,7 +14,7 @@ from rstream import Producer
 
 from _raw_stream import Raw
 from _sec import PASSWORDS, running, security
-from riverlog.protocol.rabbitmq_stream import ResponseCode, encode
+from riverlog.protocol.rabbitmq_stream import OffsetType, ResponseCode, encode
 from riverlog.protocol.rabbitmq_stream import frames as f
 
 DELAY_MS = 300
@@ -86,6 +86,27 @@ async def test_a_refused_open_and_secret_update_wait(tmp_path, users):
             assert answer.response_code == code
             assert time.monotonic() - started >= DELAY_MS / 1000
             assert await opened.closed_by_server()
+
+
+async def test_nothing_is_delivered_during_the_delay(tmp_path, users):
+    """A consumer whose secret update is refused gets no Deliver while it waits (RabbitMQ's
+    reader sleeps): the refusal is the next frame, then the socket closes."""
+    stream = {"silent_close_delay_ms": 1_000}
+    async with running(tmp_path, security(users), liftbridge=False, stream=stream) as app:
+        port = app.rabbitmq_stream.port
+        async with Producer("127.0.0.1", port=port, username="ops",
+                            password=PASSWORDS["ops"]) as ops:
+            await ops.create_stream("orders.eu")
+            bob = await (await Raw.connect(port)).opened("bob")
+            answer = await bob.request(f.Subscribe(5, 1, "orders.eu", OffsetType.FIRST, None, 10))
+            assert answer.response_code == ResponseCode.OK
+            bob.writer.write(encode(f.SaslAuthenticate(6, "PLAIN", b"\0bob\0wrong")))
+            await _waiting(app, 1)
+            await ops.send_wait("orders.eu", b"during the delay")
+            answer = await bob.next_frame()
+            assert type(answer) is f.SaslAuthenticateResponse, answer
+            assert answer.response_code == ResponseCode.AUTHENTICATION_FAILURE
+            assert await bob.closed_by_server()
 
 
 async def test_refusals_not_delayed_as_in_rabbitmq(tmp_path, users):

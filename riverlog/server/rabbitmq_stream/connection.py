@@ -329,8 +329,9 @@ class RabbitStreamConnection(asyncio.Protocol):
         (v4.0.0 and later: ``silent_close_delay()``, a 3 s ``timer:sleep`` before the error
         frame is sent, then the socket closed) does for a refused SaslAuthenticate and a
         refused Open (from v4.1.4 also a refused secret update); meanwhile nothing the peer
-        sends is handled, no other connection waits (a timer, not a sleep), and a peer that
-        hangs up frees its place at once (connection_lost). No delay when the door's bound
+        sends is handled, nothing is delivered to its subscriptions (the sleeping reader
+        delivers nothing either), no other connection waits (a timer, not a sleep), and a peer
+        that hangs up frees its place at once (connection_lost). No delay when the door's bound
         of waiting connections is reached (silent_close.SilentCloses)."""
         if self.state.closing:
             return
@@ -343,6 +344,7 @@ class RabbitStreamConnection(asyncio.Protocol):
                     delay, reason, response.response_code)
         count_error(RABBITMQ_STREAM, response.response_code)
         self.state.on(CLOSE)
+        self.consuming.stop()
         if self._handshake_timer is not None:  # the delay is not the client's slowness
             self._handshake_timer.cancel()
             self._handshake_timer = None
