@@ -109,8 +109,25 @@ async def test_nothing_is_delivered_during_the_delay(tmp_path, users):
             assert await bob.closed_by_server()
 
 
+async def test_a_close_after_a_refused_secret_update_is_answered(tmp_path, users):
+    """riverlog announces 3.13.0, so the Java client (1.11) answers a refused secret update
+    with client.close() as a 3.13 connection stays open then; its Close, sent a little after
+    the refusal, gets a CloseResponse before the socket closes (it waited 10 s for one when
+    the socket closed 0.2 s after the refusal)."""
+    stream = {"silent_close_delay_ms": DELAY_MS}
+    async with running(tmp_path, security(users), liftbridge=False, stream=stream) as app:
+        alice = await (await Raw.connect(app.rabbitmq_stream.port)).opened("alice")
+        answer = await alice.request(f.SaslAuthenticate(
+            5, "PLAIN", f"\0bob\0{PASSWORDS['bob']}".encode()))
+        assert answer.response_code == ResponseCode.SASL_CANNOT_CHANGE_USERNAME
+        await asyncio.sleep(0.4)
+        answer = await alice.request(f.Close(6, ResponseCode.OK, "OK"))
+        assert type(answer) is f.CloseResponse, answer
+        assert await alice.closed_by_server()
+
+
 async def test_refusals_not_delayed_as_in_rabbitmq(tmp_path, users):
-    """An unknown mechanism (0x09) and a malformed PLAIN response (0x0a) are answered at once
+    """An unknown mechanism (0x07) and a malformed PLAIN response (0x09) are answered at once
     (checked against a delay longer than the read's timeout), and the socket closed (not by
     the handshake timeout)."""
     stream = {"silent_close_delay_ms": LONG_MS, "handshake_timeout_ms": LONG_MS}

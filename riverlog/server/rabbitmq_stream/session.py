@@ -91,9 +91,13 @@ class Session:
         the end of the stream together (rstream over TLS drops them) see the refusal. With
         ``silent_close`` the answer waits the silent close delay first (Link.refuse):
         rabbit_stream_reader.erl v4.1.4 waits for a refused password or user (0x08), Open
-        (0x0c) and secret update (0x14, 0x15), not for a malformed response (0x0a), an
-        unknown mechanism (0x09) or a loopback-only user (0x0b)."""
-        self.link.refuse(response, reason, LOGIN_REFUSED_LINGER_S, silent_close)
+        (0x0c) and secret update (0x14, 0x15), not for an unknown mechanism (0x07), a
+        malformed response (0x09) or a loopback-only user (0x0b).
+        A refused secret update (the connection was open) lingers CLOSE_LINGER_S: riverlog
+        announces 3.13.0, whose reader keeps the connection open then (closing it came with
+        v4.1.4), so a client such as Java's (1.11) sends a Close and waits for its answer."""
+        linger = CLOSE_LINGER_S if self.state.open else LOGIN_REFUSED_LINGER_S
+        self.link.refuse(response, reason, linger, silent_close)
 
     def on_sasl_authenticate(self, frame: f.SaslAuthenticate) -> None:
         """PLAIN (NUL user NUL password, checked against the bcrypt hashes) or, on a TLS
