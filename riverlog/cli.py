@@ -76,6 +76,10 @@ def main() -> None:
 @click.option("--stream-tls-port", type=int, default=None,
               help="RabbitMQ Stream TLS port, with --tls-cert (0 picks a free port).  "
                    "[default: 5551]")
+@click.option("--silent-close-delay", default=None, metavar="DURATION",
+              help="How long a refused RabbitMQ Stream login or Open waits before it is "
+                   "answered, as RabbitMQ 4 (0 answers at once; docs/security.md).  "
+                   "[default: 3s]")
 @click.option("--validate-sub-batches", is_flag=True, default=None,
               help="Read compressed sub-entry batches through on publish and refuse unreadable "
                    "ones (0x11) instead of storing them as sent (docs/security.md).")

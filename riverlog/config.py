@@ -94,10 +94,24 @@ class RabbitStreamConfig:
     a connection whose handshake step takes longer than ``connection_negotiation_step_timeout``
     (10 s, rabbit_stream_reader.erl ``state_timeout``), as its AMQP listener does after
     ``handshake_timeout`` (10 s); here the 10 s bound the whole handshake."""
+    silent_close_delay_ms: int = 3_000
+    """How long a refused login (SaslAuthenticate 0x08, a refused secret update: 0x08, 0x14,
+    0x15) or Open (0x0c) waits before it is answered and the connection closed (0: answered
+    at once, as RabbitMQ 3.13). RabbitMQ 4.0.0 and later wait 3 s (rabbit_stream_reader.erl
+    ``SILENT_CLOSE_DELAY``, 3_000 ms, commit c9951ec1f4; the secret update cases from
+    v4.1.4), to slow password guessing down; docs/security.md, "Refused logins"."""
+    silent_close_max: int = 1_000
+    """At most this many connections wait in the silent close delay at once, door-wide; a
+    refusal beyond it is answered at once (RabbitMQ has no such bound: its reader process
+    sleeps)."""
 
     def __post_init__(self) -> None:
         if self.handshake_timeout_ms < 0:
             raise ValueError("handshake_timeout_ms must be >= 0 (0: no timeout)")
+        if self.silent_close_delay_ms < 0:
+            raise ValueError("silent_close_delay_ms must be >= 0 (0: no delay)")
+        if self.silent_close_max < 0:
+            raise ValueError("silent_close_max must be >= 0")
         if not (0 <= self.port <= 65535 and 0 <= self.tls_port <= 65535):
             raise ValueError("stream port must be between 0 and 65535")
         if self.frame_max and self.frame_max < 8192:

@@ -52,7 +52,8 @@ USED_KEYS = {
     "riverlog.management.enabled", "riverlog.management.host", "riverlog.management.port",
     "riverlog.management.peers",
     "riverlog.log.format", "riverlog.grpc.transport", "riverlog.stream.validate.sub.batches",
-    "riverlog.stream.handshake.timeout", "riverlog.log.open.files",
+    "riverlog.stream.handshake.timeout", "riverlog.stream.silent.close.delay",
+    "riverlog.stream.silent.close.max", "riverlog.log.open.files",
     "riverlog.cursors.max.per.stream", "riverlog.stream.sendfile",
     "streams.table.enabled", "streams.table.lag", "streams.table.archive", "streams.table.dir",
     "streams.table.compression", "riverlog.disk.free.limit", "riverlog.memory.high.watermark",
@@ -367,6 +368,7 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
                       ("tls_cert", "tls.cert"), ("tls_key", "tls.key"),
                       ("tls_ca", "tls.client.auth.ca"),
                       ("stream_tls_port", "riverlog.stream.tls.port"),
+                      ("silent_close_delay", "riverlog.stream.silent.close.delay"),
                       ("grpc_transport", "riverlog.grpc.transport"),
                       ("table_dir", "streams.table.dir"),
                       ("disk_free_limit", "riverlog.disk.free.limit"),
@@ -514,21 +516,18 @@ def build(values: dict[str, Any], flags: dict[str, Any]) -> tuple[ServerConfig, 
     nats_config = NatsConfig(**nats_kwargs)
 
     stream_kwargs: dict[str, Any] = {"host": str(v.get("riverlog.stream.host") or base_host)}
-    if v.get("riverlog.stream.port") is not None:
-        stream_kwargs["port"] = _int("riverlog.stream.port", v["riverlog.stream.port"])
     if flags.get("advertised_host"):
         stream_kwargs["advertised_host"] = flags["advertised_host"]
     if flags.get("advertised_port") is not None:
         stream_kwargs["advertised_port"] = flags["advertised_port"]
-    if v.get("riverlog.stream.tls.port") is not None:
-        stream_kwargs["tls_port"] = _int("riverlog.stream.tls.port", v["riverlog.stream.tls.port"])
-    for key in ("validate.sub.batches", "sendfile"):  # booleans of RabbitStreamConfig
+    for key, field, conv in (("port", "port", _int), ("tls.port", "tls_port", _int),
+                             ("validate.sub.batches", "validate_sub_batches", _bool),
+                             ("sendfile", "sendfile", _bool),
+                             ("handshake.timeout", "handshake_timeout_ms", _ms),
+                             ("silent.close.delay", "silent_close_delay_ms", _ms),
+                             ("silent.close.max", "silent_close_max", _int)):
         if v.get(f"riverlog.stream.{key}") is not None:
-            stream_kwargs[key.replace(".", "_")] = _bool(f"riverlog.stream.{key}",
-                                                         v[f"riverlog.stream.{key}"])
-    if v.get("riverlog.stream.handshake.timeout") is not None:
-        stream_kwargs["handshake_timeout_ms"] = _ms("riverlog.stream.handshake.timeout",
-                                                    v["riverlog.stream.handshake.timeout"])
+            stream_kwargs[field] = conv(f"riverlog.stream.{key}", v[f"riverlog.stream.{key}"])
 
     metrics_config = _http_endpoint(v, "riverlog.metrics", MetricsConfig)
     management_config = _http_endpoint(v, "riverlog.management", ManagementConfig)

@@ -28,7 +28,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture
 async def app(tmp_path):
     app = App(ServerConfig(data_dir=str(tmp_path / "data"), log=LogConfig(),
-                           rabbitmq_stream=RabbitStreamConfig(port=0),
+                           rabbitmq_stream=RabbitStreamConfig(port=0, silent_close_delay_ms=0),
                            management=ManagementConfig(port=0)))
     await app.start()
     yield app
@@ -479,7 +479,8 @@ async def test_status_names_the_tls_listener(tmp_path):
     from security._certs import Authority
     pem = Authority(str(tmp_path)).issue("localhost", server=True)
     app = App(ServerConfig(data_dir=str(tmp_path / "data"), log=LogConfig(),
-                           rabbitmq_stream=RabbitStreamConfig(port=0, tls_port=0),
+                           rabbitmq_stream=RabbitStreamConfig(port=0, tls_port=0,
+                                                              silent_close_delay_ms=0),
                            management=ManagementConfig(port=0),
                            security=SecurityConfig(tls=TlsConfig(pem.cert, pem.key))))
     await app.start()

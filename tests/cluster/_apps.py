@@ -31,7 +31,8 @@ def configs(tmp_path, password: str = "pw", security: SecurityConfig | None = No
     raft = {i: f"{HOST}:{free_port()}" for i in IDS}
     routes = {i: f"{HOST}:{free_port()}" for i in IDS}
     return [ServerConfig(
-        data_dir=str(tmp_path / i), rabbitmq_stream=RabbitStreamConfig(port=0, tls_port=0),
+        data_dir=str(tmp_path / i),
+        rabbitmq_stream=RabbitStreamConfig(port=0, tls_port=0, silent_close_delay_ms=0),
         nats=NatsConfig(port=0, cluster_port=int(routes[i].rsplit(":", 1)[1]),
                         routes=tuple(r for j, r in routes.items() if j != i)),
         grpc=GrpcConfig(port=0, **grpc), metrics=MetricsConfig(port=0),
@@ -50,7 +51,7 @@ def joiner_config(tmp_path, apps, server_id: str = "d", password: str = "pw") ->
     routes = (f"{HOST}:{apps[0].config.nats.cluster_port}",) if apps else ()
     return ServerConfig(
         data_dir=str(tmp_path / server_id),
-        rabbitmq_stream=RabbitStreamConfig(port=0, tls_port=0),
+        rabbitmq_stream=RabbitStreamConfig(port=0, silent_close_delay_ms=0, tls_port=0),
         nats=NatsConfig(port=0, cluster_port=free_port(), routes=routes),
         grpc=GrpcConfig(port=0), metrics=MetricsConfig(port=0),
         cluster=ClusterConfig(server_id=server_id, raft_address=f"{HOST}:{free_port()}",

@@ -45,6 +45,8 @@ class RiverlogServer:
         cmd = [sys.executable, "-m", "riverlog", "serve", "-d", self.data_dir,
                "--stream-port", str(self.port), "--port", "0", "--nats-port", "0",
                "--metrics-port", "0", "--management-port", "0",
+               # the suites refuse many logins: answered at once, not after RabbitMQ 4's 3 s
+               "--silent-close-delay", "0",
                "--level", "warning"]  # free ports: suites side by side
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL,

@@ -40,7 +40,8 @@ async def secured(tmp_path):
     cert = ca.issue("localhost", server=True)
     users = tuple((name, hash_password(pw, rounds=4)) for name, pw in PASSWORDS.items())
     app = App(ServerConfig(
-        data_dir=str(tmp_path / "data"), rabbitmq_stream=RabbitStreamConfig(port=0, tls_port=0),
+        data_dir=str(tmp_path / "data"),
+        rabbitmq_stream=RabbitStreamConfig(port=0, tls_port=0, silent_close_delay_ms=0),
         nats=None, grpc=None, metrics=None,
         security=SecurityConfig(users=users, tls=TlsConfig(cert.cert, cert.key, ca.pem, False),
                                 authz=True, authz_rules=RULES)))

@@ -146,3 +146,17 @@ def test_table_settings(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="Failed to load configuration file"):
         load(str(tmp_path / "missing.yaml"), {})
+
+
+def test_silent_close_delay(tmp_path):
+    """RabbitMQ 4's 3 s by default; the key, its environment variable and the flag set it."""
+    stream = build(load(None, {}), {})[0].rabbitmq_stream
+    assert (stream.silent_close_delay_ms, stream.silent_close_max) == (3000, 1000)
+    path = write(tmp_path, "riverlog.stream.silent.close.delay: 500ms\n"
+                           "riverlog.stream.silent.close.max: 10\n")
+    stream = build(load(path, {}), {})[0].rabbitmq_stream
+    assert (stream.silent_close_delay_ms, stream.silent_close_max) == (500, 10)
+    env = {"LIFTBRIDGE_RIVERLOG_STREAM_SILENT_CLOSE_DELAY": "1s"}
+    assert build(load(None, env), {})[0].rabbitmq_stream.silent_close_delay_ms == 1000
+    flags = {"silent_close_delay": "0"}
+    assert build(load(path, env), flags)[0].rabbitmq_stream.silent_close_delay_ms == 0

@@ -64,10 +64,12 @@ def server_config(tmp_path, sec: SecurityConfig, liftbridge: bool = True,
                   stream: dict | None = None, grpc: dict | None = None,
                   **nats) -> ServerConfig:
     """Every door on a free port of ``host``; the gRPC door on ``transport``; ``stream``,
-    ``grpc``: more RabbitStreamConfig, GrpcConfig settings; ``nats``: NatsConfig options."""
+    ``grpc``: more RabbitStreamConfig, GrpcConfig settings; ``nats``: NatsConfig options.
+    Refused logins are answered at once (``silent_close_delay_ms`` 0) unless ``stream`` says."""
     return ServerConfig(data_dir=str(tmp_path / "data"),
-                        rabbitmq_stream=RabbitStreamConfig(host=host, port=0, tls_port=0,
-                                                           **(stream or {})),
+                        rabbitmq_stream=RabbitStreamConfig(**{
+                            "host": host, "port": 0, "tls_port": 0, "silent_close_delay_ms": 0,
+                            **(stream or {})}),
                         nats=NatsConfig(host=host, port=0, **nats) if liftbridge else None,
                         grpc=GrpcConfig(host=host, port=0, transport=transport, **(grpc or {}))
                         if liftbridge else None,

@@ -15,7 +15,7 @@ async def app_factory(tmp_path):
 
     async def make() -> App:
         app = App(ServerConfig(data_dir=str(tmp_path / f"app{len(started)}"),
-                               rabbitmq_stream=RabbitStreamConfig(port=0)))
+                               rabbitmq_stream=RabbitStreamConfig(port=0, silent_close_delay_ms=0)))
         await app.start()
         started.append(app)
         return app

@@ -246,7 +246,7 @@ async def test_a_duplicate_is_confirmed_only_once_its_original_is_committed(tmp_
     real_fsync_all = syncer._fsync_all
     monkeypatch.setattr(syncer, "_fsync_all", lambda fds: (disk.wait(10), real_fsync_all(fds)))
     app = App(ServerConfig(data_dir=str(tmp_path), log=LogConfig(durability=Durability.ALWAYS),
-                           rabbitmq_stream=RabbitStreamConfig(port=0)))
+                           rabbitmq_stream=RabbitStreamConfig(port=0, silent_close_delay_ms=0)))
     await app.start()
     try:
         client = await client_for(app)

@@ -20,7 +20,8 @@ class ThreadServer:
         self.data_dir = data_dir
         self.loop = asyncio.new_event_loop()
         self.app = App(ServerConfig(data_dir=data_dir,
-                                    rabbitmq_stream=RabbitStreamConfig(port=0, tls_port=0),
+                                    rabbitmq_stream=RabbitStreamConfig(
+                                        port=0, tls_port=0, silent_close_delay_ms=0),
                                     security=security or SecurityConfig(), **config))
         self.thread = threading.Thread(target=self.loop.run_forever, name="riverlog-test-server",
                                        daemon=True)

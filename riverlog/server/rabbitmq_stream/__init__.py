@@ -8,6 +8,7 @@
 #   flow.py         flow control: reading held and resumed, writing paused
 #   link.py         the small interface handlers reach their connection through; names
 #   session.py      peer properties, SASL, tune, open, close, heartbeat
+#   silent_close.py the delay before a refused login is answered: its door-wide bound
 #   streams.py      create, delete, metadata, stats, partitions, route, super streams
 #   arguments.py    Create arguments as a StreamConfig
 #   publishing.py   publishers, publishes staged into chunks, confirms

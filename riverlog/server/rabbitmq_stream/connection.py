@@ -9,7 +9,9 @@
 # Close with the protocol's code); a handler's exception is a server bug that closes its
 # connection with INTERNAL_ERROR and nothing else; before any command but a Publish the
 # staged publishes are written, so later commands see them; a peer that does not read its
-# answers is not read either once OUTPUT_PAUSE_BYTES wait for it.
+# answers is not read either once OUTPUT_PAUSE_BYTES wait for it; while a refusal waits in the
+# silent close delay, what the peer sends is dropped undecoded (silent_close.py bounds how
+# many wait).
 from __future__ import annotations
 
 import asyncio
@@ -100,7 +102,8 @@ class RabbitStreamConnection(asyncio.Protocol):
         self.state = ConnectionState()
         self.flow = FlowControl(self.state)
         self.link = Link(server, tls, self.flow, send=self.send, send_chunk=self.send_chunk,
-                         send_span=self.send_span, fail=self.fail, hold_for=self._hold_for,
+                         send_span=self.send_span, fail=self.fail, refuse=self.refuse,
+                         hold_for=self._hold_for,
                          hang_up=self._hang_up, abort=self._abort,
                          peer_certificate=self._peer_certificate, notify=self.notify,
                          notes_after=self._notes_after)
@@ -119,6 +122,8 @@ class RabbitStreamConnection(asyncio.Protocol):
         self._notes: list[f.Frame] | None = None
         # closes the connection unless it opened a virtual host in time (connection_made)
         self._handshake_timer: asyncio.TimerHandle | None = None
+        # answers a refused login or Open once the silent close delay ran out (``refuse``)
+        self._silent_timer: asyncio.TimerHandle | None = None
 
     # -- what the server, metrics and tests read ----------------------------------------
     @property
@@ -179,6 +184,10 @@ class RabbitStreamConnection(asyncio.Protocol):
         self.server.connections.discard(self)
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
+        if self._silent_timer is not None:  # gone during the delay: its slot is free now
+            self._silent_timer.cancel()
+            self._silent_timer = None
+            self.server.silent_closes.give_back()
         self.single_active.close()
         self.consuming.close()
         self.publishing.publishers.clear()
@@ -194,6 +203,8 @@ class RabbitStreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.link.last_received = time.monotonic()
+        if self._silent_timer is not None:  # refused: read only to see a hang-up at once
+            return
         if self._head is not None:  # the first frame's key tells the dialect apart
             self._head += data
             draft = opens_draft(self._head)
@@ -307,6 +318,43 @@ class RabbitStreamConnection(asyncio.Protocol):
         if send_close:
             self.send(f.Close(0, code, reason[:200]))
         self.state.on(CLOSE)
+        self._hang_up(linger)
+
+    def refuse(self, response: f.Frame, reason: str, linger: float,
+               silent_close: bool) -> None:
+        """Answer a refused login or Open with ``response`` (a SaslAuthenticateResponse or
+        OpenResponse with an error code) and close the socket ``linger`` s later, without a
+        Close frame. With ``silent_close`` the answer waits the door's silent close delay
+        first (RabbitStreamConfig.silent_close_delay_ms), as rabbit_stream_reader.erl
+        (v4.0.0 and later: ``silent_close_delay()``, a 3 s ``timer:sleep`` before the error
+        frame is sent, then the socket closed) does for a refused SaslAuthenticate and a
+        refused Open (from v4.1.4 also a refused secret update); meanwhile nothing the peer
+        sends is handled, nothing is delivered to its subscriptions (the sleeping reader
+        delivers nothing either), no other connection waits (a timer, not a sleep), and a peer
+        that hangs up frees its place at once (connection_lost). No delay when the door's bound
+        of waiting connections is reached (silent_close.SilentCloses)."""
+        if self.state.closing:
+            return
+        delay = self.server.silent_closes.take() if silent_close else 0.0
+        if not delay:
+            self.send(response)
+            self.fail(response.response_code, reason, linger=linger, send_close=False)
+            return
+        log.warning("refusing connection from %s in %.3f s: %s (code 0x%02x)", self.peer,
+                    delay, reason, response.response_code)
+        count_error(RABBITMQ_STREAM, response.response_code)
+        self.state.on(CLOSE)
+        self.consuming.stop()
+        if self._handshake_timer is not None:  # the delay is not the client's slowness
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+        self._silent_timer = asyncio.get_running_loop().call_later(
+            delay, self._silent_close_ended, response, linger)
+
+    def _silent_close_ended(self, response: f.Frame, linger: float) -> None:
+        self._silent_timer = None
+        self.server.silent_closes.give_back()
+        self.send(response)
         self._hang_up(linger)
 
     def _hang_up(self, delay: float) -> None:

@@ -21,6 +21,7 @@ from ...protocol.rabbitmq_stream import ResponseCode
 from ...protocol.rabbitmq_stream import frames as f
 from ...security.guard import Guard
 from .flow import FlowControl
+from .silent_close import SilentCloses
 
 
 class DoorServer(Protocol):
@@ -33,6 +34,7 @@ class DoorServer(Protocol):
     sac: SingleActiveConsumers
     connections: set
     sendfile_bytes: int
+    silent_closes: SilentCloses
 
     def advertised_for(self, tls: bool) -> tuple[str, int]: ...
 
@@ -43,8 +45,11 @@ class Link:
     ``send_span(subscription_id, partition, span)`` one whose data goes from its segment file
     by os.sendfile (sendfile.py) when ``sendfile_fd`` (the socket, -1: never) is not -1;
     ``fail(code, reason, linger=0.0, send_close=True)`` closes the connection because of the
-    peer; ``hold_for(change, respond)`` runs a cluster change, the connection reading and
-    handling nothing else meanwhile, and sends ``respond(code)`` when it ends;
+    peer; ``refuse(response, reason, linger, silent_close)`` answers a refused login or Open
+    with ``response`` and closes the socket ``linger`` s later, after the server's silent
+    close delay when ``silent_close``; ``hold_for(change, respond)`` runs a cluster change,
+    the connection reading and handling nothing else meanwhile, and sends ``respond(code)``
+    when it ends;
     ``hang_up(delay)`` closes the socket (``delay`` s later, after what is buffered);
     ``abort()`` drops it; ``peer_certificate()`` is the verified client certificate of a TLS
     connection (None: none, or plain TCP); ``notify(frame)`` sends a notification
@@ -57,14 +62,14 @@ class Link:
     __slots__ = ("server", "broker", "config", "guard", "tls", "flow", "peer", "vhost", "peer_host",
                  "user", "client_properties", "connected_at", "pending", "last_received",
                  "last_sent", "send", "send_chunk", "send_span", "sendfile_fd",
-                 "fail", "hold_for", "hang_up", "abort", "peer_certificate", "notify",
+                 "fail", "refuse", "hold_for", "hang_up", "abort", "peer_certificate", "notify",
                  "notes_after")
 
     def __init__(self, server: DoorServer, tls: bool, flow: FlowControl, *,
                  send: Callable[[f.Frame], None],
                  send_chunk: Callable[[int, Partition, memoryview], None],
                  send_span: Callable[[int, Partition, ChunkSpan], None],
-                 fail: Callable[..., None],
+                 fail: Callable[..., None], refuse: Callable[..., None],
                  hold_for: Callable[[Awaitable[int], Callable[[int], f.Frame]], None],
                  hang_up: Callable[[float], None], abort: Callable[[], None],
                  peer_certificate: Callable[[], dict | None],
@@ -91,6 +96,7 @@ class Link:
         self.send_span = send_span
         self.sendfile_fd = -1
         self.fail = fail
+        self.refuse = refuse
         self.hold_for = hold_for
         self.hang_up = hang_up
         self.abort = abort

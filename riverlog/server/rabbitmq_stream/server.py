@@ -16,6 +16,7 @@ from ...broker import Broker, SingleActiveConsumers, Stream, SuperStreams
 from ...config import RabbitStreamConfig, SecurityConfig
 from ...security.guard import Guard
 from .connection import RabbitStreamConnection
+from .silent_close import SilentCloses
 
 log = logging.getLogger("riverlog.rabbitmq_stream")
 
@@ -24,7 +25,8 @@ class RabbitStreamServer:
     """The listening socket and its connections. ``await start()``, ``await stop()``.
     ``table_catalog``: the Iceberg catalog of the server's stream tables (its password left
     out; riverlog.tables.service.TableService.catalog_uri) that Open names to clients.
-    ``sendfile_bytes`` counts the chunk data bytes its connections sent by os.sendfile."""
+    ``sendfile_bytes`` counts the chunk data bytes its connections sent by os.sendfile;
+    ``silent_closes`` holds the refused connections waiting to be answered (silent_close.py)."""
 
     def __init__(self, broker: Broker, config: RabbitStreamConfig,
                  guard: Guard | None = None, table_catalog: str | None = None) -> None:
@@ -34,6 +36,7 @@ class RabbitStreamServer:
         self.guard = guard or Guard(SecurityConfig())
         self.connections: set[RabbitStreamConnection] = set()
         self.sendfile_bytes = 0
+        self.silent_closes = SilentCloses(config.silent_close_delay_ms, config.silent_close_max)
         self._server: asyncio.AbstractServer | None = None
         self._tls_server: asyncio.AbstractServer | None = None
         self.port = config.port

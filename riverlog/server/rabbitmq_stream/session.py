@@ -3,9 +3,11 @@
 # CloseResponse, and the heartbeats the server sends.
 # Owns what a connection negotiated: frame_max, heartbeat period, Deliver v2.
 # Rules: a refused login or Open is answered, then the socket closes a little later without a
-# Close frame (as rabbit_stream_reader); a password check runs off the event loop with the
-# connection's reading held (flow.LOGIN); the state machine (state.py) moves on LOGGED_IN,
-# OPENED and CLOSE here; a peer silent for more than 2.25 heartbeat periods is dropped.
+# Close frame (as rabbit_stream_reader); a wrong password or user, a refused Open and a refused
+# secret update are answered only after the silent close delay (RabbitMQ 4's; Link.refuse); a
+# password check runs off the event loop with the connection's reading held (flow.LOGIN); the
+# state machine (state.py) moves on LOGGED_IN, OPENED and CLOSE here; a peer silent for more
+# than 2.25 heartbeat periods is dropped.
 # Wire facts: ../shared/reference/rabbitmq-stream-protocol.md.
 from __future__ import annotations
 
@@ -79,17 +81,23 @@ class Session:
         mechanisms = ("PLAIN", "EXTERNAL") if self.link.peer_certificate() else ("PLAIN",)
         self.send(f.SaslHandshakeResponse(frame.correlation_id, OK, mechanisms))
 
-    def _refuse(self, response: f.SaslAuthenticateResponse | f.OpenResponse, reason: str) -> None:
+    def _refuse(self, response: f.SaslAuthenticateResponse | f.OpenResponse, reason: str,
+                silent_close: bool = True) -> None:
         """Answer SaslAuthenticate or Open with ``response`` (an error code) and close the
         socket a little later, without a Close frame: RabbitMQ's reader stops the connection
         there and sends nothing more (rabbit_stream_reader, handle_frame_pre_auth: steps
         ``failure``/``silent_close``), and a client that reads a Close there fails (the Node
-        client cannot decode one). The delay lets a client that reads its last frames and the
-        end of the stream together (rstream over TLS drops them) see the refusal, and slows
-        password guessing down."""
-        self.send(response)
-        self.link.fail(response.response_code, reason, linger=LOGIN_REFUSED_LINGER_S,
-                       send_close=False)
+        client cannot decode one). The linger lets a client that reads its last frames and
+        the end of the stream together (rstream over TLS drops them) see the refusal. With
+        ``silent_close`` the answer waits the silent close delay first (Link.refuse):
+        rabbit_stream_reader.erl v4.1.4 waits for a refused password or user (0x08), Open
+        (0x0c) and secret update (0x14, 0x15), not for an unknown mechanism (0x07), a
+        malformed response (0x09) or a loopback-only user (0x0b).
+        A refused secret update (the connection was open) lingers CLOSE_LINGER_S: riverlog
+        announces 3.13.0, whose reader keeps the connection open then (closing it came with
+        v4.1.4), so a client such as Java's (1.11) sends a Close and waits for its answer."""
+        linger = CLOSE_LINGER_S if self.state.open else LOGIN_REFUSED_LINGER_S
+        self.link.refuse(response, reason, linger, silent_close)
 
     def on_sasl_authenticate(self, frame: f.SaslAuthenticate) -> None:
         """PLAIN (NUL user NUL password, checked against the bcrypt hashes) or, on a TLS
@@ -118,7 +126,7 @@ class Session:
             parts = (frame.data or b"").split(b"\0")
             if len(parts) != 3:
                 self._refuse(f.SaslAuthenticateResponse(corr, ResponseCode.SASL_ERROR),
-                             "malformed PLAIN response")
+                             "malformed PLAIN response", silent_close=False)
                 return
             user, password = parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
             link.flow.hold(LOGIN)
@@ -126,8 +134,10 @@ class Session:
                                                                    link.peer_host))
             checked.add_done_callback(
                 lambda done: self._logged_in(corr, user, done.result(), "PLAIN"))
-        else:
-            self.send(f.SaslAuthenticateResponse(corr, ResponseCode.SASL_MECHANISM_NOT_SUPPORTED))
+        else:  # closed too, as rabbit_stream_reader (connection_step failure)
+            self._refuse(f.SaslAuthenticateResponse(
+                corr, ResponseCode.SASL_MECHANISM_NOT_SUPPORTED),
+                f"unknown SASL mechanism {str(frame.mechanism)[:20]!r}", silent_close=False)
 
     def _logged_in(self, corr: int, user: str, refused: str | None, mechanism: str) -> None:
         """Finish SaslAuthenticate: ``refused`` is None (then Tune follows), "password" or
@@ -147,7 +157,7 @@ class Session:
         elif refused == "loopback":
             self._refuse(f.SaslAuthenticateResponse(
                 corr, ResponseCode.SASL_AUTHENTICATION_FAILURE_LOOPBACK),
-                f"user {user!r} may only connect from loopback")
+                f"user {user!r} may only connect from loopback", silent_close=False)
         elif self.state.open:
             if user != link.user:
                 self._refuse(f.SaslAuthenticateResponse(
