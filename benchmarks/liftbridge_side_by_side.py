@@ -28,7 +28,9 @@ settings on both (Liftbridge's clustering.replica.max.leader.timeout is 15 s, ri
 NATS 127.0.0.1:4222), so the script runs itself in a private network namespace (`unshare
 --net`, root) where those ports are its own; the first server listens on them. Besides the
 rates: the servers' CPU time (/proc: the server processes, their children and the
-nats-server they use) per message of each case; --profile DIR records riverlog with py-spy.
+nats-server they use) per message of each case; on three servers, the leader changes during
+each case (issue 29 item 5: the target is 0; every stream's leader polled every 0.2 s through
+FetchMetadata); --profile DIR records riverlog with py-spy.
 
 Binaries (none is built by this script; build each from its public repository):
   --liftbridge      github.com/liftbridge-io/liftbridge, newest release tag: `go build`
@@ -52,6 +54,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from types import SimpleNamespace
 
@@ -92,6 +95,41 @@ def partition_meta(addrs: list[str], stream: str):
                 p = sm.partitions[0]
                 return p.leader, list(p.isr), p.newestOffset
     return None
+
+
+class LeaderWatch(threading.Thread):
+    """While a case runs on ``topo``: how many times a partition's leader changed (every
+    stream's partition 0, from FetchMetadata of the first live server that answers, every
+    ``poll`` s; a poll that finds no leader is not a change). ``stop()`` returns the count."""
+
+    def __init__(self, topo: "Topology", poll: float = 0.2) -> None:
+        super().__init__(daemon=True)
+        self.topo, self.poll = topo, poll
+        self.changes = 0
+        self._leaders: dict[str, str] = {}
+        self._done = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while not self._done.wait(self.poll):
+            for addr in self.topo.live_grpc():
+                try:
+                    meta = stub_for(addr).FetchMetadata(pb.FetchMetadataRequest(), timeout=2)
+                except grpc.RpcError:
+                    continue
+                for sm in meta.streamMetadata:
+                    leader = sm.partitions[0].leader if 0 in sm.partitions else ""
+                    if not leader:
+                        continue
+                    if self._leaders.get(sm.name, leader) != leader:
+                        self.changes += 1
+                    self._leaders[sm.name] = leader
+                break
+
+    def stop(self) -> int:
+        self._done.set()
+        self.join(10)
+        return self.changes
 
 
 class Topology:
@@ -392,6 +430,7 @@ def run_topology(kind: str, servers: int, args, work: str, nats_url: str,
 
     def record(name, fn, *a, messages=args.messages):
         spies = profile(args, topo, f"{servers}-{name}") if kind == "riverlog" else []
+        watch = LeaderWatch(topo) if servers > 1 and name != "failover" else None
         began, cpu = time.monotonic(), server_cpu(topo)
         try:
             value = fn(*a)
@@ -403,6 +442,9 @@ def run_topology(kind: str, servers: int, args, work: str, nats_url: str,
                 spy.wait(60)
         results[name] = value
         shown = f"{value:,.0f} msgs/s" if isinstance(value, float) else value
+        if watch is not None:
+            results[name + " leader changes"] = watch.stop()
+            shown += f", leader changes {results[name + ' leader changes']}"
         if isinstance(value, float):
             cpu_us = (server_cpu(topo) - cpu) / messages * 1e6
             results[name + " cpu"] = cpu_us
@@ -514,11 +556,11 @@ def main() -> None:
     print(f"\n{args.messages} messages of {args.size} B, window {args.window}, "
           f"{os.cpu_count()} CPUs, load at the end {load()}")
     print("| servers | case | riverlog | Liftbridge | riverlog / Liftbridge | servers' CPU "
-          "us/msg, riverlog / Liftbridge |")
-    print("|---|---|---|---|---|---|")
+          "us/msg, riverlog / Liftbridge | leader changes, riverlog / Liftbridge |")
+    print("|---|---|---|---|---|---|---|")
     cpus_of = {(servers, name): (r, lb) for servers, name, r, lb in table}
     for servers, name, r, lb in table:
-        if name.endswith(" cpu"):
+        if name.endswith((" cpu", " leader changes")):
             continue
         if isinstance(r, list) and isinstance(lb, list):
             rr = f"{(sum(lb) / len(lb)) / (sum(r) / len(r)):.2f}x faster (mean)"
@@ -526,7 +568,9 @@ def main() -> None:
             rr = ratio(r, lb)
         cpu = cpus_of.get((servers, name + " cpu"), ())
         cpus = " / ".join(f"{c:.1f}" if isinstance(c, float) else "-" for c in cpu)
-        print(f"| {servers} | {name} | {shown(r)} | {shown(lb)} | {rr} | {cpus} |")
+        changes = " / ".join(str(c) if c is not None else "-" for c in cpus_of.get(
+            (servers, name + " leader changes"), ())) or "-"
+        print(f"| {servers} | {name} | {shown(r)} | {shown(lb)} | {rr} | {cpus} | {changes} |")
 
 if __name__ == "__main__":
     main()
