@@ -29,6 +29,7 @@ from . import fd_limit
 from .metrics_http import MetricsServer
 from .rabbitmq_stream import RabbitStreamServer
 from .runtime_access import RuntimeAccess
+from .runtime_policies import RuntimePolicies
 
 # The Liftbridge doors (NATS bridge, gRPC API) import grpc and nats-py: loaded only when on.
 
@@ -63,6 +64,8 @@ class App:
                 self._create_local, self._delete_local, doors_synced=self._doors_synced)
         # runtime users and permissions (the management API's; alone: read from DATA now)
         self.access = RuntimeAccess(self)
+        # RabbitMQ policies (alone: read from DATA now, before the streams load)
+        self.policies = RuntimePolicies(self)
         if self.cluster is None:  # a cluster checks in its Raft transition (state.py)
             self.broker.vhost_exists = lambda vhost: self.guard.runtime.has_vhost(vhost)
 
