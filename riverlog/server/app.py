@@ -110,6 +110,7 @@ class App:
                 self.nats_link.add_reconnect_listener(self.cluster.reconnected)
                 await self.cluster.start(self.doors(), self.nats_link)
                 self.access.start()
+                self.policies.start()
             if self.config.metrics is not None:
                 self.metrics = MetricsServer(self, self.config.metrics)
                 self.metrics.start()
@@ -192,6 +193,7 @@ class App:
         if self.metrics is not None:
             await self.metrics.stop()
         self.access.stop()
+        self.policies.stop()
         # the doors first, while replication still runs, so what they took commits and is
         # confirmed; then the controlled shutdown (cluster.leaving) and the cluster
         if self.rabbitmq_stream is not None:

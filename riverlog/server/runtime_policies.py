@@ -3,8 +3,11 @@
 # and how they reach the streams. Rules:
 # - alone, the policies are DATA/policies.json (POLICIES_FILE), replaced atomically before a
 #   change is answered, read at start before the streams load;
-# - in a cluster policies are not agreed yet: every change is refused with
-#   ClusterUnavailableError (503) and nothing is listed, rather than servers that disagree;
+# - in a cluster the policies are ClusterState.policies: a change is the Raft command
+#   change_policy (cluster/access.py), answered once applied here; every server follows the
+#   metadata and applies them to its own replicas. While a server of the cluster does not
+#   have the POLICIES feature (cluster.features: a rolling upgrade) a change is refused with
+#   ClusterUnavailableError (503), never sent to a server that could not apply it;
 # - a change applies at once to every stream of the broker (Stream.apply_policy: the policy's
 #   max-length-bytes, max-age and stream-max-segment-size-bytes over the stream's own), and
 #   the broker applies the current policy to every stream it adds (created or loaded);
@@ -15,7 +18,7 @@ import asyncio
 import json
 import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import ClusterUnavailableError
 from ..vhost_names import external
@@ -25,8 +28,9 @@ from .runtime_access import write_json
 log = logging.getLogger("riverlog.policies")
 
 POLICIES_FILE = "policies.json"
-CLUSTER_REFUSAL = ("policies are not available in a cluster yet (they are not agreed "
-                   "through Raft): set retention with the stream's own arguments")
+CLUSTER_REFUSAL = ("policies need every server of the cluster at the version with policies "
+                   "(a riverlog without them is still a member, or the cluster is forming): "
+                   "finish the upgrade, then try again")
 
 
 def load(path: str) -> dict[tuple[str, str], Policy]:
@@ -51,7 +55,35 @@ class RuntimePolicies:
         self._lock = asyncio.Lock()
         self._table: dict[tuple[str, str], Policy] = (
             load(self.path) if app.cluster is None else {})
+        self._followed: tuple = ()
+        self._unwatch: Callable[[], None] | None = None
         app.broker.policy_overrides = self.overrides
+
+    def start(self) -> None:
+        """In a cluster: follow ClusterState.policies (call it once the cluster runs)."""
+        metadata = self.app.cluster.metadata if self.app.cluster is not None else None
+        if metadata is not None:
+            self._unwatch = metadata.watch(asyncio.get_running_loop(),
+                                           lambda state: self._follow(state.policies))
+            self._follow(metadata.state.policies)
+
+    def stop(self) -> None:
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
+
+    def _follow(self, policies: tuple) -> None:
+        """Take the cluster's ``policies`` (JSON objects) when they changed, and apply them."""
+        if policies == self._followed:
+            return
+        try:
+            table = from_json({"policies": list(policies)})
+        except (ValueError, KeyError, TypeError) as exc:  # not one this riverlog can check
+            log.error("cluster policies not followed: %s", exc)
+            return
+        self._followed = policies
+        self._table = table
+        self._apply()
 
     def every(self, vhost: str | None = None) -> list[Policy]:
         """The policies (of ``vhost`` only when given), by vhost then name."""
@@ -76,8 +108,9 @@ class RuntimePolicies:
         """Store ``policy`` (replacing the one of its vhost and name) and apply it; returns
         whether it is new. Raises ClusterUnavailableError in a cluster, ``OSError``."""
         key = (policy.vhost, policy.name)
+        if self.app.cluster is not None:
+            return bool(await self._submit(policy.vhost, policy.name, policy.to_json()))
         async with self._lock:
-            self._refuse_in_cluster()
             table = dict(self._table)
             created = key not in table
             table[key] = policy
@@ -87,8 +120,9 @@ class RuntimePolicies:
     async def delete(self, vhost: str, name: str) -> bool:
         """Remove a policy and apply the change; returns whether there was one. Raises
         ClusterUnavailableError in a cluster, ``OSError``."""
+        if self.app.cluster is not None:
+            return bool(await self._submit(vhost, name, None))
         async with self._lock:
-            self._refuse_in_cluster()
             if (vhost, name) not in self._table:
                 return False
             table = dict(self._table)
@@ -97,15 +131,30 @@ class RuntimePolicies:
         return True
 
     async def forget_vhost(self, vhost: str) -> None:
-        """Remove the policies of a deleted virtual host (nothing in a cluster: none)."""
+        """Remove the policies of a deleted virtual host. Raises as ``delete``."""
+        if self.app.cluster is not None:
+            for policy in self.every(vhost):
+                await self._submit(vhost, policy.name, None)
+            return
         async with self._lock:
             table = {k: p for k, p in self._table.items() if p.vhost != vhost}
             if len(table) != len(self._table):
                 await self._store(table)
 
-    def _refuse_in_cluster(self) -> None:
-        if self.app.cluster is not None:
+    async def _submit(self, vhost: str, name: str, policy: dict | None) -> object:
+        """change_policy through Raft, once applied here (followed). Raises
+        ClusterUnavailableError (no leader; the POLICIES feature not active)."""
+        from ..cluster.features import POLICIES, FeatureNotActive
+        placement = self.app.broker.placement
+        if not placement.has_feature(POLICIES):
             raise ClusterUnavailableError(CLUSTER_REFUSAL)
+        try:
+            result = await placement.submit("change_policy", vhost=vhost, name=name,
+                                            policy=policy)
+        except FeatureNotActive:  # a server of an older version joined meanwhile
+            raise ClusterUnavailableError(CLUSTER_REFUSAL) from None
+        self._follow(self.app.cluster.metadata.state.policies)
+        return result
 
     async def _store(self, table: dict[tuple[str, str], Policy]) -> None:
         await asyncio.to_thread(write_json, self.path, to_json(table.values()))
