@@ -5,14 +5,15 @@
 # Owns the two ways in: `riverlog ctl ARGS` (cli.py attaches ctl_command) and
 # `python -m riverlog.cli_ctl ARGS` (main: without loading the rest of riverlog's command
 # line, what scripts/rabbitmqctl runs). The frame is cli_ctl_base.py; the commands are
-# cli_ctl_lists.py (listings, status) and cli_ctl_admin.py (changes).
+# cli_ctl_lists.py (listings, status), cli_ctl_admin.py (changes) and cli_ctl_policies.py
+# (policies).
 from __future__ import annotations
 
 import sys
 
 import click
 
-from . import cli_ctl_admin, cli_ctl_lists  # noqa: F401  (each registers its commands)
+from . import cli_ctl_admin, cli_ctl_lists, cli_ctl_policies  # noqa: F401 (they register)
 from .cli_ctl_base import run
 
 

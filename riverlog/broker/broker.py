@@ -110,6 +110,9 @@ class Broker:
         ``/`` in the same step that creates it, so no stream outlives the deletion of its
         virtual host (a single server installs its access table's; a cluster checks in the
         Raft transition, cluster.state.create_stream)."""
+        self.policy_overrides: Callable[[str], dict] = lambda name: {}
+        """The LogConfig fields the RabbitMQ policy of a stream (by broker name) sets
+        (riverlog.server.runtime_policies); applied to every stream added."""
 
     @property
     def placement(self) -> Placement:
@@ -283,6 +286,9 @@ class Broker:
 
     def _add(self, stream: Stream) -> None:
         self.streams[stream.name] = stream
+        overrides = self.policy_overrides(stream.name)
+        if overrides:
+            stream.apply_policy(overrides)
         if stream.config.owner is not None:
             self._owned[stream.config.owner] += len(stream.partitions)
 

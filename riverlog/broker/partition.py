@@ -405,6 +405,13 @@ class Partition:
             self.events = {str(k): [int(v[0]), int(v[1])] for k, v in events.items()
                            if isinstance(v, list) and len(v) == 2}
 
+    def set_config(self, config: LogConfig) -> None:
+        """Use ``config`` from now on (a policy's retention and segment size: Stream.
+        apply_policy), on the open log too."""
+        self.config = config
+        if self._log is not None:
+            self._log.config = config
+
     # -- lifecycle ----------------------------------------------------------------------
     def housekeeping(self) -> None:
         """Periodic work: apply retention (an open log's only: one not open has not

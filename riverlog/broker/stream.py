@@ -107,9 +107,24 @@ class Stream:
         """Paused with Liftbridge's resumeAll (single server; in memory only, as Liftbridge)."""
         if log_config is None:
             log_config = config.log_config(log_defaults)
+        self.own_log_config = log_config
+        """The partitions' LogConfig without a policy (``apply_policy``)."""
+        self.policy_overrides: dict[str, int] = {}
         self.partitions = [Partition(name, i, f"{directory}/{i}", log_config,
                                      auto_commit=not config.replicated)
                            for i in range(config.partitions)]
+
+    def apply_policy(self, overrides: dict[str, int]) -> None:
+        """Give the partitions ``own_log_config`` with ``overrides`` (LogConfig fields, a
+        RabbitMQ policy's: riverlog.server.policy_table.log_overrides; empty: none), at once
+        on open logs: retention applies at the next housekeeping or segment roll, a segment
+        size to the segments rolled after. Not saved in the metadata (the policy is kept
+        apart). Raises ValueError for a bad value (LogConfig's check)."""
+        config = (dataclasses.replace(self.own_log_config, **overrides) if overrides
+                  else self.own_log_config)
+        self.policy_overrides = dict(overrides)
+        for partition in self.partitions:
+            partition.set_config(config)
 
     def metadata(self, defaults_too: bool = True) -> dict[str, Any]:
         """What the metadata file holds: name, created_ns, config, partition_state; without

@@ -21,12 +21,13 @@ UNANNOUNCED = 1
 """The version of a server that registered without one: riverlog up to this feature table
 (which already had forwarded batches and the one-entry super stream commands, but cannot be
 told from the riverlog before them)."""
-VERSION = 2
+VERSION = 3
 """This riverlog's cluster logical version: what it announces, reads and may write."""
 
 FORWARD_BATCH = "forward_batch"
 SUPER_STREAM_COMMANDS = "super_stream_commands"
 VIRTUAL_HOSTS = "virtual_hosts"
+POLICIES = "policies"
 FEATURES: Mapping[str, int] = {
     FORWARD_BATCH: 2,
     # forwarded PublishAsync batches on <namespace>.forward.<leader> (protocol/forward_batch);
@@ -38,6 +39,10 @@ FEATURES: Mapping[str, int] = {
     # change_access's put_vhost and delete_vhost, and permissions on a vhost other than "/"
     # (security/access_table.py): an older server refuses those changes (its table would
     # differ); before: "/" only, and the changes are refused (riverlog.server.runtime_access)
+    POLICIES: 3,
+    # change_policy (cluster/access.py) and ClusterState.policies, RabbitMQ's policies; an
+    # older server knows neither; before: policy changes are refused with 503
+    # (riverlog.server.runtime_policies)
 }
 """Feature name -> the cluster version it needs."""
 
@@ -45,6 +50,7 @@ COMMAND_VERSIONS: Mapping[str, int] = {
     "create_super_stream_with_streams": FEATURES[SUPER_STREAM_COMMANDS],
     "delete_super_stream_with_streams": FEATURES[SUPER_STREAM_COMMANDS],
     "bind_super_stream": FEATURES[SUPER_STREAM_COMMANDS],
+    "change_policy": FEATURES[POLICIES],
 }
 """Raft command name -> the version it came with; every other command is version 1."""
 

@@ -201,6 +201,7 @@ class ClusterState:
     """RabbitMQ super streams by name (their own namespace: a stream may share a name)."""
     access: AccessTable = dataclasses.field(default_factory=AccessTable)
     """Runtime users and permissions (the management API's; cluster/access.py changes it)."""
+    policies: tuple = ()  # RabbitMQ policies (Policy.to_json): cluster/access.py change_policy
     __setstate__ = _load_with_defaults
 
     def partition(self, stream: str, index: int) -> Partition:

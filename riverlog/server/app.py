@@ -29,6 +29,7 @@ from . import fd_limit
 from .metrics_http import MetricsServer
 from .rabbitmq_stream import RabbitStreamServer
 from .runtime_access import RuntimeAccess
+from .runtime_policies import RuntimePolicies
 
 # The Liftbridge doors (NATS bridge, gRPC API) import grpc and nats-py: loaded only when on.
 
@@ -63,6 +64,8 @@ class App:
                 self._create_local, self._delete_local, doors_synced=self._doors_synced)
         # runtime users and permissions (the management API's; alone: read from DATA now)
         self.access = RuntimeAccess(self)
+        # RabbitMQ policies (alone: read from DATA now, before the streams load)
+        self.policies = RuntimePolicies(self)
         if self.cluster is None:  # a cluster checks in its Raft transition (state.py)
             self.broker.vhost_exists = lambda vhost: self.guard.runtime.has_vhost(vhost)
 
@@ -107,6 +110,7 @@ class App:
                 self.nats_link.add_reconnect_listener(self.cluster.reconnected)
                 await self.cluster.start(self.doors(), self.nats_link)
                 self.access.start()
+                self.policies.start()
             if self.config.metrics is not None:
                 self.metrics = MetricsServer(self, self.config.metrics)
                 self.metrics.start()
@@ -189,6 +193,7 @@ class App:
         if self.metrics is not None:
             await self.metrics.stop()
         self.access.stop()
+        self.policies.stop()
         # the doors first, while replication still runs, so what they took commits and is
         # confirmed; then the controlled shutdown (cluster.leaving) and the cluster
         if self.rabbitmq_stream is not None:

@@ -48,10 +48,16 @@ def load(path: str) -> AccessTable:
 def save(path: str, table: AccessTable) -> None:
     """Replace ``path`` with ``table`` atomically (blocking: run it in a thread). Raises
     ``OSError``."""
+    write_json(path, to_json(table))
+
+
+def write_json(path: str, data: Any) -> None:
+    """Replace ``path`` with ``data`` as JSON atomically (a temporary file, fsync, rename,
+    fsync of the folder; mode 0600); blocking. Raises ``OSError``."""
     tmp = f"{path}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(to_json(table), f, indent=1)
+        json.dump(data, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

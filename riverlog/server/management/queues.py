@@ -98,6 +98,7 @@ def queue_json(app, name: str, index: int, count: int, subject: str | None,
         "online": [node(s) for s in where.isr] if where is not None else [local],
         "state": "running" if leader else "down", "consumers": consumers,
         "stream": external(name)[1], "partition": index, "subject": subject,
+        **app.policies.describe(name),
     }
     if stream is not None:
         p = stream.partitions[index]

@@ -13,7 +13,7 @@
 # Listings are sorted and paged as RabbitMQ's are (paging.py).
 # Virtual hosts are vhosts.py's routes; every route with a {vhost} takes any existing one (404
 # otherwise) and names streams as that vhost's clients do (riverlog.vhost_names.lookup).
-# rabbitmq-streams restart_stream is restart.py's route.
+# rabbitmq-streams restart_stream is restart.py's route; policies are policies.py's.
 # Rules: per-server answers are this server's connections, publishers and consumers (RabbitMQ
 # lists them per node too); queues and exchanges are the cluster's (queues.py); `alarms` of
 # /api/nodes and /api/overview list the resource alarms in force (riverlog.alarms: this
@@ -37,7 +37,7 @@ from ...errors import (InvalidArgumentError, LimitExceededError, NoSuchVhostErro
                       ReservedStreamError, StreamExistsError, StreamNotFoundError)
 from ...security.authz import CREATE, DELETE, PUBLISH
 from ...vhost_names import external, lookup
-from . import restart, users, vhosts, view
+from . import policies, restart, users, vhosts, view
 from .access import Caller
 from .answers import UNAVAILABLE
 from .answers import error as _error
@@ -185,6 +185,7 @@ class ManagementServer:
                           guarded(self.delete_super_stream))
         users.add_routes(router, guarded, self.app)
         vhosts.add_routes(router, guarded, self.app)
+        policies.add_routes(router, guarded, self.app)
         restart.add_routes(router, guarded, self.app, lambda: self.node)
         view.add_routes(router, guarded)
 

@@ -50,10 +50,15 @@ def add_routes(router: web.UrlDispatcher, guarded: Callable, app) -> None:
             ("GET", "/api/permissions/{vhost}/{user}", routes.get_permission),
             ("PUT", "/api/permissions/{vhost}/{user}", routes.put_permission),
             ("DELETE", "/api/permissions/{vhost}/{user}", routes.delete_permission)):
-        handler = guarded(administrator(handler))
-        router.add_route(method, path, handler)
-        if method == "GET":
-            router.add_route(method, path + "/", handler)
+        register(router, method, path, guarded(administrator(handler)))
+
+
+def register(router: web.UrlDispatcher, method: str, path: str, handler: Callable) -> None:
+    """Add ``handler`` for ``method`` ``path`` (a GET with a trailing slash too, as
+    RabbitMQ takes it)."""
+    router.add_route(method, path, handler)
+    if method == "GET":
+        router.add_route(method, path + "/", handler)
 
 
 def administrator(handler: Callable) -> Callable:

@@ -116,6 +116,7 @@ class VhostRoutes:
         if not self.app.guard.runtime.has_vhost(name):
             raise not_found()
         await change(self.app, "delete_vhost", name=name)
+        await self.app.policies.forget_vhost(name)
         log.info("virtual host %r deleted by %r", name, caller.user)
         await self._delete_streams(name)
         return web.Response(status=204)

@@ -47,6 +47,15 @@ _EQUIVALENT: dict[str, bool] = {
     "queue-leader-locator": False}
 
 
+def max_age_ms(value: str) -> int:
+    """Milliseconds of a RabbitMQ ``max-age`` (``7D``, ``12h``, ``30s``; units Y M D h m s,
+    rabbit_amqqueue:check_max_age). Raises ValueError for anything else."""
+    m = _AGE.match(value)
+    if not m:
+        raise ValueError(value)
+    return int(m.group(1)) * _AGE_MS[m.group(2)]
+
+
 def equivalence_arguments(arguments: dict[str, str]) -> str:
     """The Create ``arguments`` RabbitMQ compares on a Create of an existing stream, as a
     JSON object with sorted keys (integers as integers, the others as written: ``7D`` and
@@ -102,10 +111,7 @@ def stream_config_from_arguments(arguments: dict[str, str], cluster_size: int | 
                              value, MIN_SEGMENT_MAX_BYTES)
                 kwargs["segment_max_bytes"] = max(size, MIN_SEGMENT_MAX_BYTES)
             elif key == "max-age":
-                m = _AGE.match(value)
-                if not m:
-                    raise ValueError(value)
-                kwargs["retention_max_age_ms"] = int(m.group(1)) * _AGE_MS[m.group(2)]
+                kwargs["retention_max_age_ms"] = max_age_ms(value)
             elif key == TABLE_ARGUMENT:
                 kwargs["table"] = {"true": True, "false": False}[value.strip().lower()]
             elif key in _CHECKED_ONLY:
