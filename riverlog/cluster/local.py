@@ -6,7 +6,8 @@
 # in `DIR/cluster.json`, reused by the next `up` when they are still free; a Raft port must
 # be: the members know each other by it), starting the
 # servers, waiting until every one is registered in the cluster metadata, and stopping them.
-# Rules: every port is free when picked (never a fixed default), the password never appears on
+# Rules: every port is free when picked (never a fixed default; below the kernel's ephemeral
+# range, so no outgoing connection takes it before the next start), the password never appears on
 # a command line (it goes through the environment), a server that exits while starting stops
 # the start, and the children are stopped with SIGTERM (SIGKILL after a grace period). What the
 # servers are told of each other and tell clients (Raft members, NATS routes, advertised doors,
@@ -85,14 +86,49 @@ class Member:
         return advertised_host(self.host, self.advertise)
 
 
+PICK_FROM = 10_000
+"""New ports are picked at random from PICK_FROM up to the kernel's ephemeral range."""
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def _ephemeral_range() -> tuple[int, int] | None:
+    """The kernel's ephemeral port range (Linux: EPHEMERAL_RANGE_FILE), None where unknown."""
+    try:
+        with open(EPHEMERAL_RANGE_FILE) as f:
+            low, high = (int(v) for v in f.read().split())
+    except (OSError, ValueError):
+        return None
+    return low, high
+
+
 def _free(host: str, port: int = 0) -> int:
-    """``port`` when it can be listened on (0: a free one); 0 when it is taken."""
+    """``port`` when it can be listened on (0: a free one); 0 when it is taken. Probed as
+    the servers' listeners bind (SO_REUSEADDR: what a stopped server left in TIME_WAIT does
+    not count). A new port is picked below the kernel's ephemeral range where it is known:
+    a port saved in a layout is reused at the next start, and one from the ephemeral range
+    could meanwhile be any outgoing connection's local port (a Raft port then makes the
+    start fail: it cannot change)."""
+    if port:
+        return port if _binds(host, port) else 0
+    span = _ephemeral_range()
+    if span is not None and span[0] - PICK_FROM >= 1000:
+        for _ in range(100):
+            candidate = secrets.randbelow(span[0] - PICK_FROM) + PICK_FROM
+            if _binds(host, candidate):
+                return candidate
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _binds(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
-            return 0
-        return s.getsockname()[1]
+            return False
+        return True
 
 
 def layout(directory: str, servers: int, host: str,

@@ -317,6 +317,18 @@ def test_a_saved_layout_keeps_its_raft_ports(tmp_path):
             layout(str(tmp_path), 2, "127.0.0.1")
 
 
+def test_new_ports_are_picked_below_the_ephemeral_range(tmp_path):
+    """A layout's ports are reused at the next start, and a Raft port cannot change: picked
+    from the kernel's ephemeral range, any outgoing connection could hold it by then (CI
+    saw `the Raft port 33125 of server s1 is taken` when `serve --workers` restarted)."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    members = layout(str(tmp_path), 3, "127.0.0.1")
+    ports = [p for m in members for p in m.ports.values()]
+    assert len(set(ports)) == len(ports)
+    assert all(10_000 <= p < low for p in ports), (low, ports)
+
+
 def test_members_given_in_a_new_directory_get_their_commands(tmp_path):
     # LocalCluster(members=...) (fixed ports, nothing saved: liftbridge_side_by_side.py) in a
     # folder that does not exist yet: the first command made the Raft password file in it and
