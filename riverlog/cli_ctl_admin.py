@@ -19,7 +19,7 @@ import click
 
 from .cli_ctl_base import Ctl, command
 from .ctl_client import (EX_DATAERR, EX_NOUSER, EX_SOFTWARE, EX_USAGE, CtlError,
-                         HTTPFailure, segment)
+                         HTTPFailure, no_such_vhost, segment)
 
 # rabbit_resource_monitor_misc:parse_information_unit: kB/MB/GB are powers of 1000,
 # k/kiB/M/MiB/G/GiB powers of 1024 (any case of the letters but the `i`)
@@ -143,7 +143,7 @@ def set_permissions(ctl: Ctl, username: str, conf: str, write: str, read: str) -
         if _user(ctl, username) is None:
             raise _no_such_user(username) from None
         if exc.status == 404:
-            raise CtlError(EX_DATAERR, f'Error:\n{{:no_such_vhost, "{ctl.vhost}"}}') from None
+            raise no_such_vhost(ctl.vhost) from None
         raise
 
 
@@ -184,7 +184,7 @@ def delete_vhost(ctl: Ctl, vhost_name: str) -> None:
         ctl.api.request("DELETE", f"/api/vhosts/{segment(vhost_name)}")
     except HTTPFailure as exc:
         if exc.status == 404 and exc.word == "Object Not Found":
-            raise CtlError(EX_DATAERR, f'Error:\n{{:no_such_vhost, "{vhost_name}"}}') from None
+            raise no_such_vhost(vhost_name) from None
         raise
 
 

@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 import click
 
 from .cli_ctl_base import Ctl, command
-from .ctl_client import EX_DATAERR, EX_SOFTWARE, EX_USAGE, CtlError, HTTPFailure, segment
+from .ctl_client import (EX_SOFTWARE, EX_USAGE, CtlError, HTTPFailure, no_such_vhost,
+                         segment)
 from .ctl_output import columns
 
 CONNECTION_KEYS = (
@@ -208,7 +209,7 @@ def list_permissions(ctl: Ctl) -> None:
         found = _listing(ctl, f"/api/vhosts/{segment(ctl.vhost)}/permissions")
     except HTTPFailure as exc:
         if exc.status == 404:
-            raise CtlError(EX_DATAERR, f'Error:\n{{:no_such_vhost, "{ctl.vhost}"}}') from None
+            raise no_such_vhost(ctl.vhost) from None
         raise
     ctl.listing([{"user": p.get("user"), "configure": p.get("configure"),
                   "write": p.get("write"), "read": p.get("read")} for p in found])

@@ -12,7 +12,7 @@ import json
 import click
 
 from .cli_ctl_base import Ctl, command
-from .ctl_client import EX_DATAERR, EX_SOFTWARE, CtlError, HTTPFailure, segment
+from .ctl_client import EX_SOFTWARE, CtlError, HTTPFailure, no_such_vhost, segment
 
 POLICY_KEYS = ("vhost", "name", "pattern", "apply-to", "definition", "priority")
 """list_policies' columns, in rabbitmqctl's order."""
@@ -20,10 +20,6 @@ POLICY_KEYS = ("vhost", "name", "pattern", "apply-to", "definition", "priority")
 
 def _path(ctl: Ctl, name: str) -> str:
     return f"/api/policies/{segment(ctl.vhost)}/{segment(name)}"
-
-
-def _no_such_vhost(ctl: Ctl) -> CtlError:
-    return CtlError(EX_DATAERR, f'Error:\n{{:no_such_vhost, "{ctl.vhost}"}}')
 
 
 @command("set_policy")
@@ -51,7 +47,7 @@ def set_policy(ctl: Ctl, name: str, pattern: str, definition: str, priority: int
                                                   "apply-to": apply_to})
     except HTTPFailure as exc:
         if exc.status == 404:
-            raise _no_such_vhost(ctl) from None
+            raise no_such_vhost(ctl.vhost) from None
         raise
 
 
@@ -67,7 +63,7 @@ def clear_policy(ctl: Ctl, name: str) -> None:
             raise
         if exc.word == "Object Not Found" and not any(
                 v.get("name") == ctl.vhost for v in ctl.api.get("/api/vhosts") or []):
-            raise _no_such_vhost(ctl) from None
+            raise no_such_vhost(ctl.vhost) from None
         raise CtlError(EX_SOFTWARE, "Error:\nParameter does not exist") from None
 
 
@@ -79,7 +75,7 @@ def list_policies(ctl: Ctl) -> None:
         answer = ctl.api.get(f"/api/policies/{segment(ctl.vhost)}")
     except HTTPFailure as exc:
         if exc.status == 404:
-            raise _no_such_vhost(ctl) from None
+            raise no_such_vhost(ctl.vhost) from None
         raise
     ctl.listing([{key: policy.get(key) for key in POLICY_KEYS}
                  for policy in answer or []])

@@ -32,6 +32,11 @@ class CtlError(Exception):
         self.message = message
 
 
+def no_such_vhost(vhost: str) -> CtlError:
+    """rabbitmqctl's error for a virtual host that does not exist (exit code EX_DATAERR)."""
+    return CtlError(EX_DATAERR, f'Error:\n{{:no_such_vhost, "{vhost}"}}')
+
+
 class HTTPFailure(CtlError):
     """The management API answered ``status`` (>= 400) with RabbitMQ's error body
     ``{"error": word, "reason": reason}`` (either may be empty for another body)."""
