@@ -131,6 +131,17 @@ def _binds(host: str, port: int) -> bool:
         return True
 
 
+def saved_servers(directory: str) -> list[dict]:
+    """The servers of the layout saved in ``directory`` (its LAYOUT_FILE: each an ``id``,
+    ``ports`` by name, ``host``, ``advertise``); empty when none is saved. Raises ``OSError``,
+    ``ValueError`` or ``KeyError`` for a file that cannot be read as a layout."""
+    path = os.path.join(directory, LAYOUT_FILE)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return json.load(f)["servers"]
+
+
 def layout(directory: str, servers: int, host: str,
            advertise: str | None = None) -> list[Member]:
     """The members of the cluster in ``directory``: those of its LAYOUT_FILE (a port taken
@@ -138,10 +149,8 @@ def layout(directory: str, servers: int, host: str,
     free ports, ids s0, s1, ... The layout is saved. Raises ValueError when the saved layout
     has another server count than ``servers``, or a saved Raft port is taken."""
     path = os.path.join(directory, LAYOUT_FILE)
-    saved: list[dict] = []
-    if os.path.exists(path):
-        with open(path) as f:
-            saved = json.load(f)["servers"]
+    saved = saved_servers(directory)
+    if saved:
         if len(saved) != servers:
             raise ValueError(f"{directory} holds a cluster of {len(saved)} servers, not "
                              f"{servers} (use another directory, or --servers {len(saved)})")

@@ -21,7 +21,6 @@
 #   local.STOP_GRACE_S) and the server exits 0.
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -30,8 +29,7 @@ from typing import Callable, Sequence
 
 from ..config import ServerConfig
 from ..data_layout import LAYOUT_FILE
-from .local import LAYOUT_FILE as CLUSTER_FILE
-from .local import WORKERS_ENV, LocalCluster, Member, layout, serve_command
+from .local import WORKERS_ENV, LocalCluster, Member, layout, saved_servers, serve_command
 from .workers_metrics import serve_metrics
 
 log = logging.getLogger("riverlog.workers")
@@ -79,11 +77,8 @@ def auto_count(config: ServerConfig) -> tuple[int, str | None]:
     if single:
         return 1, (f"{data} holds the data of one process ({', '.join(single)}), which is "
                    f"not moved into workers; give --workers N to start workers beside it")
-    saved = os.path.join(data, WORKERS_DIR, CLUSTER_FILE)
-    if os.path.exists(saved):
-        with open(saved) as f:
-            return max(1, len(json.load(f)["servers"])), None
-    return cores(), None
+    saved = saved_servers(os.path.join(data, WORKERS_DIR))
+    return (len(saved) if saved else cores()), None
 
 
 def cores() -> int:

@@ -68,6 +68,18 @@ def write_json(path: str, data: Any) -> None:
         os.close(folder)
 
 
+def follow_metadata(app, follow: Callable[[Any], None]) -> Callable[[], None] | None:
+    """In a cluster (``app.cluster``): call ``follow`` with the metadata's state
+    (cluster ClusterState) now and after every change it applies. Returns the function that
+    stops following; None on a single server (nothing to follow)."""
+    metadata = app.cluster.metadata if app.cluster is not None else None
+    if metadata is None:
+        return None
+    unwatch = metadata.watch(asyncio.get_running_loop(), follow)
+    follow(metadata.state)
+    return unwatch
+
+
 class RuntimeAccess:
     """The runtime users and permissions of ``app`` (riverlog.server.app.App). Alone, the
     table is read at construction (raises as ``load``); in a cluster ``start()`` follows
@@ -86,11 +98,7 @@ class RuntimeAccess:
         return self.app.guard.runtime
 
     def start(self) -> None:
-        metadata = self.app.cluster.metadata if self.app.cluster is not None else None
-        if metadata is not None:
-            self._unwatch = metadata.watch(asyncio.get_running_loop(),
-                                           lambda state: self._follow(state.access))
-            self._follow(metadata.state.access)
+        self._unwatch = follow_metadata(self.app, lambda state: self._follow(state.access))
 
     def stop(self) -> None:
         if self._unwatch is not None:

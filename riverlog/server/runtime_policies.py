@@ -23,7 +23,7 @@ from typing import Any, Callable
 from ..errors import ClusterUnavailableError
 from ..vhost_names import external
 from .policy_table import Policy, from_json, log_overrides, stream_policy, to_json
-from .runtime_access import write_json
+from .runtime_access import follow_metadata, write_json
 
 log = logging.getLogger("riverlog.policies")
 
@@ -61,11 +61,7 @@ class RuntimePolicies:
 
     def start(self) -> None:
         """In a cluster: follow ClusterState.policies (call it once the cluster runs)."""
-        metadata = self.app.cluster.metadata if self.app.cluster is not None else None
-        if metadata is not None:
-            self._unwatch = metadata.watch(asyncio.get_running_loop(),
-                                           lambda state: self._follow(state.policies))
-            self._follow(metadata.state.policies)
+        self._unwatch = follow_metadata(self.app, lambda state: self._follow(state.policies))
 
     def stop(self) -> None:
         if self._unwatch is not None:
