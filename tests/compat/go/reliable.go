@@ -116,11 +116,11 @@ func reliable(a Args) (Result, error) {
 	})
 	out := Result{"recovered": recovered, "all_answered": answered, "caught_up": caughtUp,
 		"sent": sent.Load(), "confirmed": len(confirmed), "confirmed_at_signal": atSignal,
-		"failed_codes": confirms.failedCodes(),
+		"failed_codes":         confirms.failedCodes(),
 		"producer_reconnected": producerReconnected.Load(),
 		"consumer_reconnected": consumerReconnected.Load(),
-		"producer_status": producer.GetStatusAsString(),
-		"consumer_status": consumer.GetStatusAsString()}
+		"producer_status":      producer.GetStatusAsString(),
+		"consumer_status":      consumer.GetStatusAsString()}
 	mu.Lock()
 	duplicates := 0
 	for _, n := range seen {

@@ -23,7 +23,9 @@ func keyed(prefix string, from, to int) []message.StreamMessage {
 	return msgs
 }
 
-func routingKey(m message.StreamMessage) string { return fmt.Sprint(m.GetApplicationProperties()["key"]) }
+func routingKey(m message.StreamMessage) string {
+	return fmt.Sprint(m.GetApplicationProperties()["key"])
+}
 
 // sendSuper sends msgs through a SuperStreamProducer; returns body -> partition of each
 // confirmed message and the number not confirmed.
