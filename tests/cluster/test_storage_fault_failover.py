@@ -66,7 +66,9 @@ async def test_a_leader_whose_disk_fails_hands_the_partition_over(tmp_path):
             assert await publish(grpc_of[old], value)
 
         iofault.arm(str(faults), "fsync", f"{directory}/{old}/streams/{STREAM}/")
-        refused, i, deadline = 0, 0, time.monotonic() + 60
+        others = [s for s in grpc_of if s != old]
+        refused = moved = 0
+        i, deadline = 0, time.monotonic() + 60
         while time.monotonic() < deadline:  # until the leader's interval fsync failed
             value = b"during-%d" % i
             i += 1
@@ -75,10 +77,14 @@ async def test_a_leader_whose_disk_fails_hands_the_partition_over(tmp_path):
             else:
                 refused += 1
                 break
+            # a failover that ends within one publish leaves no refusal to see: the failed
+            # server's door forwards later publishes to the new leader, which acks them
+            moved = await leader_of(grpc_of[others[0]]) in others
+            if moved:
+                break
             await asyncio.sleep(0.05)  # the interval fsync's turn (200 ms) comes between
-        assert refused, f"the failing leader kept acking ({i} publishes)"
+        assert refused or moved, f"the failing leader kept acking ({i} publishes)"
 
-        others = [s for s in grpc_of if s != old]
 
         async def new_leader():
             found = await leader_of(grpc_of[others[0]])
